@@ -132,6 +132,8 @@ export class Graph {
   readonly values = new Map<string, Tensor>();
   /** Name of the node producing each tensor. */
   readonly producer = new Map<string, Node>();
+  /** Tensors through which no gradient flows (outputs of `stopGradient`). */
+  readonly noGrad = new Set<string>();
   private counter = 0;
   private prefixes: string[] = [];
 
@@ -622,6 +624,13 @@ export class Graph {
   sum(xs: Tensor[]): Tensor {
     if (xs.length === 1) return xs[0];
     return this.one('Sum', xs, {}, xs[0].dtype, broadcastShapes(...xs.map((t) => t.shape)));
+  }
+
+  /** Identity in the forward pass; autodiff treats the result as a constant. */
+  stopGradient(x: Tensor): Tensor {
+    const y = this.one('Identity', [x], {}, x.dtype, x.shape);
+    this.noGrad.add(y.name);
+    return y;
   }
 
   /** Stable −log σ(z) = softplus(−z). */
