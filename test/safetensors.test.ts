@@ -159,7 +159,7 @@ describe('round trips', () => {
     const t1 = { dtype: 'F32' as const, shape: [1], data: new Float32Array([1]) };
     const t2 = { dtype: 'F16' as const, shape: [1], data: new Uint16Array([0x3c00]) };
     writeSafetensors(a, { zeta: t1, alpha: t2 });
-    writeSafetensors(b, new Map([['alpha', t2], ['zeta', t1]]));
+    writeSafetensors(b, new Map<string, TensorToWrite>([['alpha', t2], ['zeta', t1]]));
     const bytes = fs.readFileSync(a);
     expect(bytes).toEqual(fs.readFileSync(b));
     const n = Number(bytes.readBigUInt64LE(0));
