@@ -1,0 +1,93 @@
+/**
+ * The demo's built-in preference task: modular addition, whose preferred answer is verifiable.
+ * Prompt "3+4=", chosen "7" (the sum mod 10), rejected a different digit. Every response is one
+ * digit, so chosen and rejected have equal length and a model's raw preference (which of the two it
+ * assigns more log-probability) is a fair measure before any training.
+ */
+import { SeededRandom } from './random.ts';
+
+export interface DemoPair {
+  prompt: string;
+  chosen: string;
+  rejected: string;
+  source: string;
+}
+
+export interface DemoListItem {
+  prompt: string;
+  responses: string[];
+  /** Higher is better: 1 for the correct digit, 0 otherwise… graded by distance for ranking losses. */
+  scores: number[];
+}
+
+export interface DemoSingle {
+  prompt: string;
+  response: string;
+  label: boolean;
+}
+
+export const DEMO_MODULUS = 10;
+
+export function demoAnswer(a: number, b: number): number {
+  return (a + b) % DEMO_MODULUS;
+}
+
+function promptOf(a: number, b: number): string {
+  return `${a}+${b}=`;
+}
+
+/** Every (a, b) prompt, in a seeded order. */
+function prompts(rand: SeededRandom): [number, number][] {
+  const all: [number, number][] = [];
+  for (let a = 0; a < DEMO_MODULUS; a++) for (let b = 0; b < DEMO_MODULUS; b++) all.push([a, b]);
+  return rand.shuffle(all);
+}
+
+function wrongDigit(rand: SeededRandom, right: number): number {
+  const d = rand.int(DEMO_MODULUS - 1);
+  return d >= right ? d + 1 : d;
+}
+
+/**
+ * Pairwise train and held-out sets. Every prompt appears in training with several wrong answers;
+ * held-out pairs use (prompt, wrong answer) combinations that training never shows.
+ */
+export function demoPairs(seed: number, perPrompt = 4, heldOutPerPrompt = 1): { train: DemoPair[]; test: DemoPair[] } {
+  const rand = new SeededRandom(seed);
+  const train: DemoPair[] = [];
+  const test: DemoPair[] = [];
+  for (const [a, b] of prompts(rand)) {
+    const right = demoAnswer(a, b);
+    const wrongs = rand.shuffle(Array.from({ length: DEMO_MODULUS }, (_, i) => i).filter((d) => d !== right));
+    const source = `add_${a < 5 ? 'low' : 'high'}`;
+    wrongs.slice(0, perPrompt).forEach((w) => train.push({ prompt: promptOf(a, b), chosen: `${right}`, rejected: `${w}`, source }));
+    wrongs.slice(perPrompt, perPrompt + heldOutPerPrompt).forEach((w) => test.push({ prompt: promptOf(a, b), chosen: `${right}`, rejected: `${w}`, source }));
+  }
+  return { train: rand.shuffle(train), test };
+}
+
+/** Listwise version: K answers per prompt scored by closeness to the right digit (10 − circular distance). */
+export function demoLists(seed: number, k = 4): { train: DemoListItem[]; test: DemoListItem[] } {
+  const rand = new SeededRandom(seed);
+  const all = prompts(rand).map(([a, b]) => {
+    const right = demoAnswer(a, b);
+    const answers = [right, ...rand.shuffle(Array.from({ length: DEMO_MODULUS }, (_, i) => i).filter((d) => d !== right)).slice(0, k - 1)];
+    const order = rand.shuffle(answers);
+    const dist = (d: number) => Math.min((d - right + DEMO_MODULUS) % DEMO_MODULUS, (right - d + DEMO_MODULUS) % DEMO_MODULUS);
+    return { prompt: promptOf(a, b), responses: order.map(String), scores: order.map((d) => (d === right ? 10 : 5 - dist(d))) };
+  });
+  const cut = Math.floor(all.length * 0.8);
+  return { train: all.slice(0, cut), test: all.slice(cut) };
+}
+
+/** Single-trajectory version: right answers labelled true, wrong ones false, balanced. */
+export function demoSingles(seed: number, perPrompt = 2): { train: DemoSingle[]; test: DemoSingle[] } {
+  const { train, test } = demoPairs(seed, perPrompt, 1);
+  const toSingles = (pairs: DemoPair[]) =>
+    pairs.flatMap((p) => [
+      { prompt: p.prompt, response: p.chosen, label: true },
+      { prompt: p.prompt, response: p.rejected, label: false },
+    ]);
+  const rand = new SeededRandom(seed + 1);
+  return { train: rand.shuffle(toSingles(train)), test: toSingles(test) };
+}
