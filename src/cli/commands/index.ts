@@ -1,5 +1,7 @@
 import type { Command } from 'commander';
+import { register as report } from './report.ts';
 
 /** Every `prefzoo` subcommand: one module each, one line here each. */
 export const commands: Array<(program: Command) => void> = [
+  report,
 ];
