@@ -1,0 +1,208 @@
+/**
+ * The one documented configuration of `prefzoo train`, with its defaults. Values come from, in
+ * increasing priority: these defaults, `--config FILE.json`, then `--param key=value` (keys not
+ * listed here are the loss's parameters, such as `beta`).
+ */
+import { readFileSync } from 'node:fs';
+import { UserError } from '../cli/errors.ts';
+
+export interface TrainConfig {
+  /** Peak learning rate of the optimizer. */
+  learning_rate: number;
+  /** Pairs (or lists, or single rows) per micro-batch. */
+  batch_size: number;
+  /** Micro-batches summed into one optimizer step. */
+  gradient_accumulation_steps: number;
+  /** Passes over the training data (ignored when max_steps > 0). */
+  num_epochs: number;
+  /** Optimizer steps to run; 0 means num_epochs over the data. */
+  max_steps: number;
+  /** Linear warm-up length, as a share of all steps (used when warmup_steps is 0). */
+  warmup_ratio: number;
+  /** Linear warm-up length in steps. */
+  warmup_steps: number;
+  /** Shape of the learning rate after warm-up. */
+  lr_scheduler: 'constant' | 'linear' | 'cosine';
+  optimizer: 'adamw' | 'sgd';
+  adam_beta1: number;
+  adam_beta2: number;
+  adam_epsilon: number;
+  /** SGD momentum. */
+  momentum: number;
+  /** Decoupled weight decay (not applied to norms and biases). */
+  weight_decay: number;
+  /** Global gradient-norm clip; 0 disables clipping. */
+  max_grad_norm: number;
+  /** Longest prompt + response in tokens; longer rows are truncated (and counted). */
+  max_length: number;
+  /** Longest prompt in tokens. */
+  max_prompt_length: number;
+  /** Which end of an over-long prompt to keep. */
+  truncation: 'keep_start' | 'keep_end';
+  /** Sequence lengths are padded up to a multiple of this, so the runtime sees few shapes. */
+  pad_to_multiple_of: number;
+  seed: number;
+  /** Held-out data evaluated every eval_steps (and at the end). */
+  eval_data: string;
+  eval_steps: number;
+  /** Checkpoint every save_steps optimizer steps (0: only at the end). */
+  save_steps: number;
+  /** Write a metrics.jsonl row every logging_steps steps. */
+  logging_steps: number;
+  /** LoRA rank; 0 trains all parameters. */
+  lora_r: number;
+  lora_alpha: number;
+  /** Comma-separated module names LoRA adapts. */
+  lora_target_modules: string;
+  /** Recompute reference log-probs every step instead of caching them once. */
+  ref_on_the_fly: boolean;
+  /** Save the final weights as F32 or BF16. */
+  save_dtype: 'F32' | 'BF16';
+  device: 'cpu' | 'cuda';
+  /** ONNX Runtime intra-op threads; 0 lets the runtime choose. */
+  threads: number;
+}
+
+export const DEFAULT_CONFIG: TrainConfig = {
+  learning_rate: 5e-6,
+  batch_size: 4,
+  gradient_accumulation_steps: 1,
+  num_epochs: 1,
+  max_steps: 0,
+  warmup_ratio: 0,
+  warmup_steps: 0,
+  lr_scheduler: 'linear',
+  optimizer: 'adamw',
+  adam_beta1: 0.9,
+  adam_beta2: 0.999,
+  adam_epsilon: 1e-8,
+  momentum: 0.9,
+  weight_decay: 0,
+  max_grad_norm: 1,
+  max_length: 512,
+  max_prompt_length: 256,
+  truncation: 'keep_end',
+  pad_to_multiple_of: 64,
+  seed: 42,
+  eval_data: '',
+  eval_steps: 0,
+  save_steps: 0,
+  logging_steps: 1,
+  lora_r: 0,
+  lora_alpha: 16,
+  lora_target_modules: 'q_proj,v_proj',
+  ref_on_the_fly: false,
+  save_dtype: 'F32',
+  device: 'cpu',
+  threads: 0,
+};
+
+const CHOICES: Partial<Record<keyof TrainConfig, readonly string[]>> = {
+  lr_scheduler: ['constant', 'linear', 'cosine'],
+  optimizer: ['adamw', 'sgd'],
+  truncation: ['keep_start', 'keep_end'],
+  save_dtype: ['F32', 'BF16'],
+  device: ['cpu', 'cuda'],
+};
+
+/** Range checks: [min, max, integer?]. */
+const RANGES: Partial<Record<keyof TrainConfig, [number, number, boolean]>> = {
+  learning_rate: [0, 10, false],
+  batch_size: [1, 1 << 20, true],
+  gradient_accumulation_steps: [1, 1 << 20, true],
+  num_epochs: [0, 1e6, false],
+  max_steps: [0, 1e12, true],
+  warmup_ratio: [0, 1, false],
+  warmup_steps: [0, 1e12, true],
+  adam_beta1: [0, 0.999999, false],
+  adam_beta2: [0, 0.9999999, false],
+  adam_epsilon: [0, 1, false],
+  momentum: [0, 0.999999, false],
+  weight_decay: [0, 10, false],
+  max_grad_norm: [0, 1e9, false],
+  max_length: [2, 1 << 20, true],
+  max_prompt_length: [1, 1 << 20, true],
+  pad_to_multiple_of: [1, 4096, true],
+  seed: [0, 2 ** 32 - 1, true],
+  eval_steps: [0, 1e12, true],
+  save_steps: [0, 1e12, true],
+  logging_steps: [1, 1e12, true],
+  lora_r: [0, 4096, true],
+  lora_alpha: [0, 1e6, false],
+  threads: [0, 1024, true],
+};
+
+function coerce(key: keyof TrainConfig, raw: unknown, where: string): TrainConfig[keyof TrainConfig] {
+  const def = DEFAULT_CONFIG[key];
+  if (typeof def === 'number') {
+    const v = typeof raw === 'number' ? raw : typeof raw === 'string' && raw.trim() !== '' ? Number(raw) : NaN;
+    const [lo, hi, int] = RANGES[key] ?? [-Infinity, Infinity, false];
+    if (!Number.isFinite(v) || v < lo || v > hi || (int && !Number.isInteger(v))) {
+      throw new UserError(`${where}: ${key} must be ${int ? 'an integer' : 'a number'} in [${lo}, ${hi}], got ${JSON.stringify(raw)}`);
+    }
+    return v;
+  }
+  if (typeof def === 'boolean') {
+    if (raw === true || raw === 'true' || raw === '1') return true;
+    if (raw === false || raw === 'false' || raw === '0') return false;
+    throw new UserError(`${where}: ${key} must be true or false, got ${JSON.stringify(raw)}`);
+  }
+  const s = String(raw);
+  const choices = CHOICES[key];
+  if (choices && !choices.includes(s)) throw new UserError(`${where}: ${key} must be one of ${choices.join(', ')}, got ${JSON.stringify(raw)}`);
+  return s as TrainConfig[keyof TrainConfig];
+}
+
+export function isConfigKey(k: string): k is keyof TrainConfig {
+  return Object.prototype.hasOwnProperty.call(DEFAULT_CONFIG, k);
+}
+
+/** Splits `k=v` strings; a missing `=` is an error naming the flag. */
+export function parseParams(pairs: readonly string[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const p of pairs) {
+    const i = p.indexOf('=');
+    if (i <= 0) throw new UserError(`--param expects key=value, got "${p}"`);
+    out[p.slice(0, i).trim()] = p.slice(i + 1).trim();
+  }
+  return out;
+}
+
+export interface ResolvedConfig {
+  config: TrainConfig;
+  /** Everything that is not a trainer key: the loss's parameters, validated by the loss. */
+  lossParams: Record<string, string | number | boolean>;
+}
+
+/** Merges defaults, a JSON config file and --param overrides. */
+export function resolveConfig(opts: { configFile?: string; params?: readonly string[]; base?: Partial<TrainConfig> }): ResolvedConfig {
+  const config: TrainConfig = { ...DEFAULT_CONFIG };
+  const lossParams: Record<string, string | number | boolean> = {};
+  const apply = (src: Record<string, unknown>, where: string) => {
+    for (const [k, v] of Object.entries(src)) {
+      if (k === 'loss_params' && v && typeof v === 'object') {
+        Object.assign(lossParams, v);
+      } else if (isConfigKey(k)) {
+        (config as unknown as Record<string, unknown>)[k] = coerce(k, v, where);
+      } else {
+        lossParams[k] = v as string | number | boolean;
+      }
+    }
+  };
+  if (opts.base) apply(opts.base as Record<string, unknown>, 'defaults');
+  if (opts.configFile) {
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(readFileSync(opts.configFile, 'utf8'));
+    } catch (e) {
+      throw new UserError(`${opts.configFile}: ${(e as Error).message.split('\n')[0]}`);
+    }
+    if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) throw new UserError(`${opts.configFile}: expected a JSON object of settings`);
+    apply(parsed as Record<string, unknown>, opts.configFile);
+  }
+  apply(parseParams(opts.params ?? []), '--param');
+  if (config.max_prompt_length >= config.max_length) {
+    throw new UserError(`max_prompt_length (${config.max_prompt_length}) must be smaller than max_length (${config.max_length})`);
+  }
+  return { config, lossParams };
+}
