@@ -1,0 +1,224 @@
+/**
+ * The conversion pipeline: readers → format adapter → validation → column builders → Parquet sink.
+ * Streams: only the batch being built and the row group being written are in memory.
+ */
+import * as arrow from 'apache-arrow';
+import { open, rename, rm, stat, type FileHandle } from 'node:fs/promises';
+import { basename, dirname, join } from 'node:path';
+import { UserError } from '../src/cli/errors.ts';
+import { BatchBuilder } from './columns.ts';
+import { ADAPTERS, type Adapter, type AdapterContext, type FormatName, type Row, detectFormat, expectedShapes } from './formats.ts';
+import { ParquetSink, type WriteOptions } from './parquet.ts';
+import { type Source, openSource, where } from './readers.ts';
+import { KIND_SPECS, type Kind, type TextMode, canonicalSchema, makeMeta, orderColumns } from './schema.ts';
+import { type ValidateOptions, validateRow } from './validate.ts';
+import { RecordError, describe, isObject, type Rec } from './values.ts';
+
+export interface ConvertOptions extends ValidateOptions, WriteOptions {
+  /** Input format; detected from the first record when absent. */
+  format?: FormatName;
+  /** Output kind; a listwise input becomes pairwise (binarized) when this says so. */
+  kind?: Kind;
+  /** `dst → src`: read canonical/format field `dst` from the input's field `src`. */
+  map?: Record<string, string>;
+  onInvalid?: 'error' | 'skip';
+  binarize?: boolean;
+  /** Seed of the binarization draw. */
+  seed?: number;
+  /** Rows per Arrow batch handed to the writer. */
+  batchRows?: number;
+  /** Bytes of text per Arrow batch handed to the writer. */
+  batchBytes?: number;
+}
+
+export interface ConvertSummary {
+  read: number;
+  written: number;
+  skipped: number;
+  kind: Kind;
+  text: TextMode;
+  /** Format detected (or forced) per input, in input order. */
+  formats: string[];
+  outputs: string[];
+  /** `OUT.skipped.jsonl`, when anything was skipped. */
+  skippedPath: string | null;
+}
+
+/** `out.parquet` → `out.skipped.jsonl`. */
+export function skippedPathFor(out: string): string {
+  return `${out.endsWith('.parquet') ? out.slice(0, -'.parquet'.length) : out}.skipped.jsonl`;
+}
+
+/** mulberry32: a small seeded generator, so `--seed` reproduces a binarization exactly. */
+export function seededRandom(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function applyMap(rec: Rec, map: Record<string, string>): Rec {
+  const out: Rec = { ...rec };
+  for (const src of Object.values(map)) delete out[src];
+  for (const [dst, src] of Object.entries(map)) out[dst] = rec[src];
+  return out;
+}
+
+/** The kind an adapter's records become under these options, or a UserError if they conflict. */
+function outputKind(adapter: Adapter, first: Rec, opts: ConvertOptions, path: string): { kind: Kind; binarize: boolean } {
+  let native = adapter.kind;
+  if (adapter.name === 'csv') {
+    const inner = detectFormat(first);
+    if (!inner) throw new UserError(`${path}: the columns (${Object.keys(first).join(', ')}) match no format; expected ${expectedShapes()}`);
+    native = inner.kind;
+  }
+  const binarize = native === 'listwise' && (opts.binarize || opts.kind === 'pairwise');
+  const kind = binarize ? 'pairwise' : native;
+  if (opts.binarize && native !== 'listwise') throw new UserError(`--binarize applies to listwise data; ${path} is ${adapter.name} (${native})`);
+  if (opts.kind && opts.kind !== kind) throw new UserError(`${path}: format ${adapter.name} gives ${native} data, which cannot become --kind ${opts.kind}`);
+  return { kind, binarize };
+}
+
+/**
+ * Converts `inputs` to one canonical dataset at `out`. With onInvalid 'error' the first bad record
+ * stops the run and nothing is left at `out`; with 'skip' bad records go to `OUT.skipped.jsonl`.
+ */
+export async function convert(inputs: string[], out: string, opts: ConvertOptions = {}): Promise<ConvertSummary> {
+  if (inputs.length === 0) throw new UserError('no input files');
+  const outDir = dirname(out);
+  const dirStat = await stat(outDir).catch(() => null);
+  if (!dirStat?.isDirectory()) throw new UserError(`${out}: directory ${outDir} does not exist`);
+  const onInvalid = opts.onInvalid ?? 'error';
+  const map = opts.map ?? {};
+  const hasMap = Object.keys(map).length > 0;
+  const sources: Source[] = [];
+  for (const p of inputs) sources.push(await openSource(p));
+
+  const batchRows = opts.batchRows ?? 16384;
+  const batchBytes = opts.batchBytes ?? 32 * 1024 * 1024;
+  const random = seededRandom(opts.seed ?? 0);
+  const skippedPath = skippedPathFor(out);
+  const skippedTmp = join(outDir, `.${basename(skippedPath)}.${process.pid}.tmp`);
+
+  let kind: Kind | null = null;
+  let text: TextMode | null = null;
+  let builder: BatchBuilder | null = null;
+  let schema: arrow.Schema | null = null;
+  let sink: ParquetSink | null = null;
+  let skippedFile: FileHandle | null = null;
+  let skippedLines: string[] = [];
+  let read = 0;
+  let written = 0;
+  let skipped = 0;
+  const formats: string[] = [];
+
+  const flushSkipped = async () => {
+    if (skippedLines.length === 0) return;
+    skippedFile ??= await open(skippedTmp, 'w');
+    await skippedFile.write(skippedLines.join(''));
+    skippedLines = [];
+  };
+
+  const flushBatch = async () => {
+    if (!builder || builder.length === 0) return;
+    if (!schema) {
+      // The first batch fixes the optional columns: later batches must match one file schema.
+      schema = canonicalSchema(kind!, text!, orderColumns(kind!, builder.columns), makeMeta(kind!, text!, formats.join('+')));
+      sink = new ParquetSink(out, makeMeta(kind!, text!, formats.join('+')), opts);
+    }
+    await sink!.write(builder.finish(schema));
+  };
+
+  try {
+    for (const src of sources) {
+      let adapter: Adapter | null = null;
+      let ctx: AdapterContext | null = null;
+      let fileKind: Kind | null = null;
+      for await (const items of src.items()) {
+        for (const item of items) {
+          read++;
+          try {
+            if (item.error !== undefined) throw new RecordError(item.error);
+            const value = item.value;
+            if (!isObject(value)) {
+              if (!adapter) throw new UserError(`${where(src, item.pos)}: not preference data: expected one object per record, found ${describe(value)}`);
+              throw new RecordError(`expected a record object, found ${describe(value)}`);
+            }
+            const rec: Rec = hasMap ? applyMap(value, map) : value;
+            if (!adapter) {
+              adapter = opts.format ? ADAPTERS[opts.format] : detectFormat(rec);
+              if (!adapter) {
+                throw new UserError(
+                  `${src.path}: not preference data: expected records shaped as ${expectedShapes()}; found fields ${Object.keys(rec).join(', ') || '(none)'}`,
+                );
+              }
+              const out = outputKind(adapter, rec, opts, src.path);
+              fileKind = out.kind;
+              if (kind && kind !== fileKind) throw new UserError(`${src.path}: ${fileKind} data, but the inputs before it are ${kind}`);
+              kind = fileKind;
+              formats.push(adapter.name);
+              ctx = { textual: src.textual, map, binarize: out.binarize, random };
+            }
+            const row: Row = adapter.toRow(rec, ctx!);
+            const mode = validateRow(fileKind!, row, opts);
+            if (text === null) text = mode;
+            else if (mode !== text) {
+              throw new RecordError(`field "prompt" is ${mode === 'plain' ? 'plain text' : 'a message list'}, but earlier records use ${text === 'plain' ? 'plain text' : 'message lists'}`, 'prompt');
+            }
+            if (!builder) builder = new BatchBuilder(text, KIND_SPECS[kind!].required);
+            for (const k in row) {
+              if (row[k] !== undefined && !builder.has(k)) {
+                if (schema) {
+                  throw new RecordError(`field "${k}" first appears after ${written} rows were written without it; put a record with it first, or drop it with --map`, k);
+                }
+                builder.addColumn(k);
+              }
+            }
+            builder.push(row);
+            written++;
+            if (builder.length >= batchRows || builder.byteSize >= batchBytes) await flushBatch();
+          } catch (e) {
+            if (!(e instanceof RecordError)) throw e;
+            const loc = where(src, item.pos);
+            if (onInvalid === 'error') throw new UserError(`${loc}: ${e.message}`);
+            skipped++;
+            const entry = src.unit === 'line' ? { file: src.path, line: item.pos } : { file: src.path, row: item.pos };
+            skippedLines.push(JSON.stringify({ ...entry, field: e.field ?? null, reason: e.message }) + '\n');
+            if (skippedLines.length >= 1024) await flushSkipped();
+          }
+        }
+      }
+      if (!adapter) throw new UserError(`${src.path}: no records`);
+    }
+    if (written === 0) {
+      await flushSkipped();
+      if (skippedFile) {
+        await (skippedFile as FileHandle).close();
+        skippedFile = null;
+        await rename(skippedTmp, skippedPath);
+      }
+      throw new UserError(`no valid records: all ${read} were skipped (reasons in ${skippedPath})`);
+    }
+    await flushBatch();
+    const outputs = await (sink as ParquetSink | null)!.close();
+    await flushSkipped();
+    if (skippedFile) {
+      await (skippedFile as FileHandle).close();
+      skippedFile = null;
+      await rename(skippedTmp, skippedPath);
+    } else {
+      // A list from an earlier run would describe records this run kept.
+      await rm(skippedPath, { force: true });
+    }
+    return { read, written, skipped, kind: kind!, text: text!, formats, outputs, skippedPath: skipped > 0 ? skippedPath : null };
+  } catch (e) {
+    await (sink as ParquetSink | null)?.abort();
+    if (skippedFile) await (skippedFile as FileHandle).close().catch(() => undefined);
+    await rm(skippedTmp, { force: true });
+    throw e;
+  }
+}
