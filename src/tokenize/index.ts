@@ -1,0 +1,12 @@
+/** Tokenizers and chat templates of model folders; see each module for details. */
+export { loadTokenizer, type LoadedTokenizer, type Message, type EncodeOptions, type DecodeOptions, type ChatTemplateOptions } from './tokenizer.ts';
+export { tokenizePromptResponse, type PromptResponseIds } from './prompt-response.ts';
+export {
+  writeTokenizer,
+  learnMerges,
+  BYTE_TO_CHAR,
+  GENERATED_CHAT_TEMPLATE,
+  GENERATED_SPECIAL_TOKENS,
+  type GenerateTokenizerOptions,
+  type GeneratedTokenizerInfo,
+} from './generate.ts';
