@@ -1,0 +1,273 @@
+/**
+ * Gradient check: every rule of the table against central finite differences, both evaluated by
+ * ONNX Runtime in float64. Each case builds a small graph, reduces its output to the scalar
+ * sum(out · W) with a fixed random W (so every output element matters), and compares the analytic
+ * gradient of each float input with (f(x + h) − f(x − h)) / 2h, h = 1e-6 · max(1, |x|).
+ */
+import { Graph, Tensor } from '../onnx/graph.ts';
+import { serializeModel } from '../onnx/proto.ts';
+import { Session, toOrt } from '../runtime/session.ts';
+import { gradients } from './index.ts';
+
+/** How an input's values are drawn: uniform in [lo, hi], optionally kept ≥ gap away from 0 (kinks). */
+export interface InputSpec {
+  shape: number[];
+  lo?: number;
+  hi?: number;
+  awayFromZero?: number;
+}
+
+export interface GradCase {
+  /** The op whose rule is under test. */
+  op: string;
+  /** What the variant exercises (broadcasting, axis, repeated indices, …). */
+  name: string;
+  inputs: InputSpec[];
+  /** Builds the op output from the float64 inputs (integer operands are constants inside). */
+  build: (g: Graph, xs: Tensor[]) => Tensor;
+  /** Opset of the graphs (default 17). */
+  opset?: number;
+  /**
+   * Forward used for the finite differences when ORT has no float64 kernel for the op at any opset
+   * (Erf): an independent float64 evaluation of the same function from standard ops.
+   */
+  reference?: (g: Graph, xs: Tensor[]) => Tensor;
+}
+
+export interface CaseResult {
+  op: string;
+  name: string;
+  maxRelErr: number;
+  /** Number of gradient elements compared. */
+  elements: number;
+}
+
+/** Deterministic uniform generator in [0, 1) (mulberry32). */
+export function rng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function draw(spec: InputSpec, rand: () => number): Float64Array {
+  const n = spec.shape.reduce((a, b) => a * b, 1);
+  const lo = spec.lo ?? -1;
+  const hi = spec.hi ?? 1;
+  return Float64Array.from({ length: n }, () => {
+    const v = lo + (hi - lo) * rand();
+    const gap = spec.awayFromZero ?? 0;
+    return Math.abs(v) < gap ? (v < 0 ? -gap : gap) - v : v;
+  });
+}
+
+/** A copy of g holding only the nodes and initializers the named outputs need. */
+export function prune(g: Graph, outputs: string[]): Graph {
+  const need = new Set(outputs);
+  const keep = new Set<number>();
+  for (let k = g.nodes.length - 1; k >= 0; k--) {
+    const n = g.nodes[k];
+    if (!n.outputs.some((o) => need.has(o))) continue;
+    keep.add(k);
+    for (const i of n.inputs) if (i) need.add(i);
+  }
+  const p = new Graph(g.name);
+  for (const v of g.inputs) p.input(v.name, v.dtype, v.shape);
+  for (const [name, t] of g.initializers) if (need.has(name)) p.initializer(name, t);
+  g.nodes.forEach((n, k) => {
+    if (keep.has(k)) p.addNode(n, (name) => {
+      const t = g.tensor(name);
+      return { name, dtype: t.dtype, shape: t.shape };
+    });
+  });
+  for (const o of outputs) p.output(p.tensor(o));
+  return p;
+}
+
+function lossGraph(c: GradCase, fwd: (g: Graph, xs: Tensor[]) => Tensor, weights: Float64Array) {
+  const g = new Graph(`gradcheck_${c.op}`);
+  const xs = c.inputs.map((s, i) => g.input(`x${i}`, 'float64', s.shape));
+  const out = fwd(g, xs);
+  if (out.dtype !== 'float64') throw new Error(`gradcheck ${c.op}/${c.name}: output is ${out.dtype}`);
+  const dims = out.staticShape;
+  if (!dims) throw new Error(`gradcheck ${c.op}/${c.name}: output shape ${JSON.stringify(out.shape)} is not static`);
+  const w = g.constant(weights.subarray(0, dims.reduce((a, b) => a * b, 1)), 'float64', dims);
+  const loss = g.reduceSum(g.mul(out, w), undefined, false);
+  return { g, xs, loss };
+}
+
+/** Runs one case; throws if a rule is missing or a gradient is absent. */
+export async function checkCase(c: GradCase, seed: number): Promise<CaseResult> {
+  const rand = rng(seed);
+  const data = c.inputs.map((s) => draw(s, rand));
+  const weights = Float64Array.from({ length: 4096 }, () => 2 * rand() - 1);
+  const opts = { opset: c.opset ?? 17 };
+  const feeds = (vals: Float64Array[]) => Object.fromEntries(vals.map((v, i) => [`x${i}`, toOrt('float64', v, c.inputs[i].shape)]));
+
+  const an = lossGraph(c, c.build, weights);
+  const grads = gradients(an.g, an.loss, an.xs);
+  const names = grads.map((t, i) => {
+    if (!t) throw new Error(`gradcheck ${c.op}/${c.name}: no gradient for input ${i}`);
+    return an.g.output(t, `grad_${i}`).name;
+  });
+  const sa = await Session.create(serializeModel(prune(an.g, names), opts));
+  const analytic = await sa.run(feeds(data));
+  await sa.release();
+
+  const fd = lossGraph(c, c.reference ?? c.build, weights);
+  fd.g.output(fd.loss, 'loss');
+  const sf = await Session.create(serializeModel(fd.g, opts));
+  const f = async (vals: Float64Array[]) => ((await sf.run(feeds(vals))).loss.data as Float64Array)[0];
+
+  let maxDiff = 0;
+  let scale = 0;
+  let elements = 0;
+  for (let i = 0; i < data.length; i++) {
+    const a = analytic[names[i]].data as Float64Array;
+    if (a.length !== data[i].length) throw new Error(`gradcheck ${c.op}/${c.name}: gradient ${i} has ${a.length} elements, input has ${data[i].length}`);
+    for (let j = 0; j < data[i].length; j++) {
+      const x0 = data[i][j];
+      const h = 1e-6 * Math.max(1, Math.abs(x0));
+      const plus = data.map((v) => v.slice());
+      const minus = data.map((v) => v.slice());
+      plus[i][j] = x0 + h;
+      minus[i][j] = x0 - h;
+      // Divide by the step actually represented in float64, not the nominal one.
+      const num = ((await f(plus)) - (await f(minus))) / (plus[i][j] - minus[i][j]);
+      maxDiff = Math.max(maxDiff, Math.abs(a[j] - num));
+      scale = Math.max(scale, Math.abs(a[j]), Math.abs(num));
+      elements++;
+    }
+  }
+  await sf.release();
+  // Error relative to the gradient's largest magnitude (infinity norm), so near-zero entries don't blow up.
+  return { op: c.op, name: c.name, maxRelErr: scale > 0 ? maxDiff / scale : maxDiff, elements };
+}
+
+export interface GradcheckSummary {
+  results: CaseResult[];
+  opsChecked: number;
+  maxRelErr: number;
+}
+
+/** Runs every case (default: the built-in table of cases). */
+export async function gradcheck(cases: GradCase[] = CASES): Promise<GradcheckSummary> {
+  const results: CaseResult[] = [];
+  for (const [k, c] of cases.entries()) results.push(await checkCase(c, 1000 + k));
+  return {
+    results,
+    opsChecked: new Set(results.map((r) => r.op)).size,
+    maxRelErr: Math.max(...results.map((r) => r.maxRelErr)),
+  };
+}
+
+// ---- the cases ---------------------------------------------------------------------------------
+
+const pos = (shape: number[]): InputSpec => ({ shape, lo: 0.5, hi: 2 });
+const any = (shape: number[]): InputSpec => ({ shape });
+const kinkFree = (shape: number[]): InputSpec => ({ shape, awayFromZero: 0.1 });
+const i64 = (g: Graph, values: number[], dims: number[]) => g.constant(values, 'int64', dims);
+
+/** erf(x) = 2/√π · x · Σₙ (−1)ⁿ x²ⁿ / (n!(2n+1)), Horner in x² with 40 terms: float64-exact for |x| ≤ 2. */
+function erfSeries(g: Graph, x: Tensor): Tensor {
+  const coef: number[] = [];
+  for (let n = 0, fact = 1; n < 40; n++, fact *= n) coef.push((n % 2 ? -1 : 1) / (fact * (2 * n + 1)));
+  const z = g.mul(x, x);
+  let p = g.add(g.mul(z, coef[39]), coef[38]);
+  for (let n = 37; n >= 0; n--) p = g.add(g.mul(p, z), coef[n]);
+  return g.mul(g.mul(x, p), 2 / Math.sqrt(Math.PI));
+}
+
+export const CASES: GradCase[] = [
+  // elementwise binary, with numpy broadcasting both ways
+  { op: 'Add', name: '[2,3]+[3]', inputs: [any([2, 3]), any([3])], build: (g, [a, b]) => g.add(a, b) },
+  { op: 'Add', name: '[2,1,3]+[4,1]', inputs: [any([2, 1, 3]), any([4, 1])], build: (g, [a, b]) => g.add(a, b) },
+  { op: 'Sub', name: '[2,3]-[2,1]', inputs: [any([2, 3]), any([2, 1])], build: (g, [a, b]) => g.sub(a, b) },
+  { op: 'Mul', name: '[3]*[2,3]', inputs: [any([3]), any([2, 3])], build: (g, [a, b]) => g.mul(a, b) },
+  { op: 'Mul', name: 'x*x (two uses)', inputs: [any([2, 3])], build: (g, [a]) => g.mul(a, a) },
+  { op: 'Div', name: '[2,3]/[1,3]', inputs: [any([2, 3]), pos([1, 3])], build: (g, [a, b]) => g.div(a, b) },
+  { op: 'Pow', name: 'x^2.5', inputs: [pos([2, 3])], build: (g, [a]) => g.pow(a, 2.5) },
+  { op: 'Pow', name: 'x^y broadcast', inputs: [pos([2, 3]), any([3])], build: (g, [a, b]) => g.pow(a, b) },
+  { op: 'Min', name: '[2,3] vs [3]', inputs: [any([2, 3]), any([3])], build: (g, [a, b]) => g.min(a, b) },
+  { op: 'Max', name: '[2,3] vs [2,1]', inputs: [any([2, 3]), any([2, 1])], build: (g, [a, b]) => g.max(a, b) },
+  { op: 'Sum', name: '3 inputs broadcast', inputs: [any([2, 3]), any([3]), any([2, 1])], build: (g, xs) => g.sum(xs) },
+  { op: 'Where', name: 'broadcast branches', inputs: [any([2, 3]), any([3])],
+    build: (g, [a, b]) => g.where(g.constant([1, 0, 1, 0, 0, 1], 'bool', [2, 3]), a, b) },
+  // elementwise unary
+  { op: 'Neg', name: 'x', inputs: [any([2, 3])], build: (g, [a]) => g.neg(a) },
+  { op: 'Sqrt', name: 'x>0', inputs: [pos([2, 3])], build: (g, [a]) => g.sqrt(a) },
+  { op: 'Reciprocal', name: 'x>0', inputs: [pos([2, 3])], build: (g, [a]) => g.reciprocal(a) },
+  { op: 'Exp', name: 'x', inputs: [any([2, 3])], build: (g, [a]) => g.exp(a) },
+  { op: 'Log', name: 'x>0', inputs: [pos([2, 3])], build: (g, [a]) => g.log(a) },
+  { op: 'Tanh', name: 'x', inputs: [any([2, 3])], build: (g, [a]) => g.tanh(a) },
+  { op: 'Sigmoid', name: 'x', inputs: [any([2, 3])], build: (g, [a]) => g.sigmoid(a) },
+  { op: 'Relu', name: '|x|>0.1', inputs: [kinkFree([2, 3])], build: (g, [a]) => g.relu(a) },
+  { op: 'LeakyRelu', name: '|x|>0.1', inputs: [kinkFree([2, 3])], build: (g, [a]) => g.op('LeakyRelu', [a], { alpha: { kind: 'float', value: 0.2 } }, [{ dtype: a.dtype, shape: a.shape }])[0] },
+  { op: 'Erf', name: 'FD via float64 series (no double Erf kernel in ORT)', inputs: [any([2, 3])], build: (g, [a]) => g.erf(a), reference: (g, [a]) => erfSeries(g, a) },
+  // Softplus has no double kernel at opset 17; at opset 18 ORT runs its ONNX function body in float64.
+  { op: 'Softplus', name: 'opset 18 function body', inputs: [{ shape: [2, 3], lo: -3, hi: 3 }], build: (g, [a]) => g.softplus(a), opset: 18 },
+  { op: 'Abs', name: '|x|>0.1', inputs: [kinkFree([2, 3])], build: (g, [a]) => g.abs(a) },
+  { op: 'Sin', name: 'x', inputs: [any([2, 3])], build: (g, [a]) => g.sin(a) },
+  { op: 'Cos', name: 'x', inputs: [any([2, 3])], build: (g, [a]) => g.cos(a) },
+  { op: 'Clip', name: 'bounds ±0.5', inputs: [{ shape: [3, 4], lo: -1, hi: 1 }], build: (g, [a]) => g.clip(a, -0.5, 0.5) },
+  { op: 'Clip', name: 'tensor bounds', inputs: [any([3, 4]), { shape: [], lo: -0.6, hi: -0.4 }, { shape: [], lo: 0.4, hi: 0.6 }], build: (g, [a, lo, hi]) => g.clip(a, lo, hi) },
+  { op: 'Cast', name: 'float64→float64', inputs: [any([2, 3])], build: (g, [a]) => g.cast(a, 'float64') },
+  { op: 'Identity', name: 'x', inputs: [any([2, 3])], build: (g, [a]) => g.identity(a) },
+  // linear algebra
+  { op: 'MatMul', name: '[3,4]@[4,2]', inputs: [any([3, 4]), any([4, 2])], build: (g, [a, b]) => g.matmul(a, b) },
+  { op: 'MatMul', name: '[2,3,4]@[4,5] (shared weight)', inputs: [any([2, 3, 4]), any([4, 5])], build: (g, [a, b]) => g.matmul(a, b) },
+  { op: 'MatMul', name: '[2,1,3,4]@[3,4,2] batch broadcast', inputs: [any([2, 1, 3, 4]), any([3, 4, 2])], build: (g, [a, b]) => g.matmul(a, b) },
+  { op: 'MatMul', name: '[3,4]@[2,4,5]', inputs: [any([3, 4]), any([2, 4, 5])], build: (g, [a, b]) => g.matmul(a, b) },
+  { op: 'MatMul', name: '[4]@[2,4,3] (1-D left)', inputs: [any([4]), any([2, 4, 3])], build: (g, [a, b]) => g.matmul(a, b) },
+  { op: 'MatMul', name: '[2,3,4]@[4] (1-D right)', inputs: [any([2, 3, 4]), any([4])], build: (g, [a, b]) => g.matmul(a, b) },
+  { op: 'MatMul', name: '[4]@[4] (dot)', inputs: [any([4]), any([4])], build: (g, [a, b]) => g.matmul(a, b) },
+  { op: 'Gemm', name: 'A·B + C[n]', inputs: [any([3, 4]), any([4, 2]), any([2])], build: (g, [a, b, c]) => g.gemm(a, b, c) },
+  { op: 'Gemm', name: 'transA, α=0.7, β=1.3', inputs: [any([4, 3]), any([4, 2]), any([3, 1])], build: (g, [a, b, c]) => g.gemm(a, b, c, { transA: true, alpha: 0.7, beta: 1.3 }) },
+  { op: 'Gemm', name: 'transB', inputs: [any([3, 4]), any([2, 4])], build: (g, [a, b]) => g.gemm(a, b, null, { transB: true }) },
+  { op: 'Gemm', name: 'transA+transB', inputs: [any([4, 3]), any([2, 4]), any([3, 2])], build: (g, [a, b, c]) => g.gemm(a, b, c, { transA: true, transB: true, alpha: -1.5 }) },
+  // shape manipulation
+  { op: 'Transpose', name: 'perm [1,2,0]', inputs: [any([2, 3, 4])], build: (g, [a]) => g.transpose(a, [1, 2, 0]) },
+  { op: 'Transpose', name: 'default reverse', inputs: [any([2, 3])], build: (g, [a]) => g.transpose(a) },
+  { op: 'Reshape', name: '[2,3,4]→[6,-1]', inputs: [any([2, 3, 4])], build: (g, [a]) => g.reshape(a, [6, -1]) },
+  { op: 'Flatten', name: 'axis 2', inputs: [any([2, 3, 2])], build: (g, [a]) => g.flatten(a, 2) },
+  { op: 'Squeeze', name: 'axes [1,-1]', inputs: [any([2, 1, 3, 1])], build: (g, [a]) => g.squeeze(a, [1, -1]) },
+  { op: 'Unsqueeze', name: 'axes [0,-1]', inputs: [any([2, 3])], build: (g, [a]) => g.unsqueeze(a, [0, -1]) },
+  { op: 'Expand', name: '[3,1]→[2,3,4]', inputs: [any([3, 1])], build: (g, [a]) => g.expand(a, [2, 3, 4]) },
+  { op: 'Concat', name: 'axis 1, three inputs', inputs: [any([2, 1]), any([2, 3]), any([2, 2])], build: (g, xs) => g.concat(xs, 1) },
+  { op: 'Concat', name: 'same tensor twice, axis -1', inputs: [any([2, 3])], build: (g, [a]) => g.concat([a, a], -1) },
+  { op: 'Split', name: 'all pieces used', inputs: [any([2, 6])], build: (g, [a]) => {
+    const [p, q, r] = g.split(a, [1, 2, 3], 1);
+    return g.concat([g.mul(p, 2), r, g.exp(q)], 1);
+  } },
+  { op: 'Split', name: 'one piece unused', inputs: [any([5, 2])], build: (g, [a]) => g.split(a, [2, 3], 0)[1] },
+  { op: 'Slice', name: 'unit steps, negative ends', inputs: [any([4, 5])], build: (g, [a]) => g.slice(a, [1, 0], [-1, -2], [0, 1]) },
+  { op: 'Slice', name: 'step 2 and step -1', inputs: [any([5, 4])], build: (g, [a]) => g.reshape(g.slice(a, [0, -1], [5, 0], [0, 1], [2, -1]), [3, 3]) },
+  { op: 'Gather', name: 'axis 0, repeated 2-D indices', inputs: [any([5, 3])], build: (g, [a]) => g.gather(a, i64(g, [1, 3, 1, 0, 3, 3], [2, 3]), 0) },
+  { op: 'Gather', name: 'axis 1, repeated + negative', inputs: [any([2, 4, 3])], build: (g, [a]) => g.gather(a, i64(g, [2, -1, 2, 0], [4]), 1) },
+  { op: 'Gather', name: 'scalar index', inputs: [any([4, 3])], build: (g, [a]) => g.gather(a, i64(g, [2], []), 0) },
+  { op: 'GatherElements', name: 'axis 1, repeated', inputs: [any([3, 4])], build: (g, [a]) => g.gatherElements(a, i64(g, [0, 0, 3, 1, 1, 1, 2, 3, 2], [3, 3]), 1) },
+  { op: 'Trilu', name: 'lower, k=1', inputs: [any([3, 4])], build: (g, [a]) => g.trilu(a, false, g.constant(1, 'int64')) },
+  // reductions
+  { op: 'ReduceSum', name: 'axis 1, keepdims 0', inputs: [any([2, 3, 4])], build: (g, [a]) => g.reduceSum(a, [1], false) },
+  { op: 'ReduceSum', name: 'all axes', inputs: [any([2, 3])], build: (g, [a]) => g.reduceSum(a) },
+  { op: 'ReduceMean', name: 'axes [0,2]', inputs: [any([2, 3, 4])], build: (g, [a]) => g.reduceMean(a, [0, 2], false) },
+  { op: 'ReduceMean', name: 'axis -1 keepdims', inputs: [any([3, 4])], build: (g, [a]) => g.reduceMean(a, [-1]) },
+  { op: 'ReduceMax', name: 'axis 1', inputs: [any([3, 4])], build: (g, [a]) => g.reduceMax(a, [1], false) },
+  { op: 'ReduceMin', name: 'axis 0 keepdims', inputs: [any([3, 4])], build: (g, [a]) => g.reduceMin(a, [0]) },
+  { op: 'ReduceLogSumExp', name: 'axis -1', inputs: [any([3, 4])], build: (g, [a]) => g.reduceLogSumExp(a, [-1], false) },
+  { op: 'ReduceSumSquare', name: 'axis 1', inputs: [any([3, 4])], build: (g, [a]) =>
+    g.op('ReduceSumSquare', [a], { axes: { kind: 'ints', value: [1] }, keepdims: { kind: 'int', value: 0 } }, [{ dtype: a.dtype, shape: [3] }])[0] },
+  { op: 'CumSum', name: 'axis 1', inputs: [any([2, 4])], build: (g, [a]) => g.cumSum(a, 1) },
+  { op: 'CumSum', name: 'exclusive reverse', inputs: [any([2, 4])], build: (g, [a]) => g.cumSum(a, 1, { exclusive: true, reverse: true }) },
+  // neural-network ops
+  { op: 'Softmax', name: 'axis -1', inputs: [any([2, 3, 4])], build: (g, [a]) => g.softmax(a, -1) },
+  { op: 'Softmax', name: 'axis 1', inputs: [any([2, 3, 4])], build: (g, [a]) => g.softmax(a, 1) },
+  { op: 'LogSoftmax', name: 'axis -1', inputs: [any([3, 5])], build: (g, [a]) => g.logSoftmax(a, -1) },
+  { op: 'LogSoftmax', name: 'axis 0', inputs: [any([3, 5])], build: (g, [a]) => g.logSoftmax(a, 0) },
+  { op: 'LayerNormalization', name: 'axis -1, scale + bias', inputs: [any([2, 3, 4]), any([4]), any([4])], build: (g, [x, s, b]) => g.layerNorm(x, s, b) },
+  { op: 'LayerNormalization', name: 'axis 1, no bias', inputs: [any([2, 3, 2]), any([3, 2])], build: (g, [x, s]) => g.layerNorm(x, s, null, { axis: 1, epsilon: 1e-3 }) },
+];
