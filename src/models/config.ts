@@ -317,7 +317,7 @@ export function presetConfig(arch: Arch, preset: 'tiny' | 'small', opts: PresetO
       max_position_embeddings: tiny ? 512 : 2048,
       rms_norm_eps: 1e-6,
       rope_theta: 10000,
-      // Qwen2's q/k/v biases are implied by its model_type; HF's Qwen2Config has no such field.
+      // Qwen2's q/k/v biases come with its model_type (HF's Qwen2Config has no attention_bias switch).
       ...(arch === 'llama' ? { attention_bias: false, mlp_bias: false } : {}),
       tie_word_embeddings: tiny,
       ...ids,
