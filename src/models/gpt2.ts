@@ -1,0 +1,68 @@
+/**
+ * GPT-2 as an ONNX graph, following HF's GPT2LMHeadModel: token + learned position embeddings,
+ * pre-norm blocks of LayerNorm → fused q/k/v projection (`c_attn`) → attention → `c_proj` → residual,
+ * LayerNorm → `c_fc` → GELU (tanh approximation by default) → `c_proj` → residual; a final LayerNorm.
+ * Conv1D weights are stored `[in, out]`. Positions come from the attention mask, so padding does
+ * not shift them.
+ */
+import type { Graph, Tensor } from '../onnx/graph.ts';
+import type { Gpt2Config } from './config.ts';
+import { type BatchIndex, activation, attention, layerNorm, project, reshapeTo, splitHeads } from './layers.ts';
+import type { Params } from './params.ts';
+
+/** Final hidden states `[N, D]` (after `ln_f`). */
+export function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): Tensor {
+  const D = c.n_embd;
+  const H = c.n_head;
+  const hd = D / H;
+  const eps = c.layer_norm_epsilon;
+  const scale = 1 / Math.sqrt(hd);
+
+  let h = g.scope('embed', () => {
+    const pos = reshapeTo(g, bi.positions, [-1], [bi.N]);
+    return g.add(g.gather(P.get('transformer.wte.weight'), bi.flatIds, 0), g.gather(P.get('transformer.wpe.weight'), pos, 0));
+  });
+  for (let i = 0; i < c.n_layer; i++) {
+    const p = `transformer.h.${i}.`;
+    h = g.scope(`h.${i}`, () => {
+      const proj = (name: string, x: Tensor) => project(g, x, P.get(p + name + '.weight'), P.get(p + name + '.bias'), 'conv1d', P.adapter(p + name));
+      const attnOut = g.scope('attn', () => {
+        const x = layerNorm(g, h, P.get(p + 'ln_1.weight'), P.get(p + 'ln_1.bias'), eps);
+        const [q, k, v] = g.split(proj('attn.c_attn', x), [D, D, D], 1);
+        const ctx = attention(
+          g,
+          bi,
+          g.transpose(splitHeads(g, bi, g.mul(q, scale), H, hd), [0, 2, 1, 3]), // [B, H, T, hd]
+          g.transpose(splitHeads(g, bi, k, H, hd), [0, 2, 3, 1]), // [B, H, hd, T]
+          g.transpose(splitHeads(g, bi, v, H, hd), [0, 2, 1, 3]), // [B, H, T, hd]
+          H,
+          H,
+          hd,
+        );
+        return proj('attn.c_proj', ctx);
+      });
+      const h1 = g.add(h, attnOut);
+      const mlpOut = g.scope('mlp', () => {
+        const x = layerNorm(g, h1, P.get(p + 'ln_2.weight'), P.get(p + 'ln_2.bias'), eps);
+        return proj('mlp.c_proj', activation(g, c.activation_function, proj('mlp.c_fc', x)));
+      });
+      return g.add(h1, mlpOut);
+    });
+  }
+  return layerNorm(g, h, P.get('transformer.ln_f.weight'), P.get('transformer.ln_f.bias'), eps);
+}
+
+/** The output head's weight `[V, D]`: the token embedding when tied (always, in released GPT-2s). */
+export function gpt2HeadWeight(c: Gpt2Config, P: Params): Tensor {
+  return P.get(c.tie_word_embeddings ? 'transformer.wte.weight' : 'lm_head.weight');
+}
+
+/**
+ * HF's original GPT-2 checkpoints name tensors without the `transformer.` prefix and carry attention
+ * mask buffers (`attn.bias`, `attn.masked_bias`); this maps such names onto the model's own.
+ */
+export function normalizeGpt2Name(name: string): string | null {
+  if (/\.attn\.(masked_)?bias$/.test(name)) return null;
+  if (name.startsWith('transformer.') || name.startsWith('lm_head.') || name.startsWith('value_head.')) return name;
+  return 'transformer.' + name;
+}

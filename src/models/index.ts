@@ -1,0 +1,80 @@
+/**
+ * Causal language models as ONNX graphs: `buildCausalLM` dispatches on `model_type` and returns the
+ * final hidden states, the logits on demand, and the batch's index tensors; `valueHead` reads a
+ * scalar per row from the hidden state at a chosen position.
+ */
+import type { Graph, Tensor } from '../onnx/graph.ts';
+import type { ModelConfig } from './config.ts';
+import { gpt2HeadWeight, gpt2Hidden } from './gpt2.ts';
+import { type BatchIndex, type FloatDType, batchIndex, lmHead } from './layers.ts';
+import { llamaHeadWeight, llamaHidden } from './llama.ts';
+import type { LoraConfig } from './lora.ts';
+import { Params, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT } from './params.ts';
+
+export interface CausalLMInputs {
+  /** `[batch, seq]` int64. */
+  inputIds: Tensor;
+  /** `[batch, seq]` 1 for real tokens, 0 for padding (int64, bool or float); left or right padding. */
+  attentionMask: Tensor;
+}
+
+export interface CausalLMOptions {
+  /**
+   * Use these LoRA adapters (their tensors must be among the parameters). Without it the forward
+   * ignores any adapter tensors: the same base weights then give the reference model.
+   */
+  lora?: LoraConfig | null;
+}
+
+export interface CausalLM {
+  config: ModelConfig;
+  batch: BatchIndex;
+  /** `[N, D]` final hidden states (after the final norm), N = batch·seq, row b·seq + t. */
+  hidden: Tensor;
+  /** `[N, V]` logits; built on the first call, then reused. */
+  logits(): Tensor;
+}
+
+/**
+ * Builds the forward pass of `config` over `params` (HF names → tensors, from `declareParameters`
+ * or `parameterInitializers`). The float type is the embedding's (float32, or float64 for checks).
+ */
+export function buildCausalLM(g: Graph, config: ModelConfig, params: Map<string, Tensor>, inputs: CausalLMInputs, opts: CausalLMOptions = {}): CausalLM {
+  const P = new Params(params, config, opts.lora);
+  const embed = P.get(config.model_type === 'gpt2' ? 'transformer.wte.weight' : 'model.embed_tokens.weight');
+  const dtype = embed.dtype as FloatDType;
+  if (dtype !== 'float32' && dtype !== 'float64') throw new Error(`model parameters must be float32 or float64, got ${dtype}`);
+  const bi = batchIndex(g, inputs.inputIds, inputs.attentionMask, dtype);
+  const hidden = config.model_type === 'gpt2' ? gpt2Hidden(g, config, P, bi) : llamaHidden(g, config, P, bi);
+  let logits: Tensor | undefined;
+  return {
+    config,
+    batch: bi,
+    hidden,
+    logits: () => (logits ??= g.scope('lm_head', () => lmHead(g, hidden, config.model_type === 'gpt2' ? gpt2HeadWeight(config, P) : llamaHeadWeight(config, P)))),
+  };
+}
+
+/**
+ * The scalar head `value_head.weight · h + value_head.bias` on the final hidden state of each row at
+ * position `valueIndex [B]` (int64; e.g. the last prompt token for DRO's V(x), the last token for a
+ * reward model). Returns `[B]`.
+ */
+export function valueHead(g: Graph, model: CausalLM, params: Map<string, Tensor>, valueIndex: Tensor): Tensor {
+  const w = params.get(VALUE_HEAD_WEIGHT);
+  const b = params.get(VALUE_HEAD_BIAS);
+  if (!w || !b) throw new Error('valueHead: declare the parameters with { valueHead: true }');
+  return g.scope('value_head', () => {
+    const ids = model.batch.ids;
+    const idx = valueIndex.dtype === 'int64' ? valueIndex : g.cast(valueIndex, 'int64');
+    const rows = g.range(0, g.squeeze(g.dim(ids, 0), [0]), 1, 'int64'); // [B]
+    const flat = g.add(g.mul(rows, g.squeeze(g.dim(ids, 1), [0])), idx); // b·T + index
+    const h = g.gather(model.hidden, flat, 0); // [B, D]
+    return g.add(g.matmul(h, w), b);
+  });
+}
+
+export { type BatchIndex, type FloatDType } from './layers.ts';
+export { type LoraConfig, initLora, loraModules, loraParameterShapes, loraScale, mergeLora } from './lora.ts';
+export { declareParameters, modelParameterShapes, parameterInitializers, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT, type ParameterOptions } from './params.ts';
+export { initValueHead, initWeights } from './init.ts';

@@ -1,0 +1,165 @@
+/**
+ * Building blocks shared by the architectures: the batch's index tensors (positions and the additive
+ * attention mask, built once per graph), projections with optional LoRA, attention, norms and
+ * activations. Activations flow as 2-D `[N, D]` tensors (N = batch·seq) so every projection is one
+ * Gemm and its weight gradient one Gemm, with no batched-matmul reductions; only attention reshapes
+ * to `[B, heads, T, head_dim]`.
+ */
+import { Graph, Tensor, type Dim, type Shape } from '../onnx/graph.ts';
+import type { Activation } from './config.ts';
+
+export type FloatDType = 'float32' | 'float64';
+
+/**
+ * Additive mask value: exp(x − 1e9) is exactly 0 in float32 and float64, yet a row whose keys are all
+ * masked (a left pad as query) stays finite, so no NaN reaches the gradients.
+ */
+export const MASK_VALUE = -1e9;
+
+/** Index tensors of one batch, derived once and shared by every layer. */
+export interface BatchIndex {
+  dtype: FloatDType;
+  B: Dim;
+  T: Dim;
+  /** B·T, the row count of the 2-D activations. */
+  N: Dim;
+  /** `[B, T]` int64 token ids. */
+  ids: Tensor;
+  /** `[N]` int64 token ids. */
+  flatIds: Tensor;
+  /** `[B, T]` int64 position of each token among the row's real tokens (pads get their neighbour's). */
+  positions: Tensor;
+  /** `[B, 1, T, T]` additive mask: 0 where query t may attend key s (s ≤ t and s is real), else MASK_VALUE. */
+  mask: Tensor;
+  /** `[2]` int64 runtime shape (B, T). */
+  shapeBT: Tensor;
+}
+
+/** Product of symbolic dims: a number when both are known, else a readable name like `batch*seq`. */
+export function mulDims(a: Dim, b: Dim): Dim {
+  return typeof a === 'number' && typeof b === 'number' ? a * b : `${a}*${b}`;
+}
+
+/** Reshape to constant dims (0 copies an input dim, -1 is inferred) with the caller's symbolic shape. */
+export function reshapeTo(g: Graph, x: Tensor, dims: number[], shape: Shape): Tensor {
+  return g.op('Reshape', [x, g.ints(dims)], {}, [{ dtype: x.dtype, shape }])[0];
+}
+
+/** Reshape to a runtime shape tensor, with the caller's symbolic shape. */
+export function reshapeRt(g: Graph, x: Tensor, dims: Tensor, shape: Shape): Tensor {
+  return g.op('Reshape', [x, dims], {}, [{ dtype: x.dtype, shape }])[0];
+}
+
+/**
+ * Positions and masks of a batch. Positions count the real tokens before each token (exclusive
+ * cumulative sum of the mask), so a row gets the same positions left-padded, right-padded or alone.
+ */
+export function batchIndex(g: Graph, inputIds: Tensor, attentionMask: Tensor, dtype: FloatDType): BatchIndex {
+  if (inputIds.dtype !== 'int64') throw new Error(`input_ids must be int64, got ${inputIds.dtype}`);
+  if (inputIds.shape?.length !== 2) throw new Error('input_ids must have shape [batch, seq]');
+  const [B, T] = inputIds.shape;
+  const N = mulDims(B, T);
+  return g.scope('batch', () => {
+    const maskI = attentionMask.dtype === 'int64' ? attentionMask : g.cast(attentionMask, 'int64');
+    const positions = g.cumSum(maskI, 1, { exclusive: true });
+    const keyOk = g.unsqueeze(g.cast(maskI, 'bool'), [1, 2]); // [B, 1, 1, T]
+    const idx = g.range(0, g.squeeze(g.dim(inputIds, 1), [0]), 1, 'int64'); // [T]
+    const causal = g.lessOrEqual(g.unsqueeze(idx, [0]), g.unsqueeze(idx, [1])); // [T, T]: key ≤ query
+    const allowed = g.and(causal, keyOk); // [B, 1, T, T]
+    const mask = g.where(allowed, g.scalar(0, dtype), g.scalar(MASK_VALUE, dtype));
+    const flatIds = reshapeTo(g, inputIds, [-1], [N]);
+    return { dtype, B, T, N, ids: inputIds, flatIds, positions, mask, shapeBT: g.shapeOf(inputIds) };
+  });
+}
+
+/** LoRA adapter of one projection: y += scale · (x Aᵀ) Bᵀ with A `[r, in]`, B `[out, r]`. */
+export interface Adapter {
+  A: Tensor;
+  B: Tensor;
+  scale: number;
+}
+
+/**
+ * A projection of 2-D activations: Linear (`weight [out, in]`, HF nn.Linear) or Conv1D
+ * (`weight [in, out]`, GPT-2). The bias and the LoRA sum ride on Gemm's C input and alpha.
+ */
+export function project(g: Graph, x: Tensor, weight: Tensor, bias: Tensor | null, layout: 'linear' | 'conv1d', adapter?: Adapter): Tensor {
+  const y = g.gemm(x, weight, bias, { transB: layout === 'linear' });
+  if (!adapter) return y;
+  const xa = g.gemm(x, adapter.A, null, { transB: true }); // [N, r]
+  return g.gemm(xa, adapter.B, y, { transB: true, alpha: adapter.scale, beta: 1 });
+}
+
+/** RMSNorm: x / sqrt(mean(x²) + eps) · w, in the graph's float type as HF computes it in float32. */
+export function rmsNorm(g: Graph, x: Tensor, w: Tensor, eps: number): Tensor {
+  const ms = g.reduceMean(g.pow(x, 2), [-1], true);
+  return g.mul(g.div(x, g.sqrt(g.add(ms, eps))), w);
+}
+
+export function layerNorm(g: Graph, x: Tensor, w: Tensor, b: Tensor, eps: number): Tensor {
+  return g.layerNorm(x, w, b, { axis: -1, epsilon: eps });
+}
+
+const SQRT_2_OVER_PI = Math.sqrt(2 / Math.PI);
+
+/** The activation functions HF configs name, each as its defining formula. */
+export function activation(g: Graph, name: Activation, x: Tensor): Tensor {
+  switch (name) {
+    case 'silu':
+      // ORT fuses x·sigmoid(x) into a float-only QuickGelu kernel, so float64 graphs spell it x/(1+e⁻ˣ).
+      return x.dtype === 'float64' ? g.div(x, g.add(g.exp(g.neg(x)), 1)) : g.mul(x, g.sigmoid(x));
+    case 'relu':
+      return g.relu(x);
+    case 'gelu':
+      // Exact GELU: ½x(1 + erf(x/√2)).
+      return g.mul(g.mul(x, 0.5), g.add(g.erf(g.mul(x, Math.SQRT1_2)), 1));
+    case 'quick_gelu': {
+      const z = g.mul(x, 1.702);
+      return x.dtype === 'float64' ? g.div(x, g.add(g.exp(g.neg(z)), 1)) : g.mul(x, g.sigmoid(z));
+    }
+    case 'gelu_new':
+    case 'gelu_pytorch_tanh':
+    case 'gelu_fast': {
+      // Tanh approximation: ½x(1 + tanh(√(2/π)(x + 0.044715x³))); the three names are one function.
+      const x3 = g.mul(g.mul(x, x), x);
+      const inner = g.mul(g.add(x, g.mul(x3, 0.044715)), SQRT_2_OVER_PI);
+      return g.mul(g.mul(x, 0.5), g.add(g.tanh(inner), 1));
+    }
+  }
+}
+
+/**
+ * Causal self-attention over heads laid out `[B, H, T, hd]` (queries, already scaled by 1/√hd),
+ * keys `[B, KV, hd, T]` (transposed) and values `[B, KV, T, hd]`. Grouped-query attention folds the
+ * H/KV query heads sharing a KV head into the row axis, so K and V are never repeated.
+ * Returns the context as `[N, H·hd]`.
+ */
+export function attention(g: Graph, bi: BatchIndex, q: Tensor, kT: Tensor, v: Tensor, heads: number, kvHeads: number, headDim: number): Tensor {
+  const { B, T, N } = bi;
+  const group = heads / kvHeads;
+  let ctx: Tensor;
+  if (group === 1) {
+    const scores = g.add(g.matmul(q, kT), bi.mask); // [B, H, T, T]
+    ctx = g.matmul(g.softmax(scores, -1), v); // [B, H, T, hd]
+  } else {
+    const GT = mulDims(group, T);
+    const qg = reshapeTo(g, q, [0, kvHeads, -1, headDim], [B, kvHeads, GT, headDim]);
+    const s = reshapeTo(g, g.matmul(qg, kT), [0, heads, -1, 0], [B, heads, T, T]);
+    const p = g.softmax(g.add(s, bi.mask), -1);
+    const pg = reshapeTo(g, p, [0, kvHeads, -1, 0], [B, kvHeads, GT, T]);
+    ctx = reshapeTo(g, g.matmul(pg, v), [0, heads, -1, headDim], [B, heads, T, headDim]);
+  }
+  const merged = g.transpose(ctx, [0, 2, 1, 3]); // [B, T, H, hd]
+  return reshapeTo(g, merged, [-1, heads * headDim], [N, heads * headDim]);
+}
+
+/** `[N, heads·hd]` → `[B, T, heads, hd]`. */
+export function splitHeads(g: Graph, bi: BatchIndex, x: Tensor, heads: number, headDim: number): Tensor {
+  const dims = g.concat([bi.shapeBT, g.ints([heads, headDim])], 0);
+  return reshapeRt(g, x, dims, [bi.B, bi.T, heads, headDim]);
+}
+
+/** Logits `[N, V]` = hidden · Wᵀ for an output head stored `[V, D]` (tied embeddings included). */
+export function lmHead(g: Graph, hidden: Tensor, weight: Tensor): Tensor {
+  return g.gemm(hidden, weight, null, { transB: true }); // [N, V]
+}

@@ -1,0 +1,91 @@
+/**
+ * The Llama family (Llama, Mistral-style and Qwen2 checkpoints) as an ONNX graph, following HF's
+ * modeling code: pre-norm blocks of RMSNorm → attention with rotary embeddings (rotate-half
+ * convention, inv_freq = 1/θ^(2i/d)) and grouped-query heads → residual, RMSNorm → SwiGLU MLP
+ * down(act(gate(x)) · up(x)) → residual; a final RMSNorm. Parameters are looked up by their HF names.
+ */
+import type { Graph, Tensor } from '../onnx/graph.ts';
+import { UserError } from '../cli/errors.ts';
+import { type LlamaConfig, attentionBiases } from './config.ts';
+import { type BatchIndex, activation, attention, project, rmsNorm, splitHeads } from './layers.ts';
+import type { Params } from './params.ts';
+
+/** inv_freq[i] = 1/θ^(2i/d), i < d/2, rounded to the graph's float type as HF keeps it in float32. */
+export function ropeInvFreq(theta: number, headDim: number): number[] {
+  return Array.from({ length: headDim / 2 }, (_, i) => 1 / Math.pow(theta, (2 * i) / headDim));
+}
+
+/** Rotate-half RoPE on `[B, T, heads, hd]`: x·cos + rotate_half(x)·sin, rotate_half(x) = [−x₂, x₁]. */
+function rope(g: Graph, x: Tensor, cos: Tensor, sin: Tensor, headDim: number): Tensor {
+  const [x1, x2] = g.split(x, [headDim / 2, headDim / 2], -1);
+  const rotated = g.concat([g.neg(x2), x1], -1);
+  return g.add(g.mul(x, cos), g.mul(rotated, sin));
+}
+
+function checkSupported(c: LlamaConfig): void {
+  const scaling = c.rope_scaling as unknown;
+  if (scaling !== undefined && scaling !== null) {
+    throw new UserError(`config.json: rope_scaling ${JSON.stringify(scaling)} is not supported (only plain rotary embeddings with rope_theta)`);
+  }
+}
+
+/** Final hidden states `[N, D]` (after the last RMSNorm). */
+export function llamaHidden(g: Graph, c: LlamaConfig, P: Params, bi: BatchIndex): Tensor {
+  checkSupported(c);
+  const { dtype } = bi;
+  const H = c.num_attention_heads;
+  const KV = c.num_key_value_heads;
+  const hd = c.head_dim;
+  const bias = attentionBiases(c);
+  const eps = c.rms_norm_eps;
+
+  // cos/sin `[B, T, 1, hd]` from each token's position; the queries' copy carries the 1/√hd scale.
+  const { cos, sin, cosQ, sinQ } = g.scope('rope', () => {
+    const invFreq = g.constant(ropeInvFreq(c.rope_theta, hd), dtype, [hd / 2]);
+    const freqs = g.mul(g.unsqueeze(g.cast(bi.positions, dtype), [2]), invFreq); // [B, T, hd/2]
+    const emb = g.unsqueeze(g.concat([freqs, freqs], -1), [2]); // [B, T, 1, hd]
+    const cos = g.cos(emb);
+    const sin = g.sin(emb);
+    const scale = 1 / Math.sqrt(hd);
+    return { cos, sin, cosQ: g.mul(cos, scale), sinQ: g.mul(sin, scale) };
+  });
+
+  let h = g.scope('embed', () => g.gather(P.get('model.embed_tokens.weight'), bi.flatIds, 0)); // [N, D]
+  for (let i = 0; i < c.num_hidden_layers; i++) {
+    const p = `model.layers.${i}.`;
+    h = g.scope(`layers.${i}`, () => {
+      const proj = (name: string, x: Tensor, hasBias: boolean) =>
+        project(g, x, P.get(p + name + '.weight'), hasBias ? P.get(p + name + '.bias') : null, 'linear', P.adapter(p + name));
+      const attnOut = g.scope('attn', () => {
+        const x = rmsNorm(g, h, P.get(p + 'input_layernorm.weight'), eps);
+        const q = rope(g, splitHeads(g, bi, proj('self_attn.q_proj', x, bias.qkv), H, hd), cosQ, sinQ, hd);
+        const k = rope(g, splitHeads(g, bi, proj('self_attn.k_proj', x, bias.qkv), KV, hd), cos, sin, hd);
+        const v = splitHeads(g, bi, proj('self_attn.v_proj', x, bias.qkv), KV, hd);
+        const ctx = attention(
+          g,
+          bi,
+          g.transpose(q, [0, 2, 1, 3]), // [B, H, T, hd]
+          g.transpose(k, [0, 2, 3, 1]), // [B, KV, hd, T]
+          g.transpose(v, [0, 2, 1, 3]), // [B, KV, T, hd]
+          H,
+          KV,
+          hd,
+        );
+        return proj('self_attn.o_proj', ctx, bias.o);
+      });
+      const h1 = g.add(h, attnOut);
+      const mlpOut = g.scope('mlp', () => {
+        const x = rmsNorm(g, h1, P.get(p + 'post_attention_layernorm.weight'), eps);
+        const gate = activation(g, c.hidden_act, proj('mlp.gate_proj', x, c.mlp_bias));
+        return proj('mlp.down_proj', g.mul(gate, proj('mlp.up_proj', x, c.mlp_bias)), c.mlp_bias);
+      });
+      return g.add(h1, mlpOut);
+    });
+  }
+  return rmsNorm(g, h, P.get('model.norm.weight'), eps);
+}
+
+/** The output head's weight `[V, D]`: the embedding when tied. */
+export function llamaHeadWeight(c: LlamaConfig, P: Params): Tensor {
+  return P.get(c.tie_word_embeddings ? 'model.embed_tokens.weight' : 'lm_head.weight');
+}
