@@ -1,0 +1,70 @@
+/**
+ * artifacts.json: everything needed to run the three graphs without the source model — parameter
+ * names/shapes/dtypes, batch inputs, each graph's input and output names, optimizer config, loss and
+ * model config.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { UserError } from '../cli/errors.ts';
+import type { DType } from '../onnx/dtype.ts';
+import type { Shape } from '../onnx/graph.ts';
+import type { ResolvedOptimizerConfig } from '../optim/config.ts';
+
+export const MANIFEST_VERSION = 1;
+
+export const ARTIFACT_FILES = {
+  training: 'training_model.onnx',
+  eval: 'eval_model.onnx',
+  optimizer: 'optimizer_model.onnx',
+  manifest: 'artifacts.json',
+  checkpoint: 'checkpoint',
+} as const;
+
+/** Fixed names of the training graph's own inputs/outputs. */
+export const TRAIN_IO = { loss: 'loss', accumulate: 'accumulate' } as const;
+
+export interface GraphIO {
+  inputs: string[];
+  outputs: string[];
+}
+
+export interface ArtifactsManifest {
+  format: 'prefzoo-training-artifacts';
+  version: number;
+  opset: number;
+  params: { name: string; dtype: DType; shape: number[]; trainable: boolean; decay: boolean }[];
+  batchInputs: { name: string; dtype: DType; shape: Shape }[];
+  training: GraphIO & {
+    file: string;
+    loss: string;
+    metrics: string[];
+    /** param → gradient output */
+    grads: Record<string, string>;
+    /** null when built without accumulation inputs */
+    accumulation: { flag: string; inputs: Record<string, string> } | null;
+  };
+  eval: GraphIO & { file: string };
+  optimizer: GraphIO & { file: string; dtype: 'float32' | 'float64'; config: ResolvedOptimizerConfig; stateSlots: string[] };
+  loss: { name: string; params: Record<string, unknown> } | null;
+  modelConfig: unknown;
+}
+
+export function readManifest(dir: string): ArtifactsManifest {
+  const file = path.join(dir, ARTIFACT_FILES.manifest);
+  if (!fs.existsSync(file)) throw new UserError(`${file}: not found (is ${dir} a training-artifacts folder?)`);
+  let m: ArtifactsManifest;
+  try {
+    m = JSON.parse(fs.readFileSync(file, 'utf8'));
+  } catch (e) {
+    throw new UserError(`${file}: not valid JSON (${(e as Error).message})`);
+  }
+  if (m.format !== 'prefzoo-training-artifacts') throw new UserError(`${file}: "format" is not prefzoo-training-artifacts`);
+  if (m.version !== MANIFEST_VERSION) throw new UserError(`${file}: manifest version ${m.version} is not supported (expected ${MANIFEST_VERSION})`);
+  for (const key of ['params', 'batchInputs', 'training', 'eval', 'optimizer'] as const) {
+    if (!m[key]) throw new UserError(`${file}: missing "${key}"`);
+  }
+  for (const g of [m.training, m.eval, m.optimizer]) {
+    if (!fs.existsSync(path.join(dir, g.file))) throw new UserError(`${path.join(dir, g.file)}: listed in ${ARTIFACT_FILES.manifest} but missing`);
+  }
+  return m;
+}

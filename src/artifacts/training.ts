@@ -1,0 +1,207 @@
+/**
+ * Runs a training-artifacts folder: one session per graph, created once; parameters, optimizer
+ * state and gradients live in a TensorStore and flow from graph to graph as ort.Tensors, so a step
+ * never re-creates a session and never copies a parameter-sized array in JS.
+ */
+import fs from 'node:fs';
+import path from 'node:path';
+import { UserError } from '../cli/errors.ts';
+import { type Feeds, type RuntimeOptions, Session, ort, toOrt } from '../runtime/session.ts';
+import { TensorStore, type OutputMode } from '../runtime/store.ts';
+import { gradName, stateName, updatedName, OPTIM_IO } from '../optim/config.ts';
+import type { RawTensor } from './safetensors.ts';
+import { safetensorsDtype, readCheckpoint, writeCheckpoint, type CheckpointState, type CheckpointTensor } from './checkpoint.ts';
+import { ARTIFACT_FILES, readManifest, type ArtifactsManifest } from './manifest.ts';
+import type { TypedArray } from '../onnx/dtype.ts';
+
+export interface LoadOptions {
+  /** How graph outputs become the next parameter/state values (see runtime/store.ts); default 'adopt'. */
+  outputMode?: OutputMode;
+  /** Checkpoint folder to start from; default `<dir>/checkpoint` when it exists; false: start from zeros. */
+  checkpoint?: string | false;
+}
+
+export type Metrics = Record<string, number>;
+
+function scalarOf(t: ort.Tensor, name: string): number {
+  if (t.size !== 1) throw new Error(`output ${name} has ${t.size} elements; metrics must be scalars`);
+  return Number(t.data[0]);
+}
+
+export class TrainingArtifacts {
+  /** Optimizer updates applied so far. */
+  step = 0;
+  /** Micro-batches whose gradients are summed in the store and not yet applied. */
+  private pending = 0;
+  private evalSession: Session | null = null;
+  private readonly stepT = toOrt('int64', new BigInt64Array(1), []);
+  private readonly lrT: ort.Tensor;
+  private readonly scaleT: ort.Tensor;
+  private readonly flagT = toOrt('bool', new Uint8Array(1), []);
+  private readonly trainable: string[];
+  private readonly optUpdates: (readonly [string, string])[];
+  private readonly gradUpdates: (readonly [string, string])[];
+
+  private constructor(
+    readonly dir: string,
+    readonly manifest: ArtifactsManifest,
+    readonly store: TensorStore,
+    private readonly trainSession: Session,
+    private readonly optSession: Session,
+    private readonly runtime: RuntimeOptions,
+  ) {
+    const dtype = manifest.optimizer.dtype;
+    const F = dtype === 'float32' ? Float32Array : Float64Array;
+    this.lrT = toOrt(dtype, new F(1), []);
+    this.scaleT = toOrt(dtype, new F(1), []);
+    this.trainable = manifest.params.filter((p) => p.trainable).map((p) => p.name);
+    const slots = manifest.optimizer.stateSlots;
+    this.optUpdates = this.trainable.flatMap((p) => [
+      [updatedName(p), p] as const,
+      ...slots.map((s) => [updatedName(stateName(s, p)), stateName(s, p)] as const),
+    ]);
+    this.gradUpdates = this.trainable.map((p) => [manifest.training.grads[p], gradName(p)] as const);
+  }
+
+  /** Opens an artifacts folder and (by default) its checkpoint. */
+  static async load(dir: string, runtime: RuntimeOptions = {}, opts: LoadOptions = {}): Promise<TrainingArtifacts> {
+    const manifest = readManifest(dir);
+    const store = new TensorStore(opts.outputMode ?? 'adopt');
+    for (const p of manifest.params) store.define(p.name, p.dtype, p.shape);
+    for (const p of manifest.params.filter((q) => q.trainable)) {
+      store.define(gradName(p.name), p.dtype, p.shape);
+      for (const s of manifest.optimizer.stateSlots) store.define(stateName(s, p.name), p.dtype, p.shape);
+    }
+    const trainSession = await Session.create(path.join(dir, manifest.training.file), runtime);
+    const optSession = await Session.create(path.join(dir, manifest.optimizer.file), runtime);
+    const t = new TrainingArtifacts(dir, manifest, store, trainSession, optSession, runtime);
+    const ckpt = opts.checkpoint ?? path.join(dir, ARTIFACT_FILES.checkpoint);
+    if (opts.checkpoint || (ckpt && fs.existsSync(ckpt))) t.loadCheckpoint(ckpt as string);
+    return t;
+  }
+
+  get paramNames(): string[] {
+    return this.manifest.params.map((p) => p.name);
+  }
+
+  get trainableNames(): string[] {
+    return [...this.trainable];
+  }
+
+  /** Current values of a parameter (a live view, replaced by the next optimizer step). */
+  param(name: string): TypedArray {
+    if (!this.manifest.params.some((p) => p.name === name)) throw new UserError(`no parameter named ${name}`);
+    return this.store.data(name);
+  }
+
+  setParam(name: string, values: ArrayLike<number> | TypedArray): void {
+    if (!this.manifest.params.some((p) => p.name === name)) throw new UserError(`no parameter named ${name}`);
+    this.store.write(name, values);
+  }
+
+  private feedsFor(inputs: readonly string[], batch: Feeds, extra: Feeds, graph: string): Feeds {
+    const feeds: Feeds = {};
+    for (const name of inputs) {
+      if (extra[name]) feeds[name] = extra[name];
+      else if (this.store.has(name)) feeds[name] = this.store.tensor(name);
+      else if (batch[name]) feeds[name] = batch[name];
+      else throw new UserError(`${graph}: batch input "${name}" is missing (expected ${this.manifest.batchInputs.map((b) => b.name).join(', ')})`);
+    }
+    return feeds;
+  }
+
+  /**
+   * Forward + backward on one micro-batch; its gradients are added to those of earlier micro-batches
+   * not yet applied. Returns the loss and metrics of this micro-batch.
+   */
+  async computeGradients(batch: Feeds): Promise<Metrics> {
+    const m = this.manifest.training;
+    const extra: Feeds = {};
+    if (m.accumulation) {
+      (this.flagT.data as Uint8Array)[0] = this.pending > 0 ? 1 : 0;
+      extra[m.accumulation.flag] = this.flagT;
+      for (const p of this.trainable) extra[m.accumulation.inputs[p]] = this.store.tensor(gradName(p));
+    } else if (this.pending > 0) {
+      throw new UserError('these artifacts were built without gradient accumulation; apply an optimizer step after each batch');
+    }
+    const feeds = this.feedsFor(m.inputs, batch, extra, m.file);
+    const fetch = [m.loss, ...m.metrics];
+    const out = await this.store.run(this.trainSession, feeds, this.gradUpdates, fetch);
+    this.pending++;
+    const metrics: Metrics = {};
+    for (const name of fetch) metrics[name] = scalarOf(out[name], name);
+    return metrics;
+  }
+
+  /**
+   * Applies one optimizer update with learning rate `lr` to the summed gradients, scaled by
+   * `gradScale` (default 1/number of micro-batches, i.e. their mean). Returns the pre-clip norm.
+   */
+  async optimizerStep(lr: number, opts: { gradScale?: number } = {}): Promise<{ gradNorm: number }> {
+    if (this.pending === 0) throw new Error('optimizerStep: no gradients computed since the last update');
+    if (!Number.isFinite(lr)) throw new UserError(`learning rate must be finite, got ${lr}`);
+    const o = this.manifest.optimizer;
+    (this.stepT.data as BigInt64Array)[0] = BigInt(this.step + 1);
+    (this.lrT.data as Float32Array)[0] = lr;
+    (this.scaleT.data as Float32Array)[0] = opts.gradScale ?? 1 / this.pending;
+    const extra: Feeds = { [OPTIM_IO.step]: this.stepT, [OPTIM_IO.lr]: this.lrT, [OPTIM_IO.gradScale]: this.scaleT };
+    const feeds = this.feedsFor(o.inputs, {}, extra, o.file);
+    const out = await this.store.run(this.optSession, feeds, this.optUpdates, [OPTIM_IO.gradNorm]);
+    this.step++;
+    this.pending = 0;
+    return { gradNorm: scalarOf(out[OPTIM_IO.gradNorm], OPTIM_IO.gradNorm) };
+  }
+
+  /**
+   * One training step on a batch. With `accumulate: true` the batch is a non-final micro-batch: its
+   * gradients are summed and no update happens. Otherwise the summed gradients are applied with `lr`.
+   */
+  async trainStep(batch: Feeds, opts: { lr: number; accumulate?: boolean }): Promise<Metrics> {
+    const metrics = await this.computeGradients(batch);
+    if (!opts.accumulate) metrics[OPTIM_IO.gradNorm] = (await this.optimizerStep(opts.lr)).gradNorm;
+    return metrics;
+  }
+
+  /** Runs the eval graph on a batch with the current parameters; returns every eval output. */
+  async evaluate(batch: Feeds): Promise<Record<string, ort.Tensor>> {
+    if (!this.evalSession) this.evalSession = await Session.create(path.join(this.dir, this.manifest.eval.file), this.runtime);
+    const feeds = this.feedsFor(this.manifest.eval.inputs, batch, {}, this.manifest.eval.file);
+    return this.evalSession.run(feeds);
+  }
+
+  /** Writes params, optimizer state and `state` (step is filled in) to `dir` atomically. */
+  saveCheckpoint(dir: string, extra: Omit<CheckpointState, 'step'> = {}): void {
+    if (this.pending > 0) throw new Error('saveCheckpoint: gradients of an unfinished accumulation would be lost; save after optimizerStep');
+    const tensor = (name: string): CheckpointTensor => ({ dtype: this.store.dtype(name), shape: this.store.dims(name), data: this.store.data(name) });
+    const params = new Map(this.manifest.params.map((p) => [p.name, tensor(p.name)]));
+    const optimizer = new Map<string, CheckpointTensor>();
+    for (const p of this.trainable) for (const s of this.manifest.optimizer.stateSlots) optimizer.set(stateName(s, p), tensor(stateName(s, p)));
+    writeCheckpoint(dir, params, optimizer, { ...extra, step: this.step });
+  }
+
+  /** Restores params, optimizer state and the step counter; returns the saved state. */
+  loadCheckpoint(dir: string): CheckpointState {
+    const c = readCheckpoint(dir);
+    const copyIn = (file: string, tensors: Map<string, RawTensor>, name: string) => {
+      const t = tensors.get(name);
+      if (!t) throw new UserError(`${path.join(c.dir, file)}: tensor "${name}" is missing`);
+      const want = { dtype: safetensorsDtype(this.store.dtype(name)), shape: this.store.dims(name) };
+      if (t.dtype !== want.dtype || t.shape.length !== want.shape.length || t.shape.some((d, i) => d !== want.shape[i])) {
+        throw new UserError(`${path.join(c.dir, file)}: tensor "${name}" is ${t.dtype}[${t.shape}], the artifacts expect ${want.dtype}[${want.shape}]`);
+      }
+      const dst = this.store.data(name);
+      new Uint8Array(dst.buffer, dst.byteOffset, dst.byteLength).set(t.data);
+    };
+    for (const p of this.manifest.params) copyIn('params.safetensors', c.params, p.name);
+    for (const p of this.trainable) for (const s of this.manifest.optimizer.stateSlots) copyIn('optimizer.safetensors', c.optimizer, stateName(s, p));
+    this.step = c.state.step;
+    this.pending = 0;
+    return c.state;
+  }
+
+  async release(): Promise<void> {
+    await this.trainSession.release();
+    await this.optSession.release();
+    if (this.evalSession) await this.evalSession.release();
+  }
+}
