@@ -37,6 +37,7 @@ export interface GradCase {
 export interface CaseResult {
   op: string;
   name: string;
+  symbolic: boolean;
   maxRelErr: number;
   /** Number of gradient elements compared. */
   elements: number;
@@ -88,47 +89,80 @@ export function prune(g: Graph, outputs: string[]): Graph {
   return p;
 }
 
-function lossGraph(c: GradCase, fwd: (g: Graph, xs: Tensor[]) => Tensor, weights: Float64Array) {
-  const g = new Graph(`gradcheck_${c.op}`);
-  const xs = c.inputs.map((s, i) => g.input(`x${i}`, 'float64', s.shape));
-  const out = fwd(g, xs);
-  if (out.dtype !== 'float64') throw new Error(`gradcheck ${c.op}/${c.name}: output is ${out.dtype}`);
-  const dims = out.staticShape;
-  if (!dims) throw new Error(`gradcheck ${c.op}/${c.name}: output shape ${JSON.stringify(out.shape)} is not static`);
-  const w = g.constant(weights.subarray(0, dims.reduce((a, b) => a * b, 1)), 'float64', dims);
-  const loss = g.reduceSum(g.mul(out, w), undefined, false);
-  return { g, xs, loss };
+export interface EvalOptions {
+  /** Inputs get named dims, so rules take their dynamic-shape paths. */
+  symbolic?: boolean;
+  /** Element type of the inputs (float32 checks that every emitted op has a float32 kernel). */
+  dtype?: 'float64' | 'float32';
 }
 
-/** Runs one case; throws if a rule is missing or a gradient is absent. */
-export async function checkCase(c: GradCase, seed: number): Promise<CaseResult> {
+/** Graph of loss = sum(op(x) · W) for a case. */
+function lossGraph(c: GradCase, fwd: (g: Graph, xs: Tensor[]) => Tensor, weights: Float64Array, o: EvalOptions) {
+  const g = new Graph(`gradcheck_${c.op}`);
+  const dtype = o.dtype ?? 'float64';
+  const xs = c.inputs.map((s, i) => g.input(`x${i}`, dtype, o.symbolic ? s.shape.map((_, j) => `x${i}_d${j}`) : s.shape));
+  const out = fwd(g, xs);
+  const loss = (dims: number[]) => {
+    const w = g.constant(Array.from(weights.subarray(0, dims.reduce((a, b) => a * b, 1))), out.dtype, dims);
+    return g.reduceSum(g.mul(out, w), undefined, false);
+  };
+  return { g, xs, out, loss };
+}
+
+/**
+ * No graph optimisation: ORT's fusions may fold a scalar Mul into a float32 `alpha` attribute
+ * (MatMulScaleFusion), rounding float64 constants to float32 and hiding real errors at 1e-8.
+ */
+const SESSION = { optLevel: 'disabled' as const };
+
+const toArray = (dtype: 'float64' | 'float32', v: Float64Array) => (dtype === 'float64' ? v : Float32Array.from(v));
+
+/** Seeded input values and loss weights of a case. */
+export function caseData(c: GradCase, seed: number): { data: Float64Array[]; weights: Float64Array } {
   const rand = rng(seed);
   const data = c.inputs.map((s) => draw(s, rand));
-  const weights = Float64Array.from({ length: 4096 }, () => 2 * rand() - 1);
-  const opts = { opset: c.opset ?? 17 };
-  const feeds = (vals: Float64Array[]) => Object.fromEntries(vals.map((v, i) => [`x${i}`, toOrt('float64', v, c.inputs[i].shape)]));
+  return { data, weights: Float64Array.from({ length: 4096 }, () => 2 * rand() - 1) };
+}
 
-  const an = lossGraph(c, c.build, weights);
-  const grads = gradients(an.g, an.loss, an.xs);
+/** Output dims of a case (static by construction of the cases). */
+function outputDims(c: GradCase): number[] {
+  const out = lossGraph(c, c.build, new Float64Array(0), {}).out;
+  const dims = out.staticShape;
+  if (!dims) throw new Error(`gradcheck ${c.op}/${c.name}: output shape ${JSON.stringify(out.shape)} is not static`);
+  return dims;
+}
+
+/** d loss / d x_i from the gradient graph that `gradients` builds, run by ONNX Runtime. */
+export async function analyticGradients(c: GradCase, data: Float64Array[], weights: Float64Array, o: EvalOptions = {}): Promise<Float64Array[]> {
+  const dtype = o.dtype ?? 'float64';
+  const an = lossGraph(c, c.build, weights, o);
+  const grads = gradients(an.g, an.loss(outputDims(c)), an.xs);
   const names = grads.map((t, i) => {
     if (!t) throw new Error(`gradcheck ${c.op}/${c.name}: no gradient for input ${i}`);
     return an.g.output(t, `grad_${i}`).name;
   });
-  const sa = await Session.create(serializeModel(prune(an.g, names), opts));
-  const analytic = await sa.run(feeds(data));
-  await sa.release();
-
-  const fd = lossGraph(c, c.reference ?? c.build, weights);
-  fd.g.output(fd.loss, 'loss');
-  const sf = await Session.create(serializeModel(fd.g, opts));
-  const f = async (vals: Float64Array[]) => ((await sf.run(feeds(vals))).loss.data as Float64Array)[0];
-
-  let maxDiff = 0;
-  let scale = 0;
-  let elements = 0;
-  for (let i = 0; i < data.length; i++) {
-    const a = analytic[names[i]].data as Float64Array;
+  const s = await Session.create(serializeModel(prune(an.g, names), { opset: c.opset ?? 17 }), SESSION);
+  const out = await s.run(Object.fromEntries(data.map((v, i) => [`x${i}`, toOrt(dtype, toArray(dtype, v), c.inputs[i].shape)])));
+  await s.release();
+  return names.map((n, i) => {
+    const a = Float64Array.from(out[n].data as Float64Array | Float32Array);
     if (a.length !== data[i].length) throw new Error(`gradcheck ${c.op}/${c.name}: gradient ${i} has ${a.length} elements, input has ${data[i].length}`);
+    return a;
+  });
+}
+
+/** Central finite differences of the float64 loss, h = 1e-6 · max(1, |x|). */
+export async function numericGradients(c: GradCase, data: Float64Array[], weights: Float64Array): Promise<Float64Array[]> {
+  const fd = lossGraph(c, c.reference ?? c.build, weights, {});
+  fd.g.output(fd.loss(outputDims(c)), 'loss');
+  const s = await Session.create(serializeModel(fd.g, { opset: c.opset ?? 17 }), SESSION);
+  const f = async (vals: Float64Array[]) => {
+    const out = await s.run(Object.fromEntries(vals.map((v, i) => [`x${i}`, toOrt('float64', v, c.inputs[i].shape)])));
+    return (out.loss.data as Float64Array)[0];
+  };
+  const grads: Float64Array[] = [];
+  for (let i = 0; i < data.length; i++) {
+    const gi = new Float64Array(data[i].length);
     for (let j = 0; j < data[i].length; j++) {
       const x0 = data[i][j];
       const h = 1e-6 * Math.max(1, Math.abs(x0));
@@ -137,15 +171,31 @@ export async function checkCase(c: GradCase, seed: number): Promise<CaseResult> 
       plus[i][j] = x0 + h;
       minus[i][j] = x0 - h;
       // Divide by the step actually represented in float64, not the nominal one.
-      const num = ((await f(plus)) - (await f(minus))) / (plus[i][j] - minus[i][j]);
-      maxDiff = Math.max(maxDiff, Math.abs(a[j] - num));
-      scale = Math.max(scale, Math.abs(a[j]), Math.abs(num));
-      elements++;
+      gi[j] = ((await f(plus)) - (await f(minus))) / (plus[i][j] - minus[i][j]);
     }
+    grads.push(gi);
   }
-  await sf.release();
-  // Error relative to the gradient's largest magnitude (infinity norm), so near-zero entries don't blow up.
-  return { op: c.op, name: c.name, maxRelErr: scale > 0 ? maxDiff / scale : maxDiff, elements };
+  await s.release();
+  return grads;
+}
+
+/** max |a − b| over all elements, relative to the largest magnitude in either (infinity norm). */
+export function relErr(a: Float64Array[], b: Float64Array[]): number {
+  let diff = 0;
+  let scale = 0;
+  a.forEach((ai, i) => ai.forEach((v, j) => {
+    diff = Math.max(diff, Math.abs(v - b[i][j]));
+    scale = Math.max(scale, Math.abs(v), Math.abs(b[i][j]));
+  }));
+  return scale > 0 ? diff / scale : diff;
+}
+
+/** Runs one case: analytic (static or symbolic shapes) against finite differences, float64. */
+export async function checkCase(c: GradCase, seed: number, symbolic = false): Promise<CaseResult> {
+  const { data, weights } = caseData(c, seed);
+  const analytic = await analyticGradients(c, data, weights, { symbolic });
+  const numeric = await numericGradients(c, data, weights);
+  return { op: c.op, name: c.name, symbolic, maxRelErr: relErr(analytic, numeric), elements: data.reduce((n, d) => n + d.length, 0) };
 }
 
 export interface GradcheckSummary {
@@ -154,10 +204,15 @@ export interface GradcheckSummary {
   maxRelErr: number;
 }
 
-/** Runs every case (default: the built-in table of cases). */
+/**
+ * Runs every case (default: the built-in table), each with static and with symbolic input shapes
+ * (not for cases with a reference forward: the symbolic gradient graph needs the op's own output shape).
+ */
 export async function gradcheck(cases: GradCase[] = CASES): Promise<GradcheckSummary> {
   const results: CaseResult[] = [];
-  for (const [k, c] of cases.entries()) results.push(await checkCase(c, 1000 + k));
+  for (const [k, c] of cases.entries()) {
+    for (const symbolic of c.reference ? [false] : [false, true]) results.push(await checkCase(c, 1000 + k, symbolic));
+  }
   return {
     results,
     opsChecked: new Set(results.map((r) => r.op)).size,

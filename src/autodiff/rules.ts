@@ -108,7 +108,8 @@ function gemmGrad(c: RuleContext): (Tensor | null)[] {
   const [a, b, cc] = c.x;
   const dy = dy0(c);
   const alpha = c.float('alpha', 1);
-  const beta = c.float('beta', 1);
+  // Attributes are float32: use the value the forward op actually multiplies by.
+  const beta = Math.fround(c.float('beta', 1));
   const tA = c.int('transA', 0) === 1;
   const tB = c.int('transB', 0) === 1;
   const da = c.when(0, () =>
@@ -235,7 +236,7 @@ function layerNormGrad(c: RuleContext): (Tensor | null)[] {
   const dy = dy0(c);
   const r = rank(x!);
   const axes = [...Array(r - norm(c.int('axis', -1), r)).keys()].map((i) => i + norm(c.int('axis', -1), r));
-  const eps = c.float('epsilon', 1e-5);
+  const eps = Math.fround(c.float('epsilon', 1e-5));
   const xc = g.sub(x!, g.reduceMean(x!, axes));
   const rstd = g.reciprocal(g.sqrt(g.add(g.reduceMean(g.mul(xc, xc), axes), eps)));
   const xhat = g.mul(xc, rstd);
@@ -305,7 +306,7 @@ export const RULES: Record<string, Rule> = {
   Tanh: (c) => [c.g.mul(dy0(c), c.g.sub(1, c.g.mul(c.y[0], c.y[0])))],
   Sigmoid: (c) => [c.g.mul(dy0(c), c.g.mul(c.y[0], c.g.sub(1, c.y[0])))],
   Relu: (c) => [c.g.where(c.g.greater(c.y[0], 0), dy0(c), 0)],
-  LeakyRelu: (c) => [c.g.where(c.g.greater(c.x[0]!, 0), dy0(c), c.g.mul(dy0(c), c.float('alpha', 0.01)))],
+  LeakyRelu: (c) => [c.g.where(c.g.greater(c.x[0]!, 0), dy0(c), c.g.mul(dy0(c), Math.fround(c.float('alpha', 0.01))))],
   // d erf(x)/dx = 2/√π · exp(−x²)
   Erf: (c) => [c.g.mul(dy0(c), c.g.mul(c.g.exp(c.g.neg(c.g.mul(c.x[0]!, c.x[0]!))), 2 / Math.sqrt(Math.PI)))],
   Softplus: (c) => [c.g.mul(dy0(c), c.g.sigmoid(c.x[0]!))],

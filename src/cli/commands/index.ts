@@ -1,7 +1,9 @@
 import type { Command } from 'commander';
+import { register as gradcheck } from './gradcheck.ts';
 import { register as report } from './report.ts';
 
 /** Every `prefzoo` subcommand: one module each, one line here each. */
 export const commands: Array<(program: Command) => void> = [
+  gradcheck,
   report,
 ];
