@@ -1,0 +1,36 @@
+/**
+ * A model folder's config and weights, checked against the parameters the graph needs: every
+ * tensor present with its expected shape (errors name the file), GPT-2 names normalised.
+ */
+import { type Checkpoint, type FloatTensor, loadCheckpoint } from './checkpoint.ts';
+import { type ModelConfig, readConfig } from './config.ts';
+import { normalizeGpt2Name } from './gpt2.ts';
+import { type ParameterOptions, modelParameterShapes } from './params.ts';
+
+export interface LoadedModel {
+  dir: string;
+  config: ModelConfig;
+  /** Exactly the parameters of `modelParameterShapes(config, opts)`, by name. */
+  weights: Map<string, FloatTensor>;
+}
+
+export function loadModel(dir: string, opts: ParameterOptions = {}): LoadedModel {
+  const config = readConfig(dir);
+  const ckpt: Checkpoint = loadCheckpoint(dir);
+  if (config.model_type === 'gpt2') {
+    for (const name of [...ckpt.keys()]) {
+      const to = normalizeGpt2Name(name);
+      if (to === name) continue;
+      const t = ckpt.get(name)!;
+      const file = ckpt.files.get(name)!;
+      ckpt.delete(name);
+      if (to !== null && !ckpt.has(to)) {
+        ckpt.set(to, t);
+        ckpt.files.set(to, file);
+      }
+    }
+  }
+  const weights = new Map<string, FloatTensor>();
+  for (const [name, shape] of modelParameterShapes(config, opts)) weights.set(name, ckpt.require(name, shape));
+  return { dir, config, weights };
+}
