@@ -3,14 +3,15 @@
  * ort.Tensors and replaced by graph outputs without a JS-side copy.
  *
  * Two ways of taking a graph's output as an entry's next value:
- * - 'adopt' (default): the output tensor ONNX Runtime returns becomes the entry. onnxruntime-node
- *   hands its output memory to JS, so no JS allocation or copy happens; the previous buffer is
- *   garbage-collected.
+ * - 'adopt' (default): the output tensor ONNX Runtime returns becomes the entry; the binding
+ *   allocates it natively, nothing is allocated or copied in JS, and the previous buffer is left
+ *   to the garbage collector.
  * - 'preallocated': every entry owns two buffers; the back one is passed as a pre-allocated fetch
  *   and swapped to the front after the run, so the entry's storage never changes. onnxruntime-node
- *   1.30 fills such fetches by copying ORT's own output into them and still returns a separate
- *   buffer, so this mode costs an extra copy per output (measured ~3x slower on a bandwidth-bound
- *   graph of 5M floats). It exists for callers that need stable storage, e.g. views into one slab.
+ *   1.30 fills such a fetch by copying ORT's own output into it and still returns that output as a
+ *   separate buffer, so this mode adds a copy per output and holds twice the memory: equal speed at
+ *   1M floats, ~1.3x slower at 5M (scripts/bench/output-buffers.ts). It exists for callers that need
+ *   stable storage (views into one slab, buffers shared with other code).
  */
 import type { DType, TypedArray } from '../onnx/dtype.ts';
 import { BYTES_PER_ELEMENT } from '../onnx/dtype.ts';
