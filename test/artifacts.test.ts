@@ -39,7 +39,7 @@ describe('artifact folder', () => {
       ['fc1.bias', true, false],
       ['fc2.weight', true, true],
       ['fc2.bias', true, false],
-      ['input_scale', false, true],
+      ['input_scale', false, false],
     ]);
     expect(m.training.outputs).toEqual(['loss', 'accuracy', 'grad.fc1.weight', 'grad.fc1.bias', 'grad.fc2.weight', 'grad.fc2.bias']);
     expect(m.training.inputs).toContain('grad_acc.fc2.bias');

@@ -1,5 +1,5 @@
 import { describe, it, expect } from 'vitest';
-import { buildOptimizerGraph, type OptimizerConfig, type OptimDType, type OptimParam, gradName, OPTIM_IO, stateSlots, stateName } from '../src/optim/index.ts';
+import { buildOptimizerGraph, type OptimizerConfig, type OptimDType, type OptimParam, gradName, OPTIM_IO, stateSlots, stateName, defaultDecay } from '../src/optim/index.ts';
 import { serializeModel } from '../src/onnx/proto.ts';
 import { Session, toOrt } from '../src/runtime/session.ts';
 import { TensorStore, type OutputMode } from '../src/runtime/store.ts';
@@ -158,6 +158,17 @@ describe('optimizer graph interface', () => {
     expect(() => buildOptimizerGraph([{ name: 'w', shape: [2] }], { type: 'adamw', betas: [1.2, 0.9] })).toThrow(/beta1/);
     expect(() => buildOptimizerGraph([{ name: 'w', shape: [2] }], { type: 'sgd', momentum: 0, nesterov: true })).toThrow(/nesterov/);
     expect(() => buildOptimizerGraph([{ name: 'w', shape: [2] }], { type: 'adamw', eps: -1 })).toThrow(/eps/);
+  });
+});
+
+describe('default decay mask', () => {
+  it('decays matrices, not biases, norms or vectors', () => {
+    expect(defaultDecay('model.layers.0.mlp.up_proj.weight', [8, 4])).toBe(true);
+    expect(defaultDecay('model.embed_tokens.weight', [100, 4])).toBe(true);
+    expect(defaultDecay('model.layers.0.input_layernorm.weight', [4])).toBe(false);
+    expect(defaultDecay('transformer.h.0.ln_1.weight', [4])).toBe(false);
+    expect(defaultDecay('model.norm.weight', [4, 1])).toBe(false);
+    expect(defaultDecay('lm_head.bias', [4, 1])).toBe(false);
   });
 });
 

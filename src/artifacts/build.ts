@@ -22,7 +22,7 @@ import { saveModel } from '../onnx/proto.ts';
 import { gradients } from '../autodiff/index.ts';
 import { zerosLike } from '../autodiff/shape.ts';
 import { UserError } from '../cli/errors.ts';
-import { buildOptimizerGraph, type OptimizerConfig, gradName, gradAccName, stateName } from '../optim/index.ts';
+import { buildOptimizerGraph, defaultDecay, type OptimizerConfig, gradName, gradAccName, stateName } from '../optim/index.ts';
 import { pruneGraph } from './prune.ts';
 import { writeCheckpoint, type CheckpointTensor } from './checkpoint.ts';
 import { writeFileAtomic } from './safetensors.ts';
@@ -34,7 +34,7 @@ export interface ParamSpec {
   dtype: DType;
   shape: number[];
   trainable: boolean;
-  /** Weight decay applies (default true; false for norms and biases). */
+  /** Weight decay applies (default: defaultDecay(name, shape), i.e. matrices only, no norms). */
   decay?: boolean;
   /** Initial values; when every parameter has them, an initial checkpoint (step 0) is written. */
   data?: TypedArray;
@@ -168,7 +168,7 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string): ArtifactsMan
   const training = buildTrainingGraph(spec);
   const evalGraph = buildEvalGraph(spec);
   const opt = buildOptimizerGraph(
-    trainable.map((p) => ({ name: p.name, shape: p.shape, decay: p.decay ?? true })),
+    trainable.map((p) => ({ name: p.name, shape: p.shape, decay: p.decay ?? defaultDecay(p.name, p.shape) })),
     spec.optimizer,
     dtype,
   );
@@ -182,7 +182,7 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string): ArtifactsMan
     format: 'prefzoo-training-artifacts',
     version: MANIFEST_VERSION,
     opset: OPSET,
-    params: spec.params.map((p) => ({ name: p.name, dtype: p.dtype, shape: p.shape, trainable: p.trainable, decay: p.decay ?? true })),
+    params: spec.params.map((p) => ({ name: p.name, dtype: p.dtype, shape: p.shape, trainable: p.trainable, decay: p.decay ?? defaultDecay(p.name, p.shape) })),
     batchInputs: spec.batchInputs.map((b) => ({ name: b.name, dtype: b.dtype, shape: b.shape })),
     training: {
       file: ARTIFACT_FILES.training,

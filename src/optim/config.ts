@@ -63,6 +63,14 @@ export function resolveOptimizerConfig(c: OptimizerConfig): ResolvedOptimizerCon
   throw new UserError(`unknown optimizer type "${(c as { type: unknown }).type}" (expected adamw or sgd)`);
 }
 
+/**
+ * The usual decay mask (as in HF/TRL trainers): matrices decay; biases, norm weights and other
+ * vectors do not.
+ */
+export function defaultDecay(name: string, shape: readonly number[]): boolean {
+  return shape.length >= 2 && !/norm|(^|\.)bias$/i.test(name);
+}
+
 /** Per-parameter state slots of an optimizer, in graph order. */
 export function stateSlots(c: ResolvedOptimizerConfig): string[] {
   if (c.type === 'adamw') return ['m', 'v'];
