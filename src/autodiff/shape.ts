@@ -37,11 +37,11 @@ export function sameShape(a: Dim[] | null, b: Dim[] | null): boolean {
 
 /**
  * Sums a gradient of the broadcast shape back to the shape of input x (numpy broadcasting: extra
- * leading axes, and axes where x has size 1). Ranks must be known; dims may be symbolic.
+ * leading axes, and axes where x has size 1). Static when shapes decide it, else at run time.
  */
 export function unbroadcast(g: Graph, grad: Tensor, x: Tensor): Tensor {
   if (sameShape(grad.shape, x.shape)) return grad;
-  if (!grad.shape || !x.shape) throw new Error(`unbroadcast: rank of ${grad.shape ? x.name : grad.name} is unknown`);
+  if (!grad.shape || !x.shape) return unbroadcastDynamic(g, grad, x);
   const lead = grad.shape.length - x.shape.length;
   if (lead < 0) throw new Error(`unbroadcast: gradient ${grad.name} has lower rank than ${x.name}`);
   // Decide each aligned axis statically: size-1 in x → sum (harmless if grad's is 1 too);
@@ -54,16 +54,28 @@ export function unbroadcast(g: Graph, grad: Tensor, x: Tensor): Tensor {
     if (d === 1) axes.push(i + lead);
     else if (!(d === gd && d !== '?') && typeof d !== 'number') decidable = false;
   });
-  if (decidable) {
-    if (axes.length === 0) return g.op('Identity', [grad], {}, [{ dtype: grad.dtype, shape: x.shape }])[0];
-    if (axes.length === lead) return g.reduceSum(grad, axes, false);
-    const r = g.reduceSum(grad, axes, true);
-    return lead > 0 ? g.squeeze(r, axes.slice(0, lead)) : r;
+  if (!decidable) return unbroadcastDynamic(g, grad, x, lead);
+  if (axes.length === 0) return g.op('Identity', [grad], {}, [{ dtype: grad.dtype, shape: x.shape }])[0];
+  if (axes.length === lead) return g.reduceSum(grad, axes, false);
+  const r = g.reduceSum(grad, axes, true);
+  return lead > 0 ? g.squeeze(r, axes.slice(0, lead)) : r;
+}
+
+/**
+ * Run-time unbroadcast: drop the leading axes (a count known statically or from the ranks at run
+ * time), then sum with keepdims over the axes where x's run-time size is 1.
+ */
+function unbroadcastDynamic(g: Graph, grad: Tensor, x: Tensor, lead?: number): Tensor {
+  const noop = { keepdims: attr.int(0), noop_with_empty_axes: attr.int(1) };
+  let r = grad;
+  if (lead === undefined) {
+    const rankOf = (t: Tensor) => g.op('Size', [g.shapeOf(t)], {}, [{ dtype: 'int64', shape: [] }])[0];
+    const leading = g.range(0, g.sub(rankOf(grad), rankOf(x)), 1);
+    r = g.op('ReduceSum', [grad, leading], noop, [{ dtype: grad.dtype, shape: null }])[0];
+  } else if (lead > 0) {
+    r = g.reduceSum(grad, [...Array(lead).keys()], false);
   }
-  // Dynamic: drop the leading axes, then sum (keepdims) over the axes where x's runtime size is 1.
-  const r = lead > 0 ? g.reduceSum(grad, axes.slice(0, lead), false) : grad;
   const ones = g.op('NonZero', [g.equal(g.shapeOf(x), g.ints([1]))], {}, [{ dtype: 'int64', shape: [1, '?'] }])[0];
-  const onesAxes = g.reshape(ones, [-1]);
   const attrs = { keepdims: attr.int(1), noop_with_empty_axes: attr.int(1) };
-  return g.op('ReduceSum', [r, onesAxes], attrs, [{ dtype: grad.dtype, shape: x.shape }])[0];
+  return g.op('ReduceSum', [r, g.reshape(ones, [-1])], attrs, [{ dtype: grad.dtype, shape: x.shape }])[0];
 }
