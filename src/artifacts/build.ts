@@ -5,7 +5,7 @@
  *   eval_model.onnx       params + batch → eval outputs, metrics, loss (whatever they need, pruned)
  *   optimizer_model.onnx  see src/optim/graph.ts
  *   artifacts.json        the manifest (manifest.ts)
- *   checkpoint/           initial values, when the spec carries them
+ *   checkpoint/           initial values (step 0) when the spec carries them; otherwise none
  *
  * Gradient accumulation happens in the training graph: it takes the running sums `grad_acc.<p>` and
  * a bool `accumulate`, and outputs `grad.<p>` = accumulate ? grad_acc.<p> + ∂loss/∂p : ∂loss/∂p.
@@ -205,6 +205,9 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string): ArtifactsMan
   };
   writeFileAtomic(path.join(outDir, ARTIFACT_FILES.manifest), [Buffer.from(JSON.stringify(manifest, null, 2) + '\n')]);
 
+  // The folder's checkpoint always belongs to this build: a stale one could silently fit new graphs.
+  const ckptDir = path.join(outDir, ARTIFACT_FILES.checkpoint);
+  fs.rmSync(ckptDir, { recursive: true, force: true });
   if (spec.params.every((p) => p.data)) {
     const params = new Map<string, CheckpointTensor>(spec.params.map((p) => [p.name, { dtype: p.dtype, shape: p.shape, data: p.data! }]));
     const state = new Map<string, CheckpointTensor>();
@@ -214,7 +217,7 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string): ArtifactsMan
         state.set(stateName(slot, p.name), { dtype, shape: p.shape, data: dtype === 'float32' ? new Float32Array(n(p.shape)) : new Float64Array(n(p.shape)) });
       }
     }
-    writeCheckpoint(path.join(outDir, ARTIFACT_FILES.checkpoint), params, state, { step: 0 });
+    writeCheckpoint(ckptDir, params, state, { step: 0 });
   }
   return manifest;
 }
