@@ -301,8 +301,16 @@ export const CASES: GradCase[] = [
   { op: 'Split', name: 'one piece unused', inputs: [any([5, 2])], build: (g, [a]) => g.split(a, [2, 3], 0)[1] },
   { op: 'Slice', name: 'unit steps, negative ends', inputs: [any([4, 5])], build: (g, [a]) => g.slice(a, [1, 0], [-1, -2], [0, 1]) },
   { op: 'Slice', name: 'step 2 and step -1', inputs: [any([5, 4])], build: (g, [a]) => g.reshape(g.slice(a, [0, -1], [5, 0], [0, 1], [2, -1]), [3, 3]) },
+  { op: 'Slice', name: 'run-time int32 starts/ends', inputs: [any([4, 5])], build: (g, [a]) => {
+    const i32 = (v: number[]) => g.cast(g.ints(v), 'int32');
+    const s = g.op('Slice', [a, i32([1, -3]), i32([3, 100]), g.constant([0, 1], 'int32', [2])], {}, [{ dtype: a.dtype, shape: ['?', '?'] }])[0];
+    return g.reshape(s, [2, 3]);
+  } },
+  { op: 'Pad', name: 'constant value as input', inputs: [any([2, 3]), any([])], build: (g, [a, v]) =>
+    g.op('Pad', [a, g.ints([1, 0, 0, 2]), v], { mode: { kind: 'string', value: 'constant' } }, [{ dtype: a.dtype, shape: [3, 5] }])[0] },
   { op: 'Gather', name: 'axis 0, repeated 2-D indices', inputs: [any([5, 3])], build: (g, [a]) => g.gather(a, i64(g, [1, 3, 1, 0, 3, 3], [2, 3]), 0) },
   { op: 'Gather', name: 'axis 1, repeated + negative', inputs: [any([2, 4, 3])], build: (g, [a]) => g.gather(a, i64(g, [2, -1, 2, 0], [4]), 1) },
+  { op: 'Gather', name: 'int32 indices', inputs: [any([4, 2])], build: (g, [a]) => g.gather(a, g.constant([1, 3, 1], 'int32', [3]), 0) },
   { op: 'Gather', name: 'scalar index', inputs: [any([4, 3])], build: (g, [a]) => g.gather(a, i64(g, [2], []), 0) },
   { op: 'GatherElements', name: 'axis 1, repeated', inputs: [any([3, 4])], build: (g, [a]) => g.gatherElements(a, i64(g, [0, 0, 3, 1, 1, 1, 2, 3, 2], [3, 3]), 1) },
   { op: 'Trilu', name: 'lower, k=1', inputs: [any([3, 4])], build: (g, [a]) => g.trilu(a, false, g.constant(1, 'int64')) },

@@ -40,6 +40,8 @@ const norm = (axis: number, r: number) => (axis < 0 ? axis + r : axis);
 /** Permutation swapping the last two axes of a rank-r tensor. */
 const swapLast = (r: number) => [...Array(r - 2).keys(), r - 1, r - 2];
 const dy0 = (c: RuleContext) => c.dy[0]!;
+/** ScatterND and the shape arithmetic take int64 only; Gather/Slice also accept int32. */
+const int64 = (g: Graph, t: Tensor) => (t.dtype === 'int64' ? t : g.cast(t, 'int64'));
 
 /** Upstream gradient broadcast back into the reduced axes: Unsqueeze when keepdims=0. */
 function keepDims(c: RuleContext, t: Tensor, axes: number[] | Tensor | undefined): Tensor {
@@ -135,7 +137,8 @@ function sliceGrad(c: RuleContext): (Tensor | null)[] {
   const axes = axesT ? g.constInts(axesT) : typeof nAx === 'number' ? [...Array(nAx).keys()] : undefined;
   const steps = stepsT ? g.constInts(stepsT) : axes?.map(() => 1);
   if (!axes || !steps) throw new Error(`autodiff: Slice node ${c.node.name} needs constant axes and steps for its gradient`);
-  const at = (t: Tensor, k: number) => g.slice(t, [k], [k + 1]);
+  // Element k of a run-time starts/ends tensor, as int64 (Slice also accepts int32).
+  const at = (t: Tensor, k: number) => int64(g, g.slice(t, [k], [k + 1]));
   const sv = g.constInts(starts);
   const ev = g.constInts(ends);
   if (steps.every((s) => s === 1)) {
@@ -189,7 +192,7 @@ function gatherGrad(c: RuleContext): (Tensor | null)[] {
   const [x, idx] = c.x as Tensor[];
   const dy = dy0(c);
   const a = norm(c.int('axis', 0), rank(x));
-  if (a === 0) return [g.scatterND(zerosLike(g, x), g.unsqueeze(idx, [-1]), dy, 'add')];
+  if (a === 0) return [g.scatterND(zerosLike(g, x), g.unsqueeze(int64(g, idx), [-1]), dy, 'add')];
   // Flatten the index dims of dy to one axis, then scatter along axis a with broadcast indices.
   const xs = x.staticShape;
   const flatShape = xs
@@ -200,6 +203,25 @@ function gatherGrad(c: RuleContext): (Tensor | null)[] {
   shape[a] = -1;
   const i2 = g.expand(g.reshape(idx, shape), g.shapeOf(d2));
   return [g.scatterElements(zerosLike(g, x), i2, d2, a, 'add')];
+}
+
+/** Pad (constant mode, constant non-negative pads): the gradient is the un-padded window of dy. */
+function padGrad(c: RuleContext): (Tensor | null)[] {
+  const { g } = c;
+  const [x, padsT, value] = c.x;
+  const pads = g.constInts(padsT!);
+  const mode = c.node.attrs.mode;
+  if ((mode && mode.kind === 'string' && mode.value !== 'constant') || !pads || pads.some((p) => p < 0) || c.x[3]) {
+    throw new Error(`autodiff: Pad node ${c.node.name}: gradients need mode "constant" and constant non-negative pads on all axes`);
+  }
+  const dy = dy0(c);
+  const begin = pads.slice(0, rank(x!));
+  const xs = x!.staticShape;
+  const ends = xs ? xs.map((d, i) => d + begin[i]) : g.add(g.ints(begin), g.shapeOf(x!));
+  const dx = g.op('Slice', [dy, g.ints(begin), Array.isArray(ends) ? g.ints(ends) : ends], {}, [{ dtype: dy.dtype, shape: x!.shape }])[0];
+  // The pad value receives everything outside the window.
+  const dv = value ? c.when(2, () => reshapeLike(g, g.sub(g.reduceSum(dy, undefined, false), g.reduceSum(dx, undefined, false)), value)) : null;
+  return [c.needs[0] ? dx : null, null, dv];
 }
 
 /** Concat: each input gets its slice of dy along the axis (one Split when sizes are known). */
@@ -349,6 +371,7 @@ export const RULES: Record<string, Rule> = {
   Unsqueeze: (c) => [c.g.op('Squeeze', [dy0(c), c.x[1]!], {}, [{ dtype: dy0(c).dtype, shape: c.x[0]!.shape }])[0]],
   Expand: (c) => [unbroadcast(c.g, dy0(c), c.x[0]!)],
   Concat: concatGrad,
+  Pad: padGrad,
   Split: splitGrad,
   Slice: sliceGrad,
   Gather: gatherGrad,
