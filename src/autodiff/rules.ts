@@ -2,9 +2,10 @@
  * The gradient table: ONNX op → rule emitting standard ONNX ops (opset 17) for the gradients of the
  * node's inputs. The math follows ONNX Runtime's gradient_builder.cc, composed from ops every
  * stock ORT build has (no SoftmaxGrad & co). Rules reuse forward outputs (Softmax y, Exp y, …).
+ * Adding an op = one row here + one case in gradcheck.ts CASES.
  */
 import { Graph, Tensor, attr, type Node } from '../onnx/graph.ts';
-import { unbroadcast, reshapeLike, expandLike, zerosLike, shapeTensor } from './shape.ts';
+import { unbroadcast, reshapeLike, expandLike, zerosLike } from './shape.ts';
 
 export interface RuleContext {
   g: Graph;
@@ -71,8 +72,9 @@ function reducedCount(g: Graph, x: Tensor, y: Tensor): Tensor {
   const xs = x.staticShape;
   const ys = y.staticShape;
   if (xs && ys) return g.scalar(xs.reduce((a, b) => a * b, 1) / ys.reduce((a, b) => a * b, 1), x.dtype);
-  const size = (t: Tensor) => g.cast(g.op('Size', [t], {}, [{ dtype: 'int64', shape: [] }])[0], x.dtype);
-  return g.div(size(x), size(y));
+  // Divide in int64 (exact) before casting: element counts can exceed float32's 2^24.
+  const size = (t: Tensor) => g.op('Size', [t], {}, [{ dtype: 'int64', shape: [] }])[0];
+  return g.cast(g.div(size(x), size(y)), x.dtype);
 }
 
 /** Gradient of MatMul with numpy semantics (1-D operands, broadcast batch dims). */
@@ -381,7 +383,7 @@ export const RULES: Record<string, Rule> = {
   // ---- reductions ----
   ReduceSum: (c) => {
     const axes = inputAxes(c);
-    if (axes === undefined && c.x[1] && c.int('noop_with_empty_axes', 0) === 1) return [dy0(c)];
+    if (axes === undefined && c.int('noop_with_empty_axes', 0) === 1) return [dy0(c)];
     return [expandLike(c.g, keepDims(c, dy0(c), axes), c.x[0]!)];
   },
   ReduceMean: (c) => {
