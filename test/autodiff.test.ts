@@ -3,7 +3,7 @@ import { Graph, type Tensor } from '../src/onnx/graph.ts';
 import { serializeModel, parseModel } from '../src/onnx/proto.ts';
 import { Session, toOrt } from '../src/runtime/session.ts';
 import { gradients, unbroadcast } from '../src/autodiff/index.ts';
-import { gradcheck, CASES, caseData, analyticGradients, relErr } from '../src/autodiff/gradcheck.ts';
+import { gradcheck, checkCase, CASES, caseData, analyticGradients, relErr, type GradCase } from '../src/autodiff/gradcheck.ts';
 
 type Feed = [string, 'float64' | 'int64', number[], number[]];
 
@@ -26,6 +26,26 @@ describe('gradcheck: every rule against float64 finite differences', () => {
     expect(bad).toEqual([]);
     expect(r.opsChecked).toBeGreaterThanOrEqual(35);
     expect(r.maxRelErr).toBeLessThanOrEqual(1e-6);
+  });
+
+  it('composes: a causal attention block with residual, LayerNorm and a tanh-GELU MLP', async () => {
+    const block: GradCase = {
+      op: 'attention block',
+      name: 'x, Wq, Wk, Wv, W1, γ, β',
+      inputs: [[2, 3, 4], [4, 4], [4, 4], [4, 4], [4, 6], [4], [4]].map((shape) => ({ shape })),
+      build: (g, [x, wq, wk, wv, w1, gamma, beta]) => {
+        const q = g.matmul(x, wq);
+        const k = g.matmul(x, wk);
+        const v = g.matmul(x, wv);
+        const causal = g.cast(g.trilu(g.constant(Array(9).fill(1), 'int64', [3, 3]), false), 'bool');
+        const scores = g.where(causal, g.mul(g.matmul(q, g.transpose(k, [0, 2, 1])), 0.5), -1e9);
+        const h = g.layerNorm(g.add(x, g.matmul(g.softmax(scores, -1), v)), gamma, beta);
+        const u = g.matmul(h, w1);
+        const inner = g.mul(g.add(u, g.mul(g.pow(u, 3), 0.044715)), Math.sqrt(2 / Math.PI));
+        return g.mul(g.mul(u, 0.5), g.add(g.tanh(inner), 1));
+      },
+    };
+    for (const symbolic of [false, true]) expect((await checkCase(block, 7, symbolic)).maxRelErr).toBeLessThan(1e-6);
   });
 
   it('runs every gradient graph in float32 with the default (optimised) session, matching float64', async () => {
