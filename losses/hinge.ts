@@ -1,0 +1,31 @@
+/**
+ * Hinge (SLiC) — "SLiC-HF: Sequence Likelihood Calibration with Human Feedback" (2023).
+ *
+ *   L = relu(1 − βh)   (β plays the role of 1/δ, the inverse margin)
+ */
+import { spec } from './params.ts';
+import { marginRef, pairwiseLoss } from './pairwise.ts';
+import type { Params } from './types.ts';
+
+export interface HingeParams extends Params {
+  beta: number;
+  f_divergence: string;
+  f_alpha: number;
+  wpo: boolean;
+  rpo_alpha: number;
+}
+
+export const hinge = pairwiseLoss<HingeParams>({
+  name: 'hinge',
+  paper: 'SLiC-HF: Sequence Likelihood Calibration with Human Feedback',
+  params: [spec.beta()],
+  options: ['f_divergence', 'wpo', 'rpo_alpha'],
+  ref(h, p) {
+    const b = p.beta;
+    return marginRef(h.B, (i) => b * (h.uw[i] - h.ul[i]), (z) => (z < 1 ? [1 - z, -1] : [0, 0]), (i) => b * h.duw[i], (i) => -b * h.dul[i]);
+  },
+  emit(t, p) {
+    const g = t.g;
+    return { perExample: g.relu(g.sub(1, g.mul(g.sub(t.uw, t.ul), p.beta))) };
+  },
+});

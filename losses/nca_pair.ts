@@ -1,0 +1,48 @@
+/**
+ * NCA (pairwise) — "Noise Contrastive Alignment of Language Models with Explicit Rewards" (2024).
+ *
+ *   L = −log σ(βu_w) − ½ log σ(−βu_w) − ½ log σ(−βu_l)
+ *
+ * (absolute rewards: pushes the chosen reward up, not only the margin).
+ */
+import { spec } from './params.ts';
+import { pairwiseLoss } from './pairwise.ts';
+import { negLogSigmoid } from './ops.ts';
+import { sigmoid, softplus } from './math.ts';
+import type { Params } from './types.ts';
+
+export interface NcaParams extends Params {
+  beta: number;
+  f_divergence: string;
+  f_alpha: number;
+  wpo: boolean;
+  rpo_alpha: number;
+}
+
+export const ncaPair = pairwiseLoss<NcaParams>({
+  name: 'nca_pair',
+  paper: 'Noise Contrastive Alignment of Language Models with Explicit Rewards',
+  params: [spec.beta()],
+  options: ['f_divergence', 'wpo', 'rpo_alpha'],
+  ref(h, p) {
+    const b = p.beta;
+    const value = new Float64Array(h.B);
+    const dw = new Float64Array(h.B);
+    const dl = new Float64Array(h.B);
+    for (let i = 0; i < h.B; i++) {
+      const x = b * h.uw[i];
+      const y = b * h.ul[i];
+      value[i] = softplus(-x) + 0.5 * softplus(x) + 0.5 * softplus(y);
+      dw[i] = b * h.duw[i] * (-sigmoid(-x) + 0.5 * sigmoid(x));
+      dl[i] = b * h.dul[i] * 0.5 * sigmoid(y);
+    }
+    return { value, dw, dl };
+  },
+  emit(t, p) {
+    const g = t.g;
+    const x = g.mul(t.uw, p.beta);
+    const y = g.mul(t.ul, p.beta);
+    const half = g.mul(g.add(negLogSigmoid(g, g.neg(x)), negLogSigmoid(g, g.neg(y))), 0.5);
+    return { perExample: g.add(negLogSigmoid(g, x), half) };
+  },
+});
