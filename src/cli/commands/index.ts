@@ -3,6 +3,7 @@ import { register as gradcheck } from './gradcheck.ts';
 import { register as initModel } from './init-model.ts';
 import { register as logps } from './logps.ts';
 import { register as report } from './report.ts';
+import { register as loss } from './loss.ts';
 
 /** Every `prefzoo` subcommand: one module each, one line here each. */
 export const commands: Array<(program: Command) => void> = [
@@ -10,4 +11,5 @@ export const commands: Array<(program: Command) => void> = [
   initModel,
   logps,
   report,
+  loss,
 ];

@@ -1,0 +1,76 @@
+/**
+ * `prefzoo loss NAME --input BATCH.json` — evaluates one loss (or a weighted mixture) of the loss
+ * zoo on per-sequence statistics and prints one JSON line {"loss", "per_example", "grad"}.
+ */
+import fs from 'node:fs';
+import type { Command } from 'commander';
+import { UserError } from '../errors.ts';
+import { listLosses, resolveLoss } from '../../../losses/index.ts';
+import { detectKind, parseBatch } from '../../../losses/batch.ts';
+import { describeRange, parseParamArgs } from '../../../losses/params.ts';
+import { runLossOnnx, runLossReference, shapeLike, type FloatDType } from '../../../losses/engine.ts';
+
+/** The loss table printed under --help: name, data kind, parameters with defaults and ranges. */
+function lossTable(): string {
+  const lines = ['', 'Losses (parameters: name=default, valid range):'];
+  for (const l of listLosses()) {
+    lines.push(`  ${l.name.padEnd(13)} ${l.kinds.join('/').padEnd(18)} ${l.paper}`);
+    for (const p of l.params) lines.push(`  ${''.padEnd(32)} ${p.name}=${p.default ?? '(unset)'}  ${describeRange(p)}  — ${p.doc}`);
+  }
+  lines.push(
+    '',
+    'Batch keys (JSON object of columns; see losses/batch.ts):',
+    '  pairwise: policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, chosen_tokens,',
+    '            rejected_tokens, chosen_probs, rejected_probs, chosen_scores, rejected_scores, weight',
+    '  listwise: policy_logps, ref_logps, scores, mask, win_probs as [B][K] arrays; weight [B]',
+    '  single:   policy_logps, ref_logps, rewards, values (dro), labels (kto), kl or policy_kl_logps + ref_kl_logps (kto)',
+    '  nash_md:  policy_logps, ref_logps, probs',
+    '',
+    'Example: prefzoo loss dpo --input batch.json --param beta=0.1 --grad',
+  );
+  return lines.join('\n');
+}
+
+function readJson(file: string): unknown {
+  let text: string;
+  try {
+    text = fs.readFileSync(file, 'utf8');
+  } catch (e) {
+    throw new UserError(`${file}: cannot read (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`);
+  }
+  try {
+    return JSON.parse(text);
+  } catch (e) {
+    throw new UserError(`${file}: invalid JSON (${(e as Error).message})`);
+  }
+}
+
+export function register(program: Command): void {
+  program
+    .command('loss')
+    .description('evaluate a loss of the zoo (or a weighted mixture such as dpo:0.8,sft:1) on a batch of per-sequence statistics; prints {"loss","per_example","grad"}')
+    .argument('<name>', 'loss name, or a mixture NAME:WEIGHT,NAME:WEIGHT')
+    .requiredOption('--input <file>', 'batch JSON: an object of columns named as below')
+    .option('--param <k=v>', 'loss parameter (repeatable; in a mixture NAME.k=v sets one term)', (v: string, acc: string[]) => [...acc, v], [] as string[])
+    .option('--grad', 'also print the gradient of the mean loss w.r.t. each differentiable input')
+    .option('--engine <engine>', 'onnx (the training subgraph through ONNX Runtime) or reference (float64 TypeScript)', 'onnx')
+    .option('--dtype <dtype>', 'float64 or float32 (onnx engine)', 'float64')
+    .option('--metrics', 'also print the batch metrics (rewards/accuracies, …)')
+    .addHelpText('after', lossTable())
+    .action(async (name: string, o: { input: string; param: string[]; grad?: boolean; engine: string; dtype: string; metrics?: boolean }) => {
+      if (o.engine !== 'onnx' && o.engine !== 'reference') throw new UserError(`--engine must be onnx or reference, got "${o.engine}"`);
+      if (o.dtype !== 'float64' && o.dtype !== 'float32') throw new UserError(`--dtype must be float64 or float32, got "${o.dtype}"`);
+      const bound = resolveLoss(name, parseParamArgs(o.param));
+      const json = readJson(o.input);
+      if (json === null || typeof json !== 'object' || Array.isArray(json)) throw new UserError(`${o.input}: expected a JSON object of batch columns`);
+      const kind = detectKind(bound.kinds, json as Record<string, unknown>);
+      const batch = parseBatch(json, kind, bound.keys(kind), o.input);
+      const run = o.engine === 'onnx'
+        ? await runLossOnnx(bound, batch, { dtype: o.dtype as FloatDType, grad: o.grad })
+        : runLossReference(bound, batch, { grad: o.grad });
+      const out: Record<string, unknown> = { loss: run.loss, per_example: run.perExample };
+      if (o.grad) out.grad = Object.fromEntries(Object.entries(run.grad).map(([k, v]) => [k, shapeLike(v, batch[k].dims)]));
+      if (o.metrics) out.metrics = run.metrics;
+      process.stdout.write(`${JSON.stringify(out)}\n`);
+    });
+}
