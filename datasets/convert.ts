@@ -99,7 +99,7 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
   for (const p of inputs) sources.push(await openSource(p));
 
   const batchRows = opts.batchRows ?? 16384;
-  const batchBytes = opts.batchBytes ?? 32 * 1024 * 1024;
+  const batchBytes = opts.batchBytes ?? 8 * 1024 * 1024;
   const random = seededRandom(opts.seed ?? 0);
   const skippedPath = skippedPathFor(out);
   const skippedTmp = join(outDir, `.${basename(skippedPath)}.${process.pid}.tmp`);

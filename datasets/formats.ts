@@ -96,12 +96,15 @@ export function splitCommonPrefix(a: string, b: string): [string, string, string
 
 function pairwiseTexts(prompt: Text | undefined, chosen: Text, rejected: Text): Row {
   if (prompt !== undefined) return { prompt, chosen, rejected };
+  const none = () => new RecordError('missing field "prompt" ("chosen" and "rejected" share no start to take it from)', 'prompt');
   if (typeof chosen === 'string' && typeof rejected === 'string') {
     const [p, c, r] = splitCommonPrefix(chosen, rejected);
+    if (p === '' && chosen !== rejected) throw none();
     return { prompt: p, chosen: c, rejected: r };
   }
   if (Array.isArray(chosen) && Array.isArray(rejected)) {
     const n = commonMessages(chosen, rejected);
+    if (n === 0) throw none();
     return { prompt: chosen.slice(0, n), chosen: chosen.slice(n), rejected: rejected.slice(n) };
   }
   throw new RecordError('fields "chosen" and "rejected": one is text, the other a message list', 'chosen');
@@ -113,7 +116,9 @@ const trl: Adapter = {
   shape: '{prompt, chosen, rejected} (or {chosen, rejected} with the prompt as their shared start)',
   detect: (r) => r.chosen !== undefined || r.rejected !== undefined,
   toRow(rec, ctx) {
-    const prompt = rec.prompt === undefined ? undefined : asText(rec.prompt, 'prompt', ctx);
+    // A prompt named by --map is required, not inferred.
+    const explicit = rec.prompt !== undefined || ctx.map.prompt !== undefined;
+    const prompt = explicit ? asText(need(rec, 'prompt', ctx), 'prompt', ctx) : undefined;
     const chosen = asText(need(rec, 'chosen', ctx), 'chosen', ctx);
     const rejected = asText(need(rec, 'rejected', ctx), 'rejected', ctx);
     const row = pairwiseTexts(prompt, chosen, rejected);

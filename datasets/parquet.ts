@@ -6,7 +6,8 @@
 import * as arrow from 'apache-arrow';
 import * as pw from 'parquet-wasm';
 import { existsSync, openAsBlob, readdirSync } from 'node:fs';
-import { open, readFile, rename, rm, type FileHandle } from 'node:fs/promises';
+import { readFile, rename, rm } from 'node:fs/promises';
+import { Worker } from 'node:worker_threads';
 import { basename, dirname, join } from 'node:path';
 import { gunzipSync } from 'node:zlib';
 import { UserError } from '../src/cli/errors.ts';
@@ -21,98 +22,9 @@ export interface WriteOptions {
 }
 
 export const DEFAULT_SHARD_BYTES = 512 * 1024 * 1024;
-const DEFAULT_ROW_GROUP_BYTES = 128 * 1024 * 1024;
-
-function writerProperties(meta: PrefzooMeta, opts: WriteOptions): pw.WriterProperties {
-  return (
-    new pw.WriterPropertiesBuilder()
-      .setCompression(opts.compression === 'snappy' ? pw.Compression.SNAPPY : pw.Compression.ZSTD)
-      .setCreatedBy(meta.created_by)
-      .setKeyValueMetadata(new Map([[META_KEY, JSON.stringify(meta)]]))
-      // Long unique texts make dictionary pages fill up and fall back anyway: pure wasted work.
-      .setDictionaryEnabled(false)
-      .setStatisticsEnabled(pw.EnabledStatistics.Chunk)
-      .setMaxRowGroupSize(1 << 20)
-      .setMaxRowGroupBytes(opts.rowGroupBytes ?? DEFAULT_ROW_GROUP_BYTES)
-      .build()
-  );
-}
-
-/** Serialises a JS RecordBatch into wasm memory (one IPC copy each way). */
-function toWasmBatches(batch: arrow.RecordBatch): pw.RecordBatch[] {
-  const ipc = arrow.tableToIPC(new arrow.Table([batch]), 'stream');
-  return pw.Table.fromIPCStream(ipc).recordBatches();
-}
-
-/** One Parquet file being written: a pull-driven stream of batches into parquet-wasm's writer. */
-class ShardStream {
-  bytes = 0;
-  private ctrl!: ReadableStreamDefaultController<pw.RecordBatch>;
-  private wake: (() => void) | null = null;
-  private failure: unknown = null;
-  private readonly pump: Promise<void>;
-
-  private constructor(
-    readonly tmpPath: string,
-    private readonly fh: FileHandle,
-    props: pw.WriterProperties,
-  ) {
-    const src = new ReadableStream<pw.RecordBatch>(
-      {
-        start: (c) => {
-          this.ctrl = c;
-        },
-        pull: () => {
-          this.wake?.();
-        },
-      },
-      { highWaterMark: 1 },
-    );
-    this.pump = (async () => {
-      const out = await pw.transformParquetStream(src, props);
-      for await (const chunk of out as unknown as AsyncIterable<Uint8Array>) {
-        await this.fh.write(chunk);
-        this.bytes += chunk.byteLength;
-      }
-    })().catch((e) => {
-      this.failure = e;
-      this.wake?.();
-    });
-  }
-
-  static async create(tmpPath: string, props: pw.WriterProperties): Promise<ShardStream> {
-    return new ShardStream(tmpPath, await open(tmpPath, 'wx'), props);
-  }
-
-  /** Hands one batch to the writer, waiting until it has taken it (backpressure). */
-  async push(batch: pw.RecordBatch): Promise<void> {
-    if (this.failure) throw this.failure;
-    this.ctrl.enqueue(batch);
-    while ((this.ctrl.desiredSize ?? 1) < 1 && !this.failure) {
-      await new Promise<void>((r) => (this.wake = r));
-      this.wake = null;
-    }
-    if (this.failure) throw this.failure;
-  }
-
-  async close(): Promise<void> {
-    this.ctrl.close();
-    await this.pump;
-    await this.fh.close();
-    if (this.failure) throw this.failure;
-  }
-
-  async abort(): Promise<void> {
-    try {
-      this.ctrl.error(new Error('aborted'));
-    } catch {
-      // already closed or errored
-    }
-    await this.pump;
-    await this.fh.close().catch(() => undefined);
-    await rm(this.tmpPath, { force: true });
-  }
-}
+const DEFAULT_ROW_GROUP_BYTES = 32 * 1024 * 1024;
+/** Batches handed to the encoding thread and not yet taken: enough to keep both cores busy. */
+const MAX_IN_FLIGHT = 2;
 
 /** `out.parquet` → `out`, the stem shard names are built from. */
 function stemOf(outPath: string): string {
@@ -130,67 +42,132 @@ export function shardName(outPath: string, index: number, count: number): string
  */
 export class ParquetSink {
   private readonly shardBytes: number;
+  private readonly rowGroupBytes: number;
   private readonly tmpStem: string;
-  private current: ShardStream | null = null;
-  private done: string[] = [];
-  private outputsOpen = true;
-  private readonly opts: WriteOptions;
+  private worker: Worker | null = null;
+  private nextId = 0;
+  private inFlight = 0;
+  private failure: Error | null = null;
+  private listeners: Array<(msg: WorkerMessage | null) => void> = [];
+  private finished = false;
+  private exited = false;
   rows = 0;
 
   constructor(
     readonly outPath: string,
     readonly meta: PrefzooMeta,
-    opts: WriteOptions = {},
+    private readonly opts: WriteOptions = {},
   ) {
     this.shardBytes = opts.shardBytes ?? DEFAULT_SHARD_BYTES;
     // Bytes reach the disk one row group at a time, so a row group must not outgrow a shard.
-    this.opts = { ...opts, rowGroupBytes: Math.min(opts.rowGroupBytes ?? DEFAULT_ROW_GROUP_BYTES, this.shardBytes) };
+    this.rowGroupBytes = Math.min(opts.rowGroupBytes ?? DEFAULT_ROW_GROUP_BYTES, this.shardBytes);
     const rand = Math.random().toString(36).slice(2, 8);
     this.tmpStem = join(dirname(outPath), `.${basename(outPath)}.${process.pid}.${rand}`);
   }
 
+  private start(): Worker {
+    const w = new Worker(new URL('./parquet-worker.mjs', import.meta.url), {
+      workerData: {
+        tmpStem: this.tmpStem,
+        meta: this.meta,
+        shardBytes: this.shardBytes,
+        rowGroupBytes: this.rowGroupBytes,
+        compression: this.opts.compression ?? 'zstd',
+      },
+    });
+    w.on('message', (m: WorkerMessage) => {
+      if (m.type === 'ack') this.inFlight--;
+      if (m.type === 'error') this.failure ??= new Error(`Parquet writer: ${m.message}`);
+      this.notify(m);
+    });
+    w.on('error', (e) => {
+      this.failure ??= e;
+      this.notify(null);
+    });
+    w.on('exit', () => {
+      this.exited = true;
+      if (!this.finished) this.failure ??= new Error('Parquet writer thread exited early');
+      this.notify(null);
+    });
+    return w;
+  }
+
+  private notify(m: WorkerMessage | null): void {
+    const ls = this.listeners;
+    this.listeners = [];
+    for (const l of ls) l(m);
+  }
+
+  /** Waits for the next message from the writer thread (null: it failed). */
+  private next(): Promise<WorkerMessage | null> {
+    return new Promise((r) => this.listeners.push(r));
+  }
+
+  private async waitFor(type: WorkerMessage['type']): Promise<WorkerMessage> {
+    for (;;) {
+      if (this.failure) throw this.failure;
+      const m = await this.next();
+      if (this.failure) throw this.failure;
+      if (m && m.type === type) return m;
+    }
+  }
+
   async write(batch: arrow.RecordBatch): Promise<void> {
+    if (this.finished) throw new Error('ParquetSink: write after close');
+    if (this.failure) throw this.failure;
     // An empty batch still opens the first file, so an empty dataset has a schema on disk.
-    if (batch.numRows === 0 && this.current) return;
-    if (this.outputsOpen === false) throw new Error('ParquetSink: write after close');
-    if (this.current && this.current.bytes >= this.shardBytes) {
-      await this.current.close();
-      this.done.push(this.current.tmpPath);
-      this.current = null;
-    }
-    if (!this.current) {
-      // A fresh properties object per shard: the wasm writer takes ownership of the one it is given.
-      const props = writerProperties(this.meta, this.opts);
-      this.current = await ShardStream.create(`${this.tmpStem}.${this.done.length}.tmp`, props);
-    }
-    for (const b of toWasmBatches(batch)) await this.current.push(b);
+    if (batch.numRows === 0 && this.worker) return;
+    this.worker ??= this.start();
+    let ipc = arrow.tableToIPC(new arrow.Table([batch]), 'stream');
+    if (ipc.byteOffset !== 0 || ipc.byteLength !== ipc.buffer.byteLength) ipc = ipc.slice();
+    this.inFlight++;
+    this.worker.postMessage({ type: 'batch', id: this.nextId++, ipc }, [ipc.buffer as ArrayBuffer]);
     this.rows += batch.numRows;
+    while (this.inFlight >= MAX_IN_FLIGHT && !this.failure) await this.next();
+    if (this.failure) throw this.failure;
   }
 
   /** Finishes the last shard and moves every file to its final name; returns those names. */
   async close(): Promise<string[]> {
-    if (this.current) {
-      await this.current.close();
-      this.done.push(this.current.tmpPath);
-      this.current = null;
-    }
-    const n = this.done.length;
-    if (n === 0) throw new Error('ParquetSink.close: nothing was written');
-    const finals = n === 1 ? [this.outPath] : this.done.map((_, i) => shardName(this.outPath, i, n));
-    for (let i = 0; i < n; i++) await rename(this.done[i], finals[i]);
-    this.done = [];
-    this.outputsOpen = false;
+    if (!this.worker) throw new Error('ParquetSink.close: nothing was written');
+    this.worker.postMessage({ type: 'close' });
+    const { files } = (await this.waitFor('closed')) as { files: string[] };
+    this.finished = true;
+    await this.worker.terminate();
+    this.worker = null;
+    const n = files.length;
+    const finals = n === 1 ? [this.outPath] : files.map((_, i) => shardName(this.outPath, i, n));
+    for (let i = 0; i < n; i++) await rename(files[i], finals[i]);
     return finals;
   }
 
+  /** Stops writing and removes every temporary file. */
   async abort(): Promise<void> {
-    if (this.current) await this.current.abort();
-    this.current = null;
-    for (const p of this.done) await rm(p, { force: true });
-    this.done = [];
-    this.outputsOpen = false;
+    if (this.finished) return;
+    this.finished = true;
+    const w = this.worker;
+    this.worker = null;
+    if (!w) return;
+    if (!this.exited) {
+      w.postMessage({ type: 'abort' });
+      for (;;) {
+        const m = await this.next();
+        if (m === null || m.type === 'aborted') break;
+      }
+    }
+    await w.terminate();
+    // The thread may have died before cleaning up: remove whatever it left.
+    const dir = dirname(this.tmpStem);
+    const prefix = basename(this.tmpStem);
+    for (const f of readdirSync(dir)) if (f.startsWith(prefix)) await rm(join(dir, f), { force: true });
   }
 }
+
+type WorkerMessage =
+  | { type: 'ack'; id: number }
+  | { type: 'closed'; files: string[] }
+  | { type: 'aborted' }
+  | { type: 'error'; message: string };
 
 /** Reads a Parquet file as a stream of Arrow RecordBatches without loading it whole (gzip: whole). */
 export async function* readParquetBatches(path: string, batchRows = 8192): AsyncGenerator<arrow.RecordBatch> {

@@ -395,7 +395,7 @@ async function* csvItems(src: Source, delimiter: string): AsyncGenerator<Item[]>
 }
 
 /** Arrow IPC (file or stream format). */
-async function* readArrowBatches(src: Source): AsyncGenerator<arrow.RecordBatch> {
+export async function* readArrowBatches(src: Pick<Source, 'path' | 'gzip'>): AsyncGenerator<arrow.RecordBatch> {
   let bytes: Uint8Array = await readFile(src.path);
   if (src.gzip) bytes = gunzipSync(bytes);
   let reader: arrow.RecordBatchReader;

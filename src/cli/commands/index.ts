@@ -1,5 +1,7 @@
 import type { Command } from 'commander';
+import { register as convert } from './convert.ts';
 import { register as gradcheck } from './gradcheck.ts';
+import { register as inspect } from './inspect.ts';
 import { register as initModel } from './init-model.ts';
 import { register as logps } from './logps.ts';
 import { register as report } from './report.ts';
@@ -7,7 +9,9 @@ import { register as loss } from './loss.ts';
 
 /** Every `prefzoo` subcommand: one module each, one line here each. */
 export const commands: Array<(program: Command) => void> = [
+  convert,
   gradcheck,
+  inspect,
   initModel,
   logps,
   report,

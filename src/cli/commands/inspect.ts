@@ -1,0 +1,14 @@
+import type { Command } from 'commander';
+import { formatReport, inspectFile } from '../../../datasets/inspect.ts';
+
+export function register(program: Command): void {
+  program
+    .command('inspect')
+    .description('show a data file: schema, kind, rows, length statistics of its text fields')
+    .argument('<file>', 'a Parquet, Arrow IPC, JSON, JSONL or CSV/TSV file (.gz too)')
+    .option('--json', 'print the report as JSON')
+    .action(async (file: string, o: { json?: boolean }) => {
+      const r = await inspectFile(file);
+      process.stdout.write(o.json ? `${JSON.stringify(r, null, 2)}\n` : `${formatReport(r)}\n`);
+    });
+}
