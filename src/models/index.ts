@@ -31,6 +31,8 @@ export interface CausalLM {
   batch: BatchIndex;
   /** `[N, D]` final hidden states (after the final norm), N = batch·seq, row b·seq + t. */
   hidden: Tensor;
+  /** `[V, D]` output head weight (the token embedding when tied). */
+  headWeight: Tensor;
   /** `[N, V]` logits; built on the first call, then reused. */
   logits(): Tensor;
 }
@@ -46,12 +48,14 @@ export function buildCausalLM(g: Graph, config: ModelConfig, params: Map<string,
   if (dtype !== 'float32' && dtype !== 'float64') throw new Error(`model parameters must be float32 or float64, got ${dtype}`);
   const bi = batchIndex(g, inputs.inputIds, inputs.attentionMask, dtype);
   const hidden = config.model_type === 'gpt2' ? gpt2Hidden(g, config, P, bi) : llamaHidden(g, config, P, bi);
+  const headWeight = config.model_type === 'gpt2' ? gpt2HeadWeight(config, P) : llamaHeadWeight(config, P);
   let logits: Tensor | undefined;
   return {
     config,
     batch: bi,
     hidden,
-    logits: () => (logits ??= g.scope('lm_head', () => lmHead(g, hidden, config.model_type === 'gpt2' ? gpt2HeadWeight(config, P) : llamaHeadWeight(config, P)))),
+    headWeight,
+    logits: () => (logits ??= g.scope('lm_head', () => lmHead(g, hidden, headWeight))),
   };
 }
 

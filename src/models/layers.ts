@@ -63,7 +63,8 @@ export function batchIndex(g: Graph, inputIds: Tensor, attentionMask: Tensor, dt
     const maskI = attentionMask.dtype === 'int64' ? attentionMask : g.cast(attentionMask, 'int64');
     const positions = g.cumSum(maskI, 1, { exclusive: true });
     const keyOk = g.unsqueeze(g.cast(maskI, 'bool'), [1, 2]); // [B, 1, 1, T]
-    const idx = g.range(0, g.squeeze(g.dim(inputIds, 1), [0]), 1, 'int64'); // [T]
+    const seqLen = g.squeeze(g.dim(inputIds, 1), [0]);
+    const idx = g.op('Range', [g.scalar(0, 'int64'), seqLen, g.scalar(1, 'int64')], {}, [{ dtype: 'int64', shape: [T] }])[0];
     const causal = g.lessOrEqual(g.unsqueeze(idx, [0]), g.unsqueeze(idx, [1])); // [T, T]: key ≤ query
     const allowed = g.and(causal, keyOk); // [B, 1, T, T]
     const mask = g.where(allowed, g.scalar(0, dtype), g.scalar(MASK_VALUE, dtype));

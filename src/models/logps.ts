@@ -1,8 +1,11 @@
 /**
  * Per-sequence log-probabilities: logp[b] = Σ_t loss_mask[b,t] · log p(ids[b,t] | ids[b,<t]) and
  * tokens[b] = the number of positions counted. Position 0 has no prediction, so loss_mask[b,0] is
- * ignored. log p is the target's logit minus ReduceLogSumExp over the vocabulary, which never
- * materialises a second `[N, V]` tensor in the forward pass.
+ * ignored. log p = (target logit) − logsumexp(logits), arranged for cheap gradients: the target
+ * logit is h·W[target] from gathered head rows (its gradient is `[N, D]`-sized, not a scatter into an
+ * `[N, V]` zero tensor), and logsumexp is m + log Σ exp(x − m) with the row max m held constant (its
+ * gradient through m is exactly zero), so the backward pass reuses exp(x − m) and costs two `[N, V]`
+ * passes. A second softmax over the vocabulary is never formed.
  */
 import { Graph, type Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from './config.ts';
@@ -39,8 +42,11 @@ export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts:
     // Targets: the next token at each position; the last position's (any valid id) is masked out.
     const targets = shiftLeft(g, bi.ids, firstCol(bi.ids), shape);
     const counted = shiftLeft(g, mask, g.mul(firstCol(mask), 0), shape);
-    const picked = g.gatherElements(logits, reshapeTo(g, targets, [-1, 1], [bi.N, 1]), 1); // [N, 1]
-    const lp = g.sub(picked, g.reduceLogSumExp(logits, [1], true)); // [N, 1]
+    const rows = g.gather(model.headWeight, reshapeTo(g, targets, [-1], [bi.N]), 0); // [N, D]
+    const picked = g.reduceSum(g.mul(model.hidden, rows), [1], true); // [N, 1]
+    const m = g.stopGradient(g.reduceMax(logits, [1], true)); // [N, 1]
+    const lse = g.add(m, g.log(g.reduceSum(g.exp(g.sub(logits, m)), [1], true)));
+    const lp = g.sub(picked, lse); // [N, 1]
     const weighted = g.mul(reshapeRt(g, lp, bi.shapeBT, shape), counted); // [B, T]
     const out: SequenceLogps = { logp: g.reduceSum(weighted, [1], false), tokens: g.reduceSum(counted, [1], false) };
     if (opts.perToken) {
