@@ -273,3 +273,29 @@ describe('checkpoints', () => {
     expect(() => loadModel(dir)).toThrow(/tensor "model\.layers\.1\.mlp\.up_proj\.weight" not found.*model\.safetensors/);
   });
 });
+
+describe('config variants vs the float64 reference', () => {
+  const variants: [string, Arch, { tied?: boolean; extra?: Record<string, unknown> }][] = [
+    ['llama with q/k/v/o and MLP biases, tied head', 'llama', { tied: true, extra: { attention_bias: true, mlp_bias: true } }],
+    ['llama with llama3 rope scaling', 'llama', { extra: { rope_scaling: { rope_type: 'llama3', factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 256 } } }],
+    ['llama with linear rope scaling and no GQA', 'llama', { extra: { num_key_value_heads: 4, rope_scaling: { type: 'linear', factor: 3 } } }],
+    ['qwen2 with a tied head and relu', 'qwen2', { tied: true, extra: { hidden_act: 'relu' } }],
+    ['gpt2 with an untied head, layer-scaled attention and quick_gelu', 'gpt2', { tied: false, extra: { scale_attn_by_inverse_layer_idx: true, activation_function: 'quick_gelu', n_inner: 40 } }],
+  ];
+  it.each(variants)('%s', async (_name, arch, o) => {
+    const c = testConfig(arch, o);
+    const w = randomWeights(c, 91);
+    const rows = rowsFor(c.vocab_size, 19, [9, 6]);
+    const batch = pad(rows, 10, ['left', 'right']);
+    const out = await runModel(c, w, batch, { dtype: 'float64' });
+    rows.forEach((r, b) => {
+      const ref = referenceLogps(c, w, r.ids, r.loss);
+      expect(Math.abs(out.logp[b] - ref.logp)).toBeLessThan(1e-10 * Math.abs(ref.logp));
+    });
+  });
+
+  it('refuses rope scaling it does not implement', async () => {
+    const c = testConfig('llama', { extra: { rope_scaling: { rope_type: 'yarn', factor: 4 } } });
+    await expect(runModel(c, randomWeights(c, 1), pad(rowsFor(c.vocab_size, 1, [3]), 3, ['right']))).rejects.toThrow(/rope_scaling type "yarn" is not supported/);
+  });
+});

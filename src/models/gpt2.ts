@@ -16,7 +16,9 @@ export function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): 
   const H = c.n_head;
   const hd = D / H;
   const eps = c.layer_norm_epsilon;
-  const scale = 1 / Math.sqrt(hd);
+  // HF options: scale_attn_weights (default on) divides scores by √hd; scale_attn_by_inverse_layer_idx also by layer + 1.
+  const scaleWeights = c.scale_attn_weights !== false;
+  const byLayer = c.scale_attn_by_inverse_layer_idx === true;
 
   let h = g.scope('embed', () => {
     const pos = reshapeTo(g, bi.positions, [-1], [bi.N]);
@@ -24,6 +26,7 @@ export function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): 
   });
   for (let i = 0; i < c.n_layer; i++) {
     const p = `transformer.h.${i}.`;
+    const scale = (scaleWeights ? 1 / Math.sqrt(hd) : 1) / (byLayer ? i + 1 : 1);
     h = g.scope(`h.${i}`, () => {
       const proj = (name: string, x: Tensor) => project(g, x, P.get(p + name + '.weight'), P.get(p + name + '.bias'), 'conv1d', P.adapter(p + name));
       const attnOut = g.scope('attn', () => {
@@ -32,7 +35,7 @@ export function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): 
         const ctx = attention(
           g,
           bi,
-          g.transpose(splitHeads(g, bi, g.mul(q, scale), H, hd), [0, 2, 1, 3]), // [B, H, T, hd]
+          g.transpose(splitHeads(g, bi, scale === 1 ? q : g.mul(q, scale), H, hd), [0, 2, 1, 3]), // [B, H, T, hd]
           g.transpose(splitHeads(g, bi, k, H, hd), [0, 2, 3, 1]), // [B, H, hd, T]
           g.transpose(splitHeads(g, bi, v, H, hd), [0, 2, 1, 3]), // [B, H, T, hd]
           H,

@@ -10,9 +10,53 @@ import { type LlamaConfig, attentionBiases } from './config.ts';
 import { type BatchIndex, activation, attention, project, rmsNorm, splitHeads } from './layers.ts';
 import type { Params } from './params.ts';
 
-/** inv_freq[i] = 1/θ^(2i/d), i < d/2, rounded to the graph's float type as HF keeps it in float32. */
+/** inv_freq[i] = 1/θ^(2i/d), i < d/2 (HF's default rotary frequencies). */
 export function ropeInvFreq(theta: number, headDim: number): number[] {
   return Array.from({ length: headDim / 2 }, (_, i) => 1 / Math.pow(theta, (2 * i) / headDim));
+}
+
+function scalingNumber(s: Record<string, unknown>, key: string, dflt?: number): number {
+  const v = s[key] ?? dflt;
+  if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) {
+    throw new UserError(`config.json: rope_scaling.${key} must be a positive number, got ${JSON.stringify(s[key])}`);
+  }
+  return v;
+}
+
+/**
+ * Rotary frequencies of a config, with HF's `rope_scaling` variants that only rescale frequencies:
+ * `linear` (positions divided by `factor`) and `llama3` (long wavelengths divided by `factor`, short
+ * ones kept, a smooth blend between `original_max_position_embeddings / high_freq_factor` and
+ * `/ low_freq_factor`). Other variants change attention itself and are refused.
+ */
+export function rotaryFrequencies(c: LlamaConfig): number[] {
+  const base = ropeInvFreq(c.rope_theta, c.head_dim);
+  const raw = c.rope_scaling as unknown;
+  if (raw === undefined || raw === null) return base;
+  if (typeof raw !== 'object' || Array.isArray(raw)) throw new UserError(`config.json: rope_scaling must be an object or null, got ${JSON.stringify(raw)}`);
+  const s = raw as Record<string, unknown>;
+  const type = s.rope_type ?? s.type;
+  if (type === 'default') return base;
+  if (type === 'linear') {
+    const factor = scalingNumber(s, 'factor');
+    return base.map((f) => f / factor);
+  }
+  if (type === 'llama3') {
+    const factor = scalingNumber(s, 'factor');
+    const low = scalingNumber(s, 'low_freq_factor', 1);
+    const high = scalingNumber(s, 'high_freq_factor', 4);
+    const original = scalingNumber(s, 'original_max_position_embeddings', 8192);
+    const lowWavelen = original / low;
+    const highWavelen = original / high;
+    return base.map((f) => {
+      const wavelen = (2 * Math.PI) / f;
+      if (wavelen < highWavelen) return f;
+      if (wavelen > lowWavelen) return f / factor;
+      const smooth = (original / wavelen - low) / (high - low);
+      return (1 - smooth) * (f / factor) + smooth * f;
+    });
+  }
+  throw new UserError(`config.json: rope_scaling type ${JSON.stringify(type)} is not supported (supported: default, linear, llama3)`);
 }
 
 /** Rotate-half RoPE on `[B, T, heads, hd]`: x·cos + rotate_half(x)·sin, rotate_half(x) = [−x₂, x₁]. */
@@ -22,16 +66,8 @@ function rope(g: Graph, x: Tensor, cos: Tensor, sin: Tensor, headDim: number): T
   return g.add(g.mul(x, cos), g.mul(rotated, sin));
 }
 
-function checkSupported(c: LlamaConfig): void {
-  const scaling = c.rope_scaling as unknown;
-  if (scaling !== undefined && scaling !== null) {
-    throw new UserError(`config.json: rope_scaling ${JSON.stringify(scaling)} is not supported (only plain rotary embeddings with rope_theta)`);
-  }
-}
-
 /** Final hidden states `[N, D]` (after the last RMSNorm). */
 export function llamaHidden(g: Graph, c: LlamaConfig, P: Params, bi: BatchIndex): Tensor {
-  checkSupported(c);
   const { dtype } = bi;
   const H = c.num_attention_heads;
   const KV = c.num_key_value_heads;
@@ -41,7 +77,7 @@ export function llamaHidden(g: Graph, c: LlamaConfig, P: Params, bi: BatchIndex)
 
   // cos/sin `[B, T, 1, hd]` from each token's position; the queries' copy carries the 1/√hd scale.
   const { cos, sin, cosQ, sinQ } = g.scope('rope', () => {
-    const invFreq = g.constant(ropeInvFreq(c.rope_theta, hd), dtype, [hd / 2]);
+    const invFreq = g.constant(rotaryFrequencies(c), dtype, [hd / 2]);
     const freqs = g.mul(g.unsqueeze(g.cast(bi.positions, dtype), [2]), invFreq); // [B, T, hd/2]
     const emb = g.unsqueeze(g.concat([freqs, freqs], -1), [2]); // [B, T, 1, hd]
     const cos = g.cos(emb);

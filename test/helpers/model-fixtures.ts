@@ -9,9 +9,9 @@ import { sequenceLogps } from '../../src/models/logps.ts';
 import { Normal, initWeights } from '../../src/models/init.ts';
 
 /** Smaller than the tiny preset, with GQA (4 heads, 2 KV heads) and untied or tied heads. */
-export function testConfig(arch: Arch, o: { tied?: boolean } = {}): ModelConfig {
+export function testConfig(arch: Arch, o: { tied?: boolean; extra?: Record<string, unknown> } = {}): ModelConfig {
   if (arch === 'gpt2') {
-    return parseConfig({ model_type: 'gpt2', vocab_size: 53, n_embd: 24, n_layer: 2, n_head: 3, n_positions: 32, tie_word_embeddings: o.tied ?? true });
+    return parseConfig({ model_type: 'gpt2', vocab_size: 53, n_embd: 24, n_layer: 2, n_head: 3, n_positions: 32, tie_word_embeddings: o.tied ?? true, ...o.extra });
   }
   return parseConfig({
     model_type: arch,
@@ -25,6 +25,7 @@ export function testConfig(arch: Arch, o: { tied?: boolean } = {}): ModelConfig 
     rms_norm_eps: 1e-5,
     max_position_embeddings: 64,
     tie_word_embeddings: o.tied ?? false,
+    ...o.extra,
   });
 }
 

@@ -84,7 +84,7 @@ function act(name: string, x: number): number {
 }
 
 /** Causal attention for one sequence: q [T][H][hd], k/v [T][KV][hd] → context [T][H·hd]. */
-function causalAttention(q: Vec[][], k: Vec[][], v: Vec[][], H: number, KV: number, hd: number): Vec[] {
+function causalAttention(q: Vec[][], k: Vec[][], v: Vec[][], H: number, KV: number, hd: number, scale = 1 / Math.sqrt(hd)): Vec[] {
   const T = q.length;
   const out: Vec[] = [];
   for (let t = 0; t < T; t++) {
@@ -95,7 +95,7 @@ function causalAttention(q: Vec[][], k: Vec[][], v: Vec[][], H: number, KV: numb
       for (let s = 0; s <= t; s++) {
         let dot = 0;
         for (let d = 0; d < hd; d++) dot += q[t][h][d] * k[s][kvh][d];
-        scores.push(dot / Math.sqrt(hd));
+        scores.push(dot * scale);
       }
       const m = Math.max(...scores);
       const e = scores.map((x) => Math.exp(x - m));
@@ -111,12 +111,36 @@ function heads(x: Vec, n: number, hd: number): Vec[] {
   return Array.from({ length: n }, (_, h) => x.slice(h * hd, (h + 1) * hd));
 }
 
-function ropeApply(x: Vec, pos: number, theta: number): Vec {
+/** Rotary angle rates per pair i < d/2: θ^(−2i/d), then HF's linear or llama3 frequency rescaling. */
+function rotaryRates(c: LlamaConfig): number[] {
+  const d = c.head_dim;
+  const rates: number[] = [];
+  for (let i = 0; i < d; i += 2) rates.push(Math.pow(c.rope_theta, -i / d));
+  const sc = c.rope_scaling as { rope_type?: string; type?: string; factor: number; low_freq_factor?: number; high_freq_factor?: number; original_max_position_embeddings?: number } | null | undefined;
+  if (!sc) return rates;
+  const kind = sc.rope_type ?? sc.type;
+  if (kind === 'linear') return rates.map((r) => r / sc.factor);
+  if (kind === 'llama3') {
+    const ctx = sc.original_max_position_embeddings ?? 8192;
+    const lo = sc.low_freq_factor ?? 1;
+    const hi = sc.high_freq_factor ?? 4;
+    return rates.map((r) => {
+      const wave = (2 * Math.PI) / r;
+      if (wave > ctx / lo) return r / sc.factor;
+      if (wave < ctx / hi) return r;
+      const t = (ctx / wave - lo) / (hi - lo);
+      return t * r + (1 - t) * (r / sc.factor);
+    });
+  }
+  return rates;
+}
+
+function ropeApply(x: Vec, pos: number, rates: number[]): Vec {
   const d = x.length;
   const half = d / 2;
   const y = new Float64Array(d);
   for (let i = 0; i < d; i++) {
-    const f = pos / Math.pow(theta, (2 * (i % half)) / d);
+    const f = pos * rates[i % half];
     const rot = i < half ? -x[i + half] : x[i - half];
     y[i] = x[i] * Math.cos(f) + rot * Math.sin(f);
   }
@@ -131,12 +155,13 @@ function llamaHidden(c: LlamaConfig, w: RefWeights, ids: number[], lora?: RefLor
   const qkvBias = c.model_type === 'qwen2' || c.attention_bias;
   const oBias = c.model_type !== 'qwen2' && c.attention_bias;
   const E = tensor(w, 'model.embed_tokens.weight');
+  const rates = rotaryRates(c);
   let h = ids.map((id) => Float64Array.from({ length: D }, (_, j) => E[id * D + j]));
   for (let l = 0; l < c.num_hidden_layers; l++) {
     const p = `model.layers.${l}.`;
     const x = h.map((r) => rmsnorm(r, tensor(w, p + 'input_layernorm.weight'), c.rms_norm_eps));
-    const q = x.map((r, t) => heads(dense(w, p + 'self_attn.q_proj', r, H * hd, 'linear', qkvBias, lora), H, hd).map((v) => ropeApply(v, t, c.rope_theta)));
-    const k = x.map((r, t) => heads(dense(w, p + 'self_attn.k_proj', r, KV * hd, 'linear', qkvBias, lora), KV, hd).map((v) => ropeApply(v, t, c.rope_theta)));
+    const q = x.map((r, t) => heads(dense(w, p + 'self_attn.q_proj', r, H * hd, 'linear', qkvBias, lora), H, hd).map((v) => ropeApply(v, t, rates)));
+    const k = x.map((r, t) => heads(dense(w, p + 'self_attn.k_proj', r, KV * hd, 'linear', qkvBias, lora), KV, hd).map((v) => ropeApply(v, t, rates)));
     const v = x.map((r) => heads(dense(w, p + 'self_attn.v_proj', r, KV * hd, 'linear', qkvBias, lora), KV, hd));
     const ctx = causalAttention(q, k, v, H, KV, hd);
     h = h.map((r, t) => {
@@ -169,7 +194,8 @@ function gpt2Hidden(c: Gpt2Config, w: RefWeights, ids: number[], lora?: RefLora)
     const q = qkv.map((r) => heads(r.slice(0, D), H, hd));
     const k = qkv.map((r) => heads(r.slice(D, 2 * D), H, hd));
     const v = qkv.map((r) => heads(r.slice(2 * D), H, hd));
-    const ctx = causalAttention(q, k, v, H, H, hd);
+    const scale = (c.scale_attn_weights === false ? 1 : 1 / Math.sqrt(hd)) / (c.scale_attn_by_inverse_layer_idx ? l + 1 : 1);
+    const ctx = causalAttention(q, k, v, H, H, hd, scale);
     h = h.map((r, t) => {
       const o = dense(w, p + 'attn.c_proj', ctx[t], D, 'conv1d', true, lora);
       return r.map((a, j) => a + o[j]);
