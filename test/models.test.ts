@@ -299,3 +299,43 @@ describe('config variants vs the float64 reference', () => {
     await expect(runModel(c, randomWeights(c, 1), pad(rowsFor(c.vocab_size, 1, [3]), 3, ['right']))).rejects.toThrow(/rope_scaling type "yarn" is not supported/);
   });
 });
+
+describe('policy and adapters-off reference in one graph', () => {
+  it('share the base weights and the batch tensors, and give the separate results', async () => {
+    const c = testConfig('qwen2');
+    const lora = { rank: 2, alpha: 4, targets: ['k_proj', 'o_proj', 'up_proj'] };
+    const w = randomWeights(c, 101);
+    const rng = new Normal(5);
+    for (const [k, v] of initLora(c, lora, 3)) w.set(k, { shape: v.shape, data: k.includes('lora_B') ? rng.fill(v.data.length, 0.2) : v.data });
+    const rows = rowsFor(c.vocab_size, 23, [6, 4]);
+    const batch = pad(rows, 6, ['right', 'left']);
+    const g = new Graph('both');
+    const inputIds = g.input('input_ids', 'int64', ['batch', 'seq']);
+    const attentionMask = g.input('attention_mask', 'int64', ['batch', 'seq']);
+    const lossMask = g.input('loss_mask', 'float32', ['batch', 'seq']);
+    const params = declareParameters(g, c, { lora });
+    const policy = buildCausalLM(g, c, params, { inputIds, attentionMask }, { lora });
+    const reference = buildCausalLM(g, c, params, { inputIds, attentionMask }, { batch: policy.batch });
+    g.output(sequenceLogps(g, policy, lossMask).logp, 'policy');
+    g.output(sequenceLogps(g, reference, lossMask).logp, 'reference');
+    expect(g.inputs.length).toBe(3 + params.size);
+    expect(g.nodes.filter((n) => n.op === 'CumSum')).toHaveLength(1);
+    const s = await Session.create(serializeModel(g));
+    const B = 2;
+    const T = 6;
+    const feeds: Feeds = {
+      input_ids: toOrt('int64', BigInt64Array.from(batch.ids.flat().map(BigInt)), [B, T]),
+      attention_mask: toOrt('int64', BigInt64Array.from(batch.attention.flat().map(BigInt)), [B, T]),
+      loss_mask: toOrt('float32', Float32Array.from(batch.loss.flat()), [B, T]),
+    };
+    for (const [n, t] of params) feeds[n] = toOrt('float32', w.get(n)!.data, t.staticShape!);
+    const out = await s.run(feeds);
+    const on = await runModel(c, w, batch, { lora });
+    const off = await runModel(c, w, batch, { declareLora: lora });
+    for (let b = 0; b < B; b++) {
+      expect(Math.abs((out.policy.data[b] as number) - on.logp[b])).toBeLessThan(1e-6 * Math.abs(on.logp[b]));
+      expect(Math.abs((out.reference.data[b] as number) - off.logp[b])).toBeLessThan(1e-6 * Math.abs(off.logp[b]));
+      expect(Math.abs(on.logp[b] - off.logp[b])).toBeGreaterThan(0.01);
+    }
+  });
+});

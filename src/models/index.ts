@@ -24,6 +24,11 @@ export interface CausalLMOptions {
    * ignores any adapter tensors: the same base weights then give the reference model.
    */
   lora?: LoraConfig | null;
+  /**
+   * Index tensors of another forward over the same inputs (`model.batch`), so a policy and its
+   * adapters-off reference in one graph share positions and the attention mask.
+   */
+  batch?: BatchIndex;
 }
 
 export interface CausalLM {
@@ -46,7 +51,8 @@ export function buildCausalLM(g: Graph, config: ModelConfig, params: Map<string,
   const embed = P.get(config.model_type === 'gpt2' ? 'transformer.wte.weight' : 'model.embed_tokens.weight');
   const dtype = embed.dtype as FloatDType;
   if (dtype !== 'float32' && dtype !== 'float64') throw new Error(`model parameters must be float32 or float64, got ${dtype}`);
-  const bi = batchIndex(g, inputs.inputIds, inputs.attentionMask, dtype);
+  if (opts.batch && (opts.batch.ids !== inputs.inputIds || opts.batch.dtype !== dtype)) throw new Error('buildCausalLM: opts.batch belongs to other inputs');
+  const bi = opts.batch ?? batchIndex(g, inputs.inputIds, inputs.attentionMask, dtype);
   const hidden = config.model_type === 'gpt2' ? gpt2Hidden(g, config, P, bi) : llamaHidden(g, config, P, bi);
   const headWeight = config.model_type === 'gpt2' ? gpt2HeadWeight(config, P) : llamaHeadWeight(config, P);
   let logits: Tensor | undefined;
