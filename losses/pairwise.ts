@@ -7,8 +7,8 @@
  *   Generalizing Direct Preference Optimization with Diverse Divergence Constraints" (2023). The
  *   log-ratio ℓ of each response is replaced by the score u = f′(π/π_ref) (constants dropped):
  *   reverse_kl u = ℓ (DPO); forward_kl u = −e^(−ℓ); js u = log σ(ℓ); alpha_divergence
- *   u = −e^(−αℓ)/α with α = `f_alpha` ∈ (0, 1). Exponents are capped at 80 (as TRL caps them) so
- *   float32 stays finite.
+ *   u = −e^(−αℓ)/α with α = `f_alpha` ∈ (0, 1). Exponents are capped (as TRL caps them at 80)
+ *   at 300 in float64 and 40 in float32, so even the squared losses stay finite.
  * - `wpo` — "WPO: Enhancing RLHF with Weighted Preference Optimization" (2024): each pair's loss is
  *   multiplied by the stop-gradient weight exp(a_w/n_w + a_l/n_l), a = the sampling-aligned
  *   log-probs `chosen_wpo_logps`/`rejected_wpo_logps` when the trainer supplies them (they need the
@@ -26,8 +26,13 @@ import { logSigmoid as logSigmoidT, negLogSigmoid, softplus as softplusT } from 
 import { logSigmoid, sigmoid, softplus } from './math.ts';
 import type { BatchTensors, HostBatch, KeySet, LossModule, ParamSpec, Params, RefResult, EmitResult } from './types.ts';
 
-/** Cap of the exponents of the f-divergence scores (e^80 ≈ 5.5e34 < float32 max). */
-export const F_EXP_CAP = 80;
+/**
+ * Caps of the exponents of the f-divergence scores, per dtype: squared losses (IPO, SPPO) of e^cap
+ * must stay finite (float32: (e^40)² ≈ 5.5e34; float64: (e^300)² ≈ 3.8e260). The float64
+ * reference uses the float64 cap.
+ */
+export const F_EXP_CAP = { float32: 40, float64: 300 } as const;
+const capOf = (dtype: string) => (dtype === 'float64' ? F_EXP_CAP.float64 : F_EXP_CAP.float32);
 
 export const F_DIVERGENCES = ['reverse_kl', 'forward_kl', 'js', 'alpha_divergence'] as const;
 
@@ -65,16 +70,16 @@ export function scoreRef(p: OptionParams, l: number): [number, number] {
   switch (p.f_divergence ?? 'reverse_kl') {
     case 'forward_kl': {
       const t = -l;
-      const e = Math.exp(Math.min(t, F_EXP_CAP));
-      return [-e, t < F_EXP_CAP ? e : 0];
+      const e = Math.exp(Math.min(t, F_EXP_CAP.float64));
+      return [-e, t < F_EXP_CAP.float64 ? e : 0];
     }
     case 'js':
       return [logSigmoid(l), sigmoid(-l)];
     case 'alpha_divergence': {
       const a = p.f_alpha!;
       const t = -a * l;
-      const e = Math.exp(Math.min(t, F_EXP_CAP));
-      return [-e / a, t < F_EXP_CAP ? e : 0];
+      const e = Math.exp(Math.min(t, F_EXP_CAP.float64));
+      return [-e / a, t < F_EXP_CAP.float64 ? e : 0];
     }
     default:
       return [l, 1];
@@ -149,12 +154,12 @@ export class PairGraph {
 export function scoreGraph(g: Graph, p: OptionParams, l: Tensor): Tensor {
   switch (p.f_divergence ?? 'reverse_kl') {
     case 'forward_kl':
-      return g.neg(g.exp(g.clip(g.neg(l), undefined, F_EXP_CAP)));
+      return g.neg(g.exp(g.clip(g.neg(l), undefined, capOf(l.dtype))));
     case 'js':
       return logSigmoidT(g, l);
     case 'alpha_divergence': {
       const a = p.f_alpha!;
-      return g.mul(g.exp(g.clip(g.mul(l, -a), undefined, F_EXP_CAP)), -1 / a);
+      return g.mul(g.exp(g.clip(g.mul(l, -a), undefined, capOf(l.dtype))), -1 / a);
     }
     default:
       return l;
