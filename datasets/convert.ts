@@ -61,6 +61,9 @@ export function seededRandom(seed: number): () => number {
   };
 }
 
+/** Optional columns that must be in every row once the first row has them (no silent nulls). */
+const NUMERIC_OPTIONAL = ['chosen_score', 'rejected_score', 'chosen_prob', 'rejected_prob', 'weight', 'reward', 'label', 'win_probs'];
+
 function applyMap(rec: Rec, map: Record<string, string>): Rec {
   const out: Rec = { ...rec };
   for (const src of Object.values(map)) delete out[src];
@@ -115,6 +118,7 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
   let written = 0;
   let skipped = 0;
   const formats: string[] = [];
+  const numeric = new Set<string>();
 
   const flushSkipped = async () => {
     if (skippedLines.length === 0) return;
@@ -169,7 +173,17 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
             else if (mode !== text) {
               throw new RecordError(`field "prompt" is ${mode === 'plain' ? 'plain text' : 'a message list'}, but earlier records use ${text === 'plain' ? 'plain text' : 'message lists'}`, 'prompt');
             }
-            if (!builder) builder = new BatchBuilder(text, KIND_SPECS[kind!].required);
+            if (!builder) {
+              builder = new BatchBuilder(text, KIND_SPECS[kind!].required);
+              for (const k of NUMERIC_OPTIONAL) if (row[k] !== undefined) numeric.add(k);
+            }
+            // Scores, probabilities, weights, rewards and labels go with every row or with none.
+            for (const k of numeric) {
+              if (row[k] === undefined) throw new RecordError(`missing field "${k}" (the records before it have one)`, k);
+            }
+            for (const k of NUMERIC_OPTIONAL) {
+              if (row[k] !== undefined && !numeric.has(k)) throw new RecordError(`field "${k}" appears, but the first record has none`, k);
+            }
             for (const k in row) {
               if (row[k] !== undefined && !builder.has(k)) {
                 if (schema) {

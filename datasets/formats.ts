@@ -54,8 +54,8 @@ function addOptional(rec: Rec, row: Row, kind: Kind, ctx: FieldContext): void {
     if (k) row[col] = rec[k] === null ? null : asNumber(rec[k], k);
   };
   if (kind === 'pairwise') {
-    num('chosen_score', ['chosen_score', 'score_chosen', 'chosen_rating']);
-    num('rejected_score', ['rejected_score', 'score_rejected', 'rejected_rating']);
+    num('chosen_score', ['chosen_score', 'score_chosen', 'chosen_rating', 'chosen-rating']);
+    num('rejected_score', ['rejected_score', 'score_rejected', 'rejected_rating', 'rejected-rating']);
     num('chosen_prob', ['chosen_prob']);
     num('rejected_prob', ['rejected_prob']);
     num('weight', ['weight']);
@@ -94,7 +94,26 @@ export function splitCommonPrefix(a: string, b: string): [string, string, string
   return [a.slice(0, n), a.slice(n), b.slice(n)];
 }
 
-function pairwiseTexts(prompt: Text | undefined, chosen: Text, rejected: Text): Row {
+/**
+ * Mixed forms within one record (a plain prompt with conversational responses, as in UltraFeedback
+ * binarized, or the reverse) are lifted to messages: a lossless change. Returns the lifted texts.
+ */
+function liftMixed(prompt: Text | undefined, chosen: Text, rejected: Text): [Text | undefined, Text, Text] {
+  const anyMessages = Array.isArray(prompt) || Array.isArray(chosen) || Array.isArray(rejected);
+  const anyPlain = typeof prompt === 'string' || typeof chosen === 'string' || typeof rejected === 'string';
+  if (!anyMessages || !anyPlain) return [prompt, chosen, rejected];
+  const asAssistant = (t: Text): Message[] => (typeof t === 'string' ? [{ role: 'assistant', content: t }] : t);
+  if (typeof prompt === 'string' && Array.isArray(chosen) && Array.isArray(rejected)) {
+    // Responses that repeat the conversation: their shared start is the prompt, in message form.
+    const n = commonMessages(chosen, rejected);
+    if (n > 0) return [chosen.slice(0, n), chosen.slice(n), rejected.slice(n)];
+  }
+  const p = typeof prompt === 'string' ? [{ role: 'user' as const, content: prompt }] : prompt;
+  return [p, asAssistant(chosen), asAssistant(rejected)];
+}
+
+function pairwiseTexts(rawPrompt: Text | undefined, rawChosen: Text, rawRejected: Text): Row {
+  const [prompt, chosen, rejected] = liftMixed(rawPrompt, rawChosen, rawRejected);
   if (prompt !== undefined) return { prompt, chosen, rejected };
   const none = () => new RecordError('missing field "prompt" ("chosen" and "rejected" share no start to take it from)', 'prompt');
   if (typeof chosen === 'string' && typeof rejected === 'string') {
@@ -102,12 +121,11 @@ function pairwiseTexts(prompt: Text | undefined, chosen: Text, rejected: Text): 
     if (p === '' && chosen !== rejected) throw none();
     return { prompt: p, chosen: c, rejected: r };
   }
-  if (Array.isArray(chosen) && Array.isArray(rejected)) {
-    const n = commonMessages(chosen, rejected);
-    if (n === 0) throw none();
-    return { prompt: chosen.slice(0, n), chosen: chosen.slice(n), rejected: rejected.slice(n) };
-  }
-  throw new RecordError('fields "chosen" and "rejected": one is text, the other a message list', 'chosen');
+  // liftMixed left both as message lists.
+  const [c, r] = [chosen as Message[], rejected as Message[]];
+  const n = commonMessages(c, r);
+  if (n === 0) throw none();
+  return { prompt: c.slice(0, n), chosen: c.slice(n), rejected: r.slice(n) };
 }
 
 const trl: Adapter = {

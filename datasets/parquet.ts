@@ -183,7 +183,17 @@ export async function* readParquetBatches(path: string, batchRows = 8192): Async
     throw new UserError(`${path}: not a readable Parquet file (${errorText(e)})`);
   }
   const stream = (await file.stream({ batchSize: batchRows })) as unknown as AsyncIterable<pw.RecordBatch>;
-  for await (const b of stream) yield* arrow.tableFromIPC(b.intoIPCStream()).batches;
+  const it = stream[Symbol.asyncIterator]();
+  for (;;) {
+    let step: IteratorResult<pw.RecordBatch>;
+    try {
+      step = await it.next();
+    } catch (e) {
+      throw new UserError(`${path}: unreadable Parquet data (${errorText(e)})`);
+    }
+    if (step.done) return;
+    yield* arrow.tableFromIPC(step.value.intoIPCStream()).batches;
+  }
 }
 
 /** Row count and key-value metadata of a Parquet file, from its footer alone. */

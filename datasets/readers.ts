@@ -72,7 +72,7 @@ function firstNonSpace(buf: Buffer): number {
 
 function sniff(buf: Buffer): InputFormat | null {
   if (buf.subarray(0, 4).toString('latin1') === 'PAR1') return 'parquet';
-  if (buf.subarray(0, 6).toString('latin1') === 'ARROW1' || buf.readUInt32LE(0) === 0xffffffff) return 'arrow';
+  if (buf.subarray(0, 6).toString('latin1') === 'ARROW1' || (buf.length >= 4 && buf.readUInt32LE(0) === 0xffffffff)) return 'arrow';
   const c = firstNonSpace(buf);
   if (c === 0x5b) return 'json';
   if (c === 0x7b) return 'jsonl';
@@ -99,7 +99,19 @@ export async function openSource(path: string): Promise<Source> {
     start = await gunzipHead(path);
   }
   if (start.length === 0) throw new UserError(`${path}: empty file`);
-  if (format === null || format === 'json') format = sniff(start) ?? format;
+  // Content beats the name for the JSON family: .json files are often JSON Lines, and the reverse.
+  if (format === null || format === 'json' || format === 'jsonl') format = sniff(start) ?? format;
+  if (format === 'jsonl' && ext === '.json') {
+    const text = start.toString('utf8').replace(/^\ufeff/, '');
+    const nl = text.indexOf('\n');
+    if (nl > 0 && !isBlank(text.slice(0, nl))) {
+      try {
+        JSON.parse(text.slice(0, nl));
+      } catch {
+        throw new UserError(`${path}: one multi-line JSON object; expected a JSON array of records "[...]" or JSON Lines (one record per line)`);
+      }
+    }
+  }
   if (format === null) {
     throw new UserError(`${path}: unknown input format; expected .json, .jsonl, .csv, .tsv, .parquet or .arrow (optionally .gz)`);
   }

@@ -73,6 +73,20 @@ describe('trl', () => {
     const b = await roundTrip(implicit);
     expect(b.rows[0]).toEqual({ prompt: [user('hi')], chosen: [assistant('hello!')], rejected: [assistant('go away')] });
   });
+
+  it('mixed forms in one record are lifted to messages (UltraFeedback-binarized shape)', async () => {
+    const p = jsonl('mixed.jsonl', [
+      // prompt as text, responses repeating the conversation, scores under HF names
+      { prompt: 'hi', prompt_id: 'a1', chosen: [user('hi'), assistant('hello!')], rejected: [user('hi'), assistant('no')], score_chosen: 8, score_rejected: 3 },
+      // prompt as text, responses as bare assistant turns
+      { prompt: 'yo', chosen: [assistant('hey')], rejected: 'meh', score_chosen: 1, score_rejected: 0 },
+    ]);
+    const { rows, summary } = await roundTrip(p);
+    expect(summary.text).toBe('messages');
+    expect(rows[0]).toEqual({ prompt: [user('hi')], chosen: [assistant('hello!')], rejected: [assistant('no')], id: 'a1', chosen_score: 8, rejected_score: 3 });
+    // A string id is optional per row (null when absent); scores are not (see the invalid-input tests).
+    expect(rows[1]).toEqual({ prompt: [user('yo')], chosen: [assistant('hey')], rejected: [assistant('meh')], id: null, chosen_score: 1, rejected_score: 0 });
+  });
 });
 
 describe('sharegpt', () => {

@@ -100,6 +100,13 @@ describe('each bad-input rule names file:line and field', () => {
     expect(await rejects(w)).toBe(`${w}:1: field "win_probs" has 1 values for 2 responses`);
   });
 
+  it('scores in some records but not others', async () => {
+    const p = file('.jsonl', lines({ ...good, chosen_score: 1, rejected_score: 0 }, good));
+    expect(await rejects(p)).toBe(`${p}:2: missing field "chosen_score" (the records before it have one)`);
+    const q = file('.jsonl', lines(good, { ...good, weight: 2 }));
+    expect(await rejects(q)).toBe(`${q}:2: field "weight" appears, but the first record has none`);
+  });
+
   it('tied scores in a pair carry no preference, unless --allow-ties', async () => {
     const p = file('.jsonl', lines({ ...good, chosen_score: 3, rejected_score: 3 }));
     expect(await rejects(p)).toMatch(/:1: fields "chosen_score" and "rejected_score" are equal/);
@@ -111,8 +118,6 @@ describe('each bad-input rule names file:line and field', () => {
     expect(await rejects(k)).toBe(`${k}:1: field "label": expected true or false, found the text "maybe"`);
     const r = file('.jsonl', lines({ prompt: [{ role: 'wizard', content: 'x' }], chosen: [{ role: 'assistant', content: 'a' }], rejected: [{ role: 'assistant', content: 'b' }] }));
     expect(await rejects(r)).toMatch(/:1: field "prompt\[0\]\.role": unknown role "wizard"/);
-    const m = file('.jsonl', lines({ prompt: 'p', chosen: [{ role: 'assistant', content: 'a' }], rejected: 'b' }));
-    expect(await rejects(m)).toBe(`${m}:1: field "chosen" is a message list, but "prompt" is plain text`);
     const later = file('.jsonl', lines(good, { prompt: [{ role: 'user', content: 'q' }], chosen: [{ role: 'assistant', content: 'a' }], rejected: [{ role: 'assistant', content: 'b' }] }));
     expect(await rejects(later)).toMatch(/:2: field "prompt" is a message list, but earlier records use plain text/);
   });

@@ -210,7 +210,7 @@ describe('inspect', () => {
     expect(r.lengths.a.mean).toBeCloseTo(lens.reduce((s, x) => s + x, 0) / lens.length, 12);
     const lc = await inspectFile(join(shared, 'parquet', 'list_columns.parquet'));
     const lt = arrow.tableFromIPC(pw.readParquet(readFileSync(join(shared, 'parquet', 'list_columns.parquet'))).intoIPCStream());
-    const perRow = lt.getChild('utf8_list')!.toArray().filter((x) => x !== null).map((l: arrow.Vector) => (l.toArray() as Array<string | null>).reduce((s, v) => s + (v ? Buffer.byteLength(v) : 0), 0));
+    const perRow = lt.getChild('utf8_list')!.toArray().filter((x: arrow.Vector | null) => x !== null).map((l: arrow.Vector) => (l.toArray() as Array<string | null>).reduce((s, v) => s + (v ? Buffer.byteLength(v) : 0), 0));
     expect(lc.lengths.utf8_list.count).toBe(perRow.length);
     expect(lc.lengths.utf8_list.max).toBe(Math.max(...perRow));
   });
