@@ -164,8 +164,8 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
               fileKind = out.kind;
               if (kind && kind !== fileKind) throw new UserError(`${src.path}: ${fileKind} data, but the inputs before it are ${kind}`);
               kind = fileKind;
-              formats.push(adapter.name);
-              ctx = { textual: src.textual, map, binarize: out.binarize, random };
+              if (!formats.includes(adapter.name)) formats.push(adapter.name);
+              ctx = { textual: src.textual, map, binarize: out.binarize, random, allowTies: opts.allowTies ?? false };
             }
             const row: Row = adapter.toRow(rec, ctx!);
             const mode = validateRow(fileKind!, row, opts);

@@ -27,6 +27,8 @@ export interface AdapterContext extends FieldContext {
   binarize: boolean;
   /** Uniform in [0, 1); seeded, so binarized output is reproducible. */
   random: () => number;
+  /** Binarizing may pick a rejected response that scores as high as the best. */
+  allowTies: boolean;
 }
 
 export interface Adapter {
@@ -207,7 +209,10 @@ const openai: Adapter = {
   },
 };
 
-/** Pick the best response and a seeded random other; ties with the best stay for validation to see. */
+/**
+ * The best response (first on ties) against one drawn uniformly from those scoring strictly lower
+ * (any other with allowTies), so a pair always carries a preference.
+ */
 function binarize(prompt: Text, responses: Text[], scores: number[], ctx: AdapterContext): Row {
   if (responses.length < 2) throw new RecordError(`field "responses": binarizing needs at least 2 responses, found ${responses.length}`, 'responses');
   if (scores.length !== responses.length) {
@@ -218,8 +223,10 @@ function binarize(prompt: Text, responses: Text[], scores: number[], ctx: Adapte
   }
   let best = 0;
   for (let i = 1; i < scores.length; i++) if (scores[i] > scores[best]) best = i;
-  let other = Math.floor(ctx.random() * (responses.length - 1));
-  if (other >= best) other++;
+  const others: number[] = [];
+  for (let i = 0; i < scores.length; i++) if (i !== best && (ctx.allowTies || scores[i] < scores[best])) others.push(i);
+  if (others.length === 0) throw new RecordError(`field "scores": every response scores ${scores[best]}, so no pair has a preference`, 'scores');
+  const other = others[Math.floor(ctx.random() * others.length)];
   return { prompt, chosen: responses[best], rejected: responses[other], chosen_score: scores[best], rejected_score: scores[other] };
 }
 

@@ -173,6 +173,21 @@ describe('ultrafeedback and listwise', () => {
     expect(new Set(a.rows.map((r) => r.rejected)).size).toBe(3);
   });
 
+  it('--binarize never pairs the best with an equally scored response (unless --allow-ties)', async () => {
+    const p = jsonl('uf-ties.jsonl', Array.from({ length: 30 }, () => ({ prompt: 'q', responses: ['a', 'b', 'c'], scores: [5, 5, 1] })));
+    const strict = await roundTrip(p, { binarize: true });
+    expect(new Set(strict.rows.map((r) => `${r.chosen}>${r.rejected}`))).toEqual(new Set(['a>c']));
+    const loose = await roundTrip(p, { binarize: true, allowTies: true, allowIdentical: true });
+    expect(new Set(loose.rows.map((r) => `${r.chosen}>${r.rejected}`))).toEqual(new Set(['a>b', 'a>c']));
+  });
+
+  it('listwise responses may be conversations', async () => {
+    const p = jsonl('lw-msgs.jsonl', [{ prompt: [user('q')], responses: [[assistant('a')], [assistant('b')]], scores: [0, 1] }]);
+    const { rows, table } = await roundTrip(p);
+    expect(String(table.schema.fields[1].type)).toBe('List<List<Struct<{role:Utf8, content:Utf8}>>>');
+    expect(rows[0]).toEqual({ prompt: [user('q')], responses: [[assistant('a')], [assistant('b')]], scores: [0, 1] });
+  });
+
   it('generic listwise {prompt, responses, scores} with win_probs', async () => {
     const p = jsonl('lw.jsonl', [{ prompt: 'p', responses: ['a', 'b', 'c'], scores: [1, 2, 3], win_probs: [0.2, 0.3, 0.5] }]);
     const { rows, meta } = await roundTrip(p);

@@ -107,6 +107,11 @@ describe('each bad-input rule names file:line and field', () => {
     expect(await rejects(q)).toBe(`${q}:2: field "weight" appears, but the first record has none`);
   });
 
+  it('binarizing a record whose responses all score the same', async () => {
+    const p = file('.jsonl', lines({ prompt: 'p', responses: ['a', 'b'], scores: [2, 2] }));
+    expect(await rejects(p, { binarize: true })).toBe(`${p}:1: field "scores": every response scores 2, so no pair has a preference`);
+  });
+
   it('tied scores in a pair carry no preference, unless --allow-ties', async () => {
     const p = file('.jsonl', lines({ ...good, chosen_score: 3, rejected_score: 3 }));
     expect(await rejects(p)).toMatch(/:1: fields "chosen_score" and "rejected_score" are equal/);
