@@ -81,7 +81,7 @@ describe('graph builder', () => {
     expect(g.transpose(r, [0, 2, 1, 3]).shape).toEqual(['B', 4, 'T', 4]);
     expect(g.slice(r, [0], [2], [3]).shape).toEqual(['B', 'T', 4, 2]);
     expect(g.concat([r, r], -1).shape).toEqual(['B', 'T', 4, 8]);
-    expect(g.reshape(h, [0, -1]).shape[1]).toBe('?');
+    expect(g.reshape(h, [0, -1]).shape![1]).toBe('?');
     expect(g.split(h, [6, 10], -1).map((t) => t.shape)).toEqual([['B', 'T', 6], ['B', 'T', 10]]);
   });
 });

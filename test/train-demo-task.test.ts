@@ -18,7 +18,7 @@ describe('seeded random', () => {
 describe('demo task', () => {
   it('pairs: chosen is the right sum mod 10, rejected differs, held-out pairs are unseen', () => {
     const { train, test } = demoPairs(1);
-    expect(train.length).toBe(400);
+    expect(train.length).toBe(800);
     expect(test.length).toBe(100);
     const seen = new Set(train.map((p) => `${p.prompt}|${p.rejected}`));
     for (const p of [...train, ...test]) {

@@ -49,10 +49,11 @@ function wrongDigit(rand: SeededRandom, right: number): number {
 }
 
 /**
- * Pairwise train and held-out sets. Every prompt appears in training with several wrong answers;
- * held-out pairs use (prompt, wrong answer) combinations that training never shows.
+ * Pairwise train and held-out sets. Every prompt appears in training with `perPrompt` wrong answers
+ * (by default all but one); held-out pairs use the (prompt, wrong answer) combinations that training
+ * never shows, so the held-out accuracy measures whether the right answer itself was learned.
  */
-export function demoPairs(seed: number, perPrompt = 4, heldOutPerPrompt = 1): { train: DemoPair[]; test: DemoPair[] } {
+export function demoPairs(seed: number, perPrompt = 8, heldOutPerPrompt = 1): { train: DemoPair[]; test: DemoPair[] } {
   const rand = new SeededRandom(seed);
   const train: DemoPair[] = [];
   const test: DemoPair[] = [];

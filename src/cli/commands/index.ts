@@ -5,6 +5,9 @@ import { register as inspect } from './inspect.ts';
 import { register as initModel } from './init-model.ts';
 import { register as logps } from './logps.ts';
 import { register as report } from './report.ts';
+import { register as trainCmd } from './train.ts';
+import { register as evalCmd } from './eval.ts';
+import { register as demo } from './demo.ts';
 import { register as loss } from './loss.ts';
 
 /** Every `prefzoo` subcommand: one module each, one line here each. */
@@ -15,5 +18,8 @@ export const commands: Array<(program: Command) => void> = [
   initModel,
   logps,
   report,
+  trainCmd,
+  evalCmd,
+  demo,
   loss,
 ];

@@ -1,0 +1,167 @@
+/**
+ * Training data: any input `convert` accepts (or canonical Parquet) → typed examples → token ids
+ * under the model's tokenizer and chat template, truncated to the configured lengths.
+ */
+import { existsSync, mkdirSync } from 'node:fs';
+import { basename, join } from 'node:path';
+import type * as arrow from 'apache-arrow';
+import { readCanonical, parquetFooter } from '../../datasets/parquet.ts';
+import { convert } from '../../datasets/convert.ts';
+import type { Kind, PrefzooMeta } from '../../datasets/schema.ts';
+import { META_KEY } from '../../datasets/schema.ts';
+import { UserError } from '../cli/errors.ts';
+import { type LoadedTokenizer, type Message, tokenizePromptResponse } from '../tokenize/index.ts';
+
+export type Text = string | Message[];
+
+/** One row of any kind; `responses` holds [chosen, rejected] for pairs, the list for lists, [response] for singles. */
+export interface Example {
+  prompt: Text;
+  responses: Text[];
+  /** Listwise labels ψ (higher is better). */
+  scores?: number[];
+  /** Pairwise reward-model scores [chosen, rejected] (MPO), SPPO win-rates, single-trajectory reward/label. */
+  responseScores?: number[];
+  winProbs?: number[];
+  reward?: number;
+  label?: boolean;
+  weight?: number;
+  source?: string;
+}
+
+export interface TokenizedExample {
+  promptIds: number[];
+  responseIds: number[][];
+  src: Example;
+}
+
+export interface LoadedData {
+  kind: Kind;
+  meta: PrefzooMeta;
+  examples: Example[];
+  /** The canonical Parquet file(s) the examples came from. */
+  files: string[];
+}
+
+async function isCanonicalParquet(file: string): Promise<boolean> {
+  if (!file.endsWith('.parquet')) return false;
+  try {
+    const { metadata } = await parquetFooter(file);
+    return metadata.has(META_KEY);
+  } catch {
+    return false;
+  }
+}
+
+function textOf(v: unknown, where: string): Text {
+  if (typeof v === 'string') return v;
+  if (v && typeof (v as { toArray?: unknown }).toArray === 'function') {
+    return Array.from((v as { toArray(): unknown[] }).toArray(), (m) => {
+      const row = m as { role: string; content: string };
+      return { role: String(row.role), content: String(row.content) };
+    });
+  }
+  throw new UserError(`${where}: expected text or a message list`);
+}
+
+function numbersOf(v: unknown): number[] {
+  return Array.from((v as { toArray(): ArrayLike<number> }).toArray(), Number);
+}
+
+/** Turns a canonical Arrow table into examples (small per-row objects; the trainer batches from these). */
+export function tableExamples(table: arrow.Table, meta: PrefzooMeta, file: string): Example[] {
+  const col = (name: string) => table.getChild(name);
+  const prompt = col('prompt')!;
+  const out: Example[] = [];
+  const opt = (name: string, i: number) => {
+    const c = col(name);
+    const v = c ? c.get(i) : null;
+    return v === null || v === undefined ? undefined : v;
+  };
+  for (let i = 0; i < table.numRows; i++) {
+    const where = `${file}: row ${i + 1}`;
+    const ex: Example = { prompt: textOf(prompt.get(i), where), responses: [] };
+    if (meta.kind === 'pairwise') {
+      ex.responses = [textOf(col('chosen')!.get(i), where), textOf(col('rejected')!.get(i), where)];
+      const cs = opt('chosen_score', i);
+      const rs = opt('rejected_score', i);
+      if (cs !== undefined && rs !== undefined) ex.responseScores = [Number(cs), Number(rs)];
+      const cp = opt('chosen_prob', i);
+      const rp = opt('rejected_prob', i);
+      if (cp !== undefined && rp !== undefined) ex.winProbs = [Number(cp), Number(rp)];
+      const w = opt('weight', i);
+      if (w !== undefined) ex.weight = Number(w);
+    } else if (meta.kind === 'listwise') {
+      const rs = col('responses')!.get(i) as { toArray(): unknown[] };
+      ex.responses = Array.from(rs.toArray(), (r) => textOf(r, where));
+      ex.scores = numbersOf(col('scores')!.get(i));
+      const wp = opt('win_probs', i);
+      if (wp !== undefined) ex.winProbs = numbersOf(wp);
+    } else {
+      ex.responses = [textOf(col('response')!.get(i), where)];
+      const r = opt('reward', i);
+      if (r !== undefined) ex.reward = Number(r);
+      const l = opt('label', i);
+      if (l !== undefined) ex.label = Boolean(l);
+    }
+    const s = opt('source', i);
+    if (s !== undefined) ex.source = String(s);
+    out.push(ex);
+  }
+  return out;
+}
+
+/**
+ * Loads a dataset for training or evaluation. Canonical Parquet is read as is; anything else is
+ * converted first (into `workDir`, kept so the user can see what was trained on).
+ */
+export async function loadData(file: string, workDir: string, opts: { kind?: Kind; binarize?: boolean; seed?: number } = {}): Promise<LoadedData> {
+  if (!existsSync(file)) throw new UserError(`${file}: no such file`);
+  let path = file;
+  if (!(await isCanonicalParquet(file))) {
+    mkdirSync(workDir, { recursive: true });
+    path = join(workDir, `${basename(file).replace(/(\.gz)?$/, '').replace(/\.[^.]*$/, '')}.parquet`);
+    await convert([file], path, { kind: opts.kind, binarize: opts.binarize, seed: opts.seed });
+  }
+  const { table, meta, files } = await readCanonical(path);
+  if (opts.kind && meta.kind !== opts.kind) {
+    throw new UserError(`${file}: is ${meta.kind} data, this needs ${opts.kind}`);
+  }
+  if (table.numRows === 0) throw new UserError(`${file}: has no rows`);
+  return { kind: meta.kind, meta, examples: tableExamples(table, meta, file), files };
+}
+
+export interface TruncationConfig {
+  max_length: number;
+  max_prompt_length: number;
+  truncation: 'keep_start' | 'keep_end';
+}
+
+/** Tokenizes examples; rows that had to be truncated are counted, never dropped. */
+export function tokenizeExamples(examples: Example[], tok: LoadedTokenizer, cfg: TruncationConfig): { rows: TokenizedExample[]; truncated: number } {
+  let truncated = 0;
+  const rows = examples.map((ex) => {
+    let promptIds: number[] = [];
+    const responseIds = ex.responses.map((r, k) => {
+      const ids = tokenizePromptResponse(tok, ex.prompt, r);
+      if (k === 0) promptIds = ids.promptIds;
+      return ids.responseIds;
+    });
+    let cut = false;
+    if (promptIds.length > cfg.max_prompt_length) {
+      promptIds = cfg.truncation === 'keep_end' ? promptIds.slice(-cfg.max_prompt_length) : promptIds.slice(0, cfg.max_prompt_length);
+      cut = true;
+    }
+    const room = cfg.max_length - promptIds.length;
+    const resp = responseIds.map((r) => {
+      if (r.length > room) {
+        cut = true;
+        return r.slice(0, room);
+      }
+      return r;
+    });
+    if (cut) truncated++;
+    return { promptIds, responseIds: resp, src: ex };
+  });
+  return { rows, truncated };
+}

@@ -1,0 +1,109 @@
+/**
+ * `prefzoo demo`: the main job end to end on embedded defaults. A tiny llama is initialised, the
+ * built-in modular-addition task is written in the data shape the loss needs (pairs, ranked lists or
+ * labelled single answers), converted to canonical Parquet, tokenized, scored by the reference,
+ * trained, and evaluated on held-out pairs the training never showed.
+ *
+ * Accuracy here is the policy's own preference on those held-out pairs: the share where it assigns
+ * more log-probability to the right answer than to the wrong one (ties count wrong). It is ≈ 0.5
+ * for a random model, so "before" and "after" are comparable; the implicit-reward accuracy against
+ * the starting model is reported too (it is 0 before training by definition: every reward is 0).
+ */
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { convert } from '../../datasets/convert.ts';
+import { getLoss } from '../../losses/index.ts';
+import { UserError } from '../cli/errors.ts';
+import { initModelFolder } from '../models/init.ts';
+import { evaluateRows } from '../eval/evaluate.ts';
+import type { TrainConfig } from './config.ts';
+import { demoLists, demoPairs, demoSingles } from './demo-task.ts';
+import { train } from './trainer.ts';
+
+/** Settings that make the tiny model learn the task in a couple of minutes on two cores. */
+export const DEMO_CONFIG: Partial<TrainConfig> = {
+  learning_rate: 3e-3,
+  batch_size: 32,
+  max_steps: 600,
+  warmup_steps: 50,
+  lr_scheduler: 'linear',
+  weight_decay: 0,
+  max_grad_norm: 1,
+  max_length: 32,
+  max_prompt_length: 16,
+  // The task's sequences are under 10 tokens: padding them to 64 would quadruple the work.
+  pad_to_multiple_of: 16,
+  logging_steps: 10,
+  save_steps: 0,
+};
+
+export interface DemoOptions {
+  loss: string;
+  seed: number;
+  out?: string;
+  quiet?: boolean;
+  steps?: number;
+  log?: (line: string) => void;
+  params?: string[];
+}
+
+export interface DemoResult {
+  loss: string;
+  kind: string;
+  accuracy_before: number;
+  accuracy_after: number;
+  reward_accuracy_after: number;
+  steps: number;
+  seconds: number;
+  run: string;
+}
+
+function writeJsonl(file: string, rows: unknown[]): void {
+  writeFileSync(file, rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+}
+
+export async function runDemo(o: DemoOptions): Promise<DemoResult> {
+  const t0 = Date.now();
+  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const loss = getLoss(o.loss.split(',')[0].split(':')[0]);
+  const kind = loss.kinds.includes('pairwise') ? 'pairwise' : loss.kinds.includes('listwise') ? 'listwise' : loss.kinds.includes('single') ? 'single' : null;
+  if (!kind) throw new UserError(`demo: loss ${o.loss} needs on-policy data (${loss.kinds.join(', ')}); the offline demo covers pairwise, listwise and single-trajectory losses`);
+  const dir = o.out ?? mkdtempSync(join(tmpdir(), 'prefzoo-demo-'));
+  mkdirSync(dir, { recursive: true });
+  const model = join(dir, 'model');
+  const init = initModelFolder(model, 'llama', 'tiny', o.seed);
+  log(`demo: tiny llama (${init.parameters.toLocaleString('en-US')} parameters) in ${model}`);
+
+  // The task, in the shape the loss reads, plus held-out pairs for the evaluation.
+  const pairs = demoPairs(o.seed);
+  const trainJsonl = join(dir, `train.${kind}.jsonl`);
+  if (kind === 'pairwise') writeJsonl(trainJsonl, pairs.train);
+  else if (kind === 'listwise') writeJsonl(trainJsonl, demoLists(o.seed).train.map((l) => ({ prompt: l.prompt, responses: l.responses, scores: l.scores })));
+  else writeJsonl(trainJsonl, demoSingles(o.seed).train.map((s) => ({ prompt: s.prompt, completion: s.response, label: s.label })));
+  const testJsonl = join(dir, 'test.pairwise.jsonl');
+  writeJsonl(testJsonl, pairs.test);
+  const trainParquet = join(dir, `train.${kind}.parquet`);
+  const testParquet = join(dir, 'test.pairwise.parquet');
+  const format = kind === 'pairwise' ? 'trl' : kind === 'listwise' ? 'listwise' : 'kto';
+  const s1 = await convert([trainJsonl], trainParquet, { format });
+  await convert([testJsonl], testParquet, { format: 'trl' });
+  log(`demo: ${s1.written} ${kind} training rows, ${pairs.test.length} held-out pairs`);
+
+  const quiet = o.quiet;
+  const before = await evaluateRows({ policy: model, ref: model, data: testParquet, workDir: dir, quiet: true });
+  const run = join(dir, `run-${o.loss.replace(/[^a-z0-9_]+/gi, '_')}`);
+  const base = { ...DEMO_CONFIG, seed: o.seed, ...(o.steps ? { max_steps: o.steps } : {}) };
+  const r = await train({ model, data: trainParquet, loss: o.loss, out: run, base, params: o.params, quiet, log });
+  const after = await evaluateRows({ policy: r.finalDir, ref: model, data: testParquet, workDir: dir, quiet: true });
+  return {
+    loss: o.loss,
+    kind,
+    accuracy_before: before.overall.preference_accuracy,
+    accuracy_after: after.overall.preference_accuracy,
+    reward_accuracy_after: after.overall.accuracy,
+    steps: r.steps,
+    seconds: Math.round(((Date.now() - t0) / 1000) * 10) / 10,
+    run,
+  };
+}

@@ -1,0 +1,143 @@
+/**
+ * The training problem as an artifact spec: model forward → per-sequence log-probs → the loss
+ * terms of the chosen loss (or weighted mixture) on those statistics → scalar loss + TRL metrics.
+ * The eval graph of the same spec outputs the per-sequence log-probs (and values, for DRO).
+ */
+import type { Kind } from '../../datasets/schema.ts';
+import type { LossModule, Params as LossParams, BatchTensors } from '../../losses/types.ts';
+import type { ArtifactSpec, BatchInputSpec, ParamSpec } from '../artifacts/build.ts';
+import type { OptimizerConfig } from '../optim/config.ts';
+import type { Graph, Tensor } from '../onnx/graph.ts';
+import type { ModelConfig } from '../models/config.ts';
+import type { FloatTensor } from '../models/checkpoint.ts';
+import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
+import { sequenceLogps } from '../models/logps.ts';
+import { modelParameterShapes, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT } from '../models/params.ts';
+
+export interface LossTerm {
+  name: string;
+  weight: number;
+  loss: LossModule;
+  params: LossParams;
+}
+
+export interface TrainProblem {
+  config: ModelConfig;
+  kind: Kind;
+  terms: LossTerm[];
+  lora: LoraConfig | null;
+  /** Whether any term reads values V(x) (DRO): adds the value head. */
+  valueHead: boolean;
+  /** Which optional batch columns the data provides (chosen_scores, win_probs, labels, …). */
+  dataKeys: Set<string>;
+}
+
+const F = 'float32' as const;
+
+/** Names the loss reads that the batch (rather than the model) provides, by kind. */
+export function batchInputSpecs(p: TrainProblem): BatchInputSpec[] {
+  const specs: BatchInputSpec[] = [
+    { name: 'input_ids', dtype: 'int64', shape: ['seqs', 'len'] },
+    { name: 'attention_mask', dtype: 'int64', shape: ['seqs', 'len'] },
+    { name: 'loss_mask', dtype: F, shape: ['seqs', 'len'] },
+    { name: 'ref_logps', dtype: F, shape: ['seqs'] },
+    { name: 'weight', dtype: F, shape: ['rows'] },
+  ];
+  const perRow = (name: string) => specs.push({ name, dtype: F, shape: ['rows'] });
+  if (p.kind === 'pairwise') {
+    for (const k of ['chosen_scores', 'rejected_scores', 'chosen_probs', 'rejected_probs']) if (p.dataKeys.has(k)) perRow(k);
+  } else if (p.kind === 'listwise') {
+    specs.push({ name: 'scores', dtype: F, shape: ['rows', 'k'] }, { name: 'mask', dtype: F, shape: ['rows', 'k'] });
+    if (p.dataKeys.has('win_probs')) specs.push({ name: 'win_probs', dtype: F, shape: ['rows', 'k'] });
+  } else {
+    for (const k of ['rewards', 'labels']) if (p.dataKeys.has(k)) perRow(k);
+    if (p.valueHead) specs.push({ name: 'value_index', dtype: 'int64', shape: ['rows'] });
+  }
+  return specs;
+}
+
+/** Parameter specs: base weights (frozen under LoRA), adapters, value head; decay off for norms and biases. */
+export function paramSpecs(p: TrainProblem, weights: Map<string, FloatTensor>): ParamSpec[] {
+  const shapes = modelParameterShapes(p.config, { lora: p.lora, valueHead: p.valueHead });
+  const out: ParamSpec[] = [];
+  for (const [name, shape] of shapes) {
+    const isAdapter = name.includes('.lora_A.') || name.includes('.lora_B.');
+    const isHead = name === VALUE_HEAD_WEIGHT || name === VALUE_HEAD_BIAS;
+    const trainable = p.lora ? isAdapter || isHead : true;
+    const w = weights.get(name);
+    if (!w) throw new Error(`no initial value for parameter ${name}`);
+    out.push({ name, dtype: F, shape, trainable, decay: shape.length >= 2, data: w.data });
+  }
+  return out;
+}
+
+/** [2B] response-major → ([B] chosen, [B] rejected). */
+function splitPairs(g: Graph, x: Tensor): [Tensor, Tensor] {
+  const two = g.reshape(x, [2, -1]);
+  return [g.gather(two, g.constant(0, 'int64'), 0), g.gather(two, g.constant(1, 'int64'), 0)];
+}
+
+/** Batch tensors by the loss zoo's key names, from the model's statistics and the batch inputs. */
+function lossInputs(g: Graph, p: TrainProblem, logp: Tensor, tokens: Tensor, batch: Record<string, Tensor>, values: Tensor | null): BatchTensors {
+  const ins: BatchTensors = { weight: batch.weight };
+  if (p.kind === 'pairwise') {
+    [ins.policy_chosen_logps, ins.policy_rejected_logps] = splitPairs(g, logp);
+    [ins.ref_chosen_logps, ins.ref_rejected_logps] = splitPairs(g, batch.ref_logps);
+    [ins.chosen_tokens, ins.rejected_tokens] = splitPairs(g, tokens);
+    for (const k of ['chosen_scores', 'rejected_scores', 'chosen_probs', 'rejected_probs']) if (batch[k]) ins[k] = batch[k];
+  } else if (p.kind === 'listwise') {
+    const shape = g.shapeOf(batch.mask);
+    ins.policy_logps = g.reshape(logp, shape);
+    ins.ref_logps = g.reshape(batch.ref_logps, shape);
+    ins.scores = batch.scores;
+    ins.mask = batch.mask;
+    if (batch.win_probs) ins.win_probs = batch.win_probs;
+  } else {
+    ins.policy_logps = logp;
+    ins.ref_logps = batch.ref_logps;
+    ins.tokens = tokens;
+    if (batch.rewards) ins.rewards = batch.rewards;
+    if (batch.labels) ins.labels = batch.labels;
+    if (values) ins.values = values;
+  }
+  return ins;
+}
+
+/** Σ w_i x_i / Σ w_i over the batch rows. */
+function weightedMean(g: Graph, x: Tensor, w: Tensor): Tensor {
+  return g.div(g.reduceSum(g.mul(x, w), undefined, false), g.max(g.reduceSum(w, undefined, false), 1e-12));
+}
+
+export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, optimizer: OptimizerConfig): ArtifactSpec {
+  return {
+    params: paramSpecs(p, weights),
+    batchInputs: batchInputSpecs(p),
+    optimizer,
+    loss: { name: p.terms.map((t) => `${t.name}:${t.weight}`).join(','), params: Object.fromEntries(p.terms.map((t) => [t.name, t.params])) },
+    modelConfig: p.config,
+    buildForward(g, params, batch, mode) {
+      const paramMap = new Map(Object.entries(params));
+      const model = buildCausalLM(g, p.config, paramMap, { inputIds: batch.input_ids, attentionMask: batch.attention_mask }, { lora: p.lora });
+      const { logp, tokens } = sequenceLogps(g, model, batch.loss_mask);
+      const values = p.valueHead && batch.value_index ? valueHead(g, model, paramMap, batch.value_index) : null;
+      if (mode === 'eval') {
+        const outputs: Record<string, Tensor> = { logp, tokens };
+        if (values) outputs.values = values;
+        return { outputs };
+      }
+      const ins = lossInputs(g, p, logp, tokens, batch, values);
+      let total: Tensor | null = null;
+      const metrics: Record<string, Tensor> = {};
+      p.terms.forEach((term, i) => {
+        const r = g.scope(`loss_${term.name}`, () => term.loss.emit(g, ins, term.params, p.kind));
+        const mean = term.loss.rowwise ? weightedMean(g, r.perExample, batch.weight) : g.reduceMean(r.perExample, undefined, false);
+        const scaled = term.weight === 1 ? mean : g.mul(mean, term.weight);
+        total = total ? g.add(total, scaled) : scaled;
+        // The first term's metrics keep TRL's names; a mixture's other terms are prefixed.
+        for (const [k, v] of Object.entries(r.metrics ?? {})) metrics[i === 0 ? k : `${term.name}/${k}`] = v;
+        if (p.terms.length > 1) metrics[`loss/${term.name}`] = g.stopGradient(mean);
+      });
+      return { loss: total!, metrics };
+    },
+  };
+}

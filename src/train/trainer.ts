@@ -1,0 +1,314 @@
+/**
+ * `prefzoo train`: data → tokens → reference log-prob cache → training artifacts → optimizer steps
+ * with gradient accumulation, TRL-named metrics, atomic checkpoints, bit-identical resume, and the
+ * final model in HF layout.
+ *
+ * Run folder:
+ *   config.json            the resolved TrainConfig + loss + model (written first)
+ *   data/                  the converted input (when it was not canonical Parquet) and the
+ *                          reference cache `ref_logps.json` (one array of log-probs per example)
+ *   artifacts/             training_model.onnx, eval_model.onnx, optimizer_model.onnx, artifacts.json
+ *   checkpoints/step-N/    params + optimizer state + state.json, every save_steps
+ *   metrics.jsonl          one row per logging step (and `split: "eval"` rows)
+ *   final/                 the trained model in HF layout (LoRA merged)
+ */
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync, renameSync, rmSync, cpSync } from 'node:fs';
+import { join } from 'node:path';
+import type { Kind } from '../../datasets/schema.ts';
+import { UserError } from '../cli/errors.ts';
+import { Progress } from '../cli/progress.ts';
+import { buildArtifacts } from '../artifacts/build.ts';
+import { TrainingArtifacts } from '../artifacts/training.ts';
+import { loadModel } from '../models/load.ts';
+import { saveCheckpoint, type FloatTensor } from '../models/checkpoint.ts';
+import { initLora, initValueHead, mergeLora, type LoraConfig } from '../models/index.ts';
+import { loadTokenizer } from '../tokenize/index.ts';
+import { lrAt } from '../optim/schedule.ts';
+import type { OptimizerConfig } from '../optim/config.ts';
+import type { RuntimeOptions } from '../runtime/session.ts';
+import { resolveConfig, type TrainConfig } from './config.ts';
+import { loadData, tokenizeExamples, type TokenizedExample } from './data.ts';
+import { collate } from './batch.ts';
+import { buildSpec, type TrainProblem } from './graph.ts';
+import { resolveLossTerms } from './loss-spec.ts';
+import { SeededRandom } from './random.ts';
+import { Scorer } from './scorer.ts';
+import { evaluateRows, type EvalSummary } from '../eval/evaluate.ts';
+
+export interface TrainOptions {
+  model: string;
+  data: string;
+  loss: string;
+  out: string;
+  params?: string[];
+  configFile?: string;
+  /** Settings applied under --config and --param (the demo's defaults). */
+  base?: Partial<TrainConfig>;
+  resume?: boolean;
+  quiet?: boolean;
+  /** Where plain progress and summary lines go (default stderr). */
+  log?: (line: string) => void;
+  /** Use this reference model folder instead of the starting weights (MPO's stage 2). */
+  refModel?: string;
+}
+
+export interface TrainResult {
+  steps: number;
+  seconds: number;
+  finalDir: string;
+  config: TrainConfig;
+  last: Record<string, number>;
+  eval?: EvalSummary;
+}
+
+const CKPT_DIR = 'checkpoints';
+
+function stepDir(run: string, step: number): string {
+  return join(run, CKPT_DIR, `step-${String(step).padStart(8, '0')}`);
+}
+
+/** The newest complete checkpoint (state.json present: it is written last, then the folder renamed). */
+export function lastCheckpoint(run: string): string | null {
+  const dir = join(run, CKPT_DIR);
+  if (!existsSync(dir)) return null;
+  const done = readdirSync(dir)
+    .filter((d) => /^step-\d{8}$/.test(d) && existsSync(join(dir, d, 'state.json')))
+    .sort();
+  return done.length ? join(dir, done[done.length - 1]) : null;
+}
+
+function writeJsonAtomic(file: string, value: unknown): void {
+  const tmp = `${file}.tmp-${process.pid}`;
+  writeFileSync(tmp, JSON.stringify(value, null, 2) + '\n');
+  renameSync(tmp, file);
+}
+
+function optimizerOf(c: TrainConfig): OptimizerConfig {
+  const clip = c.max_grad_norm > 0 ? c.max_grad_norm : null;
+  return c.optimizer === 'sgd'
+    ? { type: 'sgd', momentum: c.momentum, weightDecay: c.weight_decay, maxGradNorm: clip }
+    : { type: 'adamw', betas: [c.adam_beta1, c.adam_beta2], eps: c.adam_epsilon, weightDecay: c.weight_decay, maxGradNorm: clip };
+}
+
+function runtimeOf(c: TrainConfig): RuntimeOptions {
+  return { ep: c.device, threads: c.threads > 0 ? c.threads : undefined };
+}
+
+function loraOf(c: TrainConfig): LoraConfig | null {
+  if (c.lora_r <= 0) return null;
+  return { rank: c.lora_r, alpha: c.lora_alpha, targets: c.lora_target_modules.split(',').map((s) => s.trim()).filter(Boolean) };
+}
+
+/** Order of examples in an epoch: a seeded shuffle, the same on resume. */
+function epochOrder(n: number, seed: number, epoch: number): number[] {
+  return new SeededRandom(seed * 1000003 + epoch).shuffle(Array.from({ length: n }, (_, i) => i));
+}
+
+/** A fault hook for tests: poisons the reference log-probs of one step so the loss turns NaN. */
+function faultStep(): number {
+  const v = process.env.PREFZOO_FAULT_NAN_AT_STEP;
+  return v ? Number(v) : -1;
+}
+
+export async function train(o: TrainOptions): Promise<TrainResult> {
+  const t0 = Date.now();
+  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const run = o.out;
+  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
+  const terms = resolveLossTerms(o.loss, lossParams);
+  if (terms.some((t) => t.name === 'mpo')) throw new UserError('mpo is a two-stage schedule: run it through `prefzoo train --loss mpo` (handled by the MPO runner)');
+  const resuming = !!o.resume && lastCheckpoint(run) !== null;
+  if (o.resume && !resuming) log(`no checkpoint in ${run}; starting from the beginning`);
+  if (!resuming && existsSync(join(run, 'metrics.jsonl'))) {
+    throw new UserError(`${run} already holds a training run; use --resume to continue it or choose another -o`);
+  }
+  mkdirSync(run, { recursive: true });
+
+  // Model, tokenizer, data.
+  const base = loadModel(o.model);
+  const tok = loadTokenizer(o.model);
+  const kinds = new Set(terms.flatMap((t) => t.loss.kinds));
+  const data = await loadData(o.data, join(run, 'data'), { seed: config.seed });
+  if (!kinds.has(data.kind)) {
+    throw new UserError(`${o.data}: is ${data.kind} data; loss ${o.loss} needs ${[...kinds].join(' or ')} data`);
+  }
+  const kind: Kind = data.kind;
+  const { rows, truncated } = tokenizeExamples(data.examples, tok, config);
+  log(`data: ${rows.length} ${kind} rows from ${o.data}${truncated ? `, ${truncated} truncated to max_length ${config.max_length} / max_prompt_length ${config.max_prompt_length}` : ''}`);
+  if (rows.some((r) => r.responseIds.some((x) => x.length === 0))) {
+    throw new UserError(`${o.data}: a response is empty after tokenization and truncation (max_length ${config.max_length} leaves no room); raise max_length or lower max_prompt_length`);
+  }
+
+  const lora = loraOf(config);
+  const valueHeadOn = terms.some((t) => t.loss.keys(t.params, kind).required.includes('values'));
+  const dataKeys = new Set<string>();
+  const all = (f: (r: TokenizedExample) => boolean) => rows.every(f);
+  if (all((r) => !!r.src.responseScores)) dataKeys.add('chosen_scores').add('rejected_scores');
+  if (all((r) => !!r.src.winProbs)) dataKeys.add(kind === 'listwise' ? 'win_probs' : 'chosen_probs').add('rejected_probs');
+  if (all((r) => r.src.reward !== undefined || r.src.label !== undefined)) dataKeys.add('rewards');
+  if (all((r) => r.src.label !== undefined)) dataKeys.add('labels');
+  for (const t of terms) {
+    const missing = t.loss.keys(t.params, kind).required.filter((k) => !['policy_chosen_logps', 'policy_rejected_logps', 'ref_chosen_logps', 'ref_rejected_logps', 'chosen_tokens', 'rejected_tokens', 'policy_logps', 'ref_logps', 'tokens', 'values', 'mask', 'scores', 'weight'].includes(k) && !dataKeys.has(k));
+    if (missing.length) throw new UserError(`${o.data}: loss ${t.name} needs ${missing.join(', ')}, which the data does not provide for every row`);
+  }
+  const problem: TrainProblem = { config: base.config, kind, terms, lora, valueHead: valueHeadOn, dataKeys };
+
+  // Reference log-probs: computed once from the reference weights (LoRA off) and cached in the run.
+  const refFile = join(run, 'data', 'ref_logps.json');
+  const refWeights = o.refModel ? loadModel(o.refModel).weights : base.weights;
+  let ref: number[][] = [];
+  let refScorer: Scorer | null = null;
+  if (config.ref_on_the_fly) {
+    refScorer = await Scorer.create(base.config, refWeights, runtimeOf(config), tok.padId ?? 0);
+  } else if (existsSync(refFile)) {
+    ref = JSON.parse(readFileSync(refFile, 'utf8'));
+    if (ref.length !== rows.length) throw new UserError(`${refFile}: ${ref.length} rows cached, the data has ${rows.length}; remove the run folder to start over`);
+  } else {
+    const scorer = await Scorer.create(base.config, refWeights, runtimeOf(config), tok.padId ?? 0);
+    ref = (await scorer.score(kind, rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs', quiet: o.quiet })).logps;
+    await scorer.release();
+    mkdirSync(join(run, 'data'), { recursive: true });
+    writeJsonAtomic(refFile, ref);
+  }
+
+  // Steps.
+  const perEpoch = Math.ceil(rows.length / config.batch_size);
+  const stepsPerEpoch = Math.max(1, Math.floor(perEpoch / config.gradient_accumulation_steps));
+  const totalSteps = config.max_steps > 0 ? config.max_steps : Math.max(1, Math.round(stepsPerEpoch * config.num_epochs));
+  const warmup = config.warmup_steps > 0 ? config.warmup_steps : Math.round(config.warmup_ratio * totalSteps);
+  const schedule = { type: config.lr_scheduler, lr: config.learning_rate, warmupSteps: Math.min(warmup, totalSteps), totalSteps };
+
+  // Artifacts: built once per run (a resumed run reuses them).
+  const artDir = join(run, 'artifacts');
+  if (!resuming || !existsSync(join(artDir, 'artifacts.json'))) {
+    const init = new Map<string, FloatTensor>(base.weights);
+    if (lora) for (const [k, v] of initLora(base.config, lora, config.seed)) init.set(k, v);
+    if (valueHeadOn) for (const [k, v] of initValueHead(base.config, config.seed)) init.set(k, v);
+    rmSync(artDir, { recursive: true, force: true });
+    buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir);
+  }
+  writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ...config, loss_params: lossParams });
+  const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
+
+  let epoch = 0;
+  let cursor = 0;
+  if (resuming) {
+    const ck = lastCheckpoint(run)!;
+    const state = art.loadCheckpoint(ck);
+    const c = state.dataCursor as { epoch: number; index: number };
+    epoch = c.epoch;
+    cursor = c.index;
+    log(`resuming from ${ck} (step ${state.step})`);
+  }
+
+  const metricsFile = join(run, 'metrics.jsonl');
+  if (resuming && existsSync(metricsFile)) {
+    // Drop rows logged after the checkpoint we resume from: they will be logged again.
+    const kept = readFileSync(metricsFile, 'utf8').split('\n').filter((l) => l.trim() && JSON.parse(l).step <= art.step);
+    writeFileSync(metricsFile, kept.map((l) => l + '\n').join(''));
+  }
+  let order = epochOrder(rows.length, config.seed, epoch);
+  const nextBatch = (): TokenizedExample[] => {
+    if (cursor >= rows.length) {
+      epoch++;
+      cursor = 0;
+      order = epochOrder(rows.length, config.seed, epoch);
+    }
+    const idx = order.slice(cursor, cursor + config.batch_size);
+    cursor += idx.length;
+    return idx.map((i) => rows[i]);
+  };
+  const refOf = new Map(config.ref_on_the_fly ? [] : rows.map((r, i) => [r, ref[i]]));
+  const fault = faultStep();
+  const progress = new Progress('train', totalSteps, { quiet: o.quiet });
+  let last: Record<string, number> = {};
+  let tokensSeen = 0;
+  const tStart = Date.now();
+  while (art.step < totalSteps) {
+    const step = art.step + 1;
+    const sums: Record<string, number> = {};
+    let tokens = 0;
+    for (let micro = 0; micro < config.gradient_accumulation_steps; micro++) {
+      const batch = nextBatch();
+      if (refScorer) {
+        const fresh = await refScorer.score(kind, batch, { batchSize: batch.length, padTo: config.pad_to_multiple_of, quiet: true });
+        batch.forEach((ex, i) => refOf.set(ex, fresh.logps[i]));
+      }
+      const c = collate(batch, {
+        kind,
+        padTo: config.pad_to_multiple_of,
+        padId: tok.padId ?? 0,
+        dtype: 'float32',
+        refLogps: (ex) => refOf.get(ex)!,
+        valueIndex: valueHeadOn,
+      });
+      if (step === fault) (c.feeds.ref_logps.data as Float32Array).fill(NaN);
+      const m = await art.computeGradients(c.feeds);
+      for (const [k, v] of Object.entries(m)) sums[k] = (sums[k] ?? 0) + v;
+      tokens += c.tokens;
+    }
+    const micro = config.gradient_accumulation_steps;
+    const metrics: Record<string, number> = {};
+    for (const [k, v] of Object.entries(sums)) metrics[k] = v / micro;
+    if (!Number.isFinite(metrics.loss)) {
+      progress.stop();
+      await art.release();
+      const good = lastCheckpoint(run);
+      throw new UserError(
+        `loss is ${metrics.loss} at step ${step}: stopping without applying the update. ` +
+          (good ? `The last good checkpoint is ${good} (resume with --resume after lowering learning_rate).` : 'No checkpoint was written yet (lower learning_rate and start again).'),
+      );
+    }
+    const lr = lrAt(step, schedule);
+    const { gradNorm } = await art.optimizerStep(lr);
+    tokensSeen += tokens;
+    const row = {
+      step,
+      epoch: Math.round((epoch + cursor / rows.length) * 1e4) / 1e4,
+      ...metrics,
+      grad_norm: gradNorm,
+      learning_rate: lr,
+      tokens: tokens,
+      'tokens/s': Math.round(tokensSeen / ((Date.now() - tStart) / 1000)),
+    };
+    last = row;
+    if (step % config.logging_steps === 0 || step === totalSteps) {
+      writeFileSync(metricsFile, JSON.stringify(row) + '\n', { flag: 'a' });
+    }
+    const acc = metrics['rewards/accuracies'];
+    progress.update(step, { loss: metrics.loss, ...(acc !== undefined ? { acc } : {}), 'tok/s': row['tokens/s'] });
+    if ((config.save_steps > 0 && step % config.save_steps === 0) || step === totalSteps) {
+      const dir = stepDir(run, step);
+      mkdirSync(join(run, CKPT_DIR), { recursive: true });
+      art.saveCheckpoint(dir, { epoch, dataCursor: { epoch, index: cursor }, rng: { seed: config.seed }, config });
+    }
+  }
+  progress.stop();
+  await refScorer?.release();
+
+  // Final model in HF layout: base weights with adapters merged (the value head saved beside).
+  const finalWeights = new Map<string, FloatTensor>();
+  for (const name of art.paramNames) {
+    const p = art.manifest.params.find((q) => q.name === name)!;
+    finalWeights.set(name, { shape: p.shape, data: Float32Array.from(art.param(name) as Float32Array) });
+  }
+  const merged = lora ? mergeLora(finalWeights, base.config, lora) : finalWeights;
+  const finalDir = join(run, 'final');
+  const tmpFinal = `${finalDir}.tmp-${process.pid}`;
+  rmSync(tmpFinal, { recursive: true, force: true });
+  saveCheckpoint(tmpFinal, merged, { dtype: config.save_dtype, config: base.config });
+  for (const f of readdirSync(o.model)) {
+    if (/^(tokenizer.*|special_tokens_map\.json|generation_config\.json|chat_template\.jinja|vocab\.json|merges\.txt)$/.test(f)) cpSync(join(o.model, f), join(tmpFinal, f));
+  }
+  rmSync(finalDir, { recursive: true, force: true });
+  renameSync(tmpFinal, finalDir);
+  await art.release();
+
+  let evalSummary: EvalSummary | undefined;
+  if (config.eval_data) {
+    evalSummary = await evaluateRows({ policy: finalDir, ref: o.refModel ?? o.model, data: config.eval_data, workDir: join(run, 'data'), params: lossParams, runtime: runtimeOf(config), quiet: o.quiet, truncation: config });
+    writeJsonAtomic(join(run, 'eval.json'), evalSummary.overall);
+    writeFileSync(metricsFile, JSON.stringify({ step: totalSteps, split: 'eval', ...evalSummary.overall }) + '\n', { flag: 'a' });
+  }
+  return { steps: totalSteps, seconds: (Date.now() - t0) / 1000, finalDir, config, last, eval: evalSummary };
+}
