@@ -87,9 +87,10 @@ export function parseBatch(json: unknown, kind: Kind, keys: KeySet, source = 'ba
     throw new UserError(`${source}: expected a JSON object of batch columns`);
   }
   const obj = json as Record<string, unknown>;
-  const known = new Set(KEYS_OF[kind]);
+  // Keys of other kinds are ignored (one file may serve several losses); unknown names are typos.
+  const known = new Set(Object.values(KEYS_OF).flat());
   for (const k of Object.keys(obj)) {
-    if (!known.has(k)) throw new UserError(`${source}: unknown key "${k}" for a ${kind} batch; known keys: ${[...known].join(', ')}`);
+    if (!known.has(k)) throw new UserError(`${source}: unknown key "${k}"; keys of a ${kind} batch: ${KEYS_OF[kind].join(', ')}`);
   }
   for (const k of keys.required) {
     if (!(k in obj)) throw new UserError(`${source}: missing key "${k}" (this loss needs ${keys.required.join(', ')})`);

@@ -9,14 +9,22 @@ import { listLosses, resolveLoss } from '../../../losses/index.ts';
 import { detectKind, parseBatch } from '../../../losses/batch.ts';
 import { describeRange, parseParamArgs } from '../../../losses/params.ts';
 import { runLossOnnx, runLossReference, shapeLike, type FloatDType } from '../../../losses/engine.ts';
+import { OPTION_SPECS } from '../../../losses/pairwise.ts';
+import type { ParamSpec } from '../../../losses/types.ts';
 
 /** The loss table printed under --help: name, data kind, parameters with defaults and ranges. */
 function lossTable(): string {
+  const shared = new Set<string>(Object.keys(OPTION_SPECS));
+  const param = (p: ParamSpec) =>
+    `${p.name}=${p.default ?? '(unset)'}  ${describeRange(p)}  — ${p.doc}`;
   const lines = ['', 'Losses (parameters: name=default, valid range):'];
   for (const l of listLosses()) {
     lines.push(`  ${l.name.padEnd(13)} ${l.kinds.join('/').padEnd(18)} ${l.paper}`);
-    for (const p of l.params) lines.push(`  ${''.padEnd(32)} ${p.name}=${p.default ?? '(unset)'}  ${describeRange(p)}  — ${p.doc}`);
+    for (const p of l.params.filter((q) => !shared.has(q.name))) lines.push(`  ${''.padEnd(32)} ${param(p)}`);
+    const opts = l.params.filter((q) => shared.has(q.name)).map((q) => q.name);
+    if (opts.length) lines.push(`  ${''.padEnd(32)} + pairwise options: ${opts.join(', ')}`);
   }
+  lines.push('', 'Pairwise options:', ...Object.values(OPTION_SPECS).map((p) => `  ${param(p)}`));
   lines.push(
     '',
     'Batch keys (JSON object of columns; see losses/batch.ts):',
