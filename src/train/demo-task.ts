@@ -10,7 +10,16 @@ export interface DemoPair {
   prompt: string;
   chosen: string;
   rejected: string;
+  /** Reward-model-like scores (MPO splits pairs by their margin): 10 for the right digit, less the nearer a wrong one is. */
+  chosen_score: number;
+  rejected_score: number;
   source: string;
+}
+
+/** Circular distance between two digits mod 10. */
+function digitDistance(a: number, b: number): number {
+  const d = (a - b + DEMO_MODULUS) % DEMO_MODULUS;
+  return Math.min(d, DEMO_MODULUS - d);
 }
 
 export interface DemoListItem {
@@ -61,8 +70,9 @@ export function demoPairs(seed: number, perPrompt = 8, heldOutPerPrompt = 1): { 
     const right = demoAnswer(a, b);
     const wrongs = rand.shuffle(Array.from({ length: DEMO_MODULUS }, (_, i) => i).filter((d) => d !== right));
     const source = `add_${a < 5 ? 'low' : 'high'}`;
-    wrongs.slice(0, perPrompt).forEach((w) => train.push({ prompt: promptOf(a, b), chosen: `${right}`, rejected: `${w}`, source }));
-    wrongs.slice(perPrompt, perPrompt + heldOutPerPrompt).forEach((w) => test.push({ prompt: promptOf(a, b), chosen: `${right}`, rejected: `${w}`, source }));
+    const pair = (w: number): DemoPair => ({ prompt: promptOf(a, b), chosen: `${right}`, rejected: `${w}`, chosen_score: 10, rejected_score: 5 - digitDistance(w, right), source });
+    wrongs.slice(0, perPrompt).forEach((w) => train.push(pair(w)));
+    wrongs.slice(perPrompt, perPrompt + heldOutPerPrompt).forEach((w) => test.push(pair(w)));
   }
   return { train: rand.shuffle(train), test };
 }
@@ -74,8 +84,7 @@ export function demoLists(seed: number, k = 4): { train: DemoListItem[]; test: D
     const right = demoAnswer(a, b);
     const answers = [right, ...rand.shuffle(Array.from({ length: DEMO_MODULUS }, (_, i) => i).filter((d) => d !== right)).slice(0, k - 1)];
     const order = rand.shuffle(answers);
-    const dist = (d: number) => Math.min((d - right + DEMO_MODULUS) % DEMO_MODULUS, (right - d + DEMO_MODULUS) % DEMO_MODULUS);
-    return { prompt: promptOf(a, b), responses: order.map(String), scores: order.map((d) => (d === right ? 10 : 5 - dist(d))) };
+    return { prompt: promptOf(a, b), responses: order.map(String), scores: order.map((d) => (d === right ? 10 : 5 - digitDistance(d, right))) };
   });
   const cut = Math.floor(all.length * 0.8);
   return { train: all.slice(0, cut), test: all.slice(cut) };

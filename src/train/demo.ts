@@ -19,7 +19,7 @@ import { initModelFolder } from '../models/init.ts';
 import { evaluateRows } from '../eval/evaluate.ts';
 import type { TrainConfig } from './config.ts';
 import { demoLists, demoPairs, demoSingles } from './demo-task.ts';
-import { train } from './trainer.ts';
+import { trainAny } from './mpo.ts';
 
 /** Settings that make the tiny model learn the task in a couple of minutes on two cores. */
 export const DEMO_CONFIG: Partial<TrainConfig> = {
@@ -94,7 +94,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   const before = await evaluateRows({ policy: model, ref: model, data: testParquet, workDir: dir, quiet: true });
   const run = join(dir, `run-${o.loss.replace(/[^a-z0-9_]+/gi, '_')}`);
   const base = { ...DEMO_CONFIG, seed: o.seed, ...(o.steps ? { max_steps: o.steps } : {}) };
-  const r = await train({ model, data: trainParquet, loss: o.loss, out: run, base, params: o.params, quiet, log });
+  const r = await trainAny({ model, data: trainParquet, loss: o.loss, out: run, base, params: o.params, quiet, log });
   const after = await evaluateRows({ policy: r.finalDir, ref: model, data: testParquet, workDir: dir, quiet: true });
   return {
     loss: o.loss,

@@ -4,7 +4,8 @@
  * The eval graph of the same spec outputs the per-sequence log-probs (and values, for DRO).
  */
 import type { Kind } from '../../datasets/schema.ts';
-import type { LossModule, Params as LossParams, BatchTensors } from '../../losses/types.ts';
+import type { BatchTensors } from '../../losses/types.ts';
+import type { BoundLoss } from '../../losses/index.ts';
 import type { ArtifactSpec, BatchInputSpec, ParamSpec } from '../artifacts/build.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
 import type { Graph, Tensor } from '../onnx/graph.ts';
@@ -14,17 +15,11 @@ import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
 import { sequenceLogps } from '../models/logps.ts';
 import { modelParameterShapes, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT } from '../models/params.ts';
 
-export interface LossTerm {
-  name: string;
-  weight: number;
-  loss: LossModule;
-  params: LossParams;
-}
-
 export interface TrainProblem {
   config: ModelConfig;
   kind: Kind;
-  terms: LossTerm[];
+  /** The loss (or weighted mixture) with its parameters bound. */
+  loss: BoundLoss;
   lora: LoraConfig | null;
   /** Whether any term reads values V(x) (DRO): adds the value head. */
   valueHead: boolean;
@@ -79,7 +74,8 @@ function splitPairs(g: Graph, x: Tensor): [Tensor, Tensor] {
 
 /** Batch tensors by the loss zoo's key names, from the model's statistics and the batch inputs. */
 function lossInputs(g: Graph, p: TrainProblem, logp: Tensor, tokens: Tensor, batch: Record<string, Tensor>, values: Tensor | null): BatchTensors {
-  const ins: BatchTensors = { weight: batch.weight };
+  // Losses that sort the batch (AOT) take no row weights.
+  const ins: BatchTensors = p.loss.rowwise ? { weight: batch.weight } : {};
   if (p.kind === 'pairwise') {
     [ins.policy_chosen_logps, ins.policy_rejected_logps] = splitPairs(g, logp);
     [ins.ref_chosen_logps, ins.ref_rejected_logps] = splitPairs(g, batch.ref_logps);
@@ -103,17 +99,12 @@ function lossInputs(g: Graph, p: TrainProblem, logp: Tensor, tokens: Tensor, bat
   return ins;
 }
 
-/** Σ w_i x_i / Σ w_i over the batch rows. */
-function weightedMean(g: Graph, x: Tensor, w: Tensor): Tensor {
-  return g.div(g.reduceSum(g.mul(x, w), undefined, false), g.max(g.reduceSum(w, undefined, false), 1e-12));
-}
-
 export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, optimizer: OptimizerConfig): ArtifactSpec {
   return {
     params: paramSpecs(p, weights),
     batchInputs: batchInputSpecs(p),
     optimizer,
-    loss: { name: p.terms.map((t) => `${t.name}:${t.weight}`).join(','), params: Object.fromEntries(p.terms.map((t) => [t.name, t.params])) },
+    loss: { name: p.loss.spec, params: Object.fromEntries(p.loss.terms.map((t) => [t.loss.name, t.params])) },
     modelConfig: p.config,
     buildForward(g, params, batch, mode) {
       const paramMap = new Map(Object.entries(params));
@@ -126,18 +117,8 @@ export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, op
         return { outputs };
       }
       const ins = lossInputs(g, p, logp, tokens, batch, values);
-      let total: Tensor | null = null;
-      const metrics: Record<string, Tensor> = {};
-      p.terms.forEach((term, i) => {
-        const r = g.scope(`loss_${term.name}`, () => term.loss.emit(g, ins, term.params, p.kind));
-        const mean = term.loss.rowwise ? weightedMean(g, r.perExample, batch.weight) : g.reduceMean(r.perExample, undefined, false);
-        const scaled = term.weight === 1 ? mean : g.mul(mean, term.weight);
-        total = total ? g.add(total, scaled) : scaled;
-        // The first term's metrics keep TRL's names; a mixture's other terms are prefixed.
-        for (const [k, v] of Object.entries(r.metrics ?? {})) metrics[i === 0 ? k : `${term.name}/${k}`] = v;
-        if (p.terms.length > 1) metrics[`loss/${term.name}`] = g.stopGradient(mean);
-      });
-      return { loss: total!, metrics };
+      const r = g.scope('loss', () => p.loss.emit(g, ins, p.kind));
+      return { loss: r.loss, metrics: r.metrics };
     },
   };
 }

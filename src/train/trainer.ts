@@ -27,10 +27,10 @@ import { lrAt } from '../optim/schedule.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
-import { loadData, tokenizeExamples, type TokenizedExample } from './data.ts';
+import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from './data.ts';
 import { collate } from './batch.ts';
 import { buildSpec, type TrainProblem } from './graph.ts';
-import { resolveLossTerms } from './loss-spec.ts';
+import { resolveLoss } from '../../losses/index.ts';
 import { SeededRandom } from './random.ts';
 import { Scorer } from './scorer.ts';
 import { evaluateRows, type EvalSummary } from '../eval/evaluate.ts';
@@ -48,8 +48,10 @@ export interface TrainOptions {
   quiet?: boolean;
   /** Where plain progress and summary lines go (default stderr). */
   log?: (line: string) => void;
-  /** Use this reference model folder instead of the starting weights (MPO's stage 2). */
+  /** Use this reference model folder instead of the starting weights. */
   refModel?: string;
+  /** Train on these rows instead of reading `data` (MPO's stages train on subsets); `data` names them in messages. */
+  rows?: LoadedData;
 }
 
 export interface TrainResult {
@@ -115,8 +117,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
   const run = o.out;
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
-  const terms = resolveLossTerms(o.loss, lossParams);
-  if (terms.some((t) => t.name === 'mpo')) throw new UserError('mpo is a two-stage schedule: run it through `prefzoo train --loss mpo` (handled by the MPO runner)');
+  const loss = resolveLoss(o.loss, lossParams);
   const resuming = !!o.resume && lastCheckpoint(run) !== null;
   if (o.resume && !resuming) log(`no checkpoint in ${run}; starting from the beginning`);
   if (!resuming && existsSync(join(run, 'metrics.jsonl'))) {
@@ -127,8 +128,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   // Model, tokenizer, data.
   const base = loadModel(o.model);
   const tok = loadTokenizer(o.model);
-  const kinds = new Set(terms.flatMap((t) => t.loss.kinds));
-  const data = await loadData(o.data, join(run, 'data'), { seed: config.seed });
+  const kinds = new Set(loss.kinds);
+  const data = o.rows ?? (await loadData(o.data, join(run, 'data'), { seed: config.seed }));
   if (!kinds.has(data.kind)) {
     throw new UserError(`${o.data}: is ${data.kind} data; loss ${o.loss} needs ${[...kinds].join(' or ')} data`);
   }
@@ -140,18 +141,18 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   }
 
   const lora = loraOf(config);
-  const valueHeadOn = terms.some((t) => t.loss.keys(t.params, kind).required.includes('values'));
+  const valueHeadOn = loss.keys(kind).required.includes('values');
   const dataKeys = new Set<string>();
   const all = (f: (r: TokenizedExample) => boolean) => rows.every(f);
   if (all((r) => !!r.src.responseScores)) dataKeys.add('chosen_scores').add('rejected_scores');
   if (all((r) => !!r.src.winProbs)) dataKeys.add(kind === 'listwise' ? 'win_probs' : 'chosen_probs').add('rejected_probs');
   if (all((r) => r.src.reward !== undefined || r.src.label !== undefined)) dataKeys.add('rewards');
   if (all((r) => r.src.label !== undefined)) dataKeys.add('labels');
-  for (const t of terms) {
-    const missing = t.loss.keys(t.params, kind).required.filter((k) => !['policy_chosen_logps', 'policy_rejected_logps', 'ref_chosen_logps', 'ref_rejected_logps', 'chosen_tokens', 'rejected_tokens', 'policy_logps', 'ref_logps', 'tokens', 'values', 'mask', 'scores', 'weight'].includes(k) && !dataKeys.has(k));
-    if (missing.length) throw new UserError(`${o.data}: loss ${t.name} needs ${missing.join(', ')}, which the data does not provide for every row`);
+  {
+    const missing = loss.keys(kind).required.filter((k) => !['policy_chosen_logps', 'policy_rejected_logps', 'ref_chosen_logps', 'ref_rejected_logps', 'chosen_tokens', 'rejected_tokens', 'policy_logps', 'ref_logps', 'tokens', 'values', 'mask', 'scores', 'weight'].includes(k) && !dataKeys.has(k));
+    if (missing.length) throw new UserError(`${o.data}: loss ${o.loss} needs ${missing.join(', ')}, which the data does not provide for every row`);
   }
-  const problem: TrainProblem = { config: base.config, kind, terms, lora, valueHead: valueHeadOn, dataKeys };
+  const problem: TrainProblem = { config: base.config, kind, loss, lora, valueHead: valueHeadOn, dataKeys };
 
   // Reference log-probs: computed once from the reference weights (LoRA off) and cached in the run.
   const refFile = join(run, 'data', 'ref_logps.json');

@@ -1,0 +1,90 @@
+/**
+ * MPO's two-stage schedule ("Mixed Preference Optimization: Reinforcement Learning with Data
+ * Selection and Better Reference Model", 2024): split reward-scored pairs by margin |s_w − s_l| into
+ * easy (≥ δ) and hard; stage 1 trains DPO from π_ref on the easy pairs; stage 2 trains `stage2_loss`
+ * on the hard pairs starting from, and referenced to, the stage-1 model.
+ *
+ * Run folder: RUN/stage1/ and RUN/stage2/ are ordinary training runs; RUN/final is stage 2's final
+ * model; RUN/metrics.jsonl holds both stages' rows (field `stage`, steps numbered on from stage 1).
+ */
+import { cpSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { mpoSplit } from '../../losses/mpo.ts';
+import { UserError } from '../cli/errors.ts';
+import { resolveConfig } from './config.ts';
+import { loadData, type LoadedData } from './data.ts';
+import { getLoss, resolveLoss } from '../../losses/index.ts';
+import { train, type TrainOptions, type TrainResult } from './trainer.ts';
+
+export function isMpo(loss: string): boolean {
+  return loss.trim() === 'mpo';
+}
+
+export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
+  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
+  const [term] = resolveLoss('mpo', lossParams).terms;
+  const p = term.params as { beta: number; label_smoothing: number; delta: number | null; delta_quantile: number; stage2_loss: string };
+  mkdirSync(o.out, { recursive: true });
+  const data = o.rows ?? (await loadData(o.data, join(o.out, 'data'), { seed: config.seed }));
+  if (data.kind !== 'pairwise') throw new UserError(`${o.data}: mpo trains on pairwise data, this is ${data.kind}`);
+  const unscored = data.examples.findIndex((e) => !e.responseScores);
+  if (unscored >= 0) {
+    throw new UserError(`${o.data}: row ${unscored + 1} has no chosen_score/rejected_score; MPO splits pairs by reward margin, so score the pairs with a reward model first`);
+  }
+  const split = mpoSplit(data.examples.map((e) => e.responseScores![0]), data.examples.map((e) => e.responseScores![1]), {
+    delta: p.delta,
+    quantile: p.delta_quantile,
+  });
+  log(`mpo: δ = ${split.delta.toPrecision(4)}: ${split.easy.length} easy pairs (stage 1, dpo), ${split.hard.length} hard pairs (stage 2, ${p.stage2_loss})`);
+  if (split.easy.length === 0 || split.hard.length === 0) {
+    throw new UserError(`mpo: the split at δ = ${split.delta} leaves the ${split.easy.length === 0 ? 'easy' : 'hard'} set empty; choose delta or delta_quantile so both stages have pairs`);
+  }
+  const subset = (idx: number[]): LoadedData => ({ ...data, examples: idx.map((i) => data.examples[i]) });
+  // Loss parameters other than MPO's own split settings go to both stages' losses where they apply.
+  const passOn = Object.entries(lossParams).filter(([k]) => !['delta', 'delta_quantile', 'stage2_loss'].includes(k));
+  const stage2Loss = getLoss(p.stage2_loss);
+  const params2 = passOn.filter(([k]) => stage2Loss.params.some((s) => s.name === k || s.aliases?.includes(k)));
+  const settings = (o.params ?? []).filter((kv) => !kv.includes('=') || !Object.prototype.hasOwnProperty.call(lossParams, kv.split('=')[0].trim()));
+  const stage1Dir = join(o.out, 'stage1');
+  const stage1Final = join(stage1Dir, 'final');
+  let r1: TrainResult | null = null;
+  if (!(o.resume && existsSync(stage1Final))) {
+    r1 = await train({
+      ...o,
+      loss: 'dpo',
+      out: stage1Dir,
+      params: [...settings, `beta=${p.beta}`, `label_smoothing=${p.label_smoothing}`],
+      rows: subset(split.easy),
+    });
+  }
+  const r2 = await train({
+    ...o,
+    model: stage1Final,
+    loss: p.stage2_loss,
+    out: join(o.out, 'stage2'),
+    params: [...settings, ...params2.map(([k, v]) => `${k}=${v}`)],
+    rows: subset(split.hard),
+    refModel: undefined,
+  });
+  // Both stages' metrics in one file; stage 2's steps continue after stage 1's.
+  const rows1 = readFileSync(join(stage1Dir, 'metrics.jsonl'), 'utf8').split('\n').filter(Boolean).map((l) => ({ ...JSON.parse(l), stage: 1 }));
+  const offset = rows1.filter((r) => r.split !== 'eval').reduce((m, r) => Math.max(m, r.step), 0);
+  const rows2 = readFileSync(join(o.out, 'stage2', 'metrics.jsonl'), 'utf8').split('\n').filter(Boolean).map((l) => {
+    const r = JSON.parse(l);
+    return { ...r, step: r.step + offset, stage: 2 };
+  });
+  const tmp = join(o.out, `metrics.jsonl.tmp-${process.pid}`);
+  writeFileSync(tmp, [...rows1, ...rows2].map((r) => JSON.stringify(r) + '\n').join(''));
+  renameSync(tmp, join(o.out, 'metrics.jsonl'));
+  writeFileSync(join(o.out, 'config.json'), JSON.stringify({ model: o.model, data: o.data, loss: 'mpo', ...config, loss_params: lossParams, split: { delta: split.delta, easy: split.easy.length, hard: split.hard.length } }, null, 2) + '\n');
+  const finalDir = join(o.out, 'final');
+  rmSync(finalDir, { recursive: true, force: true });
+  cpSync(r2.finalDir, finalDir, { recursive: true });
+  return { ...r2, steps: (r1?.steps ?? 0) + r2.steps, finalDir };
+}
+
+/** `prefzoo train`'s entry: MPO's schedule for `--loss mpo`, a single run otherwise. */
+export function trainAny(o: TrainOptions): Promise<TrainResult> {
+  return isMpo(o.loss) ? trainMpo(o) : train(o);
+}
