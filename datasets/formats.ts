@@ -353,11 +353,6 @@ export function detectFormat(rec: Rec): Adapter | null {
   return null;
 }
 
-/** For `--format csv`: the kind the header implies (the detected inner format's kind). */
-export function csvKind(rec: Rec): Kind | null {
-  return detectFormat(rec)?.kind ?? null;
-}
-
 /** What "preference data" means, listed for the refusal message. */
 export function expectedShapes(): string {
   return DETECT_ORDER.map((a) => `${a.name} ${a.shape}`).join('; ');

@@ -1,7 +1,8 @@
 /**
  * Parquet I/O through parquet-wasm, Arrow IPC being the hand-off format between apache-arrow (JS) and
- * the Rust writer. Writing streams row groups to disk so memory stays bounded by a batch, not a file;
- * shards and the final file appear under their real names only once everything succeeded.
+ * the Rust writer. Writing runs on a worker thread (parquet-worker.mjs) and streams row groups to
+ * disk, so memory stays bounded by a few batches, not a file; shards and the final file appear under
+ * their real names only once everything succeeded.
  */
 import * as arrow from 'apache-arrow';
 import * as pw from 'parquet-wasm';
@@ -16,7 +17,7 @@ import { META_KEY, type PrefzooMeta, parseMeta, schemaProblems } from './schema.
 export interface WriteOptions {
   /** Start a new shard once the current one reaches this many bytes on disk (default 512 MiB). */
   shardBytes?: number;
-  /** Upper bound on the uncompressed bytes of one row group (default 128 MiB). */
+  /** Upper bound on the uncompressed bytes of one row group (default 32 MiB, at most shardBytes). */
   rowGroupBytes?: number;
   compression?: 'zstd' | 'snappy';
 }

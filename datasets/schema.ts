@@ -23,13 +23,17 @@ export type Text = string | Message[];
 
 export const SCHEMA_VERSION = 1;
 
-/** The JSON stored under the Parquet key-value metadata key `prefzoo`. */
+/**
+ * The JSON stored under the Parquet key-value metadata key `prefzoo`. Later stages may add their own
+ * keys (e.g. which tokenizer made the id columns); they survive a read and rewrite.
+ */
 export interface PrefzooMeta {
   kind: Kind;
   text: TextMode;
   schema_version: number;
   source_format: string;
   created_by: string;
+  [key: string]: unknown;
 }
 
 export const META_KEY = 'prefzoo';
@@ -134,6 +138,7 @@ export function parseMeta(raw: string | undefined | null): PrefzooMeta | null {
     throw new Error(`"${META_KEY}" metadata lacks a valid kind/text: ${raw.slice(0, 200)}`);
   }
   return {
+    ...o,
     kind: o.kind as Kind,
     text: o.text,
     schema_version: typeof o.schema_version === 'number' ? o.schema_version : SCHEMA_VERSION,

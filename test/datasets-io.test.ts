@@ -162,7 +162,8 @@ describe('Parquet writer', () => {
   });
 
   it('writeCanonical / readCanonical round-trip messages, optional columns and nulls', async () => {
-    const meta = makeMeta('pairwise', 'messages', 'test');
+    // A key a later stage adds (tokenize) must survive the round trip.
+    const meta = { ...makeMeta('pairwise', 'messages', 'test'), tokenizer: 'some-model' };
     const bb = new BatchBuilder('messages', ['prompt', 'chosen', 'rejected', 'id', 'weight']);
     const m = (role: 'user' | 'assistant', content: string) => [{ role, content }];
     bb.push({ prompt: m('user', 'q1'), chosen: m('assistant', 'a'), rejected: m('assistant', 'b'), id: '1', weight: 2 });
