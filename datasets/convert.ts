@@ -156,8 +156,10 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
             if (!adapter) {
               adapter = opts.format ? ADAPTERS[opts.format] : detectFormat(rec);
               if (!adapter) {
+                const keys = Object.keys(rec);
+                const hint = src.textual && keys.length === 1 ? ` (a single column: is the file delimited by ${src.format === 'tsv' ? 'tabs' : 'commas'}?)` : '';
                 throw new UserError(
-                  `${src.path}: not preference data: expected records shaped as ${expectedShapes()}; found fields ${Object.keys(rec).join(', ') || '(none)'}`,
+                  `${src.path}: not preference data: expected records shaped as ${expectedShapes()}; found fields ${keys.join(', ') || '(none)'}${hint}`,
                 );
               }
               const out = outputKind(adapter, rec, opts, src.path);
