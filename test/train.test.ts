@@ -1,0 +1,102 @@
+import { describe, it, expect, beforeAll } from 'vitest';
+import { mkdtempSync, writeFileSync, readFileSync, existsSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { initModelFolder } from '../src/models/init.ts';
+import { demoPairs, demoLists, demoSingles } from '../src/train/demo-task.ts';
+import { trainAny } from '../src/train/mpo.ts';
+import { evaluateRows } from '../src/eval/evaluate.ts';
+import { PAIR_METRICS } from '../losses/metrics.ts';
+
+const quiet = { quiet: true, log: () => {} };
+
+/** Short-run settings: one batch holds the whole (small) training set, so a few steps move it. */
+const SHORT = ['batch_size=24', 'max_steps=25', 'learning_rate=3e-3', 'lr_scheduler=constant', 'max_length=32', 'max_prompt_length=16', 'pad_to_multiple_of=16', 'logging_steps=5'];
+
+let dir: string;
+let model: string;
+let pairsFile: string;
+
+function jsonl(file: string, rows: unknown[]): string {
+  writeFileSync(file, rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+  return file;
+}
+
+/** The policy's preference accuracy on the given pairs (share with logp(chosen) > logp(rejected)). */
+async function preference(policy: string, data: string): Promise<number> {
+  const s = await evaluateRows({ policy, ref: model, data, workDir: dir, quiet: true });
+  return s.overall.preference_accuracy;
+}
+
+beforeAll(() => {
+  dir = mkdtempSync(join(tmpdir(), 'pz-train-'));
+  model = join(dir, 'model');
+  initModelFolder(model, 'llama', 'tiny', 3);
+  // 24 pairs over 12 prompts: small enough that 25 full-batch steps fit them.
+  const pairs = demoPairs(5, 2, 0).train.filter((p) => Number(p.prompt[0]) < 6).slice(0, 24);
+  pairsFile = jsonl(join(dir, 'pairs.jsonl'), pairs.map((p) => ({ ...p, chosen_prob: 0.8, rejected_prob: 0.2 })));
+});
+
+describe('training raises preference accuracy with every Tier-1 offline loss', () => {
+  const pairwise: [string, string[]][] = [
+    ['dpo', []],
+    ['ipo', ['beta=0.5']],
+    ['rdpo', ['epsilon=0.1']],
+    ['sppo', ['beta=0.1']],
+    ['sppo_hard', ['beta=0.1']],
+    ['mpo', ['delta_quantile=0.5']],
+  ];
+  for (const [loss, params] of pairwise) {
+    it(`${loss} on pairs`, async () => {
+      const before = await preference(model, pairsFile);
+      const r = await trainAny({ model, data: pairsFile, loss, out: join(dir, `run-${loss}`), params: [...SHORT, ...params], ...quiet });
+      const after = await preference(r.finalDir, pairsFile);
+      expect(after).toBeGreaterThanOrEqual(before + 0.25);
+      expect(after).toBeGreaterThanOrEqual(0.8);
+    });
+  }
+
+  it('lipo on ranked lists and dro on labelled single answers', async () => {
+    const lists = demoLists(5).train.filter((l) => Number(l.prompt[0]) < 6).slice(0, 12);
+    const listFile = jsonl(join(dir, 'lists.jsonl'), lists);
+    // Held-out check on pairs built from the same prompts: right answer vs each wrong one.
+    const listPairs = lists.flatMap((l) => {
+      const best = l.scores.indexOf(Math.max(...l.scores));
+      return l.responses.filter((_, k) => k !== best).map((r) => ({ prompt: l.prompt, chosen: l.responses[best], rejected: r }));
+    });
+    const lpFile = jsonl(join(dir, 'list-pairs.jsonl'), listPairs);
+    const before = await preference(model, lpFile);
+    const r = await trainAny({ model, data: listFile, loss: 'lipo', out: join(dir, 'run-lipo'), params: [...SHORT, 'batch_size=12', 'beta=0.5'], ...quiet });
+    expect(await preference(r.finalDir, lpFile)).toBeGreaterThanOrEqual(before + 0.25);
+
+    const singles = demoSingles(5, 2).train.filter((s) => Number(s.prompt[0]) < 6).slice(0, 24);
+    const sFile = jsonl(join(dir, 'singles.jsonl'), singles.map((s) => ({ prompt: s.prompt, completion: s.response, label: s.label })));
+    const right = new Map(singles.filter((s) => s.label).map((s) => [s.prompt, s.response]));
+    const sPairs = singles.filter((s) => !s.label && right.has(s.prompt)).map((s) => ({ prompt: s.prompt, chosen: right.get(s.prompt), rejected: s.response }));
+    const spFile = jsonl(join(dir, 'single-pairs.jsonl'), sPairs);
+    const before2 = await preference(model, spFile);
+    const r2 = await trainAny({ model, data: sFile, loss: 'dro', out: join(dir, 'run-dro'), params: [...SHORT, 'tau=0.5', 'learning_rate=1e-2'], ...quiet });
+    expect(await preference(r2.finalDir, spFile)).toBeGreaterThanOrEqual(before2 + 0.2);
+  });
+});
+
+describe('run folder', () => {
+  it('logs every TRL metric name, and a mixture trains', async () => {
+    const r = await trainAny({ model, data: pairsFile, loss: 'dpo:1,sft:0.1', out: join(dir, 'run-mix'), params: [...SHORT, 'max_steps=3', 'logging_steps=1'], ...quiet });
+    const rows = readFileSync(join(dir, 'run-mix', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    expect(rows.map((x) => x.step)).toEqual([1, 2, 3]);
+    for (const k of ['loss', ...PAIR_METRICS, 'grad_norm', 'learning_rate', 'epoch']) {
+      for (const row of rows) expect(Number.isFinite(row[k]), `${k} at step ${row.step}`).toBe(true);
+    }
+    expect(existsSync(join(r.finalDir, 'model.safetensors'))).toBe(true);
+    expect(existsSync(join(r.finalDir, 'tokenizer.json'))).toBe(true);
+  });
+
+  it('refuses to overwrite a run without --resume, and bad settings name the parameter', async () => {
+    await expect(trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'run-mix'), params: SHORT, ...quiet })).rejects.toThrow(/already holds a training run/);
+    await expect(trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'x1'), params: ['beta=-1'], ...quiet })).rejects.toThrow(/beta/);
+    await expect(trainAny({ model, data: pairsFile, loss: 'lipo', out: join(dir, 'x2'), params: SHORT, ...quiet })).rejects.toThrow(/pairwise data; loss lipo needs listwise/);
+    await expect(trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'x3'), params: ['nonsense=1'], ...quiet })).rejects.toThrow(/nonsense/);
+  });
+});
+
