@@ -142,6 +142,7 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
       let adapter: Adapter | null = null;
       let ctx: AdapterContext | null = null;
       let fileKind: Kind | null = null;
+      const readBefore = read;
       for await (const items of src.items()) {
         for (const item of items) {
           read++;
@@ -208,7 +209,7 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
           }
         }
       }
-      if (!adapter) throw new UserError(`${src.path}: no records`);
+      if (read === readBefore) throw new UserError(`${src.path}: no records`);
     }
     if (written === 0) {
       await flushSkipped();

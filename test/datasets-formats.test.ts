@@ -263,6 +263,19 @@ describe('csv', () => {
   });
 });
 
+describe('several inputs', () => {
+  it('are concatenated in order when they give the same kind, whatever their formats', async () => {
+    const a = jsonl('multi-a.jsonl', [{ prompt: 'p1', chosen: 'a', rejected: 'b' }]);
+    const b = join(dir, 'multi-b.csv');
+    writeFileSync(b, 'prompt,chosen,rejected\np2,c,d\n');
+    const { rows, summary } = await roundTrip([a, b]);
+    expect(summary).toMatchObject({ read: 2, written: 2, formats: ['trl'] });
+    expect(rows.map((r) => r.prompt)).toEqual(['p1', 'p2']);
+    const k = jsonl('multi-k.jsonl', [{ prompt: 'p', completion: 'c', label: true }]);
+    await expect(convert([a, k], join(dir, 'multi.parquet'))).rejects.toThrow(`${k}: single data, but the inputs before it are pairwise`);
+  });
+});
+
 describe('real data in shared/data', () => {
   it('dpo_en_demo.json: 300 sharegpt pairs → pairwise messages, values intact', async () => {
     const src = JSON.parse(readFileSync(join(shared, 'dpo_en_demo.json'), 'utf8')) as Array<Record<string, any>>;
