@@ -9,6 +9,7 @@ import { register as trainCmd } from './train.ts';
 import { register as evalCmd } from './eval.ts';
 import { register as demo } from './demo.ts';
 import { register as loss } from './loss.ts';
+import { register as bench } from './bench.ts';
 
 /** Every `prefzoo` subcommand: one module each, one line here each. */
 export const commands: Array<(program: Command) => void> = [
@@ -22,4 +23,5 @@ export const commands: Array<(program: Command) => void> = [
   evalCmd,
   demo,
   loss,
+  bench,
 ];

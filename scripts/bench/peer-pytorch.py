@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""The PyTorch eager peer of `prefzoo bench`: the same DPO training step (forward, backward, AdamW)
+of the same llama shape on the same batch, printing the same JSON keys.
+
+The model is a plain-torch Llama block stack written the way Hugging Face's eager modeling code
+computes it (RMSNorm, rotate-half RoPE, grouped-query heads repeated to full heads, masked softmax
+attention, SwiGLU MLP, untied head; log-probs by log_softmax and gather as TRL's DPO trainer does).
+
+Needs Debian's python3-torch (PyTorch 1.13 with OpenBLAS):
+  apt-get install -y python3-torch libopenblas0-pthread
+  /usr/bin/python3 scripts/bench/peer-pytorch.py [--preset small|tiny] [--steps N] [--threads N]
+"""
+import argparse
+import json
+import math
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# Shapes of src/models/config.ts presetConfig('llama', ...); tiny's vocabulary is the generated
+# tokenizer's (passed with --vocab when it differs).
+PRESETS = {
+    'small': dict(vocab=32000, hidden=512, inter=1376, layers=8, heads=8, kv_heads=4, head_dim=64, tied=False),
+    'tiny': dict(vocab=512, hidden=64, inter=172, layers=2, heads=4, kv_heads=2, head_dim=16, tied=True),
+}
+EPS = 1e-6
+THETA = 10000.0
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * self.weight
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        d, h, kv, hd = c['hidden'], c['heads'], c['kv_heads'], c['head_dim']
+        self.h, self.kv, self.hd = h, kv, hd
+        self.input_layernorm = RMSNorm(d)
+        self.q_proj = nn.Linear(d, h * hd, bias=False)
+        self.k_proj = nn.Linear(d, kv * hd, bias=False)
+        self.v_proj = nn.Linear(d, kv * hd, bias=False)
+        self.o_proj = nn.Linear(h * hd, d, bias=False)
+        self.post_attention_layernorm = RMSNorm(d)
+        self.gate_proj = nn.Linear(d, c['inter'], bias=False)
+        self.up_proj = nn.Linear(d, c['inter'], bias=False)
+        self.down_proj = nn.Linear(c['inter'], d, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        B, T, _ = x.shape
+        y = self.input_layernorm(x)
+        q = self.q_proj(y).view(B, T, self.h, self.hd).transpose(1, 2)
+        k = self.k_proj(y).view(B, T, self.kv, self.hd).transpose(1, 2)
+        v = self.v_proj(y).view(B, T, self.kv, self.hd).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        rep = self.h // self.kv
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+        scores = q @ k.transpose(2, 3) / math.sqrt(self.hd) + mask
+        ctx = torch.softmax(scores, dim=-1) @ v
+        x = x + self.o_proj(ctx.transpose(1, 2).reshape(B, T, -1))
+        y = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
+
+
+class Llama(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.embed_tokens = nn.Embedding(c['vocab'], c['hidden'])
+        self.layers = nn.ModuleList(Block(c) for _ in range(c['layers']))
+        self.norm = RMSNorm(c['hidden'])
+        self.lm_head = None if c['tied'] else nn.Linear(c['hidden'], c['vocab'], bias=False)
+        hd = c['head_dim']
+        self.register_buffer('inv_freq', 1.0 / THETA ** (torch.arange(0, hd, 2).float() / hd), persistent=False)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, ids, attn):
+        B, T = ids.shape
+        pos = (attn.cumsum(1) - attn).float()  # real tokens before each token
+        freqs = pos[:, :, None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), -1)[:, None]  # [B, 1, T, hd]
+        cos, sin = emb.cos(), emb.sin()
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        allowed = causal[None, None] & attn.bool()[:, None, None, :]
+        mask = torch.zeros(B, 1, T, T).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        x = self.embed_tokens(ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        x = self.norm(x)
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return x @ w.t()
+
+
+def sequence_logps(logits, ids, loss_mask):
+    """Σ_t loss_mask[t] · log p(ids[t] | ids[<t]) per row."""
+    lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return (lp * loss_mask[:, 1:]).sum(-1)
+
+
+def bench_pairs(vocab, pairs, seq_len, seed=1):
+    """The same seeded tokens as src/cli/commands/bench.ts benchPairs (LCG, ids from 16)."""
+    s = seed & 0xFFFFFFFF
+
+    def tok():
+        nonlocal s
+        s = (s * 1664525 + 1013904223) & 0xFFFFFFFF
+        return 16 + s % (vocab - 16)
+
+    half = seq_len // 2
+    rows = []
+    for _ in range(pairs):
+        prompt = [tok() for _ in range(half)]
+        rows.append((prompt, [tok() for _ in range(seq_len - half)], [tok() for _ in range(seq_len - half)]))
+    # Response-major like collate(): chosen_1..chosen_B, rejected_1..rejected_B.
+    seqs = [p + c for p, c, _ in rows] + [p + r for p, _, r in rows]
+    ids = torch.tensor(seqs, dtype=torch.long)
+    loss_mask = torch.zeros(ids.shape)
+    loss_mask[:, half:] = 1
+    return ids, torch.ones_like(ids), loss_mask
+
+
+def matmul_peak(n=2048, runs=10):
+    a = torch.rand(n, n) - 0.5
+    b = torch.rand(n, n) - 0.5
+    a @ b
+    rates = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        a @ b
+        rates.append(2 * n ** 3 / (time.perf_counter() - t0) / 1e9)
+    return statistics.median(rates)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--preset', default='small', choices=sorted(PRESETS))
+    ap.add_argument('--steps', type=int, default=5)
+    ap.add_argument('--warmup', type=int, default=1)
+    ap.add_argument('--pairs', type=int, default=4)
+    ap.add_argument('--seq', type=int, default=256)
+    ap.add_argument('--threads', type=int, default=0, help='torch threads (default: every core)')
+    ap.add_argument('--vocab', type=int, default=0, help='override the preset vocabulary')
+    ap.add_argument('--no-peak', action='store_true')
+    a = ap.parse_args()
+    import os
+    torch.set_num_threads(a.threads or os.cpu_count())
+    torch.manual_seed(0)
+    c = dict(PRESETS[a.preset])
+    if a.vocab:
+        c['vocab'] = a.vocab
+    model = Llama(c)
+    params = sum(p.numel() for p in model.parameters())
+    ids, attn, loss_mask = bench_pairs(c['vocab'], a.pairs, a.seq)
+    tokens = ids.numel()
+    log = lambda s: print(f'peer: {s}', file=sys.stderr, flush=True)
+    log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {params:,} parameters")
+
+    eval_times = []
+    with torch.no_grad():
+        for i in range(max(2, min(a.steps, 5)) + 1):
+            t0 = time.perf_counter()
+            ref = sequence_logps(model(ids, attn), ids, loss_mask)
+            if i > 0:
+                eval_times.append(time.perf_counter() - t0)
+    ref_c, ref_r = ref[:a.pairs], ref[a.pairs:]
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    beta = 0.1
+    times = []
+    for i in range(a.warmup + a.steps):
+        t0 = time.perf_counter()
+        lp = sequence_logps(model(ids, attn), ids, loss_mask)
+        logits = beta * ((lp[:a.pairs] - ref_c) - (lp[a.pairs:] - ref_r))
+        loss = -F.logsigmoid(logits).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        dt = time.perf_counter() - t0
+        if i >= a.warmup:
+            times.append(dt)
+        log(f'step {i + 1}/{a.warmup + a.steps} {dt:.3f} s loss {loss.item():.4f}')
+
+    per_step = statistics.median(times)
+    embed = c['vocab'] * c['hidden']
+    matmul_params = params - (0 if c['tied'] else embed)
+    flops = tokens * (6 * matmul_params + 12 * c['layers'] * c['heads'] * c['head_dim'] * a.seq)
+    achieved = flops / per_step / 1e9
+    peak = None if a.no_peak else matmul_peak()
+    out = {
+        'preset': a.preset,
+        'params': params,
+        'matmul_params': matmul_params,
+        'tokens_per_step': tokens,
+        'threads': torch.get_num_threads(),
+        'tokens_per_s': round(tokens / per_step, 1),
+        'seconds_per_step': round(per_step, 3),
+        'step_seconds': [round(t, 3) for t in times],
+        'model_gflop_per_step': round(flops / 1e9, 1),
+        'achieved_gflops': round(achieved, 1),
+        'matmul_peak_gflops': None if peak is None else round(peak, 1),
+        'mfu': None if peak is None else round(achieved / peak, 3),
+        'eval_tokens_per_s': round(tokens / statistics.median(eval_times), 1),
+        'peak_rss_mb': round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        'engine': f'pytorch {torch.__version__} eager',
+    }
+    print(json.dumps(out))
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,235 @@
+/**
+ * `prefzoo bench`: throughput of one DPO training step (forward, backward, AdamW) of the init-model
+ * llama through the training artifacts, against the machine's MatMul peak through the same runtime.
+ *
+ * FLOPs follow the PaLM paper's count (Chowdhery et al. 2022, appendix B): 6·N per token for the
+ * N matmul parameters (every weight except the input embedding table, which is a gather), plus
+ * 12·L·H·hd·T per token for the attention scores and context, computed densely as the runtime does.
+ */
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import type { Command } from 'commander';
+import { UserError } from '../errors.ts';
+import { Progress } from '../progress.ts';
+import { buildArtifacts } from '../../artifacts/build.ts';
+import { TrainingArtifacts } from '../../artifacts/training.ts';
+import { type LlamaConfig, countParameters, presetConfig } from '../../models/config.ts';
+import { initWeights } from '../../models/init.ts';
+import { measureMatmulPeak } from '../../runtime/peak.ts';
+import type { OptLevel, RuntimeOptions } from '../../runtime/session.ts';
+import { collate } from '../../train/batch.ts';
+import type { TokenizedExample } from '../../train/data.ts';
+import { buildSpec } from '../../train/graph.ts';
+import { resolveLoss } from '../../../losses/index.ts';
+import { writeTokenizer } from '../../tokenize/generate.ts';
+
+export interface BenchOptions {
+  preset: 'tiny' | 'small';
+  /** Timed training steps (after `warmup` untimed ones). */
+  steps: number;
+  warmup: number;
+  pairs: number;
+  seqLen: number;
+  runtime: RuntimeOptions;
+  /** Skip the MatMul peak measurement (mfu is then null). */
+  skipPeak?: boolean;
+  progress?: boolean;
+}
+
+export interface BenchResult {
+  preset: string;
+  params: number;
+  matmul_params: number;
+  tokens_per_step: number;
+  threads: number | null;
+  tokens_per_s: number;
+  seconds_per_step: number;
+  step_seconds: number[];
+  model_gflop_per_step: number;
+  achieved_gflops: number;
+  matmul_peak_gflops: number | null;
+  mfu: number | null;
+  eval_tokens_per_s: number;
+  peak_rss_mb: number;
+}
+
+const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
+
+/** 6·N per token plus dense attention (12·L·H·hd·T per token), per the PaLM appendix B count. */
+export function stepFlops(c: LlamaConfig, tokens: number, seqLen: number): { flops: number; matmulParams: number } {
+  const embed = c.vocab_size * c.hidden_size;
+  // A tied head is a matmul over the embedding table, so the table counts once when tied.
+  const matmulParams = countParameters(c) - (c.tie_word_embeddings ? 0 : embed);
+  const attention = 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * seqLen;
+  return { flops: tokens * (6 * matmulParams + attention), matmulParams };
+}
+
+/** `pairs` preference pairs of seeded random tokens: a prompt of half the length, two completions of the rest. */
+export function benchPairs(vocab: number, pairs: number, seqLen: number, seed = 1): TokenizedExample[] {
+  let s = seed >>> 0;
+  // Tokens from 16 upwards keep the generated tokenizer's special ids out of the data.
+  const tok = () => {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    return 16 + (s % (vocab - 16));
+  };
+  const half = seqLen / 2;
+  return Array.from({ length: pairs }, () => ({
+    promptIds: Array.from({ length: half }, tok),
+    responseIds: [Array.from({ length: seqLen - half }, tok), Array.from({ length: seqLen - half }, tok)],
+    src: { prompt: '', responses: ['', ''] },
+  }));
+}
+
+function rssMb(): number {
+  return process.resourceUsage().maxRSS / 1024;
+}
+
+export async function runBench(o: BenchOptions): Promise<BenchResult> {
+  const log = (line: string) => o.progress && process.stderr.write(`bench: ${line}\n`);
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-bench-'));
+  try {
+    return await benchIn(dir, o, log);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void): Promise<BenchResult> {
+  // The model init-model writes (same tokenizer, config and seed), kept in memory.
+  const tok = writeTokenizer(path.join(dir, 'tokenizer'));
+  const config = presetConfig('llama', o.preset, { vocabSize: o.preset === 'tiny' ? tok.vocabSize : undefined, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId }) as LlamaConfig;
+  const weights = initWeights(config, 0);
+  const params = countParameters(config);
+  const rows = benchPairs(config.vocab_size, o.pairs, o.seqLen);
+  const problem = { config, kind: 'pairwise' as const, loss: resolveLoss('dpo', {}), lora: null, valueHead: false, dataKeys: new Set<string>() };
+  const spec = buildSpec(problem, weights, { type: 'adamw', betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0, maxGradNorm: 1 });
+  // No initial checkpoint on disk: the weights go straight into the runner's store.
+  const initial = new Map(spec.params.map((p) => [p.name, p.data!]));
+  spec.params = spec.params.map((p) => ({ ...p, data: undefined }));
+  log(`llama ${o.preset}: ${params.toLocaleString('en-US')} parameters; building artifacts`);
+  const artDir = path.join(dir, 'artifacts');
+  buildArtifacts(spec, artDir);
+  const art = await TrainingArtifacts.load(artDir, o.runtime, { checkpoint: false });
+  for (const [name, data] of initial) art.setParam(name, data);
+  initial.clear();
+
+  const collateOpts = { kind: 'pairwise' as const, padTo: 64, padId: tok.padId, dtype: 'float32' as const };
+  const c0 = collate(rows, collateOpts);
+  const evalRuns = Math.max(2, Math.min(o.steps, 5));
+  const evalTimes: number[] = [];
+  let ref: Float32Array | null = null;
+  for (let i = 0; i <= evalRuns; i++) {
+    const t0 = performance.now();
+    const out = await art.evaluate(c0.feeds);
+    if (i > 0) evalTimes.push((performance.now() - t0) / 1000);
+    ref = out.logp.data as Float32Array;
+  }
+  // Reference log-probs = the starting policy's, in collate's response-major layout.
+  const batch = collate(rows, { ...collateOpts, refLogps: (_, i) => [ref![i], ref![o.pairs + i]] });
+  const tokens = batch.tokens;
+  log(`eval ${(tokens / median(evalTimes)).toFixed(0)} tokens/s; ${o.warmup} warm-up + ${o.steps} timed steps of ${batch.sequences}×${batch.length} tokens`);
+
+  const progress = new Progress('bench', o.warmup + o.steps, { quiet: !o.progress, plainEverySeconds: 0 });
+  const stepTimes: number[] = [];
+  for (let i = 0; i < o.warmup + o.steps; i++) {
+    const t0 = performance.now();
+    const m = await art.trainStep(batch.feeds, { lr: 1e-5 });
+    const dt = (performance.now() - t0) / 1000;
+    if (!Number.isFinite(m.loss)) throw new Error(`bench: loss is ${m.loss} at step ${i + 1}`);
+    if (i >= o.warmup) stepTimes.push(dt);
+    progress.update(i + 1, { 's/step': dt, loss: m.loss });
+  }
+  progress.stop();
+  await art.release();
+
+  const perStep = median(stepTimes);
+  const { flops, matmulParams } = stepFlops(config, tokens, batch.length);
+  let peak: number | null = null;
+  if (!o.skipPeak) {
+    log('measuring the MatMul peak');
+    peak = (await measureMatmulPeak(o.runtime)).gflops;
+  }
+  const achieved = flops / perStep / 1e9;
+  return {
+    preset: o.preset,
+    params,
+    matmul_params: matmulParams,
+    tokens_per_step: tokens,
+    threads: o.runtime.threads ?? null,
+    tokens_per_s: round(tokens / perStep, 1),
+    seconds_per_step: round(perStep, 3),
+    step_seconds: stepTimes.map((t) => round(t, 3)),
+    model_gflop_per_step: round(flops / 1e9, 1),
+    achieved_gflops: round(achieved, 1),
+    matmul_peak_gflops: peak === null ? null : round(peak, 1),
+    mfu: peak === null ? null : round(achieved / peak, 3),
+    eval_tokens_per_s: round(tokens / median(evalTimes), 1),
+    peak_rss_mb: round(rssMb(), 0),
+  };
+}
+
+function round(x: number, digits: number): number {
+  const f = 10 ** digits;
+  return Math.round(x * f) / f;
+}
+
+function positiveInt(flag: string, v: string | undefined, dflt: number): number {
+  if (v === undefined) return dflt;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 1) throw new UserError(`${flag} must be a positive integer, got "${v}"`);
+  return n;
+}
+
+export function register(program: Command): void {
+  program
+    .command('bench')
+    .description('time DPO training steps (forward, backward, AdamW) of the init-model llama through the training artifacts, and the MatMul peak of this machine')
+    .option('--preset <preset>', 'model size: tiny or small (56M parameters, vocabulary 32000)', 'small')
+    .option('--steps <n>', 'timed steps, after the warm-up (default 5)')
+    .option('--warmup <n>', 'untimed steps first (default 1)')
+    .option('--pairs <n>', 'preference pairs per batch (default 4)')
+    .option('--seq <n>', 'tokens per sequence, half prompt and half completion (default 256)')
+    .option('--threads <n>', 'intra-op threads (default: ONNX Runtime picks one per core)')
+    .option('--opt-level <level>', 'graph optimisation level: disabled, basic, extended or all (default extended)')
+    .option('--no-peak', 'skip the MatMul peak measurement')
+    .option('--json', 'print one JSON line')
+    .action(async (o: { preset: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; json?: boolean }) => {
+      if (o.preset !== 'tiny' && o.preset !== 'small') throw new UserError(`--preset: "${o.preset}" is not one of tiny, small`);
+      const levels = ['disabled', 'basic', 'extended', 'all'];
+      if (o.optLevel !== undefined && !levels.includes(o.optLevel)) throw new UserError(`--opt-level: "${o.optLevel}" is not one of ${levels.join(', ')}`);
+      const seqLen = positiveInt('--seq', o.seq, 256);
+      if (seqLen < 4 || seqLen % 2) throw new UserError(`--seq must be an even number ≥ 4, got ${seqLen}`);
+      const r = await runBench({
+        preset: o.preset,
+        steps: positiveInt('--steps', o.steps, 5),
+        warmup: o.warmup === '0' ? 0 : positiveInt('--warmup', o.warmup, 1),
+        pairs: positiveInt('--pairs', o.pairs, 4),
+        seqLen,
+        runtime: { threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1), optLevel: o.optLevel as OptLevel | undefined },
+        skipPeak: !o.peak,
+        progress: true,
+      });
+      if (o.json) {
+        process.stdout.write(JSON.stringify(r) + '\n');
+        return;
+      }
+      const lines: [string, string][] = [
+        ['model', `llama ${r.preset}, ${r.params.toLocaleString('en-US')} parameters (${r.matmul_params.toLocaleString('en-US')} in matmuls)`],
+        ['batch', `${r.tokens_per_step} tokens per step`],
+        ['tokens_per_s', String(r.tokens_per_s)],
+        ['seconds_per_step', `${r.seconds_per_step} (median of ${r.step_seconds.join(', ')})`],
+        ['model_gflop_per_step', String(r.model_gflop_per_step)],
+        ['achieved_gflops', String(r.achieved_gflops)],
+        ['matmul_peak_gflops', String(r.matmul_peak_gflops ?? 'not measured')],
+        ['mfu', r.mfu === null ? 'n/a' : `${(r.mfu * 100).toFixed(1)} %`],
+        ['eval_tokens_per_s', String(r.eval_tokens_per_s)],
+        ['peak_rss_mb', String(r.peak_rss_mb)],
+      ];
+      const w = Math.max(...lines.map(([k]) => k.length));
+      process.stdout.write(lines.map(([k, v]) => `${k.padEnd(w)}  ${v}`).join('\n') + '\n');
+    });
+}

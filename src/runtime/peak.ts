@@ -1,0 +1,37 @@
+/**
+ * The machine's float32 MatMul throughput through ONNX Runtime: the denominator of model FLOP
+ * utilisation. A square product large enough that packing and threading overheads are small;
+ * operands are graph inputs (no constant folding) and the median of repeated runs is reported.
+ */
+import { Graph } from '../onnx/graph.ts';
+import { serializeModel } from '../onnx/proto.ts';
+import { type RuntimeOptions, Session, toOrt } from './session.ts';
+
+export interface MatmulPeak {
+  /** Median GFLOP/s over the timed runs (2·n³ flops per run). */
+  gflops: number;
+  /** Best run, GFLOP/s. */
+  best: number;
+  n: number;
+  runs: number;
+}
+
+export async function measureMatmulPeak(runtime: RuntimeOptions = {}, o: { n?: number; runs?: number } = {}): Promise<MatmulPeak> {
+  const n = o.n ?? 2048;
+  const runs = o.runs ?? 10;
+  const g = new Graph('matmul_peak');
+  g.output(g.matmul(g.input('a', 'float32', [n, n]), g.input('b', 'float32', [n, n])), 'c');
+  const session = await Session.create(serializeModel(g), runtime);
+  const fill = () => Float32Array.from({ length: n * n }, (_, i) => ((i * 2654435761) % 1000) / 1000 - 0.5);
+  const feeds = { a: toOrt('float32', fill(), [n, n]), b: toOrt('float32', fill(), [n, n]) };
+  await session.run(feeds); // warm-up: thread pool start, packing buffers
+  const rates: number[] = [];
+  for (let i = 0; i < runs; i++) {
+    const t0 = performance.now();
+    await session.run(feeds);
+    rates.push((2 * n ** 3) / ((performance.now() - t0) / 1000) / 1e9);
+  }
+  await session.release();
+  rates.sort((a, b) => a - b);
+  return { gflops: rates[Math.floor(runs / 2)], best: rates[runs - 1], n, runs };
+}
