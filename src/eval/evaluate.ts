@@ -5,6 +5,8 @@
  */
 import { UserError } from '../cli/errors.ts';
 import { loadModel } from '../models/load.ts';
+import { maxPositions } from '../models/config.ts';
+import { DEFAULT_CONFIG } from '../train/config.ts';
 import { loadTokenizer } from '../tokenize/index.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
 import { loadData, tokenizeExamples, type TruncationConfig } from '../train/data.ts';
@@ -79,8 +81,15 @@ export async function evaluateRows(o: EvalOptions): Promise<EvalSummary> {
   const ref = loadModel(o.ref);
   const tok = loadTokenizer(o.policy);
   const data = await loadData(o.data, o.workDir);
-  const trunc = o.truncation ?? { max_length: 1 << 20, max_prompt_length: (1 << 20) - 1, truncation: 'keep_end' };
-  const { rows } = tokenizeExamples(data.examples, tok, trunc);
+  // Same truncation as training by default, capped by the model's positions.
+  const maxLen = Math.min(o.truncation?.max_length ?? DEFAULT_CONFIG.max_length, maxPositions(policy.config));
+  const trunc: TruncationConfig = {
+    max_length: maxLen,
+    max_prompt_length: Math.min(o.truncation?.max_prompt_length ?? DEFAULT_CONFIG.max_prompt_length, maxLen - 1),
+    truncation: o.truncation?.truncation ?? DEFAULT_CONFIG.truncation,
+  };
+  const { rows, truncated } = tokenizeExamples(data.examples, tok, trunc);
+  if (truncated && !o.quiet) process.stderr.write(`eval: ${truncated} of ${rows.length} rows truncated to max_length ${trunc.max_length} / max_prompt_length ${trunc.max_prompt_length}\n`);
   const runtime = o.runtime ?? {};
   const bs = o.batchSize ?? 8;
   const ps = await Scorer.create(policy.config, policy.weights, runtime, tok.padId ?? 0);
@@ -92,7 +101,7 @@ export async function evaluateRows(o: EvalOptions): Promise<EvalSummary> {
   const rewards = pl.map((lp, i) => lp.map((v, k) => beta * (v - rl[i][k])));
   const all = rows.map((_, i) => i);
   const ex = data.examples;
-  const overall = summarise(data.kind, all, rewards, ex, pl);
+  const overall = { ...summarise(data.kind, all, rewards, ex, pl), truncated };
   const bySource: Record<string, Record<string, number>> = {};
   if (ex.some((e) => e.source !== undefined)) {
     for (const [src, idx] of groupBy(ex.map((e) => e.source ?? null))) bySource[src] = summarise(data.kind, idx, rewards, ex, pl);

@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { evaluateRows, formatEvalTable } from '../../eval/evaluate.ts';
-import { parseParams } from '../../train/config.ts';
+import { DEFAULT_CONFIG, parseParams } from '../../train/config.ts';
 import { UserError } from '../errors.ts';
 
 function collect(v: string, prev: string[]): string[] {
@@ -18,14 +18,25 @@ export function register(program: Command): void {
     .requiredOption('--data <file>', 'canonical Parquet or any file `prefzoo convert` accepts')
     .option('--param <key=value>', 'beta=… scales the implicit rewards (default 0.1)', collect, [])
     .option('--batch-size <n>', 'examples per forward pass', '8')
+    .option('--max-length <n>', 'truncate prompt + response to this many tokens (default 512, at most the model\'s positions)')
+    .option('--max-prompt-length <n>', 'truncate prompts to this many tokens, keeping their end (default 256)')
     .option('--json', 'print one JSON line')
     .option('--quiet', 'no progress output')
-    .action(async (o: { model: string; ref: string; data: string; param: string[]; batchSize: string; json?: boolean; quiet?: boolean }) => {
+    .action(async (o: { model: string; ref: string; data: string; param: string[]; batchSize: string; maxLength?: string; maxPromptLength?: string; json?: boolean; quiet?: boolean }) => {
       const params = parseParams(o.param);
       for (const k of Object.keys(params)) if (k !== 'beta') throw new UserError(`--param ${k}: eval takes only beta`);
       const bs = Number(o.batchSize);
       if (!Number.isInteger(bs) || bs < 1) throw new UserError(`--batch-size must be a positive integer, got "${o.batchSize}"`);
-      const s = await evaluateRows({ policy: o.model, ref: o.ref, data: o.data, workDir: join(tmpdir(), `prefzoo-eval-${process.pid}`), params, quiet: o.quiet || o.json, batchSize: bs });
+      const int = (flag: string, v: string | undefined, d: number) => {
+        if (v === undefined) return d;
+        const n = Number(v);
+        if (!Number.isInteger(n) || n < 1) throw new UserError(`${flag} must be a positive integer, got "${v}"`);
+        return n;
+      };
+      const max_length = int('--max-length', o.maxLength, DEFAULT_CONFIG.max_length);
+      const max_prompt_length = int('--max-prompt-length', o.maxPromptLength, Math.min(DEFAULT_CONFIG.max_prompt_length, max_length - 1));
+      if (max_prompt_length >= max_length) throw new UserError(`--max-prompt-length (${max_prompt_length}) must be smaller than --max-length (${max_length})`);
+      const s = await evaluateRows({ policy: o.model, ref: o.ref, data: o.data, workDir: join(tmpdir(), `prefzoo-eval-${process.pid}`), params, quiet: o.quiet || o.json, batchSize: bs, truncation: { max_length, max_prompt_length, truncation: 'keep_end' } });
       if (o.json) process.stdout.write(JSON.stringify({ kind: s.kind, ...s.overall, by_source: s.bySource }) + '\n');
       else process.stdout.write(formatEvalTable(s) + '\n');
     });
