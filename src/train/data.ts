@@ -9,6 +9,7 @@ import { readCanonical, parquetFooter } from '../../datasets/parquet.ts';
 import { convert } from '../../datasets/convert.ts';
 import type { Kind, PrefzooMeta } from '../../datasets/schema.ts';
 import { META_KEY } from '../../datasets/schema.ts';
+import { readTokenColumns, type TokenRow } from '../../datasets/tokenized.ts';
 import { UserError } from '../cli/errors.ts';
 import { type LoadedTokenizer, type Message, tokenizePromptResponse } from '../tokenize/index.ts';
 
@@ -41,6 +42,10 @@ export interface LoadedData {
   examples: Example[];
   /** The canonical Parquet file(s) the examples came from. */
   files: string[];
+  /** Token ids stored by `prefzoo tokenize`, when the file has them. */
+  tokens?: TokenRow[];
+  /** The Arrow table itself (for writing derived columns). */
+  table?: arrow.Table;
 }
 
 async function isCanonicalParquet(file: string): Promise<boolean> {
@@ -128,7 +133,7 @@ export async function loadData(file: string, workDir: string, opts: { kind?: Kin
     throw new UserError(`${file}: is ${meta.kind} data, this needs ${opts.kind}`);
   }
   if (table.numRows === 0) throw new UserError(`${file}: has no rows`);
-  return { kind: meta.kind, meta, examples: tableExamples(table, meta, file), files };
+  return { kind: meta.kind, meta, examples: tableExamples(table, meta, file), files, tokens: readTokenColumns(table, meta.kind) ?? undefined, table };
 }
 
 export interface TruncationConfig {
@@ -137,16 +142,21 @@ export interface TruncationConfig {
   truncation: 'keep_start' | 'keep_end';
 }
 
-/** Tokenizes examples; rows that had to be truncated are counted, never dropped. */
-export function tokenizeExamples(examples: Example[], tok: LoadedTokenizer, cfg: TruncationConfig): { rows: TokenizedExample[]; truncated: number } {
+/**
+ * Tokenizes examples (or takes the ids a tokenized file already holds); rows that had to be
+ * truncated are counted, never dropped.
+ */
+export function tokenizeExamples(examples: Example[], tok: LoadedTokenizer, cfg: TruncationConfig, stored?: TokenRow[]): { rows: TokenizedExample[]; truncated: number } {
   let truncated = 0;
-  const rows = examples.map((ex) => {
-    let promptIds: number[] = [];
-    const responseIds = ex.responses.map((r, k) => {
-      const ids = tokenizePromptResponse(tok, ex.prompt, r);
-      if (k === 0) promptIds = ids.promptIds;
-      return ids.responseIds;
-    });
+  const rows = examples.map((ex, i) => {
+    let promptIds: number[] = stored ? stored[i].promptIds : [];
+    const responseIds = stored
+      ? stored[i].responseIds
+      : ex.responses.map((r, k) => {
+          const ids = tokenizePromptResponse(tok, ex.prompt, r);
+          if (k === 0) promptIds = ids.promptIds;
+          return ids.responseIds;
+        });
     let cut = false;
     if (promptIds.length > cfg.max_prompt_length) {
       promptIds = cfg.truncation === 'keep_end' ? promptIds.slice(-cfg.max_prompt_length) : promptIds.slice(0, cfg.max_prompt_length);

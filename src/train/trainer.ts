@@ -134,7 +134,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     throw new UserError(`${o.data}: is ${data.kind} data; loss ${o.loss} needs ${[...kinds].join(' or ')} data`);
   }
   const kind: Kind = data.kind;
-  const { rows, truncated } = tokenizeExamples(data.examples, tok, config);
+  const { rows, truncated } = tokenizeExamples(data.examples, tok, config, data.tokens);
   log(`data: ${rows.length} ${kind} rows from ${o.data}${truncated ? `, ${truncated} truncated to max_length ${config.max_length} / max_prompt_length ${config.max_prompt_length}` : ''}`);
   if (rows.some((r) => r.responseIds.some((x) => x.length === 0))) {
     throw new UserError(`${o.data}: a response is empty after tokenization and truncation (max_length ${config.max_length} leaves no room); raise max_length or lower max_prompt_length`);

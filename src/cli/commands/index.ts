@@ -8,6 +8,7 @@ import { register as report } from './report.ts';
 import { register as trainCmd } from './train.ts';
 import { register as evalCmd } from './eval.ts';
 import { register as demo } from './demo.ts';
+import { register as tokenize } from './tokenize.ts';
 import { register as loss } from './loss.ts';
 import { register as bench } from './bench.ts';
 
@@ -22,6 +23,7 @@ export const commands: Array<(program: Command) => void> = [
   trainCmd,
   evalCmd,
   demo,
+  tokenize,
   loss,
   bench,
 ];
