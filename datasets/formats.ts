@@ -2,6 +2,7 @@
  * Format adapters: one input record → one canonical row. Each adapter knows the shape it reads, how
  * to recognise it from a record's fields, and which kind it produces (shared/DATA.md).
  */
+import { type FormatName, FORMAT_NAMES } from './names.ts';
 import type { Kind, Message, Text } from './schema.ts';
 import {
   type FieldContext,
@@ -41,8 +42,7 @@ export interface Adapter {
   toRow(rec: Rec, ctx: AdapterContext): Row;
 }
 
-export const FORMAT_NAMES = ['trl', 'sharegpt', 'hh', 'ultrafeedback', 'openai', 'kto', 'rewards', 'listwise', 'csv'] as const;
-export type FormatName = (typeof FORMAT_NAMES)[number];
+export { type FormatName, FORMAT_NAMES };
 
 const ID_KEYS = ['id', 'prompt_id'];
 

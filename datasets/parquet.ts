@@ -5,7 +5,7 @@
  * their real names only once everything succeeded.
  */
 import * as arrow from 'apache-arrow';
-import * as pw from 'parquet-wasm';
+import type * as PW from 'parquet-wasm';
 import { existsSync, openAsBlob, readdirSync } from 'node:fs';
 import { readFile, rename, rm } from 'node:fs/promises';
 import { Worker } from 'node:worker_threads';
@@ -20,6 +20,16 @@ export interface WriteOptions {
   /** Upper bound on the uncompressed bytes of one row group (default 32 MiB, at most shardBytes). */
   rowGroupBytes?: number;
   compression?: 'zstd' | 'snappy';
+}
+
+/**
+ * parquet-wasm compiles ~5 MB of wasm when imported (~0.3 s): load it only when a Parquet file is
+ * read here, not for every conversion (writing happens in the worker, which loads its own).
+ */
+let wasm: Promise<typeof PW> | null = null;
+function parquetWasm(): Promise<typeof PW> {
+  wasm ??= import('parquet-wasm');
+  return wasm;
 }
 
 export const DEFAULT_SHARD_BYTES = 512 * 1024 * 1024;
@@ -172,21 +182,22 @@ type WorkerMessage =
 
 /** Reads a Parquet file as a stream of Arrow RecordBatches without loading it whole (gzip: whole). */
 export async function* readParquetBatches(path: string, batchRows = 8192): AsyncGenerator<arrow.RecordBatch> {
+  const pw = await parquetWasm();
   if (path.endsWith('.gz')) {
     const wt = pw.readParquet(gunzipSync(await readFile(path)), { batchSize: batchRows });
     yield* arrow.tableFromIPC(wt.intoIPCStream()).batches;
     return;
   }
-  let file: pw.ParquetFile;
+  let file: PW.ParquetFile;
   try {
     file = await pw.ParquetFile.fromFile(await openAsBlob(path));
   } catch (e) {
     throw new UserError(`${path}: not a readable Parquet file (${errorText(e)})`);
   }
-  const stream = (await file.stream({ batchSize: batchRows })) as unknown as AsyncIterable<pw.RecordBatch>;
+  const stream = (await file.stream({ batchSize: batchRows })) as unknown as AsyncIterable<PW.RecordBatch>;
   const it = stream[Symbol.asyncIterator]();
   for (;;) {
-    let step: IteratorResult<pw.RecordBatch>;
+    let step: IteratorResult<PW.RecordBatch>;
     try {
       step = await it.next();
     } catch (e) {
@@ -199,6 +210,7 @@ export async function* readParquetBatches(path: string, batchRows = 8192): Async
 
 /** Row count and key-value metadata of a Parquet file, from its footer alone. */
 export async function parquetFooter(path: string): Promise<{ rows: number; metadata: Map<string, string> }> {
+  const pw = await parquetWasm();
   const bytes = path.endsWith('.gz') ? gunzipSync(await readFile(path)) : null;
   if (bytes) {
     const wt = pw.readParquet(bytes, { limit: 0 });
@@ -207,7 +219,7 @@ export async function parquetFooter(path: string): Promise<{ rows: number; metad
     for (const b of arrow.tableFromIPC(pw.readParquet(bytes).intoIPCStream()).batches) rows += b.numRows;
     return { rows, metadata: md };
   }
-  let file: pw.ParquetFile;
+  let file: PW.ParquetFile;
   try {
     file = await pw.ParquetFile.fromFile(await openAsBlob(path));
   } catch (e) {
@@ -246,6 +258,7 @@ export interface Canonical {
  */
 export async function readCanonical(path: string): Promise<Canonical> {
   const files = datasetFiles(path);
+  const pw = await parquetWasm();
   const tables: arrow.Table[] = [];
   let meta: PrefzooMeta | null = null;
   for (const f of files) {

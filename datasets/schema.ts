@@ -4,8 +4,9 @@
  */
 import * as arrow from 'apache-arrow';
 
-export type Kind = 'pairwise' | 'listwise' | 'single';
-export const KINDS: readonly Kind[] = ['pairwise', 'listwise', 'single'];
+import { type Kind, KINDS } from './names.ts';
+
+export { type Kind, KINDS };
 
 /** `plain`: text columns are Utf8; `messages`: List<Struct<role, content>>. */
 export type TextMode = 'plain' | 'messages';

@@ -1,7 +1,5 @@
 import { type Command, Option } from 'commander';
-import { convert } from '../../../datasets/convert.ts';
-import { FORMAT_NAMES, type FormatName } from '../../../datasets/formats.ts';
-import { KINDS, type Kind } from '../../../datasets/schema.ts';
+import { FORMAT_NAMES, type FormatName, KINDS, type Kind } from '../../../datasets/names.ts';
 import { UserError } from '../errors.ts';
 
 /** `--map prompt=question,chosen=good` (repeatable) → {prompt: 'question', chosen: 'good'}. */
@@ -58,6 +56,8 @@ export function register(program: Command): void {
     .option('--shard-size <MB>', 'start a new shard past this many MB', parseCount('--shard-size', 1), 512)
     .addOption(new Option('--compression <codec>', 'Parquet compression').choices(['zstd', 'snappy']).default('zstd'))
     .action(async (inputs: string[], o: Opts) => {
+      // Loaded here, not at registration: Arrow and the readers cost every other command nothing.
+      const { convert } = await import('../../../datasets/convert.ts');
       const s = await convert(inputs, o.output, {
         format: o.format,
         kind: o.kind,

@@ -1,5 +1,4 @@
 import type { Command } from 'commander';
-import { formatReport, inspectFile } from '../../../datasets/inspect.ts';
 
 export function register(program: Command): void {
   program
@@ -8,6 +7,8 @@ export function register(program: Command): void {
     .argument('<file>', 'a Parquet, Arrow IPC, JSON, JSONL or CSV/TSV file (.gz too)')
     .option('--json', 'print the report as JSON')
     .action(async (file: string, o: { json?: boolean }) => {
+      // Loaded here, not at registration: Arrow and parquet-wasm cost every other command nothing.
+      const { formatReport, inspectFile } = await import('../../../datasets/inspect.ts');
       const r = await inspectFile(file);
       process.stdout.write(o.json ? `${JSON.stringify(r, null, 2)}\n` : `${formatReport(r)}\n`);
     });
