@@ -91,9 +91,14 @@ export function project(g: Graph, x: Tensor, weight: Tensor, bias: Tensor | null
   return g.gemm(xa, adapter.B, y, { transB: true, alpha: adapter.scale, beta: 1 });
 }
 
-/** RMSNorm: x / sqrt(mean(x²) + eps) · w, in the graph's float type as HF computes it in float32. */
+/**
+ * RMSNorm: x / sqrt(mean(x²) + eps) · w, in the graph's float type as HF computes it in float32.
+ * Σx² is one ReduceSumSquare: its gradient is 2x·dy, where Pow's needs another Pow.
+ */
 export function rmsNorm(g: Graph, x: Tensor, w: Tensor, eps: number): Tensor {
-  const ms = g.reduceMean(g.pow(x, 2), [-1], true);
+  const d = x.shape?.[x.shape.length - 1];
+  if (typeof d !== 'number') throw new Error(`rmsNorm: the normalised axis of ${x.name} needs a static size`);
+  const ms = g.div(g.reduceSumSquare(x, [-1], true), d);
   return g.mul(g.div(x, g.sqrt(g.add(ms, eps))), w);
 }
 

@@ -1,16 +1,17 @@
 /**
  * Per-sequence log-probabilities: logp[b] = Σ_t loss_mask[b,t] · log p(ids[b,t] | ids[b,<t]) and
  * tokens[b] = the number of positions counted. Position 0 has no prediction, so loss_mask[b,0] is
- * ignored. log p = (target logit) − logsumexp(logits), arranged for cheap gradients: the target
- * logit is h·W[target] from gathered head rows (its gradient is `[N, D]`-sized, not a scatter into an
- * `[N, V]` zero tensor), and logsumexp is m + log Σ exp(x − m) with the row max m held constant (its
- * gradient through m is exactly zero), so the backward pass reuses exp(x − m) and costs two `[N, V]`
- * passes. A second softmax over the vocabulary is never formed.
+ * ignored. Only the M counted positions reach the output head (in DPO the prompt half of every
+ * sequence is skipped). log p = (target logit) − logsumexp(logits), arranged for cheap gradients:
+ * the target logit is h·W[target] from gathered head rows (its gradient is `[M, D]`-sized, not a
+ * scatter into an `[M, V]` zero tensor), and logsumexp is m + log Σ exp(x − m) with the row max m
+ * held constant (its gradient through m is exactly zero), so the backward pass reuses exp(x − m) and
+ * costs two `[M, V]` passes. A second softmax over the vocabulary is never formed.
  */
 import { Graph, type Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from './config.ts';
 import { type CausalLM, type CausalLMOptions, buildCausalLM } from './index.ts';
-import { type FloatDType, reshapeRt, reshapeTo } from './layers.ts';
+import { type FloatDType, lmHead, reshapeRt, reshapeTo } from './layers.ts';
 import { declareParameters, modelParameterShapes, parameterInitializers } from './params.ts';
 import type { FloatTensor } from './checkpoint.ts';
 
@@ -31,23 +32,37 @@ function shiftLeft(g: Graph, x: Tensor, fill: Tensor, shape: (string | number)[]
   return g.op('Concat', [g.slice(x, [1], [END], [1]), fill], { axis: { kind: 'int', value: 1 } }, [{ dtype: x.dtype, shape }])[0];
 }
 
-/** Log-probabilities of the tokens of a built model under `lossMask [B, T]` (float, int or bool). */
+/**
+ * Log-probabilities of the tokens of a built model under `lossMask [B, T]` (float, int or bool).
+ * Only the M positions whose next token is counted go through the output head: a prompt's
+ * positions predict nothing the loss reads, so their `[·, V]` logits are never formed.
+ */
 export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts: { perToken?: boolean } = {}): SequenceLogps {
   const bi = model.batch;
-  const logits = model.logits();
   return g.scope('logps', () => {
     const shape = [bi.B, bi.T];
     const mask = lossMask.dtype === bi.dtype ? lossMask : g.cast(lossMask, bi.dtype);
     const firstCol = (x: Tensor) => g.slice(x, [0], [1], [1]); // [B, 1]
     // Targets: the next token at each position; the last position's (any valid id) is masked out.
-    const targets = shiftLeft(g, bi.ids, firstCol(bi.ids), shape);
+    const targets = reshapeTo(g, shiftLeft(g, bi.ids, firstCol(bi.ids), shape), [-1], [bi.N]);
     const counted = shiftLeft(g, mask, g.mul(firstCol(mask), 0), shape);
-    const rows = g.gather(model.headWeight, reshapeTo(g, targets, [-1], [bi.N]), 0); // [N, D]
-    const picked = g.reduceSum(g.mul(model.hidden, rows), [1], true); // [N, 1]
-    const m = g.stopGradient(g.reduceMax(logits, [1], true)); // [N, 1]
-    const lse = g.add(m, g.log(g.reduceSum(g.exp(g.sub(logits, m)), [1], true)));
-    const lp = g.sub(picked, lse); // [N, 1]
-    const weighted = g.mul(reshapeRt(g, lp, bi.shapeBT, shape), counted); // [B, T]
+    const flatCounted = reshapeTo(g, counted, [-1], [bi.N]);
+    const scored = g.not(g.equal(flatCounted, 0)); // [N]
+    const M = 'scored';
+    const rowsIdx = reshapeTo(g, g.op('NonZero', [scored], {}, [{ dtype: 'int64', shape: [1, M] }])[0], [-1], [M]);
+    const h = g.gather(model.hidden, rowsIdx, 0); // [M, D]
+    const logits = lmHead(g, h, model.headWeight); // [M, V]
+    const rows = g.gather(model.headWeight, g.gather(targets, rowsIdx, 0), 0); // [M, D]
+    const picked = g.reduceSum(g.mul(h, rows), [1], false); // [M]
+    const m = g.stopGradient(g.reduceMax(logits, [1], true)); // [M, 1]
+    const lse = g.add(reshapeTo(g, m, [-1], [M]), g.log(g.reduceSum(g.exp(g.sub(logits, m)), [1], false)));
+    const lp = g.sub(picked, lse); // [M]
+    // Back to [N]: slot 0 holds a zero for unscored positions, a scored one reads its rank 1..M.
+    const padded = g.concat([g.constant([0], bi.dtype, [1]), lp], 0); // [M + 1]
+    const ranks = g.range(1, g.add(g.squeeze(g.shapeOf(rowsIdx), [0]), 1), 1); // [M]: 1..M
+    const slot = g.scatterND(g.cast(g.mul(flatCounted, 0), 'int64'), g.unsqueeze(rowsIdx, [1]), ranks); // [N]
+    const lpFull = g.gather(padded, slot, 0); // [N]
+    const weighted = g.mul(reshapeRt(g, lpFull, bi.shapeBT, shape), counted); // [B, T]
     const out: SequenceLogps = { logp: g.reduceSum(weighted, [1], false), tokens: g.reduceSum(counted, [1], false) };
     if (opts.perToken) {
       const zeros = g.mul(firstCol(weighted), 0);

@@ -553,6 +553,7 @@ export class Graph {
   reduceMax(x: Tensor, axes?: number[], keepdims = true) { return this.reduceAttr('ReduceMax', x, axes, keepdims); }
   reduceMin(x: Tensor, axes?: number[], keepdims = true) { return this.reduceAttr('ReduceMin', x, axes, keepdims); }
   reduceLogSumExp(x: Tensor, axes?: number[], keepdims = true) { return this.reduceAttr('ReduceLogSumExp', x, axes, keepdims); }
+  reduceSumSquare(x: Tensor, axes?: number[], keepdims = true) { return this.reduceAttr('ReduceSumSquare', x, axes, keepdims); }
 
   argMax(x: Tensor, axis = -1, keepdims = true): Tensor {
     return this.one('ArgMax', [x], { axis: attr.int(axis), keepdims: attr.int(keepdims ? 1 : 0) }, 'int64', this.reducedShape(x, [axis], keepdims));

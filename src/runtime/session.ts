@@ -16,6 +16,8 @@ export interface RuntimeOptions {
   threads?: number;
   /** Graph optimisation level (default 'extended': measured faster than 'all' for training graphs). */
   optLevel?: OptLevel;
+  /** Write ONNX Runtime's per-node profile (Chrome trace JSON) to `<prefix>_<date>.json`; see `Session.endProfiling`. */
+  profilePrefix?: string;
 }
 
 export type OrtTensor = ort.Tensor;
@@ -57,6 +59,10 @@ function sessionOptions(o: RuntimeOptions): ort.InferenceSession.SessionOptions 
     graphOptimizationLevel: o.optLevel ?? 'extended',
     logSeverityLevel: 3,
   };
+  if (o.profilePrefix !== undefined) {
+    opts.enableProfiling = true;
+    opts.profileFilePrefix = o.profilePrefix;
+  }
   if (o.threads !== undefined) {
     if (!Number.isInteger(o.threads) || o.threads < 1) throw new UserError(`--threads must be a positive integer, got ${o.threads}`);
     opts.intraOpNumThreads = o.threads;
@@ -90,6 +96,11 @@ export class Session {
   async run(feeds: Feeds, fetches?: readonly string[] | Record<string, ort.Tensor | null>): Promise<Record<string, ort.Tensor>> {
     if (fetches === undefined) return this.inner.run(feeds);
     return this.inner.run(feeds, fetches as never);
+  }
+
+  /** Stops profiling (sessions created with `profilePrefix`) and writes the trace file. */
+  endProfiling(): void {
+    this.inner.endProfiling();
   }
 
   async release(): Promise<void> {

@@ -23,6 +23,7 @@ import type { TokenizedExample } from '../../train/data.ts';
 import { buildSpec } from '../../train/graph.ts';
 import { resolveLoss } from '../../../losses/index.ts';
 import { writeTokenizer } from '../../tokenize/generate.ts';
+import type { TypedArray } from '../../onnx/dtype.ts';
 
 export interface BenchOptions {
   preset: 'tiny' | 'small';
@@ -98,26 +99,40 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
   }
 }
 
-async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void): Promise<BenchResult> {
+export interface BenchSetup {
+  config: LlamaConfig;
+  params: number;
+  /** The artifacts folder (no checkpoint: `initial` holds the starting weights). */
+  artDir: string;
+  initial: Map<string, TypedArray>;
+  rows: TokenizedExample[];
+  padId: number;
+}
+
+/** The bench's model, batch rows and DPO training artifacts, written under `dir`. */
+export function prepareBench(dir: string, preset: 'tiny' | 'small', pairs: number, seqLen: number): BenchSetup {
   // The model init-model writes (same tokenizer, config and seed), kept in memory.
   const tok = writeTokenizer(path.join(dir, 'tokenizer'));
-  const config = presetConfig('llama', o.preset, { vocabSize: o.preset === 'tiny' ? tok.vocabSize : undefined, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId }) as LlamaConfig;
+  const config = presetConfig('llama', preset, { vocabSize: preset === 'tiny' ? tok.vocabSize : undefined, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId }) as LlamaConfig;
   const weights = initWeights(config, 0);
-  const params = countParameters(config);
-  const rows = benchPairs(config.vocab_size, o.pairs, o.seqLen);
-  const problem = { config, kind: 'pairwise' as const, loss: resolveLoss('dpo', {}), lora: null, valueHead: false, dataKeys: new Set<string>() };
+  const problem = { config, kind: 'pairwise' as const, loss: resolveLoss('dpo'), lora: null, valueHead: false, dataKeys: new Set<string>() };
   const spec = buildSpec(problem, weights, { type: 'adamw', betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0, maxGradNorm: 1 });
   // No initial checkpoint on disk: the weights go straight into the runner's store.
   const initial = new Map(spec.params.map((p) => [p.name, p.data!]));
   spec.params = spec.params.map((p) => ({ ...p, data: undefined }));
-  log(`llama ${o.preset}: ${params.toLocaleString('en-US')} parameters; building artifacts`);
   const artDir = path.join(dir, 'artifacts');
   buildArtifacts(spec, artDir);
+  return { config, params: countParameters(config), artDir, initial, rows: benchPairs(config.vocab_size, pairs, seqLen), padId: tok.padId };
+}
+
+async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void): Promise<BenchResult> {
+  log(`llama ${o.preset}: building the model and its training artifacts`);
+  const { config, params, artDir, initial, rows, padId } = prepareBench(dir, o.preset, o.pairs, o.seqLen);
   const art = await TrainingArtifacts.load(artDir, o.runtime, { checkpoint: false });
   for (const [name, data] of initial) art.setParam(name, data);
   initial.clear();
 
-  const collateOpts = { kind: 'pairwise' as const, padTo: 64, padId: tok.padId, dtype: 'float32' as const };
+  const collateOpts = { kind: 'pairwise' as const, padTo: 64, padId, dtype: 'float32' as const };
   const c0 = collate(rows, collateOpts);
   const evalRuns = Math.max(2, Math.min(o.steps, 5));
   const evalTimes: number[] = [];
@@ -131,7 +146,7 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
   // Reference log-probs = the starting policy's, in collate's response-major layout.
   const batch = collate(rows, { ...collateOpts, refLogps: (_, i) => [ref![i], ref![o.pairs + i]] });
   const tokens = batch.tokens;
-  log(`eval ${(tokens / median(evalTimes)).toFixed(0)} tokens/s; ${o.warmup} warm-up + ${o.steps} timed steps of ${batch.sequences}×${batch.length} tokens`);
+  log(`${params.toLocaleString('en-US')} parameters; eval ${(tokens / median(evalTimes)).toFixed(0)} tokens/s; ${o.warmup} warm-up + ${o.steps} timed steps of ${batch.sequences}×${batch.length} tokens`);
 
   const progress = new Progress('bench', o.warmup + o.steps, { quiet: !o.progress, plainEverySeconds: 0 });
   const stepTimes: number[] = [];

@@ -1,0 +1,99 @@
+/**
+ * Where a bench step spends its time: runs the bench's training (or eval) graph under ONNX Runtime's
+ * profiler and sums kernel time per op type, per graph region (forward layers, gradient, log-probs)
+ * and per node; times the optimizer graph as a whole.
+ *
+ *   npx tsx scripts/bench/profile.ts [--preset small] [--runs 2] [--threads N] [--opt-level extended]
+ *                                    [--graph training|eval] [--top 25] [--keep DIR]
+ */
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import { prepareBench } from '../../src/cli/commands/bench.ts';
+import { readManifest } from '../../src/artifacts/manifest.ts';
+import { type Feeds, type OptLevel, Session, toOrt } from '../../src/runtime/session.ts';
+import { collate } from '../../src/train/batch.ts';
+
+const { values: a } = parseArgs({
+  options: {
+    preset: { type: 'string', default: 'small' },
+    runs: { type: 'string', default: '2' },
+    threads: { type: 'string' },
+    'opt-level': { type: 'string', default: 'extended' },
+    graph: { type: 'string', default: 'training' },
+    top: { type: 'string', default: '25' },
+    keep: { type: 'string' },
+  },
+});
+const preset = a.preset as 'tiny' | 'small';
+const runs = Number(a.runs);
+const runtime = { threads: a.threads ? Number(a.threads) : undefined, optLevel: a['opt-level'] as OptLevel };
+const dir = a.keep ?? fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-profile-'));
+fs.mkdirSync(dir, { recursive: true });
+
+const setup = prepareBench(dir, preset, 4, 256);
+const manifest = readManifest(setup.artDir);
+const c = collate(setup.rows, { kind: 'pairwise', padTo: 64, padId: setup.padId, dtype: 'float32', refLogps: () => [-1000, -1000] });
+const feeds: Feeds = { ...c.feeds };
+for (const p of manifest.params) feeds[p.name] = toOrt('float32', setup.initial.get(p.name)!, p.shape);
+const graphInfo = a.graph === 'eval' ? manifest.eval : manifest.training;
+if (a.graph !== 'eval' && manifest.training.accumulation) {
+  feeds[manifest.training.accumulation.flag] = toOrt('bool', new Uint8Array(1), []);
+  for (const p of manifest.params.filter((q) => q.trainable)) {
+    feeds[manifest.training.accumulation.inputs[p.name]] = toOrt('float32', new Float32Array(p.shape.reduce((x, y) => x * y, 1)), p.shape);
+  }
+}
+const prefix = path.join(dir, `profile_${a.graph}`);
+const session = await Session.create(path.join(setup.artDir, graphInfo.file), { ...runtime, profilePrefix: prefix });
+const only: Feeds = Object.fromEntries(graphInfo.inputs.map((n) => [n, feeds[n]]));
+await session.run(only); // warm-up (allocations, first-run kernel choices)
+const wall: number[] = [];
+for (let i = 0; i < runs; i++) {
+  const t0 = performance.now();
+  await session.run(only);
+  wall.push(performance.now() - t0);
+}
+session.endProfiling();
+await session.release();
+
+const file = fs.readdirSync(dir).filter((f) => f.startsWith(`profile_${a.graph}`) && f.endsWith('.json')).map((f) => path.join(dir, f)).sort().pop()!;
+interface Ev { cat: string; name: string; dur: number; args?: { op_name?: string; thread_scheduling_stats?: unknown } }
+const events = (JSON.parse(fs.readFileSync(file, 'utf8')) as Ev[]).filter((e) => e.cat === 'Node' && e.name.endsWith('_kernel_time'));
+// The first run in the file is the warm-up: keep the last `runs` occurrences of each node.
+const perNode = new Map<string, { op: string; durs: number[] }>();
+for (const e of events) {
+  const name = e.name.slice(0, -'_kernel_time'.length);
+  const n = perNode.get(name) ?? { op: e.args?.op_name ?? '?', durs: [] };
+  n.durs.push(e.dur);
+  perNode.set(name, n);
+}
+const ms = (us: number) => us / 1000;
+const nodeMs = new Map([...perNode].map(([k, v]) => [k, ms(v.durs.slice(-runs).reduce((x, y) => x + y, 0) / runs)]));
+const total = [...nodeMs.values()].reduce((x, y) => x + y, 0);
+
+function table(title: string, key: (node: string, op: string) => string, top: number) {
+  const sums = new Map<string, { ms: number; n: number }>();
+  for (const [name, t] of nodeMs) {
+    const k = key(name, perNode.get(name)!.op);
+    const s = sums.get(k) ?? { ms: 0, n: 0 };
+    s.ms += t;
+    s.n++;
+    sums.set(k, s);
+  }
+  const rows = [...sums].sort((x, y) => y[1].ms - x[1].ms).slice(0, top);
+  console.log(`\n${title}`);
+  for (const [k, s] of rows) console.log(`  ${s.ms.toFixed(1).padStart(9)} ms ${((100 * s.ms) / total).toFixed(1).padStart(5)} %  ${String(s.n).padStart(5)}×  ${k}`);
+}
+
+const median = (xs: number[]) => [...xs].sort((x, y) => x - y)[Math.floor(xs.length / 2)];
+console.log(`${a.graph} graph, ${preset}, opt ${runtime.optLevel}, threads ${runtime.threads ?? 'default'}: wall ${median(wall).toFixed(0)} ms/run (median of ${runs}), kernel sum ${total.toFixed(0)} ms, ${perNode.size} nodes after optimisation`);
+const region = (name: string) => {
+  const grad = name.includes('grad/') ? 'grad ' : 'fwd  ';
+  const m = name.match(/layers\.\d+\/(attn|mlp)/) ?? name.match(/(lm_head|logps|loss_\w+|rope|embed|batch|grad_out)/);
+  return grad + (m ? m[1] : 'other');
+};
+table('by op type', (_, op) => op, Number(a.top));
+table('by region', (name) => region(name), 30);
+table('by node', (name, op) => `${op}  ${name}`, Number(a.top));
+if (!a.keep) fs.rmSync(dir, { recursive: true, force: true });
