@@ -7,6 +7,7 @@ import { demoPairs, demoLists, demoSingles } from '../src/train/demo-task.ts';
 import { trainAny } from '../src/train/mpo.ts';
 import { evaluateRows } from '../src/eval/evaluate.ts';
 import { PAIR_METRICS } from '../losses/metrics.ts';
+import { loadModel } from '../src/models/load.ts';
 
 const quiet = { quiet: true, log: () => {} };
 
@@ -77,6 +78,38 @@ describe('training raises preference accuracy with every Tier-1 offline loss', (
     const before2 = await preference(model, spFile);
     const r2 = await trainAny({ model, data: sFile, loss: 'dro', out: join(dir, 'run-dro'), params: [...SHORT, 'tau=0.5', 'learning_rate=1e-2'], ...quiet });
     expect(await preference(r2.finalDir, spFile)).toBeGreaterThanOrEqual(before2 + 0.2);
+  });
+});
+
+describe('LoRA, periodic evaluation, reference on the fly', () => {
+  it('LoRA trains only the adapted projections, merges them into the final weights, and evaluates every eval_steps', async () => {
+    const before = await preference(model, pairsFile);
+    const out = join(dir, 'run-lora');
+    const r = await trainAny({
+      model, data: pairsFile, loss: 'dpo', out,
+      params: [...SHORT, 'learning_rate=2e-2', 'lora_r=8', 'lora_alpha=16', 'lora_target_modules=q_proj,v_proj,o_proj,down_proj', `eval_data=${pairsFile}`, 'eval_steps=10'],
+      ...quiet,
+    });
+    const base = loadModel(model).weights;
+    const tuned = loadModel(r.finalDir).weights;
+    for (const [name, t] of base) {
+      const same = Buffer.compare(Buffer.from(t.data.buffer), Buffer.from(tuned.get(name)!.data.buffer)) === 0;
+      expect(same, name).toBe(!/(q_proj|v_proj|o_proj|down_proj)\.weight$/.test(name));
+    }
+    expect(await preference(r.finalDir, pairsFile)).toBeGreaterThan(before);
+    const evals = readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l)).filter((x) => x.split === 'eval');
+    expect(evals.map((e) => e.step)).toEqual([10, 20, 25]);
+    for (const e of evals) expect(e.accuracy).toBeGreaterThanOrEqual(0);
+    expect(JSON.parse(readFileSync(join(out, 'eval.json'), 'utf8')).accuracy).toBe(evals[2].accuracy);
+  });
+
+  it('reference log-probs computed on the fly give the first-step metrics of the cached run', async () => {
+    const a = await trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'run-cached'), params: [...SHORT, 'max_steps=2', 'logging_steps=1'], ...quiet });
+    const b = await trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'run-fly'), params: [...SHORT, 'max_steps=2', 'logging_steps=1', 'ref_on_the_fly=true'], ...quiet });
+    const first = (run: string) => JSON.parse(readFileSync(join(run, 'metrics.jsonl'), 'utf8').split('\n')[1]);
+    const [x, y] = [first(join(dir, 'run-cached')), first(join(dir, 'run-fly'))];
+    for (const k of ['loss', 'rewards/margins', 'rewards/chosen']) expect(y[k]).toBeCloseTo(x[k], 5);
+    expect(a.steps).toBe(b.steps);
   });
 });
 

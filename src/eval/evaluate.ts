@@ -9,14 +9,22 @@ import { maxPositions } from '../models/config.ts';
 import { DEFAULT_CONFIG } from '../train/config.ts';
 import { loadTokenizer } from '../tokenize/index.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
-import { loadData, tokenizeExamples, type TruncationConfig } from '../train/data.ts';
+import { loadData, tokenizeExamples, type Example, type TokenizedExample, type TruncationConfig } from '../train/data.ts';
+import type { ModelConfig } from '../models/config.ts';
+import type { FloatTensor } from '../models/checkpoint.ts';
+import type { Kind } from '../../datasets/schema.ts';
 import { Scorer } from '../train/scorer.ts';
 import { groupBy, kendallTau, listwiseMetrics, pairwiseMetrics, rocAuc, mean } from './metrics.ts';
 
+/** A model folder, or a model already in memory (the trainer's current weights). */
+export type ModelSource = string | { config: ModelConfig; weights: Map<string, FloatTensor> };
+
 export interface EvalOptions {
-  policy: string;
-  ref: string;
+  policy: ModelSource;
+  ref: ModelSource;
   data: string;
+  /** Tokenizer folder (default: the policy's, else the reference's folder). */
+  tokenizer?: string;
   /** Where a non-canonical input is converted to. */
   workDir: string;
   /** `beta` (default 0.1) scales the implicit rewards. */
@@ -38,6 +46,10 @@ function betaOf(params: Record<string, unknown> | undefined): number {
   const b = Number(raw);
   if (!Number.isFinite(b) || b <= 0) throw new UserError(`--param beta must be a number > 0, got ${JSON.stringify(raw)}`);
   return b;
+}
+
+function resolveModel(m: ModelSource): { config: ModelConfig; weights: Map<string, FloatTensor> } {
+  return typeof m === 'string' ? loadModel(m) : m;
 }
 
 /** Summary metrics for the rows `idx` of one kind. */
@@ -75,38 +87,63 @@ function summarise(kind: string, idx: number[], rewards: number[][], ex: { score
   };
 }
 
-export async function evaluateRows(o: EvalOptions): Promise<EvalSummary> {
-  const beta = betaOf(o.params);
-  const policy = loadModel(o.policy);
-  const ref = loadModel(o.ref);
-  const tok = loadTokenizer(o.policy);
-  const data = await loadData(o.data, o.workDir);
-  // Same truncation as training by default, capped by the model's positions.
-  const maxLen = Math.min(o.truncation?.max_length ?? DEFAULT_CONFIG.max_length, maxPositions(policy.config));
-  const trunc: TruncationConfig = {
-    max_length: maxLen,
-    max_prompt_length: Math.min(o.truncation?.max_prompt_length ?? DEFAULT_CONFIG.max_prompt_length, maxLen - 1),
-    truncation: o.truncation?.truncation ?? DEFAULT_CONFIG.truncation,
-  };
-  const { rows, truncated } = tokenizeExamples(data.examples, tok, trunc);
-  if (truncated && !o.quiet) process.stderr.write(`eval: ${truncated} of ${rows.length} rows truncated to max_length ${trunc.max_length} / max_prompt_length ${trunc.max_prompt_length}\n`);
-  const runtime = o.runtime ?? {};
-  const bs = o.batchSize ?? 8;
-  const ps = await Scorer.create(policy.config, policy.weights, runtime, tok.padId ?? 0);
-  const pl = (await ps.score(data.kind, rows, { batchSize: bs, label: 'policy log-probs', quiet: o.quiet })).logps;
-  await ps.release();
-  const rs = await Scorer.create(ref.config, ref.weights, runtime, tok.padId ?? 0);
-  const rl = (await rs.score(data.kind, rows, { batchSize: bs, label: 'reference log-probs', quiet: o.quiet })).logps;
-  await rs.release();
-  const rewards = pl.map((lp, i) => lp.map((v, k) => beta * (v - rl[i][k])));
-  const all = rows.map((_, i) => i);
-  const ex = data.examples;
-  const overall = { ...summarise(data.kind, all, rewards, ex, pl), truncated };
-  const bySource: Record<string, Record<string, number>> = {};
-  if (ex.some((e) => e.source !== undefined)) {
-    for (const [src, idx] of groupBy(ex.map((e) => e.source ?? null))) bySource[src] = summarise(data.kind, idx, rewards, ex, pl);
+/**
+ * An evaluation set prepared once: data loaded, tokenized, and scored by the reference, so
+ * evaluating a policy (every eval_steps during training, or once) only runs the policy.
+ */
+export class Evaluator {
+  private constructor(
+    private readonly o: EvalOptions,
+    readonly kind: string,
+    private readonly rows: TokenizedExample[],
+    private readonly examples: Example[],
+    private readonly refLogps: number[][],
+    private readonly truncated: number,
+    private readonly padId: number,
+  ) {}
+
+  static async create(o: Omit<EvalOptions, 'policy'> & { policy?: ModelSource }): Promise<Evaluator> {
+    const ref = resolveModel(o.ref);
+    const tokDir = o.tokenizer ?? (typeof o.policy === 'string' ? o.policy : typeof o.ref === 'string' ? o.ref : undefined);
+    if (!tokDir) throw new Error('Evaluator: name the tokenizer folder');
+    const tok = loadTokenizer(tokDir);
+    const data = await loadData(o.data, o.workDir);
+    // Same truncation as training by default, capped by the model's positions.
+    const maxLen = Math.min(o.truncation?.max_length ?? DEFAULT_CONFIG.max_length, maxPositions(ref.config));
+    const trunc: TruncationConfig = {
+      max_length: maxLen,
+      max_prompt_length: Math.min(o.truncation?.max_prompt_length ?? DEFAULT_CONFIG.max_prompt_length, maxLen - 1),
+      truncation: o.truncation?.truncation ?? DEFAULT_CONFIG.truncation,
+    };
+    const { rows, truncated } = tokenizeExamples(data.examples, tok, trunc, data.tokens);
+    if (truncated && !o.quiet) process.stderr.write(`eval: ${truncated} of ${rows.length} rows truncated to max_length ${trunc.max_length} / max_prompt_length ${trunc.max_prompt_length}\n`);
+    const rs = await Scorer.create(ref.config, ref.weights, o.runtime ?? {}, tok.padId ?? 0);
+    const rl = (await rs.score(data.kind, rows, { batchSize: o.batchSize ?? 8, label: 'reference log-probs', quiet: o.quiet })).logps;
+    await rs.release();
+    return new Evaluator({ ...o, policy: o.policy ?? o.ref } as EvalOptions, data.kind, rows, data.examples, rl, truncated, tok.padId ?? 0);
   }
-  return { kind: data.kind, overall, bySource };
+
+  async evaluate(policySource: ModelSource = this.o.policy, opts: { quiet?: boolean } = {}): Promise<EvalSummary> {
+    const beta = betaOf(this.o.params);
+    const policy = resolveModel(policySource);
+    const ps = await Scorer.create(policy.config, policy.weights, this.o.runtime ?? {}, this.padId);
+    const pl = (await ps.score(this.kind as Kind, this.rows, { batchSize: this.o.batchSize ?? 8, label: 'policy log-probs', quiet: opts.quiet ?? this.o.quiet })).logps;
+    await ps.release();
+    const rl = this.refLogps;
+    const rewards = pl.map((lp, i) => lp.map((v, k) => beta * (v - rl[i][k])));
+    const ex = this.examples;
+    const overall = { ...summarise(this.kind, this.rows.map((_, i) => i), rewards, ex, pl), truncated: this.truncated };
+    const bySource: Record<string, Record<string, number>> = {};
+    if (ex.some((e) => e.source !== undefined)) {
+      for (const [src, idx] of groupBy(ex.map((e) => e.source ?? null))) bySource[src] = summarise(this.kind, idx, rewards, ex, pl);
+    }
+    return { kind: this.kind, overall, bySource };
+  }
+}
+
+/** One evaluation of a policy against a reference. */
+export async function evaluateRows(o: EvalOptions): Promise<EvalSummary> {
+  return (await Evaluator.create(o)).evaluate(o.policy);
 }
 
 /** A fixed-width table of the summary, one row per source after the overall row. */

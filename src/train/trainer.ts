@@ -33,7 +33,7 @@ import { buildSpec, type TrainProblem } from './graph.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { SeededRandom } from './random.ts';
 import { Scorer } from './scorer.ts';
-import { evaluateRows, type EvalSummary } from '../eval/evaluate.ts';
+import { Evaluator, type EvalSummary } from '../eval/evaluate.ts';
 
 export interface TrainOptions {
   model: string;
@@ -202,6 +202,27 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     log(`resuming from ${ck} (step ${state.step})`);
   }
 
+  // Held-out evaluation: data and reference scores prepared once, the policy scored every eval_steps.
+  const evaluator = config.eval_data
+    ? await Evaluator.create({
+        ref: { config: base.config, weights: refWeights },
+        tokenizer: o.model,
+        data: config.eval_data,
+        workDir: join(run, 'data'),
+        params: lossParams,
+        runtime: runtimeOf(config),
+        quiet: true,
+        truncation: config,
+        batchSize: config.batch_size * 2,
+      })
+    : null;
+  /** The current weights as an HF model: adapters merged, the value head left out. */
+  const currentWeights = (): Map<string, FloatTensor> => {
+    const w = new Map<string, FloatTensor>();
+    for (const p of art.manifest.params) w.set(p.name, { shape: p.shape, data: Float32Array.from(art.param(p.name) as Float32Array) });
+    return lora ? mergeLora(w, base.config, lora) : w;
+  };
+
   const metricsFile = join(run, 'metrics.jsonl');
   if (resuming && existsSync(metricsFile)) {
     // Drop rows logged after the checkpoint we resume from: they will be logged again.
@@ -278,6 +299,10 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     }
     const acc = metrics['rewards/accuracies'];
     progress.update(step, { loss: metrics.loss, ...(acc !== undefined ? { acc } : {}), 'tok/s': row['tokens/s'] });
+    if (evaluator && config.eval_steps > 0 && step % config.eval_steps === 0 && step !== totalSteps) {
+      const ev = await evaluator.evaluate({ config: base.config, weights: currentWeights() }, { quiet: true });
+      writeFileSync(metricsFile, JSON.stringify({ step, split: 'eval', ...ev.overall }) + '\n', { flag: 'a' });
+    }
     if ((config.save_steps > 0 && step % config.save_steps === 0) || step === totalSteps) {
       const dir = stepDir(run, step);
       mkdirSync(join(run, CKPT_DIR), { recursive: true });
@@ -288,12 +313,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   await refScorer?.release();
 
   // Final model in HF layout: base weights with adapters merged (the value head saved beside).
-  const finalWeights = new Map<string, FloatTensor>();
-  for (const name of art.paramNames) {
-    const p = art.manifest.params.find((q) => q.name === name)!;
-    finalWeights.set(name, { shape: p.shape, data: Float32Array.from(art.param(name) as Float32Array) });
-  }
-  const merged = lora ? mergeLora(finalWeights, base.config, lora) : finalWeights;
+  const merged = currentWeights();
   const finalDir = join(run, 'final');
   const tmpFinal = `${finalDir}.tmp-${process.pid}`;
   rmSync(tmpFinal, { recursive: true, force: true });
@@ -306,8 +326,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   await art.release();
 
   let evalSummary: EvalSummary | undefined;
-  if (config.eval_data) {
-    evalSummary = await evaluateRows({ policy: finalDir, ref: o.refModel ?? o.model, data: config.eval_data, workDir: join(run, 'data'), params: lossParams, runtime: runtimeOf(config), quiet: o.quiet, truncation: config });
+  if (evaluator) {
+    evalSummary = await evaluator.evaluate(finalDir, { quiet: true });
     writeJsonAtomic(join(run, 'eval.json'), evalSummary.overall);
     writeFileSync(metricsFile, JSON.stringify({ step: totalSteps, split: 'eval', ...evalSummary.overall }) + '\n', { flag: 'a' });
   }
