@@ -5,6 +5,7 @@
  * tokenization for a file `prefzoo tokenize` wrote.
  */
 import * as arrow from 'apache-arrow';
+import { readFileSync, renameSync, writeFileSync } from 'node:fs';
 import type { Kind } from './schema.ts';
 
 export interface TokenRow {
@@ -83,6 +84,47 @@ export function readTokenColumns(table: arrow.Table, kind: Kind): TokenRow[] | n
         ? Array.from((cols[1]!.get(i) as { toArray(): unknown[] }).toArray(), ids)
         : cols.slice(1).map((c) => ids(c!.get(i)));
     out.push({ promptIds, responseIds });
+  }
+  return out;
+}
+
+/**
+ * Reference log-prob columns (DATA.md: computed once per dataset, not once per epoch): pairwise
+ * `ref_chosen_logp`, `ref_rejected_logp`; listwise `ref_logps` (List<Float64>); single `ref_logp`.
+ */
+export function refColumnNames(kind: Kind): string[] {
+  return kind === 'pairwise' ? ['ref_chosen_logp', 'ref_rejected_logp'] : kind === 'listwise' ? ['ref_logps'] : ['ref_logp'];
+}
+
+function refTable(kind: Kind, ref: readonly number[][]): arrow.Table {
+  const f64 = (xs: number[]) => arrow.makeVector(Float64Array.from(xs));
+  if (kind === 'pairwise') return new arrow.Table({ ref_chosen_logp: f64(ref.map((r) => r[0])), ref_rejected_logp: f64(ref.map((r) => r[1])) });
+  if (kind === 'single') return new arrow.Table({ ref_logp: f64(ref.map((r) => r[0])) });
+  const type = new arrow.List(new arrow.Field('item', new arrow.Float64(), false));
+  const offsets = new Int32Array(ref.length + 1);
+  ref.forEach((r, i) => (offsets[i + 1] = offsets[i] + r.length));
+  const child = arrow.makeData({ type: new arrow.Float64(), length: offsets[ref.length], nullCount: 0, data: Float64Array.from(ref.flat()) });
+  return new arrow.Table({ ref_logps: arrow.makeVector(arrow.makeData({ type, length: ref.length, nullCount: 0, valueOffsets: offsets, child })) });
+}
+
+/** Writes the reference columns as a Parquet file (temp name, then rename). */
+export async function writeRefColumns(path: string, kind: Kind, ref: readonly number[][]): Promise<void> {
+  const pw = await import('parquet-wasm');
+  const bytes = pw.writeParquet(pw.Table.fromIPCStream(arrow.tableToIPC(refTable(kind, ref), 'stream')));
+  const tmp = `${path}.tmp-${process.pid}`;
+  writeFileSync(tmp, bytes);
+  renameSync(tmp, path);
+}
+
+/** Reads reference columns back (one array per row), or null when the file lacks them. */
+export async function readRefColumns(path: string, kind: Kind): Promise<number[][] | null> {
+  const pw = await import('parquet-wasm');
+  const t = arrow.tableFromIPC(pw.readParquet(readFileSync(path)).intoIPCStream());
+  const cols = refColumnNames(kind).map((n) => t.getChild(n));
+  if (cols.some((c) => !c)) return null;
+  const out: number[][] = [];
+  for (let i = 0; i < t.numRows; i++) {
+    out.push(kind === 'listwise' ? ids(cols[0]!.get(i)) : cols.map((c) => Number(c!.get(i))));
   }
   return out;
 }

@@ -6,7 +6,7 @@ import { join, resolve } from 'node:path';
 import { initModelFolder } from '../src/models/init.ts';
 import { loadTokenizer } from '../src/tokenize/index.ts';
 import { readCanonical } from '../datasets/parquet.ts';
-import { readTokenColumns } from '../datasets/tokenized.ts';
+import { readTokenColumns, writeRefColumns, readRefColumns } from '../datasets/tokenized.ts';
 
 const bin = resolve(__dirname, '..', 'bin', 'prefzoo.mjs');
 let dir: string;
@@ -66,5 +66,21 @@ describe('prefzoo tokenize', () => {
     expect(r.status).toBe(1);
     expect(r.stderr.trim()).toMatch(/^prefzoo: --max-prompt-length \(8\) must be smaller than --max-length \(8\)$/);
     expect(existsSync(out)).toBe(false);
+  });
+});
+
+describe('reference log-prob columns', () => {
+  it('round-trip through Parquet for every kind, bit-exact', async () => {
+    const cases: [Parameters<typeof writeRefColumns>[1], number[][]][] = [
+      ['pairwise', [[-1.5, -2.25], [-0.1 / 3, -1e-300]]],
+      ['listwise', [[-1, -2, -3], [-4.5]]],
+      ['single', [[-7.125], [Math.PI]]],
+    ];
+    for (const [kind, ref] of cases) {
+      const f = join(dir, `ref-${kind}.parquet`);
+      await writeRefColumns(f, kind, ref);
+      expect(await readRefColumns(f, kind)).toEqual(ref);
+      expect(await readRefColumns(f, kind === 'single' ? 'pairwise' : 'single')).toBeNull();
+    }
   });
 });

@@ -6,7 +6,8 @@
  * Run folder:
  *   config.json            the resolved TrainConfig + loss + model (written first)
  *   data/                  the converted input (when it was not canonical Parquet) and the
- *                          reference cache `ref_logps.json` (one array of log-probs per example)
+ *                          reference cache `reference.parquet` (ref_chosen_logp, ref_rejected_logp, …
+ *                          one row per training example, in data order)
  *   artifacts/             training_model.onnx, eval_model.onnx, optimizer_model.onnx, artifacts.json
  *   checkpoints/step-N/    params + optimizer state + state.json, every save_steps
  *   metrics.jsonl          one row per logging step (and `split: "eval"` rows)
@@ -29,6 +30,7 @@ import type { RuntimeOptions } from '../runtime/session.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from './data.ts';
 import { collate } from './batch.ts';
+import { readRefColumns, writeRefColumns } from '../../datasets/tokenized.ts';
 import { buildSpec, type TrainProblem } from './graph.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { SeededRandom } from './random.ts';
@@ -155,21 +157,21 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const problem: TrainProblem = { config: base.config, kind, loss, lora, valueHead: valueHeadOn, dataKeys };
 
   // Reference log-probs: computed once from the reference weights (LoRA off) and cached in the run.
-  const refFile = join(run, 'data', 'ref_logps.json');
+  const refFile = join(run, 'data', 'reference.parquet');
   const refWeights = o.refModel ? loadModel(o.refModel).weights : base.weights;
   let ref: number[][] = [];
   let refScorer: Scorer | null = null;
   if (config.ref_on_the_fly) {
     refScorer = await Scorer.create(base.config, refWeights, runtimeOf(config), tok.padId ?? 0);
   } else if (existsSync(refFile)) {
-    ref = JSON.parse(readFileSync(refFile, 'utf8'));
+    ref = (await readRefColumns(refFile, kind)) ?? [];
     if (ref.length !== rows.length) throw new UserError(`${refFile}: ${ref.length} rows cached, the data has ${rows.length}; remove the run folder to start over`);
   } else {
     const scorer = await Scorer.create(base.config, refWeights, runtimeOf(config), tok.padId ?? 0);
     ref = (await scorer.score(kind, rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs', quiet: o.quiet })).logps;
     await scorer.release();
     mkdirSync(join(run, 'data'), { recursive: true });
-    writeJsonAtomic(refFile, ref);
+    await writeRefColumns(refFile, kind, ref);
   }
 
   // Steps.
