@@ -99,7 +99,11 @@ export function refColumnNames(kind: Kind): string[] {
 function refTable(kind: Kind, ref: readonly number[][]): arrow.Table {
   const f64 = (xs: number[]) => arrow.makeVector(Float64Array.from(xs));
   if (kind === 'pairwise') return new arrow.Table({ ref_chosen_logp: f64(ref.map((r) => r[0])), ref_rejected_logp: f64(ref.map((r) => r[1])) });
-  if (kind === 'single') return new arrow.Table({ ref_logp: f64(ref.map((r) => r[0])) });
+  if (kind === 'single') {
+    // KTO's runs also cache the reference log-prob of each row's mismatched (KL) sequence.
+    if (ref.every((r) => r.length === 2)) return new arrow.Table({ ref_logp: f64(ref.map((r) => r[0])), ref_kl_logp: f64(ref.map((r) => r[1])) });
+    return new arrow.Table({ ref_logp: f64(ref.map((r) => r[0])) });
+  }
   const type = new arrow.List(new arrow.Field('item', new arrow.Float64(), false));
   const offsets = new Int32Array(ref.length + 1);
   ref.forEach((r, i) => (offsets[i + 1] = offsets[i] + r.length));
@@ -123,8 +127,11 @@ export async function readRefColumns(path: string, kind: Kind): Promise<number[]
   const cols = refColumnNames(kind).map((n) => t.getChild(n));
   if (cols.some((c) => !c)) return null;
   const out: number[][] = [];
+  const klCol = kind === 'single' ? t.getChild('ref_kl_logp') : null;
   for (let i = 0; i < t.numRows; i++) {
-    out.push(kind === 'listwise' ? ids(cols[0]!.get(i)) : cols.map((c) => Number(c!.get(i))));
+    const row = kind === 'listwise' ? ids(cols[0]!.get(i)) : cols.map((c) => Number(c!.get(i)));
+    if (klCol) row.push(Number(klCol.get(i)));
+    out.push(row);
   }
   return out;
 }

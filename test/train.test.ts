@@ -7,6 +7,7 @@ import { demoPairs, demoLists, demoSingles } from '../src/train/demo-task.ts';
 import { trainAny } from '../src/train/mpo.ts';
 import { evaluateRows } from '../src/eval/evaluate.ts';
 import { PAIR_METRICS } from '../losses/metrics.ts';
+import { listLosses } from '../losses/index.ts';
 import { loadModel } from '../src/models/load.ts';
 
 const quiet = { quiet: true, log: () => {} };
@@ -110,6 +111,26 @@ describe('LoRA, periodic evaluation, reference on the fly', () => {
     const [x, y] = [first(join(dir, 'run-cached')), first(join(dir, 'run-fly'))];
     for (const k of ['loss', 'rewards/margins', 'rewards/chosen']) expect(y[k]).toBeCloseTo(x[k], 5);
     expect(a.steps).toBe(b.steps);
+  });
+});
+
+describe('every offline loss of the registry trains a step on its kind of data', () => {
+  it('pairwise, listwise and single-trajectory losses (KTO with its mismatched-pair KL estimate)', async () => {
+    const lists = jsonl(join(dir, 'reg-lists.jsonl'), demoLists(7).train.slice(0, 8));
+    const singles = jsonl(join(dir, 'reg-singles.jsonl'), demoSingles(7, 1).train.slice(0, 8).map((s) => ({ prompt: s.prompt, completion: s.response, label: s.label })));
+    const fileOf = { pairwise: pairsFile, listwise: lists, single: singles } as const;
+    const offline = listLosses().filter((l) => l.kinds.some((k) => k !== 'nash_md'));
+    expect(offline.length).toBeGreaterThanOrEqual(20);
+    for (const l of offline) {
+      const kind = l.kinds.find((k) => k !== 'nash_md') as keyof typeof fileOf;
+      const out = join(dir, `reg-${l.name}`);
+      const r = await trainAny({ model, data: fileOf[kind], loss: l.name, out, params: [...SHORT, 'max_steps=2', 'logging_steps=1'], ...quiet });
+      const rows = readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((x) => JSON.parse(x));
+      expect(rows.length, l.name).toBeGreaterThanOrEqual(2);
+      for (const row of rows) expect(Number.isFinite(row.loss), `${l.name} step ${row.step}`).toBe(true);
+      if (l.name === 'kto') expect(rows.every((x) => Number.isFinite(x.kl))).toBe(true);
+      expect(existsSync(join(r.finalDir, 'model.safetensors'))).toBe(true);
+    }
   });
 });
 

@@ -4,7 +4,8 @@
  * Every response becomes one sequence prompt ++ response, right-padded to a length rounded up to a
  * multiple of `padTo` (few distinct shapes for the runtime). Sequences are laid out response-major:
  * pairwise `[chosen_1..chosen_B, rejected_1..rejected_B]`, listwise `[y_1,1..y_1,K, y_2,1..]` (row-major
- * [B, K]), single `[y_1..y_B]`, so per-sequence log-probs reshape straight into the loss's inputs.
+ * [B, K]), single `[y_1..y_B]` (followed by KTO's mismatched `[y'_1..y'_B]` when `kl` is on), so
+ * per-sequence log-probs reshape straight into the loss's inputs.
  */
 import type { Kind } from '../../datasets/schema.ts';
 import { toOrt, type Feeds } from '../runtime/session.ts';
@@ -20,6 +21,8 @@ export interface CollateOptions {
   refLogps?: (ex: TokenizedExample, index: number) => number[];
   /** Attach DRO's value position (last prompt token) per row. */
   valueIndex?: boolean;
+  /** Single-trajectory: add each row's mismatched sequence (prompt_i, klResponseIds_i) for KTO's KL estimate. */
+  kl?: boolean;
 }
 
 export interface Collated {
@@ -39,7 +42,7 @@ export function roundUp(n: number, m: number): number {
 }
 
 /** Sequences of a batch in the layout described above, with each sequence's prompt length. */
-function sequences(kind: Kind, rows: TokenizedExample[]): { prompt: number[]; response: number[] }[] {
+function sequences(kind: Kind, rows: TokenizedExample[], kl = false): { prompt: number[]; response: number[] }[] {
   if (kind === 'pairwise') {
     return [0, 1].flatMap((k) => rows.map((r) => ({ prompt: r.promptIds, response: r.responseIds[k] })));
   }
@@ -48,11 +51,16 @@ function sequences(kind: Kind, rows: TokenizedExample[]): { prompt: number[]; re
     // Missing list entries become prompt-only sequences whose loss mask is empty (log-prob 0, masked).
     return rows.flatMap((r) => Array.from({ length: K }, (_, k) => ({ prompt: r.promptIds, response: r.responseIds[k] ?? [] })));
   }
-  return rows.map((r) => ({ prompt: r.promptIds, response: r.responseIds[0] }));
+  const own = rows.map((r) => ({ prompt: r.promptIds, response: r.responseIds[0] }));
+  if (!kl) return own;
+  return [...own, ...rows.map((r) => {
+    if (!r.klResponseIds) throw new Error('collate: kl rows need klResponseIds');
+    return { prompt: r.promptIds, response: r.klResponseIds };
+  })];
 }
 
 export function collate(rows: TokenizedExample[], o: CollateOptions): Collated {
-  const seqs = sequences(o.kind, rows);
+  const seqs = sequences(o.kind, rows, o.kl);
   const N = seqs.length;
   const maxLen = Math.max(2, ...seqs.map((s) => s.prompt.length + s.response.length));
   const T = roundUp(maxLen, o.padTo);
@@ -77,7 +85,7 @@ export function collate(rows: TokenizedExample[], o: CollateOptions): Collated {
     loss_mask: toOrt(o.dtype, lossMask, [N, T]),
   };
   const B = rows.length;
-  const K = o.kind === 'listwise' ? N / B : o.kind === 'pairwise' ? 2 : 1;
+  const K = o.kind === 'listwise' ? N / B : o.kind === 'pairwise' ? 2 : o.kl ? 2 : 1;
   const perRow = (f: (ex: TokenizedExample, i: number) => number) => toOrt(o.dtype, F.from(rows.map(f)), [B]);
   feeds.weight = perRow((r) => r.src.weight ?? 1);
   if (o.refLogps) {
@@ -90,7 +98,10 @@ export function collate(rows: TokenizedExample[], o: CollateOptions): Collated {
         ref[B + i] = v[1];
       } else if (o.kind === 'listwise') {
         for (let k = 0; k < K; k++) ref[i * K + k] = v[k] ?? 0;
-      } else ref[i] = v[0];
+      } else {
+        ref[i] = v[0];
+        if (o.kl) ref[B + i] = v[1];
+      }
     });
     feeds.ref_logps = toOrt(o.dtype, ref, [N]);
   }

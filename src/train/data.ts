@@ -33,6 +33,8 @@ export interface Example {
 export interface TokenizedExample {
   promptIds: number[];
   responseIds: number[][];
+  /** KTO: the response of another row, scored after this row's prompt for the KL estimate. */
+  klResponseIds?: number[];
   src: Example;
 }
 

@@ -25,6 +25,8 @@ export interface TrainProblem {
   valueHead: boolean;
   /** Which optional batch columns the data provides (chosen_scores, win_probs, labels, …). */
   dataKeys: Set<string>;
+  /** KTO: the batch also holds each row's mismatched sequence for the KL estimate. */
+  kl?: boolean;
 }
 
 const F = 'float32' as const;
@@ -66,7 +68,7 @@ export function paramSpecs(p: TrainProblem, weights: Map<string, FloatTensor>): 
   return out;
 }
 
-/** [2B] response-major → ([B] chosen, [B] rejected). */
+/** [2B] response-major → ([B] first half, [B] second half): chosen/rejected, or KTO's own/mismatched. */
 function splitPairs(g: Graph, x: Tensor): [Tensor, Tensor] {
   const two = g.reshape(x, [2, -1]);
   return [g.gather(two, g.constant(0, 'int64'), 0), g.gather(two, g.constant(1, 'int64'), 0)];
@@ -88,6 +90,12 @@ function lossInputs(g: Graph, p: TrainProblem, logp: Tensor, tokens: Tensor, bat
     ins.scores = batch.scores;
     ins.mask = batch.mask;
     if (batch.win_probs) ins.win_probs = batch.win_probs;
+  } else if (p.kl) {
+    [ins.policy_logps, ins.policy_kl_logps] = splitPairs(g, logp);
+    [ins.ref_logps, ins.ref_kl_logps] = splitPairs(g, batch.ref_logps);
+    ins.tokens = splitPairs(g, tokens)[0];
+    if (batch.rewards) ins.rewards = batch.rewards;
+    if (batch.labels) ins.labels = batch.labels;
   } else {
     ins.policy_logps = logp;
     ins.ref_logps = batch.ref_logps;

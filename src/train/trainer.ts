@@ -154,7 +154,16 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     const missing = loss.keys(kind).required.filter((k) => !['policy_chosen_logps', 'policy_rejected_logps', 'ref_chosen_logps', 'ref_rejected_logps', 'chosen_tokens', 'rejected_tokens', 'policy_logps', 'ref_logps', 'tokens', 'values', 'mask', 'scores', 'weight'].includes(k) && !dataKeys.has(k));
     if (missing.length) throw new UserError(`${o.data}: loss ${o.loss} needs ${missing.join(', ')}, which the data does not provide for every row`);
   }
-  const problem: TrainProblem = { config: base.config, kind, loss, lora, valueHead: valueHeadOn, dataKeys };
+  // KTO's KL estimate: each row's prompt with the next row's response (fixed pairing, so cacheable).
+  const kl = kind === 'single' && (loss.keys(kind).oneOf ?? []).some((set) => set.includes('policy_kl_logps'));
+  if (kl) {
+    if (rows.length < 2) throw new UserError(`${o.data}: loss ${o.loss} needs at least 2 rows (its KL estimate pairs each prompt with another row's response)`);
+    rows.forEach((r, i) => {
+      const other = rows[(i + 1) % rows.length].responseIds[0];
+      r.klResponseIds = other.slice(0, Math.max(1, config.max_length - r.promptIds.length));
+    });
+  }
+  const problem: TrainProblem = { config: base.config, kind, loss, lora, kl, valueHead: valueHeadOn, dataKeys };
 
   // Reference log-probs: computed once from the reference weights (LoRA off) and cached in the run.
   const refFile = join(run, 'data', 'reference.parquet');
@@ -169,6 +178,11 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   } else {
     const scorer = await Scorer.create(base.config, refWeights, runtimeOf(config), tok.padId ?? 0);
     ref = (await scorer.score(kind, rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs', quiet: o.quiet })).logps;
+    if (kl) {
+      const mismatched = rows.map((r) => ({ ...r, responseIds: [r.klResponseIds!] }));
+      const refKl = (await scorer.score(kind, mismatched, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs (KL pairs)', quiet: o.quiet })).logps;
+      ref = ref.map((r, i) => [r[0], refKl[i][0]]);
+    }
     await scorer.release();
     mkdirSync(join(run, 'data'), { recursive: true });
     await writeRefColumns(refFile, kind, ref);
@@ -256,7 +270,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       const batch = nextBatch();
       if (refScorer) {
         const fresh = await refScorer.score(kind, batch, { batchSize: batch.length, padTo: config.pad_to_multiple_of, quiet: true });
-        batch.forEach((ex, i) => refOf.set(ex, fresh.logps[i]));
+        const freshKl = kl ? await refScorer.score(kind, batch.map((r) => ({ ...r, responseIds: [r.klResponseIds!] })), { batchSize: batch.length, padTo: config.pad_to_multiple_of, quiet: true }) : null;
+        batch.forEach((ex, i) => refOf.set(ex, freshKl ? [fresh.logps[i][0], freshKl.logps[i][0]] : fresh.logps[i]));
       }
       const c = collate(batch, {
         kind,
@@ -265,6 +280,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
         dtype: 'float32',
         refLogps: (ex) => refOf.get(ex)!,
         valueIndex: valueHeadOn,
+        kl,
       });
       if (step === fault) (c.feeds.ref_logps.data as Float32Array).fill(NaN);
       const m = await art.computeGradients(c.feeds);
