@@ -14,7 +14,8 @@ function properties() {
     .setKeyValueMetadata(new Map([['prefzoo', JSON.stringify(meta)]]))
     // Long unique texts make dictionary pages fill up and fall back anyway: pure wasted work.
     .setDictionaryEnabled(false)
-    .setStatisticsEnabled(pw.EnabledStatistics.Chunk)
+    // Min/max of long texts prune nothing and cost ~10% of encoding time.
+    .setStatisticsEnabled(pw.EnabledStatistics.None)
     .setMaxRowGroupSize(1 << 20)
     .setMaxRowGroupBytes(rowGroupBytes)
     .build();
