@@ -1,0 +1,196 @@
+/**
+ * `prefzoo demo --method sppo|nash_md|mpo`: the online methods end to end on the built-in task
+ * (modular addition, "3+4=" → "7") with its verifiable judge.
+ *
+ *   1. a tiny llama is initialised and given the answer format by a short SFT on random digits (it
+ *      learns to answer with one digit and stop, and nothing about sums): the starting policy π_0
+ *   2. the prompts are split: 20 held-out sums a+b (a ≠ b) whose operands the training prompts show
+ *      only in the other order (b+a), and the other 80 for training
+ *   3. the method trains on the 80: SPPO iterations or on-policy Nash-MD with the task judge, or MPO
+ *      (a reward model trained on offline pairs scores them, then the two-stage schedule)
+ *   4. `win_rate_vs_start`: on the held-out prompts, samples of the final policy against samples of
+ *      π_0, judged (a correct answer beats a wrong one, equal correctness ties at ½)
+ */
+import { mkdirSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { makeMeta } from '../../datasets/schema.ts';
+import { UserError } from '../cli/errors.ts';
+import { initModelFolder } from '../models/init.ts';
+import type { TrainConfig } from '../train/config.ts';
+import type { Example, LoadedData } from '../train/data.ts';
+import { DEMO_MODULUS, demoAnswer } from '../train/demo-task.ts';
+import { trainMpo } from '../train/mpo.ts';
+import { SeededRandom } from '../train/random.ts';
+import { train } from '../train/trainer.ts';
+import { additionCorrect, TaskJudge, type Judge } from './judges.ts';
+import { runNashMd } from './nash-md.ts';
+import { Policy } from './policy.ts';
+import { RewardModel } from './reward-model.ts';
+import { rewardTrain } from './reward-model.ts';
+import { runSppo } from './sppo.ts';
+
+export const ONLINE_METHODS = ['sppo', 'nash_md', 'mpo'] as const;
+export type OnlineMethod = (typeof ONLINE_METHODS)[number];
+
+export interface OnlineDemoOptions {
+  method: OnlineMethod;
+  seed: number;
+  out?: string;
+  quiet?: boolean;
+  log?: (line: string) => void;
+  /** Extra `key=value` settings for the method's training (e.g. beta=0.2, max_steps=100). */
+  params?: string[];
+}
+
+export interface OnlineDemoResult {
+  method: OnlineMethod;
+  /** Judged win-rate of the final policy's samples against π_0's on the held-out prompts. */
+  win_rate_vs_start: number;
+  /** Share of correct samples on the held-out prompts, π_0 and final. */
+  heldout_accuracy_start: number;
+  heldout_accuracy_final: number;
+  /** The same on the training prompts. */
+  train_accuracy_start: number;
+  train_accuracy_final: number;
+  heldout_prompts: number;
+  samples_per_prompt: number;
+  seconds: number;
+  run: string;
+}
+
+/** Shared settings of every stage: tiny sequences, no padding to 64, few logs. */
+const COMMON: Partial<TrainConfig> = {
+  batch_size: 32,
+  weight_decay: 0,
+  max_grad_norm: 1,
+  max_length: 32,
+  max_prompt_length: 16,
+  pad_to_multiple_of: 16,
+  lr_scheduler: 'linear',
+  logging_steps: 10,
+  save_steps: 0,
+};
+
+/** The format stage: one random digit per prompt and step, so the answer carries no information. */
+const FORMAT: Partial<TrainConfig> = { ...COMMON, learning_rate: 3e-3, max_steps: 100, warmup_steps: 10 };
+
+/** Per-method settings, tuned to finish in a couple of minutes on two cores. */
+const METHOD: Record<OnlineMethod, { config: Partial<TrainConfig>; params: string[] }> = {
+  sppo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 8, warmup_steps: 5 }, params: ['beta=0.1'] },
+  nash_md: { config: { ...COMMON, learning_rate: 3e-3, max_steps: 200, warmup_steps: 10 }, params: ['beta=0.05', 'mixture_coef=0.5'] },
+  mpo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 3, warmup_steps: 10 }, params: ['beta=0.1'] },
+};
+
+const SAMPLING = { temperature: 1, maxNewTokens: 4 };
+const EVAL_SAMPLES = 8;
+
+type Sum = [number, number];
+const promptOf = ([a, b]: Sum) => `${a}+${b}=`;
+
+/** 20 held-out sums a+b (a ≠ b) whose mirror b+a stays in training; the other 80 train. */
+export function mirrorSplit(seed: number): { train: Sum[]; heldout: Sum[] } {
+  const rand = new SeededRandom(seed + 17);
+  const unordered: Sum[] = [];
+  for (let a = 0; a < DEMO_MODULUS; a++) for (let b = a + 1; b < DEMO_MODULUS; b++) unordered.push([a, b]);
+  const heldout = rand.shuffle(unordered).slice(0, 20).map(([a, b]) => (rand.int(2) ? [a, b] : [b, a]) as Sum);
+  const held = new Set(heldout.map(promptOf));
+  const train: Sum[] = [];
+  for (let a = 0; a < DEMO_MODULUS; a++) for (let b = 0; b < DEMO_MODULUS; b++) if (!held.has(promptOf([a, b]))) train.push([a, b]);
+  return { train, heldout };
+}
+
+function rowsOf(kind: 'pairwise', examples: Example[]): LoadedData {
+  return { kind, meta: makeMeta(kind, 'plain', 'demo'), examples, files: [] };
+}
+
+/** Correct share of n samples per prompt, and the samples' texts. */
+async function sampleAndScore(dir: string, prompts: string[], seed: number): Promise<{ texts: string[][]; accuracy: number }> {
+  const policy = await Policy.load(dir);
+  const s = await policy.sample(prompts, { ...SAMPLING, n: EVAL_SAMPLES, seed });
+  await policy.release();
+  const texts = prompts.map((_, i) => s.slice(i * EVAL_SAMPLES, (i + 1) * EVAL_SAMPLES).map((x) => x.response));
+  const correct = s.filter((x) => additionCorrect(x.prompt, x.response)).length;
+  return { texts, accuracy: correct / s.length };
+}
+
+/** Mean judged P(final_k ≻ start_k) over prompts and sample slots. */
+async function winRate(judge: Judge, prompts: string[], final: string[][], start: string[][]): Promise<number> {
+  const items = prompts.flatMap((prompt, i) => final[i].map((a, k) => ({ prompt, a, b: start[i][k] })));
+  const p = await judge.compare(items);
+  return p.reduce((x, y) => x + y, 0) / p.length;
+}
+
+export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoResult> {
+  const t0 = Date.now();
+  if (!ONLINE_METHODS.includes(o.method)) throw new UserError(`--method must be one of ${ONLINE_METHODS.join(', ')}, got "${o.method}"`);
+  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const dir = o.out ?? mkdtempSync(join(tmpdir(), `prefzoo-demo-${o.method}-`));
+  mkdirSync(dir, { recursive: true });
+  const quiet = o.quiet;
+  const init = initModelFolder(join(dir, 'model'), 'llama', 'tiny', o.seed);
+  log(`demo: tiny llama (${init.parameters.toLocaleString('en-US')} parameters); method ${o.method}`);
+
+  // π_0: the answer format only (a uniformly random digit for every prompt).
+  const rand = new SeededRandom(o.seed + 5);
+  const formatRows: Example[] = [];
+  for (let k = 0; k < 4; k++) {
+    for (let a = 0; a < DEMO_MODULUS; a++) {
+      for (let b = 0; b < DEMO_MODULUS; b++) formatRows.push({ prompt: promptOf([a, b]), responses: [String(rand.int(DEMO_MODULUS)), String(rand.int(DEMO_MODULUS))] });
+    }
+  }
+  const start = await train({ model: join(dir, 'model'), data: 'format.jsonl', rows: rowsOf('pairwise', formatRows), loss: 'sft', out: join(dir, 'start'), base: { ...FORMAT, seed: o.seed }, quiet, log });
+  const pi0 = start.finalDir;
+
+  const split = mirrorSplit(o.seed);
+  const trainPrompts = split.train.map(promptOf);
+  const heldPrompts = split.heldout.map(promptOf);
+  const judge = new TaskJudge();
+  const m = METHOD[o.method];
+  const params = [...m.params, ...(o.params ?? [])];
+  const base = { ...m.config, seed: o.seed };
+  let finalDir: string;
+  if (o.method === 'sppo') {
+    const r = await runSppo({ model: pi0, prompts: trainPrompts, judge, out: join(dir, 'sppo'), iterations: 3, samples: 4, ...SAMPLING, params, base, quiet, log });
+    finalDir = r.finalDir;
+  } else if (o.method === 'nash_md') {
+    const r = await runNashMd({ model: pi0, prompts: trainPrompts, judge, out: join(dir, 'nash_md'), ...SAMPLING, params, base, quiet, log });
+    finalDir = r.finalDir;
+  } else {
+    // Offline pairs without scores (a right and a wrong answer per training prompt): a reward model
+    // learns them, scores them, and MPO splits by its margins.
+    const pairs: Example[] = split.train.flatMap(([a, b]) => {
+      const right = demoAnswer(a, b);
+      return [1, 2, 3, 4].map(() => {
+        const w = (right + 1 + rand.int(DEMO_MODULUS - 1)) % DEMO_MODULUS;
+        return { prompt: promptOf([a, b]), responses: [String(right), String(w)] };
+      });
+    });
+    const rmDir = join(dir, 'reward_model');
+    await rewardTrain({ model: pi0, data: 'pairs.jsonl', rows: rowsOf('pairwise', pairs), out: rmDir, base: { ...COMMON, learning_rate: 3e-3, num_epochs: 4, warmup_steps: 10, seed: o.seed }, quiet, log });
+    const rm = await RewardModel.load(rmDir);
+    const scores = await rm.score(pairs.flatMap((p) => [{ prompt: p.prompt, response: p.responses[0] }, { prompt: p.prompt, response: p.responses[1] }]));
+    await rm.release();
+    const scored = pairs.map((p, i) => ({ ...p, responseScores: [scores[2 * i], scores[2 * i + 1]] }));
+    const r = await trainMpo({ model: pi0, data: 'pairs.jsonl', rows: rowsOf('pairwise', scored), loss: 'mpo', out: join(dir, 'mpo'), params, base, quiet, log });
+    finalDir = r.finalDir;
+  }
+
+  const seed = o.seed * 31 + 7;
+  const s0 = await sampleAndScore(pi0, heldPrompts, seed);
+  const s1 = await sampleAndScore(finalDir, heldPrompts, seed + 1);
+  const t0s = await sampleAndScore(pi0, trainPrompts, seed + 2);
+  const t1s = await sampleAndScore(finalDir, trainPrompts, seed + 3);
+  return {
+    method: o.method,
+    win_rate_vs_start: await winRate(judge, heldPrompts, s1.texts, s0.texts),
+    heldout_accuracy_start: s0.accuracy,
+    heldout_accuracy_final: s1.accuracy,
+    train_accuracy_start: t0s.accuracy,
+    train_accuracy_final: t1s.accuracy,
+    heldout_prompts: heldPrompts.length,
+    samples_per_prompt: EVAL_SAMPLES,
+    seconds: Math.round((Date.now() - t0) / 100) / 10,
+    run: dir,
+  };
+}

@@ -1,0 +1,220 @@
+/**
+ * Judges: one interface, P(a ≻ b | prompt) for a batch of comparisons, three kinds:
+ *
+ *   task          the built-in verifiable judge of the demo task (modular addition): a correct answer
+ *                 beats a wrong one, equal correctness is a tie (½)
+ *   reward:DIR    a reward model trained by `prefzoo reward-train`: P = σ(r(a) − r(b)) (Bradley–Terry)
+ *   cmd:COMMAND   an external program speaking JSONL: one `{"prompt","a","b"}` line in, one
+ *                 `{"p": P(a ≻ b)}` line out, in order (see `CommandJudge`)
+ *
+ * Judges see text (the decoded responses), so any judge works with any policy's tokenizer.
+ */
+import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import { createInterface, type Interface } from 'node:readline';
+import { UserError } from '../cli/errors.ts';
+import type { RuntimeOptions } from '../runtime/session.ts';
+import type { Text } from '../train/data.ts';
+import { DEMO_MODULUS } from '../train/demo-task.ts';
+import { RewardModel } from './reward-model.ts';
+import { promptKey } from './prompts.ts';
+
+export interface Comparison {
+  prompt: Text;
+  a: Text;
+  b: Text;
+}
+
+export interface Judge {
+  readonly name: string;
+  /** P(a ≻ b | prompt) ∈ [0, 1] per comparison. */
+  compare(items: readonly Comparison[]): Promise<number[]>;
+  release(): Promise<void>;
+}
+
+function plain(t: Text): string {
+  return typeof t === 'string' ? t : t.map((m) => m.content).join('\n');
+}
+
+/**
+ * The demo task's answer check: the prompt's last "a+b=" (message prompts: the last message) names
+ * the operands, a response is correct when its text is exactly the digit (a + b) mod 10.
+ */
+export function additionCorrect(prompt: Text, response: Text): boolean {
+  const p = typeof prompt === 'string' ? prompt : prompt[prompt.length - 1]?.content ?? '';
+  const m = /(\d+)\s*\+\s*(\d+)\s*=\s*$/.exec(p);
+  if (!m) throw new UserError(`task judge: prompt ${JSON.stringify(p.slice(-40))} is not of the form "a+b=" (the built-in task judges only its own prompts)`);
+  return plain(response).trim() === String((Number(m[1]) + Number(m[2])) % DEMO_MODULUS);
+}
+
+export class TaskJudge implements Judge {
+  readonly name = 'task';
+  async compare(items: readonly Comparison[]): Promise<number[]> {
+    return items.map((c) => 0.5 + 0.5 * (Number(additionCorrect(c.prompt, c.a)) - Number(additionCorrect(c.prompt, c.b))));
+  }
+  async release(): Promise<void> {}
+}
+
+/** Bradley–Terry judge over a reward model: each distinct (prompt, response) is scored once per call. */
+export class RewardJudge implements Judge {
+  readonly name: string;
+  private constructor(private readonly rm: RewardModel) {
+    this.name = `reward:${rm.dir}`;
+  }
+
+  static async load(dir: string, runtime?: RuntimeOptions): Promise<RewardJudge> {
+    return new RewardJudge(await RewardModel.load(dir, runtime));
+  }
+
+  async compare(items: readonly Comparison[]): Promise<number[]> {
+    const key = (p: Text, r: Text) => promptKey(p) + '\u0000' + promptKey(r);
+    const todo = new Map<string, { prompt: Text; response: Text }>();
+    for (const c of items) {
+      todo.set(key(c.prompt, c.a), { prompt: c.prompt, response: c.a });
+      todo.set(key(c.prompt, c.b), { prompt: c.prompt, response: c.b });
+    }
+    const list = [...todo.values()];
+    const scores = await this.rm.score(list);
+    const byKey = new Map(list.map((x, i) => [key(x.prompt, x.response), scores[i]]));
+    return items.map((c) => 1 / (1 + Math.exp(byKey.get(key(c.prompt, c.b))! - byKey.get(key(c.prompt, c.a))!)));
+  }
+
+  async release(): Promise<void> {
+    await this.rm.release();
+  }
+}
+
+/**
+ * An external judge: `sh -c COMMAND` started once and kept running. Each comparison is written to
+ * its stdin as one JSON line `{"prompt": …, "a": …, "b": …}` (text or message lists, as in the
+ * data); it must answer each with one line `{"p": number in [0, 1]}` (P(a ≻ b)), in order.
+ * Anything else stops the run with the command, the answer's number and the reason.
+ */
+export class CommandJudge implements Judge {
+  readonly name: string;
+  private child: ChildProcessWithoutNullStreams | null = null;
+  private lines: Interface | null = null;
+  private queue: string[] = [];
+  private waiting: ((line: string | null) => void) | null = null;
+  private closed = false;
+  private stderr = '';
+  private answered = 0;
+
+  constructor(readonly command: string) {
+    if (!command.trim()) throw new UserError('--judge cmd: the command is empty');
+    this.name = `cmd:${command}`;
+  }
+
+  private start(): void {
+    const child = spawn('sh', ['-c', this.command], { stdio: ['pipe', 'pipe', 'pipe'] });
+    child.stderr.on('data', (d: Buffer) => {
+      this.stderr = (this.stderr + d.toString()).slice(-400);
+    });
+    // A judge that exits early surfaces as an error at the next read, with its stderr.
+    child.stdin.on('error', () => {});
+    child.on('error', (e) => {
+      this.stderr += ` (${e.message})`;
+    });
+    this.lines = createInterface({ input: child.stdout });
+    this.lines.on('line', (l) => {
+      if (this.waiting) {
+        const w = this.waiting;
+        this.waiting = null;
+        w(l);
+      } else this.queue.push(l);
+    });
+    this.lines.on('close', () => {
+      this.closed = true;
+      if (this.waiting) {
+        const w = this.waiting;
+        this.waiting = null;
+        w(null);
+      }
+    });
+    this.child = child;
+  }
+
+  private next(): Promise<string | null> {
+    if (this.queue.length) return Promise.resolve(this.queue.shift()!);
+    if (this.closed) return Promise.resolve(null);
+    return new Promise((resolve) => (this.waiting = resolve));
+  }
+
+  async compare(items: readonly Comparison[]): Promise<number[]> {
+    if (!this.child) this.start();
+    const child = this.child!;
+    child.stdin.write(items.map((c) => JSON.stringify({ prompt: c.prompt, a: c.a, b: c.b }) + '\n').join(''));
+    const out: number[] = [];
+    for (let i = 0; i < items.length; i++) {
+      const line = await this.next();
+      const n = ++this.answered;
+      if (line === null) {
+        const why = this.stderr.trim() ? `; its stderr ends: ${this.stderr.trim().split('\n').slice(-2).join(' | ')}` : '';
+        throw new UserError(`judge command "${this.command}" closed its output after ${n - 1} answers${why}`);
+      }
+      let p: unknown;
+      try {
+        p = (JSON.parse(line) as { p?: unknown })?.p;
+      } catch {
+        throw new UserError(`judge command "${this.command}": answer ${n} is not JSON: ${JSON.stringify(line.slice(0, 80))}`);
+      }
+      if (typeof p !== 'number' || !(p >= 0 && p <= 1)) {
+        throw new UserError(`judge command "${this.command}": answer ${n} must be {"p": number in [0, 1]}, got ${JSON.stringify(line.slice(0, 80))}`);
+      }
+      out.push(p);
+    }
+    return out;
+  }
+
+  async release(): Promise<void> {
+    if (!this.child) return;
+    const child = this.child;
+    this.child = null;
+    child.stdin.end();
+    if (child.exitCode === null) {
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(() => {
+          child.kill();
+          resolve();
+        }, 2000);
+        child.on('exit', () => {
+          clearTimeout(t);
+          resolve();
+        });
+      });
+    }
+    this.lines?.close();
+  }
+}
+
+/** `task`, `reward:DIR` or `cmd:COMMAND` (the `--judge` flag). */
+export async function loadJudge(spec: string, runtime?: RuntimeOptions): Promise<Judge> {
+  if (spec === 'task') return new TaskJudge();
+  if (spec.startsWith('reward:')) return RewardJudge.load(spec.slice('reward:'.length), runtime);
+  if (spec.startsWith('cmd:')) return new CommandJudge(spec.slice('cmd:'.length));
+  throw new UserError(`--judge must be task, reward:DIR or cmd:COMMAND, got "${spec}"`);
+}
+
+/**
+ * P̂(y_k ≻ π) for each of K samples of one prompt: the mean of P(y_k ≻ y_j) over the other samples
+ * (each unordered pair judged once, P(y_j ≻ y_k) = 1 − P(y_k ≻ y_j)).
+ */
+export async function winRates(judge: Judge, groups: { prompt: Text; responses: Text[] }[]): Promise<number[][]> {
+  const items: Comparison[] = [];
+  for (const g of groups) {
+    for (let i = 0; i < g.responses.length; i++) for (let j = i + 1; j < g.responses.length; j++) items.push({ prompt: g.prompt, a: g.responses[i], b: g.responses[j] });
+  }
+  const p = await judge.compare(items);
+  let at = 0;
+  return groups.map((g) => {
+    const K = g.responses.length;
+    const sum = new Array<number>(K).fill(0);
+    for (let i = 0; i < K; i++) {
+      for (let j = i + 1; j < K; j++) {
+        sum[i] += p[at];
+        sum[j] += 1 - p[at];
+        at++;
+      }
+    }
+    return sum.map((s) => (K > 1 ? s / (K - 1) : 0.5));
+  });
+}

@@ -1,0 +1,84 @@
+/**
+ * A model folder ready to sample from: its tokenizer and a cached decoder. `sample` draws n responses
+ * per prompt (from the model, or from the geometric mixture with another model) and returns them as
+ * ids and text, each sample's random stream fixed by (seed, prompt index, sample index).
+ */
+import type { LoadedTokenizer } from '../tokenize/index.ts';
+import { loadTokenizer } from '../tokenize/index.ts';
+import { loadModel } from '../models/load.ts';
+import type { ModelConfig } from '../models/config.ts';
+import type { RuntimeOptions } from '../runtime/session.ts';
+import type { Text } from '../train/data.ts';
+import { Decoder, generateIds, type MixturePart } from './generate.ts';
+import { promptIds, responseText } from './prompts.ts';
+import { sampleRandom, type SamplingOptions } from './sampling.ts';
+
+export interface Sample {
+  prompt: Text;
+  /** Index of the prompt in the input list and of the sample among its n. */
+  promptIndex: number;
+  sample: number;
+  promptIds: number[];
+  /** Generated ids (ending with the stop id when `stopped`). */
+  ids: number[];
+  response: string;
+  stopped: boolean;
+}
+
+export interface SampleOptions extends SamplingOptions {
+  /** Responses per prompt (default 1). */
+  n?: number;
+  seed: number;
+  maxNewTokens: number;
+  batchSize?: number;
+  /** Sample from softmax((1−m)·logits_θ + m·logits_other) with this other model and m. */
+  mixture?: { decoder: Decoder; coef: number };
+}
+
+export class Policy {
+  private constructor(
+    readonly dir: string,
+    readonly config: ModelConfig,
+    readonly tok: LoadedTokenizer,
+    readonly decoder: Decoder,
+  ) {}
+
+  /** Loads a model folder; weights are baked into the decode graphs (a fixed model). */
+  static async load(dir: string, runtime?: RuntimeOptions): Promise<Policy> {
+    const m = loadModel(dir);
+    const tok = loadTokenizer(dir);
+    return new Policy(dir, m.config, tok, await Decoder.create(m.config, m.weights, { runtime, bake: true }));
+  }
+
+  /** A policy over a decoder built elsewhere (e.g. one fed the live weights of a training run). */
+  static of(dir: string, config: ModelConfig, tok: LoadedTokenizer, decoder: Decoder): Policy {
+    return new Policy(dir, config, tok, decoder);
+  }
+
+  async sample(prompts: readonly Text[], o: SampleOptions): Promise<Sample[]> {
+    return sampleWith(this.tok, this.decoder, prompts, o);
+  }
+
+  async release(): Promise<void> {
+    await this.decoder.release();
+  }
+}
+
+/** n samples per prompt, in prompt-major order (prompt 0's samples first). */
+export async function sampleWith(tok: LoadedTokenizer, decoder: Decoder, prompts: readonly Text[], o: SampleOptions): Promise<Sample[]> {
+  const n = o.n ?? 1;
+  const ids = prompts.map((p) => promptIds(tok, p));
+  const reqs = prompts.flatMap((_, i) => Array.from({ length: n }, (_, k) => ({ promptIds: ids[i], rng: sampleRandom(o.seed, i, k) })));
+  const parts: MixturePart[] = o.mixture
+    ? [
+        { decoder, weight: 1 - o.mixture.coef },
+        { decoder: o.mixture.decoder, weight: o.mixture.coef },
+      ]
+    : [{ decoder, weight: 1 }];
+  const stopIds = tok.stopIds.length ? tok.stopIds : tok.eosId !== null ? [tok.eosId] : [];
+  const out = await generateIds(parts, reqs, { ...o, stopIds, padId: tok.padId ?? tok.eosId ?? 0, vocabLimit: tok.vocabSize });
+  return out.map((g, j) => {
+    const i = Math.floor(j / n);
+    return { prompt: prompts[i], promptIndex: i, sample: j % n, promptIds: ids[i], ids: g.ids, response: responseText(tok, g.ids, g.stopped), stopped: g.stopped };
+  });
+}

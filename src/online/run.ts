@@ -1,0 +1,88 @@
+/**
+ * Small pieces the online loops share with the offline trainer's conventions: the optimizer, runtime
+ * and LoRA settings of a TrainConfig, atomic JSON writes, and saving a trained model in HF layout
+ * (LoRA merged, tokenizer files copied from the source folder).
+ */
+import { cpSync, readdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { TrainConfig } from '../train/config.ts';
+import type { OptimizerConfig } from '../optim/config.ts';
+import type { RuntimeOptions } from '../runtime/session.ts';
+import type { ModelConfig } from '../models/config.ts';
+import { saveCheckpoint, type FloatTensor } from '../models/checkpoint.ts';
+import { mergeLora, type LoraConfig } from '../models/index.ts';
+import type { TrainingArtifacts } from '../artifacts/training.ts';
+import type { ParamSpec } from '../artifacts/build.ts';
+import { modelParameterShapes, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT } from '../models/params.ts';
+
+export function optimizerOf(c: TrainConfig): OptimizerConfig {
+  const clip = c.max_grad_norm > 0 ? c.max_grad_norm : null;
+  return c.optimizer === 'sgd'
+    ? { type: 'sgd', momentum: c.momentum, weightDecay: c.weight_decay, maxGradNorm: clip }
+    : { type: 'adamw', betas: [c.adam_beta1, c.adam_beta2], eps: c.adam_epsilon, weightDecay: c.weight_decay, maxGradNorm: clip };
+}
+
+export function runtimeOf(c: TrainConfig): RuntimeOptions {
+  return { ep: c.device, threads: c.threads > 0 ? c.threads : undefined };
+}
+
+export function loraOf(c: TrainConfig): LoraConfig | null {
+  if (c.lora_r <= 0) return null;
+  return { rank: c.lora_r, alpha: c.lora_alpha, targets: c.lora_target_modules.split(',').map((s) => s.trim()).filter(Boolean) };
+}
+
+export function writeJsonAtomic(file: string, value: unknown): void {
+  const tmp = `${file}.tmp-${process.pid}`;
+  writeFileSync(tmp, JSON.stringify(value, null, 2) + '\n');
+  renameSync(tmp, file);
+}
+
+/** Current parameter values of a training run as float tensors (copies). */
+export function currentWeights(art: TrainingArtifacts): Map<string, FloatTensor> {
+  const out = new Map<string, FloatTensor>();
+  for (const p of art.manifest.params) out.set(p.name, { shape: p.shape, data: Float32Array.from(art.param(p.name) as Float32Array) });
+  return out;
+}
+
+/**
+ * Writes `weights` to `dir` in HF layout (adapters merged into their base weights; a value head is
+ * kept) with the tokenizer files of `sourceDir`, through a temporary folder renamed at the end.
+ * With `into`, the files are moved into an existing `dir` one by one and its other files stay.
+ */
+export function saveModelFolder(
+  dir: string,
+  weights: Map<string, FloatTensor>,
+  o: { config: ModelConfig; lora: LoraConfig | null; sourceDir: string; dtype: 'F32' | 'BF16'; into?: boolean },
+): void {
+  // mergeLora keeps every non-adapter tensor, the value head included.
+  const out = o.lora ? mergeLora(weights, o.config, o.lora) : weights;
+  const tmp = `${dir}.tmp-${process.pid}`;
+  rmSync(tmp, { recursive: true, force: true });
+  saveCheckpoint(tmp, out, { dtype: o.dtype, config: o.config });
+  for (const f of readdirSync(o.sourceDir)) {
+    if (/^(tokenizer.*|special_tokens_map\.json|generation_config\.json|chat_template\.jinja|vocab\.json|merges\.txt)$/.test(f)) cpSync(join(o.sourceDir, f), join(tmp, f));
+  }
+  if (o.into) {
+    for (const f of readdirSync(tmp)) renameSync(join(tmp, f), join(dir, f));
+    rmSync(tmp, { recursive: true, force: true });
+    return;
+  }
+  rmSync(dir, { recursive: true, force: true });
+  renameSync(tmp, dir);
+}
+
+/**
+ * Artifact parameters of a model: every weight trainable, or only LoRA adapters (and a value head)
+ * under LoRA; weight decay on matrices only.
+ */
+export function modelParamSpecs(config: ModelConfig, init: Map<string, FloatTensor>, lora: LoraConfig | null, valueHead: boolean): ParamSpec[] {
+  const out: ParamSpec[] = [];
+  for (const [name, shape] of modelParameterShapes(config, { lora, valueHead })) {
+    const isHead = name === VALUE_HEAD_WEIGHT || name === VALUE_HEAD_BIAS;
+    const isAdapter = name.includes('.lora_A.') || name.includes('.lora_B.');
+    const w = init.get(name);
+    if (!w) throw new Error(`no initial value for parameter ${name}`);
+    out.push({ name, dtype: 'float32', shape, trainable: lora ? isAdapter || isHead : true, decay: shape.length >= 2, data: w.data });
+  }
+  return out;
+}
