@@ -84,3 +84,18 @@ describe('reference log-prob columns', () => {
     }
   });
 });
+
+describe('prefzoo inspect --tokenizer', () => {
+  it('counts prompt and response tokens with the chat template, and refuses non-preference files', () => {
+    const r = cli('inspect', join(dir, 'in.jsonl'), '--tokenizer', model, '--json');
+    expect(r.status, r.stderr).toBe(0);
+    const rep = JSON.parse(r.stdout);
+    const tok = loadTokenizer(model);
+    const want = 1 + tok.encode('What is 2+2?', { addSpecialTokens: false }).length;
+    expect(rep.tokens.prompt.min).toBe(want);
+    expect(rep.tokens.response.count).toBe(4);
+    const bad = cli('inspect', resolve(__dirname, '..', '..', 'shared', 'data', 'parquet', 'nulls.snappy.parquet'), '--tokenizer', model);
+    expect(bad.status).toBe(1);
+    expect(bad.stderr).toMatch(/not preference data/);
+  });
+});

@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { evaluateRows, formatEvalTable } from '../../eval/evaluate.ts';
@@ -36,7 +37,8 @@ export function register(program: Command): void {
       const max_length = int('--max-length', o.maxLength, DEFAULT_CONFIG.max_length);
       const max_prompt_length = int('--max-prompt-length', o.maxPromptLength, Math.min(DEFAULT_CONFIG.max_prompt_length, max_length - 1));
       if (max_prompt_length >= max_length) throw new UserError(`--max-prompt-length (${max_prompt_length}) must be smaller than --max-length (${max_length})`);
-      const s = await evaluateRows({ policy: o.model, ref: o.ref, data: o.data, workDir: join(tmpdir(), `prefzoo-eval-${process.pid}`), params, quiet: o.quiet || o.json, batchSize: bs, truncation: { max_length, max_prompt_length, truncation: 'keep_end' } });
+      const work = join(tmpdir(), `prefzoo-eval-${process.pid}`);
+      const s = await evaluateRows({ policy: o.model, ref: o.ref, data: o.data, workDir: work, params, quiet: o.quiet || o.json, batchSize: bs, truncation: { max_length, max_prompt_length, truncation: 'keep_end' } }).finally(() => rmSync(work, { recursive: true, force: true }));
       if (o.json) process.stdout.write(JSON.stringify({ kind: s.kind, ...s.overall, by_source: s.bySource }) + '\n');
       else process.stdout.write(formatEvalTable(s) + '\n');
     });
