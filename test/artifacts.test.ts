@@ -43,7 +43,8 @@ describe('artifact folder', () => {
     ]);
     expect(m.training.outputs).toEqual(['loss', 'accuracy', 'grad.fc1.weight', 'grad.fc1.bias', 'grad.fc2.weight', 'grad.fc2.bias']);
     expect(m.training.inputs).toContain('grad_acc.fc2.bias');
-    expect(m.training.inputs).toContain('accumulate');
+    // The running sum is folded into the gradient nodes: no selector flag, zeros start a fresh sum.
+    expect(m.training.inputs).not.toContain('accumulate');
     // The eval graph asked only for logits, so pruning dropped the labels input.
     expect(m.eval.inputs).toEqual(['fc1.weight', 'fc1.bias', 'fc2.weight', 'fc2.bias', 'input_scale', 'x']);
     expect(m.eval.outputs).toEqual(['logits']);

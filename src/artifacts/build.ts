@@ -8,14 +8,15 @@
  *   checkpoint/           initial values (step 0) when the spec carries them; otherwise none
  *
  * Gradient accumulation happens in the training graph: it takes the running sums `grad_acc.<p>` and
- * a bool `accumulate`, and outputs `grad.<p>` = accumulate ? grad_acc.<p> + ∂loss/∂p : ∂loss/∂p.
- * Feeding the previous `grad.<p>` back as `grad_acc.<p>` sums micro-batches without a JS loop; the
- * optimizer's `grad_scale` input (1/k) then turns the sum into a mean. Where (not a multiply by 0/1)
- * selects, so a stale non-finite sum is never carried into a fresh accumulation.
+ * outputs `grad.<p>` = grad_acc.<p> + ∂loss/∂p. Feeding the previous `grad.<p>` back sums
+ * micro-batches without a JS loop, and a fresh accumulation is fed zeros (never a stale sum, so a
+ * non-finite one cannot carry over); the optimizer's `grad_scale` input (1/k) then turns the sum into
+ * a mean. The sum is folded into the node producing each gradient where it can be (a Gemm's C input,
+ * a Sum's extra operand, a scatter-add's starting tensor), so it costs no pass of its own.
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { Graph, OPSET, type Shape, type Tensor } from '../onnx/graph.ts';
+import { Graph, OPSET, attr, type Node, type Shape, type Tensor } from '../onnx/graph.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
 import { isFloat } from '../onnx/dtype.ts';
 import { saveModel } from '../onnx/proto.ts';
@@ -24,6 +25,7 @@ import { zerosLike } from '../autodiff/shape.ts';
 import { UserError } from '../cli/errors.ts';
 import { buildOptimizerGraph, defaultDecay, type OptimizerConfig, gradName, gradAccName, stateName } from '../optim/index.ts';
 import { pruneGraph } from './prune.ts';
+import { elideBroadcastExpands, foldOutputIdentities } from './simplify.ts';
 import { writeCheckpoint, type CheckpointTensor } from './checkpoint.ts';
 import { writeFileAtomic } from './safetensors.ts';
 import { ARTIFACT_FILES, MANIFEST_VERSION, TRAIN_IO, type ArtifactsManifest, type GraphIO } from './manifest.ts';
@@ -122,7 +124,6 @@ export function buildTrainingGraph(spec: ArtifactSpec): { graph: Graph; metrics:
   const reserved = new Set([...spec.params.map((p) => p.name), ...spec.batchInputs.map((b) => b.name)]);
   const trainable = spec.params.filter((p) => p.trainable);
   for (const p of trainable) reserved.add(gradName(p.name)).add(gradAccName(p.name));
-  reserved.add(TRAIN_IO.accumulate);
   outputNamed(g, reserved, fwd.loss, TRAIN_IO.loss, 'loss');
   const metrics = Object.keys(fwd.metrics ?? {});
   for (const [name, t] of Object.entries(fwd.metrics ?? {})) outputNamed(g, reserved, t, name, 'metric');
@@ -130,20 +131,57 @@ export function buildTrainingGraph(spec: ArtifactSpec): { graph: Graph; metrics:
   const wrt = trainable.map((p) => params[p.name]);
   const grads = gradients(g, fwd.loss, wrt);
   const accumulate = spec.gradientAccumulation ?? true;
-  const flag = accumulate ? g.input(TRAIN_IO.accumulate, 'bool', []) : null;
+  // A tensor that is the gradient of two parameters must not take either one's running sum.
+  const seen = new Map<string, number>();
+  for (const d of grads) if (d) seen.set(d.name, (seen.get(d.name) ?? 0) + 1);
   trainable.forEach((p, i) => {
     g.scope(`grad_out/${p.name}`, () => {
       // A parameter the loss does not reach still gets a (zero) gradient, so the optimizer's inputs are uniform.
       let d = grads[i] ?? zerosLike(g, wrt[i]);
-      if (flag) {
+      if (accumulate) {
         const acc = g.input(gradAccName(p.name), p.dtype, p.shape);
-        d = g.where(flag, g.add(acc, d), d);
+        d = (seen.get(d.name) ?? 0) > 1 ? g.add(d, acc) : accumulateInto(g, d, acc);
       }
       g.output(d, gradName(p.name));
     });
   });
-  pruneGraph(g, new Set(flag ? [TRAIN_IO.accumulate, ...trainable.map((p) => gradAccName(p.name))] : []));
+  pruneGraph(g, new Set(accumulate ? trainable.map((p) => gradAccName(p.name)) : []));
   return { graph: g, metrics };
+}
+
+/**
+ * d + acc, folded into d's producer when nothing else reads d: Gemm gets acc as its C input (β = 1),
+ * Sum gets it as one more operand, a scatter-add into zeros starts from acc instead. Otherwise an Add.
+ */
+export function accumulateInto(g: Graph, d: Tensor, acc: Tensor): Tensor {
+  const readers = (name: string) => g.nodes.filter((n) => n.inputs.includes(name)).length;
+  const node = g.producer.get(d.name);
+  const private_ = node && readers(d.name) === 0 && !g.outputs.some((o) => o.name === d.name) && node.outputs.length === 1;
+  if (node && private_) {
+    if (node.op === 'Gemm' && (node.inputs.length < 3 || node.inputs[2] === '')) {
+      node.inputs[2] = acc.name;
+      node.attrs.beta = attr.float(1);
+      return d;
+    }
+    if (node.op === 'Sum') {
+      node.inputs.push(acc.name);
+      return d;
+    }
+    const reduction = node.attrs.reduction;
+    const zeros = node.op === 'ScatterND' && reduction?.kind === 'string' && reduction.value === 'add' ? g.producer.get(node.inputs[0]) : undefined;
+    if (zeros && zeros.op === 'ConstantOfShape' && readers(node.inputs[0]) === 1 && isZeroFill(zeros)) {
+      node.inputs[0] = acc.name;
+      return d;
+    }
+  }
+  return g.add(d, acc);
+}
+
+/** A ConstantOfShape whose fill value is 0 (the default when no value is given). */
+function isZeroFill(n: Node): boolean {
+  const v = n.attrs.value;
+  if (!v) return true;
+  return v.kind === 'tensor' && Array.from(v.value.data as ArrayLike<number | bigint>).every((x) => Number(x) === 0);
 }
 
 /** Builds the eval graph: forward only, outputs = eval outputs + metrics + loss (when given). */
@@ -172,6 +210,10 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string): ArtifactsMan
     spec.optimizer,
     dtype,
   );
+  for (const g of [training.graph, evalGraph, opt.graph]) {
+    elideBroadcastExpands(g);
+    foldOutputIdentities(g);
+  }
   fs.mkdirSync(outDir, { recursive: true });
   saveModel(training.graph, path.join(outDir, ARTIFACT_FILES.training));
   saveModel(evalGraph, path.join(outDir, ARTIFACT_FILES.eval));
@@ -190,7 +232,7 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string): ArtifactsMan
       loss: TRAIN_IO.loss,
       metrics: training.metrics,
       grads: Object.fromEntries(trainable.map((p) => [p.name, gradName(p.name)])),
-      accumulation: accumulate ? { flag: TRAIN_IO.accumulate, inputs: Object.fromEntries(trainable.map((p) => [p.name, gradAccName(p.name)])) } : null,
+      accumulation: accumulate ? { inputs: Object.fromEntries(trainable.map((p) => [p.name, gradAccName(p.name)])) } : null,
     },
     eval: { file: ARTIFACT_FILES.eval, ...graphIO(evalGraph) },
     optimizer: {

@@ -21,7 +21,7 @@ export const ARTIFACT_FILES = {
 } as const;
 
 /** Fixed names of the training graph's own inputs/outputs. */
-export const TRAIN_IO = { loss: 'loss', accumulate: 'accumulate' } as const;
+export const TRAIN_IO = { loss: 'loss' } as const;
 
 export interface GraphIO {
   inputs: string[];
@@ -40,8 +40,11 @@ export interface ArtifactsManifest {
     metrics: string[];
     /** param → gradient output */
     grads: Record<string, string>;
-    /** null when built without accumulation inputs */
-    accumulation: { flag: string; inputs: Record<string, string> } | null;
+    /**
+     * null when built without accumulation inputs. `flag` (a bool input selecting grad_acc + ∂ over ∂)
+     * exists only in folders built before the sum was folded into the gradient nodes.
+     */
+    accumulation: { flag?: string; inputs: Record<string, string> } | null;
   };
   eval: GraphIO & { file: string };
   optimizer: GraphIO & { file: string; dtype: 'float32' | 'float64'; config: ResolvedOptimizerConfig; stateSlots: string[] };

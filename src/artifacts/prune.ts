@@ -20,3 +20,4 @@ export function pruneGraph(g: Graph, keepInputs: ReadonlySet<string> = new Set()
   const inputs = g.inputs.filter((i) => needed.has(i.name) || keepInputs.has(i.name));
   g.inputs.splice(0, g.inputs.length, ...inputs);
 }
+

@@ -38,6 +38,7 @@ export class TrainingArtifacts {
   private readonly lrT: ort.Tensor;
   private readonly scaleT: ort.Tensor;
   private readonly flagT = toOrt('bool', new Uint8Array(1), []);
+  private readonly zeros = new Map<string, ort.Tensor>();
   private readonly trainable: string[];
   private readonly optUpdates: (readonly [string, string])[];
   private readonly gradUpdates: (readonly [string, string])[];
@@ -80,6 +81,20 @@ export class TrainingArtifacts {
     return t;
   }
 
+  /** A read-only zero tensor shaped like parameter `name`, one per distinct dtype and shape. */
+  private zerosLike(name: string): ort.Tensor {
+    const dtype = this.store.dtype(name);
+    const dims = this.store.dims(name);
+    const key = `${dtype}[${dims.join(',')}]`;
+    let t = this.zeros.get(key);
+    if (!t) {
+      const n = dims.reduce((a, b) => a * b, 1);
+      t = toOrt(dtype, dtype === 'float64' ? new Float64Array(n) : new Float32Array(n), dims);
+      this.zeros.set(key, t);
+    }
+    return t;
+  }
+
   get paramNames(): string[] {
     return this.manifest.params.map((p) => p.name);
   }
@@ -118,9 +133,12 @@ export class TrainingArtifacts {
     const m = this.manifest.training;
     const extra: Feeds = {};
     if (m.accumulation) {
-      (this.flagT.data as Uint8Array)[0] = this.pending > 0 ? 1 : 0;
-      extra[m.accumulation.flag] = this.flagT;
-      for (const p of this.trainable) extra[m.accumulation.inputs[p]] = this.store.tensor(gradName(p));
+      if (m.accumulation.flag) {
+        (this.flagT.data as Uint8Array)[0] = this.pending > 0 ? 1 : 0;
+        extra[m.accumulation.flag] = this.flagT;
+      }
+      // A fresh accumulation starts from zeros (the flag of older folders ignores what it is fed).
+      for (const p of this.trainable) extra[m.accumulation.inputs[p]] = this.pending > 0 || m.accumulation.flag ? this.store.tensor(gradName(p)) : this.zerosLike(p);
     } else if (this.pending > 0) {
       throw new UserError('these artifacts were built without gradient accumulation; apply an optimizer step after each batch');
     }
