@@ -77,7 +77,7 @@ const FORMAT: Partial<TrainConfig> = { ...COMMON, learning_rate: 3e-3, max_steps
 
 /** Per-method settings, tuned to finish in a couple of minutes on two cores. */
 const METHOD: Record<OnlineMethod, { config: Partial<TrainConfig>; params: string[] }> = {
-  sppo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 8, warmup_steps: 5 }, params: ['beta=0.1'] },
+  sppo: { config: { ...COMMON, learning_rate: Number(process.env.LR ?? 3e-3), num_epochs: Number(process.env.EPOCHS ?? 8), warmup_steps: 5 }, params: ['beta=0.1'] },
   nash_md: { config: { ...COMMON, learning_rate: 3e-3, max_steps: 200, warmup_steps: 10 }, params: ['beta=0.05', 'mixture_coef=0.5'] },
   mpo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 3, warmup_steps: 10 }, params: ['beta=0.1'] },
 };
@@ -134,12 +134,13 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
   // π_0: the answer format only (a uniformly random digit for every prompt).
   const rand = new SeededRandom(o.seed + 5);
   const formatRows: Example[] = [];
+  const Q = Number(process.env.START_Q ?? 0);
   for (let k = 0; k < 4; k++) {
     for (let a = 0; a < DEMO_MODULUS; a++) {
-      for (let b = 0; b < DEMO_MODULUS; b++) formatRows.push({ prompt: promptOf([a, b]), responses: [String(rand.int(DEMO_MODULUS)), String(rand.int(DEMO_MODULUS))] });
+      for (let b = 0; b < DEMO_MODULUS; b++) if (process.env.START_SET !== 'train' || !new Set(mirrorSplit(o.seed).heldout.map(promptOf)).has(promptOf([a, b]))) formatRows.push({ prompt: promptOf([a, b]), responses: [String(rand.next() < Q ? demoAnswer(a, b) : rand.int(DEMO_MODULUS)), String(rand.int(DEMO_MODULUS))] });
     }
   }
-  const start = await train({ model: join(dir, 'model'), data: 'format.jsonl', rows: rowsOf('pairwise', formatRows), loss: 'sft', out: join(dir, 'start'), base: { ...FORMAT, seed: o.seed }, quiet, log });
+  const start = await train({ model: join(dir, 'model'), data: 'format.jsonl', rows: rowsOf('pairwise', formatRows), loss: 'sft', out: join(dir, 'start'), base: { ...FORMAT, seed: o.seed, max_steps: Number(process.env.START_STEPS ?? 100), learning_rate: Number(process.env.START_LR ?? 3e-3), batch_size: Number(process.env.START_BS ?? 32), lr_scheduler: (process.env.START_SCHED ?? 'linear') as 'linear' }, quiet, log });
   const pi0 = start.finalDir;
 
   const split = mirrorSplit(o.seed);
@@ -151,7 +152,7 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
   const base = { ...m.config, seed: o.seed };
   let finalDir: string;
   if (o.method === 'sppo') {
-    const r = await runSppo({ model: pi0, prompts: trainPrompts, judge, out: join(dir, 'sppo'), iterations: 3, samples: 4, ...SAMPLING, params, base, quiet, log });
+    const r = await runSppo({ model: pi0, prompts: trainPrompts, judge, out: join(dir, 'sppo'), iterations: Number(process.env.ITERS ?? 3), samples: Number(process.env.K ?? 4), ...SAMPLING, params, base, quiet, log });
     finalDir = r.finalDir;
   } else if (o.method === 'nash_md') {
     const r = await runNashMd({ model: pi0, prompts: trainPrompts, judge, out: join(dir, 'nash_md'), ...SAMPLING, params, base, quiet, log });

@@ -8,8 +8,12 @@
  * as in "Training language models to follow instructions with human feedback" (2022). The folder is
  * an ordinary HF model folder whose safetensors also hold the head, plus `reward_model.json`.
  */
-import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import * as arrow from 'apache-arrow';
+import { readCanonical, writeCanonical } from '../../datasets/parquet.ts';
+import { orderColumns } from '../../datasets/schema.ts';
 import { buildArtifacts, type ArtifactSpec } from '../artifacts/build.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
 import { UserError } from '../cli/errors.ts';
@@ -270,4 +274,41 @@ export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainRes
 export function rewardModelInfo(dir: string): Record<string, unknown> | null {
   const f = join(dir, REWARD_MODEL_FILE);
   return existsSync(f) ? JSON.parse(readFileSync(f, 'utf8')) : null;
+}
+
+export interface ScorePairsResult {
+  rows: number;
+  /** Share of pairs the reward model scores chosen above rejected. */
+  agreement: number;
+  out: string;
+}
+
+/**
+ * Adds `chosen_score`/`rejected_score` (Float64, replacing any present) from a reward model to a
+ * pairwise dataset and writes it as canonical Parquet: the input MPO's easy/hard split reads.
+ */
+export async function scorePairs(o: { rewardModel: string; data: string; out: string; runtime?: RuntimeOptions }): Promise<ScorePairsResult> {
+  const work = mkdtempSync(join(tmpdir(), 'prefzoo-score-'));
+  try {
+    const data = await loadData(o.data, work, { kind: 'pairwise' });
+    const rm = await RewardModel.load(o.rewardModel, o.runtime);
+    const r = await rm.score(data.examples.flatMap((e) => [{ prompt: e.prompt, response: e.responses[0] }, { prompt: e.prompt, response: e.responses[1] }]));
+    await rm.release();
+    const n = data.examples.length;
+    const chosen = Float64Array.from({ length: n }, (_, i) => r[2 * i]);
+    const rejected = Float64Array.from({ length: n }, (_, i) => r[2 * i + 1]);
+    const table = data.table ?? (await readCanonical(data.files[0])).table;
+    const cols: Record<string, arrow.Vector> = {};
+    for (const f of table.schema.fields) if (f.name !== 'chosen_score' && f.name !== 'rejected_score') cols[f.name] = table.getChild(f.name)!;
+    cols.chosen_score = arrow.makeVector(chosen);
+    cols.rejected_score = arrow.makeVector(rejected);
+    const order = orderColumns('pairwise', Object.keys(cols));
+    const scored = new arrow.Table(Object.fromEntries(order.map((k) => [k, cols[k]])));
+    await writeCanonical(scored, { ...data.meta, source_format: `${data.meta.source_format}+reward_scores` }, o.out);
+    let agree = 0;
+    for (let i = 0; i < n; i++) if (chosen[i] > rejected[i]) agree++;
+    return { rows: n, agreement: agree / n, out: o.out };
+  } finally {
+    rmSync(work, { recursive: true, force: true });
+  }
 }

@@ -11,6 +11,10 @@ import { register as demo } from './demo.ts';
 import { register as tokenize } from './tokenize.ts';
 import { register as loss } from './loss.ts';
 import { register as bench } from './bench.ts';
+import { register as generate } from './generate.ts';
+import { register as sppo } from './sppo.ts';
+import { register as nashMd } from './nash-md.ts';
+import { register as rewardTrain } from './reward-train.ts';
 
 /** Every `prefzoo` subcommand: one module each, one line here each. */
 export const commands: Array<(program: Command) => void> = [
@@ -26,4 +30,8 @@ export const commands: Array<(program: Command) => void> = [
   tokenize,
   loss,
   bench,
+  generate,
+  sppo,
+  nashMd,
+  rewardTrain,
 ];

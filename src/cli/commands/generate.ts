@@ -1,0 +1,40 @@
+import type { Command } from 'commander';
+import { existsSync, statSync } from 'node:fs';
+import { dirname } from 'node:path';
+import { UserError } from '../errors.ts';
+import { Policy } from '../../online/policy.ts';
+import { readPrompts } from '../../online/prompts.ts';
+import { writeSamples } from '../../online/samples-io.ts';
+import { intFlag, parseSampling, SAMPLING_FLAGS, type SamplingFlags } from '../../online/options.ts';
+
+export function register(program: Command): void {
+  const cmd = program
+    .command('generate')
+    .description('sample responses to prompts with a KV cache (temperature, top-k, top-p, stop tokens, seeded) and write them as Parquet')
+    .requiredOption('--model <dir>', 'Hugging Face model folder')
+    .requiredOption('--prompts <file>', 'prompts: .txt (one a line) or records with a "prompt" field (JSONL, JSON, CSV, Parquet, …)')
+    .requiredOption('-o, --out <file>', 'output Parquet: prompt, prompt_index, sample, response, response_tokens, stopped')
+    .option('--n <k>', 'responses per prompt', '1')
+    .option('--seed <n>', 'seed; a sample depends only on (seed, prompt index, sample index)', '0')
+    .option('--batch-size <n>', 'sequences decoded together', '32');
+  for (const [flag, doc, dflt] of SAMPLING_FLAGS) cmd.option(flag, doc, dflt);
+  cmd.option('--json', 'print a one-line JSON summary').action(async (o: SamplingFlags & { model: string; prompts: string; out: string; n: string; seed: string; batchSize: string; json?: boolean }) => {
+    const sampling = parseSampling(o);
+    const n = intFlag('--n', o.n);
+    const seed = intFlag('--seed', o.seed, 0);
+    const batchSize = intFlag('--batch-size', o.batchSize);
+    const dir = dirname(o.out);
+    if (!existsSync(dir) || !statSync(dir).isDirectory()) throw new UserError(`-o ${o.out}: folder ${dir} does not exist`);
+    const prompts = await readPrompts(o.prompts);
+    const t0 = Date.now();
+    const policy = await Policy.load(o.model);
+    const samples = await policy.sample(prompts, { ...sampling, n, seed, batchSize });
+    await policy.release();
+    writeSamples(o.out, samples);
+    const seconds = (Date.now() - t0) / 1000;
+    const tokens = samples.reduce((a, s) => a + s.ids.length, 0);
+    const summary = { prompts: prompts.length, samples: samples.length, tokens, stopped: samples.filter((s) => s.stopped).length, seconds: Math.round(seconds * 10) / 10, out: o.out };
+    if (o.json) process.stdout.write(JSON.stringify(summary) + '\n');
+    else process.stdout.write(`${samples.length} responses to ${prompts.length} prompts (${tokens} tokens, ${summary.stopped} stopped) in ${summary.seconds}s → ${o.out}\n`);
+  });
+}

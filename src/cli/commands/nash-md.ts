@@ -1,0 +1,33 @@
+import type { Command } from 'commander';
+import { loadJudge } from '../../online/judges.ts';
+import { runNashMd } from '../../online/nash-md.ts';
+import { collect, parseSampling, SAMPLING_FLAGS, type SamplingFlags } from '../../online/options.ts';
+import { readPrompts } from '../../online/prompts.ts';
+
+export function register(program: Command): void {
+  const cmd = program
+    .command('nash-md')
+    .description('on-policy Nash-MD: each step samples y from the policy and y\' from its geometric mixture with the reference, judges P(y ≻ y\'), and takes a step of the nash_md loss')
+    .requiredOption('--model <dir>', 'starting policy, also the reference π_ref (Hugging Face model folder)')
+    .requiredOption('--prompts <file>', 'prompts: .txt (one a line) or records with a "prompt" field')
+    .requiredOption('--judge <spec>', 'task (the built-in addition task), reward:DIR (a reward model), or cmd:COMMAND (JSONL on stdin/stdout)')
+    .requiredOption('-o, --out <dir>', 'run folder: metrics.jsonl, config.json, final/');
+  for (const [flag, doc, dflt] of SAMPLING_FLAGS) cmd.option(flag, doc, dflt);
+  cmd
+    .option('--param <key=value>', 'a training setting (batch_size = prompts per step, max_steps, learning_rate, …) or beta / mixture_coef (repeatable)', collect, [])
+    .option('--config <file>', 'JSON object of training settings')
+    .option('--quiet', 'no progress output')
+    .option('--json', 'print a one-line JSON summary')
+    .action(async (o: SamplingFlags & { model: string; prompts: string; judge: string; out: string; param: string[]; config?: string; quiet?: boolean; json?: boolean }) => {
+      const sampling = parseSampling(o);
+      const prompts = await readPrompts(o.prompts);
+      const judge = await loadJudge(o.judge);
+      try {
+        const r = await runNashMd({ model: o.model, prompts, judge, out: o.out, ...sampling, params: o.param, configFile: o.config, quiet: o.quiet });
+        if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last }) + '\n');
+        else process.stdout.write(`${r.steps} Nash-MD steps in ${r.seconds}s; final policy in ${r.finalDir}; metrics in ${o.out}/metrics.jsonl\n`);
+      } finally {
+        await judge.release();
+      }
+    });
+}

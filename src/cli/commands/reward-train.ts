@@ -1,0 +1,33 @@
+import type { Command } from 'commander';
+import { collect } from '../../online/options.ts';
+import { rewardTrain, scorePairs } from '../../online/reward-model.ts';
+
+export function register(program: Command): void {
+  program
+    .command('reward-train')
+    .description('train a reward model (the causal LM plus a scalar head on the last token) on preference pairs with the Bradley–Terry loss −log σ(r_w − r_l)')
+    .requiredOption('--model <dir>', 'base model (Hugging Face model folder)')
+    .requiredOption('--data <file>', 'pairwise preference data (canonical Parquet or any file `prefzoo convert` accepts)')
+    .requiredOption('-o, --out <dir>', 'the reward model folder (HF layout with value_head.*), metrics.jsonl, reward_model.json')
+    .option('--param <key=value>', 'a training setting (learning_rate, batch_size, max_steps, num_epochs, lora_r, eval_data, …; repeatable)', collect, [])
+    .option('--config <file>', 'JSON object of training settings')
+    .option('--quiet', 'no progress output')
+    .option('--json', 'print a one-line JSON summary')
+    .action(async (o: { model: string; data: string; out: string; param: string[]; config?: string; quiet?: boolean; json?: boolean }) => {
+      const r = await rewardTrain({ model: o.model, data: o.data, out: o.out, params: o.param, configFile: o.config, quiet: o.quiet, log: o.json ? () => {} : undefined });
+      if (o.json) process.stdout.write(JSON.stringify(r) + '\n');
+      else process.stdout.write(`reward model in ${r.dir}: pair accuracy ${r.train_accuracy.toFixed(3)} on the training pairs${r.eval_accuracy !== undefined ? `, ${r.eval_accuracy.toFixed(3)} on eval_data` : ''}\n`);
+    });
+  program
+    .command('reward-score')
+    .description('add chosen_score/rejected_score from a reward model to pairwise data (what `prefzoo train --loss mpo` splits on)')
+    .requiredOption('--model <dir>', 'reward model folder (from prefzoo reward-train)')
+    .requiredOption('--data <file>', 'pairwise preference data')
+    .requiredOption('-o, --out <file>', 'canonical Parquet with the scores')
+    .option('--json', 'print a one-line JSON summary')
+    .action(async (o: { model: string; data: string; out: string; json?: boolean }) => {
+      const r = await scorePairs({ rewardModel: o.model, data: o.data, out: o.out });
+      if (o.json) process.stdout.write(JSON.stringify(r) + '\n');
+      else process.stdout.write(`${r.rows} pairs scored (reward model agrees with the labels on ${(r.agreement * 100).toFixed(1)}%) → ${o.out}\n`);
+    });
+}

@@ -1,0 +1,37 @@
+import type { Command } from 'commander';
+import { loadJudge } from '../../online/judges.ts';
+import { collect, intFlag, parseSampling, SAMPLING_FLAGS, type SamplingFlags } from '../../online/options.ts';
+import { readPrompts } from '../../online/prompts.ts';
+import { runSppo } from '../../online/sppo.ts';
+
+export function register(program: Command): void {
+  const cmd = program
+    .command('sppo')
+    .description('SPPO iterations: sample K responses per prompt from π_t, estimate each one\'s win-rate against π_t with a judge, train the sppo loss against π_t, continue from π_{t+1}')
+    .requiredOption('--model <dir>', 'starting policy π_0 (Hugging Face model folder)')
+    .requiredOption('--prompts <file>', 'prompts: .txt (one a line) or records with a "prompt" field')
+    .requiredOption('--judge <spec>', 'task (the built-in addition task), reward:DIR (a reward model), or cmd:COMMAND (JSONL on stdin/stdout)')
+    .requiredOption('-o, --out <dir>', 'run folder: iter-t/samples.jsonl, iter-t/train/, final/, sppo.json')
+    .option('--iterations <t>', 'number of iterations T', '3')
+    .option('--samples <k>', 'responses per prompt and iteration K (≥ 2)', '4');
+  for (const [flag, doc, dflt] of SAMPLING_FLAGS) cmd.option(flag, doc, dflt);
+  cmd
+    .option('--param <key=value>', 'a training setting or the loss\'s beta (repeatable), e.g. beta=0.1 num_epochs=2', collect, [])
+    .option('--config <file>', 'JSON object of training settings')
+    .option('--quiet', 'no progress output')
+    .option('--json', 'print a one-line JSON summary')
+    .action(async (o: SamplingFlags & { model: string; prompts: string; judge: string; out: string; iterations: string; samples: string; param: string[]; config?: string; quiet?: boolean; json?: boolean }) => {
+      const sampling = parseSampling(o);
+      const iterations = intFlag('--iterations', o.iterations);
+      const samples = intFlag('--samples', o.samples, 2);
+      const prompts = await readPrompts(o.prompts);
+      const judge = await loadJudge(o.judge);
+      try {
+        const r = await runSppo({ model: o.model, prompts, judge, out: o.out, iterations, samples, ...sampling, params: o.param, configFile: o.config, quiet: o.quiet });
+        if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, seconds: r.seconds, iterations: r.iterations }) + '\n');
+        else process.stdout.write(`${iterations} SPPO iterations in ${r.seconds}s; final policy in ${r.finalDir}\n`);
+      } finally {
+        await judge.release();
+      }
+    });
+}
