@@ -195,3 +195,21 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
     run: dir,
   };
 }
+
+/** `prefzoo demo --method M`: runs the online demo and prints its result (one JSON line with --json). */
+export async function onlineDemoCommand(o: { method: string; seed: number; params: string[]; out?: string; json?: boolean }): Promise<void> {
+  if (!(ONLINE_METHODS as readonly string[]).includes(o.method)) throw new UserError(`--method must be one of ${ONLINE_METHODS.join(', ')}, got "${o.method}"`);
+  const r = await runOnlineDemo({ method: o.method as OnlineMethod, seed: o.seed, params: o.params, out: o.out, quiet: o.json, log: o.json ? () => {} : undefined });
+  if (o.json) {
+    process.stdout.write(JSON.stringify(r) + '\n');
+    return;
+  }
+  process.stdout.write(
+    [
+      `method ${r.method} in ${r.seconds}s`,
+      `win-rate of the final policy's samples vs the starting policy's on ${r.heldout_prompts} held-out prompts: ${r.win_rate_vs_start.toFixed(3)}`,
+      `correct answers, held-out prompts: ${r.heldout_accuracy_start.toFixed(3)} → ${r.heldout_accuracy_final.toFixed(3)}; training prompts: ${r.train_accuracy_start.toFixed(3)} → ${r.train_accuracy_final.toFixed(3)}`,
+      `run folder: ${r.run}`,
+    ].join('\n') + '\n',
+  );
+}

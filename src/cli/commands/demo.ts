@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
 import { runDemo } from '../../train/demo.ts';
+import { onlineDemoCommand } from '../../online/demo.ts';
 import { UserError } from '../errors.ts';
 
 function collect(v: string, prev: string[]): string[] {
@@ -9,16 +10,18 @@ function collect(v: string, prev: string[]): string[] {
 export function register(program: Command): void {
   program
     .command('demo')
-    .description('the main job end to end on a built-in task (modular addition) and a tiny llama: convert → tokenize → reference cache → train → eval; prints accuracy before and after')
+    .description('the main job end to end on a built-in task (recall the first digit of a prompt) and a tiny llama: convert → tokenize → reference cache → train → eval; prints accuracy before and after')
     .option('--loss <name>', 'loss to train with (pairwise, listwise or single-trajectory)', 'dpo')
     .option('--seed <n>', 'seed of the model, the data and the shuffles', '0')
-    .option('--steps <n>', 'optimizer steps (default 600)')
+    .option('--steps <n>', 'optimizer steps (default 800)')
     .option('--param <key=value>', 'a training setting or loss parameter (repeatable)', collect, [])
     .option('-o, --out <dir>', 'keep the model, data and run here (default: a new temporary folder)')
     .option('--json', 'print one JSON line: accuracy_before, accuracy_after, steps, seconds')
-    .action(async (o: { loss: string; seed: string; steps?: string; param: string[]; out?: string; json?: boolean }) => {
+    .option('--method <name>', 'an online method instead of --loss: sppo, nash_md or mpo (sampling + the task judge; reports win_rate_vs_start)')
+    .action(async (o: { loss: string; seed: string; steps?: string; param: string[]; out?: string; json?: boolean; method?: string }) => {
       const seed = Number(o.seed);
       if (!Number.isInteger(seed) || seed < 0) throw new UserError(`--seed must be an integer ≥ 0, got "${o.seed}"`);
+      if (o.method !== undefined) return onlineDemoCommand({ method: o.method, seed, params: o.param, out: o.out, json: o.json });
       const steps = o.steps === undefined ? undefined : Number(o.steps);
       if (steps !== undefined && (!Number.isInteger(steps) || steps < 1)) throw new UserError(`--steps must be a positive integer, got "${o.steps}"`);
       const r = await runDemo({ loss: o.loss, seed, steps, params: o.param, out: o.out, quiet: o.json, log: o.json ? () => {} : undefined });
