@@ -1,0 +1,114 @@
+/**
+ * Short runs of the online loops (SPPO iterations, on-policy Nash-MD) and the `generate` command.
+ */
+import { execFileSync, spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { TaskJudge, type Judge } from '../src/online/judges.ts';
+import { runNashMd } from '../src/online/nash-md.ts';
+import { runSppo } from '../src/online/sppo.ts';
+import { mirrorSplit } from '../src/online/demo.ts';
+import { initModelFolder } from '../src/models/init.ts';
+import { loadModel } from '../src/models/load.ts';
+
+const root = resolve(import.meta.dirname, '..');
+const dir = mkdtempSync(join(tmpdir(), 'prefzoo-online-'));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+const model = join(dir, 'model');
+initModelFolder(model, 'llama', 'tiny', 2);
+const prompts = ['1+2=', '3+4=', '5+6=', '7+8=', '9+0=', '2+2='];
+const SETTINGS = { learning_rate: 1e-3, batch_size: 4, pad_to_multiple_of: 16, max_length: 32, max_prompt_length: 16, logging_steps: 1, warmup_steps: 0 };
+
+/** Prefers the shorter text: a judge with a signal even for an untrained model's samples. */
+const shorter: Judge = {
+  name: 'shorter',
+  async compare(items) {
+    return items.map((c) => prefer(String(c.a), String(c.b)));
+  },
+  async release() {},
+};
+const prefer = (a: string, b: string) => (a.length < b.length ? 1 : a.length > b.length ? 0 : 0.5);
+
+function differs(a: string, b: string): boolean {
+  const wa = loadModel(a).weights;
+  const wb = loadModel(b).weights;
+  return [...wa].some(([k, t]) => t.data.some((v, i) => v !== wb.get(k)!.data[i]));
+}
+
+describe('SPPO iterations', () => {
+  it('samples K per prompt, stores judged win-rates, trains against π_t and continues from π_{t+1}', async () => {
+    const out = join(dir, 'sppo');
+    const r = await runSppo({ model, prompts, judge: shorter, out, iterations: 2, samples: 3, maxNewTokens: 3, params: ['max_steps=2', 'beta=0.1'], base: SETTINGS, quiet: true, log: () => {} });
+    expect(r.iterations.map((i) => i.steps)).toEqual([2, 2]);
+    for (const t of [1, 2]) {
+      const lists = readFileSync(join(out, `iter-${t}`, 'samples.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+      expect(lists.map((l) => l.prompt)).toEqual(prompts);
+      for (const l of lists) {
+        expect(l.responses).toHaveLength(3);
+        // P̂_k = mean over the other two samples of P(y_k ≻ y_j).
+        l.win_probs.forEach((p: number, k: number) => {
+          const want = [0, 1, 2].filter((j) => j !== k).reduce((s, j) => s + prefer(l.responses[k], l.responses[j]), 0) / 2;
+          expect(p).toBeCloseTo(want, 12);
+        });
+      }
+    }
+    // Iteration 2 starts from iteration 1's model and uses it as the reference.
+    const cfg2 = JSON.parse(readFileSync(join(out, 'iter-2', 'train', 'config.json'), 'utf8'));
+    expect(cfg2.model).toBe(r.iterations[0].model);
+    expect(differs(r.iterations[0].model, model)).toBe(true);
+    expect(differs(r.finalDir, r.iterations[0].model)).toBe(true);
+    expect(JSON.parse(readFileSync(join(out, 'sppo.json'), 'utf8')).summary).toHaveLength(2);
+    await expect(runSppo({ model, prompts, judge: new TaskJudge(), out, maxNewTokens: 3, quiet: true, log: () => {} })).rejects.toThrow(/already holds an SPPO run/);
+  });
+});
+
+describe('Nash-MD', () => {
+  it('on-policy steps: the first step sees π_θ = π_ref (KL estimate 0); the policy moves', async () => {
+    const out = join(dir, 'nash');
+    const r = await runNashMd({ model, prompts, judge: shorter, out, maxNewTokens: 3, params: ['max_steps=3', 'beta=0.1', 'mixture_coef=0.5'], base: SETTINGS, quiet: true });
+    const rows = readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    expect(rows.map((x) => x.step)).toEqual([1, 2, 3]);
+    expect(Math.abs(rows[0]['objective/kl'])).toBeLessThan(1e-5);
+    for (const x of rows) {
+      expect(Number.isFinite(x.loss)).toBe(true);
+      expect(x['objective/win_rate_vs_mixture']).toBeGreaterThanOrEqual(0);
+      expect(x['objective/win_rate_vs_mixture']).toBeLessThanOrEqual(1);
+    }
+    expect(rows.some((x) => Math.abs(x['objective/kl']) > 0)).toBe(true);
+    expect(differs(r.finalDir, model)).toBe(true);
+  });
+});
+
+describe('demo split', () => {
+  it('holds out 20 sums whose mirrored sum is trained', () => {
+    const { train, heldout } = mirrorSplit(0);
+    expect(heldout).toHaveLength(20);
+    expect(train).toHaveLength(80);
+    const t = new Set(train.map(([a, b]) => `${a}+${b}`));
+    for (const [a, b] of heldout) {
+      expect(a).not.toBe(b);
+      expect(t.has(`${a}+${b}`)).toBe(false);
+      expect(t.has(`${b}+${a}`)).toBe(true);
+    }
+  });
+});
+
+describe('prefzoo generate', () => {
+  it('writes n samples per prompt as Parquet; bad flags are one-line errors', () => {
+    const p = join(dir, 'prompts.jsonl');
+    writeFileSync(p, ['{"prompt": "1+2="}', '{"prompt": [{"role": "user", "content": "hi"}]}'].join('\n') + '\n');
+    const out = join(dir, 'gen.parquet');
+    const bin = join(root, 'bin', 'prefzoo.mjs');
+    const res = JSON.parse(execFileSync('node', [bin, 'generate', '--model', model, '--prompts', p, '-o', out, '--n', '3', '--max-new-tokens', '4', '--top-k', '20', '--json'], { encoding: 'utf8' }));
+    expect(res).toMatchObject({ prompts: 2, samples: 6 });
+    expect(existsSync(out)).toBe(true);
+    const bad = spawnSync('node', [bin, 'generate', '--model', model, '--prompts', p, '-o', out, '--temperature', 'hot'], { encoding: 'utf8' });
+    expect(bad.status).toBe(1);
+    expect(bad.stderr.trim()).toBe('prefzoo: --temperature must be a number ≥ 0, got "hot"');
+    writeFileSync(p, '{"prompt": "1+2="}\n{"question": "x"}\n');
+    const missing = spawnSync('node', [bin, 'generate', '--model', model, '--prompts', p, '-o', out], { encoding: 'utf8' });
+    expect(missing.stderr.trim()).toBe(`prefzoo: ${p}:2: missing field "prompt"`);
+  });
+});
