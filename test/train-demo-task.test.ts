@@ -1,6 +1,6 @@
 import { describe, it, expect } from 'vitest';
 import { SeededRandom } from '../src/train/random.ts';
-import { demoPairs, demoLists, demoSingles, demoAnswer } from '../src/train/demo-task.ts';
+import { demoPairs, demoLists, demoSingles, firstDigitAnswer } from '../src/train/demo-task.ts';
 
 describe('seeded random', () => {
   it('matches xoshiro128** computed independently (Python, state [1,2,3,4])', () => {
@@ -16,27 +16,29 @@ describe('seeded random', () => {
 });
 
 describe('demo task', () => {
-  it('pairs: chosen is the right sum mod 10, rejected differs, held-out pairs are unseen', () => {
+  it('pairs: chosen is the first digit, rejected another digit of the prompt, held-out prompts unseen', () => {
     const { train, test } = demoPairs(1);
-    expect(train.length).toBe(800);
-    expect(test.length).toBe(100);
-    const seen = new Set(train.map((p) => `${p.prompt}|${p.rejected}`));
+    expect(train.length).toBe(3000);
+    expect(test.length).toBe(200);
     for (const p of [...train, ...test]) {
-      const [a, b] = p.prompt.slice(0, -1).split('+').map(Number);
-      expect(p.chosen).toBe(String(demoAnswer(a, b)));
-      expect(p.rejected).not.toBe(p.chosen);
+      expect(p.prompt).toMatch(/^\d{4}:$/);
+      expect(new Set(p.prompt.slice(0, 4)).size).toBe(4);
+      expect(p.chosen).toBe(p.prompt[0]);
+      expect(p.prompt.slice(1, 4)).toContain(p.rejected);
+      expect(p.chosen_score).toBeGreaterThan(p.rejected_score);
     }
-    for (const p of test) expect(seen.has(`${p.prompt}|${p.rejected}`)).toBe(false);
+    const seen = new Set(train.map((p) => p.prompt));
+    for (const p of test) expect(seen.has(p.prompt)).toBe(false);
     expect(demoPairs(1)).toEqual(demoPairs(1));
   });
-  it('lists rank the right answer first; singles are balanced', () => {
-    const { train } = demoLists(3);
-    for (const l of train) {
+  it('lists rank the first digit best; singles are balanced', () => {
+    for (const l of demoLists(3).train) {
       const best = l.scores.indexOf(Math.max(...l.scores));
-      const [a, b] = l.prompt.slice(0, -1).split('+').map(Number);
-      expect(l.responses[best]).toBe(String(demoAnswer(a, b)));
+      expect(l.responses[best]).toBe(firstDigitAnswer(l.prompt));
+      expect([...l.responses].sort().join('')).toBe(l.prompt.slice(0, 4).split('').sort().join(''));
     }
     const s = demoSingles(3).train;
     expect(s.filter((x) => x.label).length).toBe(s.length / 2);
+    for (const x of s) expect(x.label).toBe(x.response === firstDigitAnswer(x.prompt));
   });
 });

@@ -26,7 +26,7 @@ beforeAll(() => {
   model = join(dir, 'model');
   initModelFolder(model, 'llama', 'tiny', 11);
   data = join(dir, 'pairs.jsonl');
-  writeFileSync(data, demoPairs(2, 2, 0).train.slice(0, 40).map((p) => JSON.stringify(p)).join('\n') + '\n');
+  writeFileSync(data, demoPairs(2, 40, 0).train.map((p) => JSON.stringify(p)).join('\n') + '\n');
 });
 
 describe('checkpoints', () => {

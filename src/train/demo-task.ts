@@ -1,8 +1,10 @@
 /**
- * The demo's built-in preference task: modular addition, whose preferred answer is verifiable.
- * Prompt "3+4=", chosen "7" (the sum mod 10), rejected a different digit. Every response is one
- * digit, so chosen and rejected have equal length and a model's raw preference (which of the two it
- * assigns more log-probability) is a fair measure before any training.
+ * The demo's built-in preference task: recall the first digit, whose preferred answer is
+ * verifiable. A prompt is four distinct digits and a colon, "4719:"; the chosen answer repeats the
+ * first digit ("4"), the rejected one is another digit of the same prompt ("1"). Both answers occur
+ * in the prompt and are one digit long, so a random model has no reason to prefer either (its
+ * accuracy starts near 0.5), and held-out prompts the training never showed test whether the rule
+ * itself was learned rather than memorised.
  */
 import { SeededRandom } from './random.ts';
 
@@ -10,22 +12,16 @@ export interface DemoPair {
   prompt: string;
   chosen: string;
   rejected: string;
-  /** Reward-model-like scores (MPO splits pairs by their margin): 10 for the right digit, less the nearer a wrong one is. */
+  /** Reward-model-like scores (MPO splits pairs by their margin): 10 for the right digit, less the later a wrong one stands. */
   chosen_score: number;
   rejected_score: number;
   source: string;
 }
 
-/** Circular distance between two digits mod 10. */
-function digitDistance(a: number, b: number): number {
-  const d = (a - b + DEMO_MODULUS) % DEMO_MODULUS;
-  return Math.min(d, DEMO_MODULUS - d);
-}
-
 export interface DemoListItem {
   prompt: string;
   responses: string[];
-  /** Higher is better: 1 for the correct digit, 0 otherwise… graded by distance for ranking losses. */
+  /** Higher is better: 10 for the first digit, then 3, 2, 1 by the position the digit stands at. */
   scores: number[];
 }
 
@@ -35,64 +31,81 @@ export interface DemoSingle {
   label: boolean;
 }
 
+export const DEMO_DIGITS = 4;
+
+/** The answer the task prefers for a prompt. */
+export function firstDigitAnswer(prompt: string): string {
+  return prompt[0];
+}
+
+/**
+ * Modular addition ("3+4=" → "7"): the verifiable task of the online demos (SPPO, Nash-MD), whose
+ * built-in judge checks sums; sampling explores it well, while offline DPO on it learns slowly.
+ */
 export const DEMO_MODULUS = 10;
 
 export function demoAnswer(a: number, b: number): number {
   return (a + b) % DEMO_MODULUS;
 }
 
-function promptOf(a: number, b: number): string {
-  return `${a}+${b}=`;
+/** Score of the digit at position `pos` (0-based) of a prompt. */
+function scoreAt(pos: number): number {
+  return pos === 0 ? 10 : DEMO_DIGITS - pos;
 }
 
-/** Every (a, b) prompt, in a seeded order. */
-function prompts(rand: SeededRandom): [number, number][] {
-  const all: [number, number][] = [];
-  for (let a = 0; a < DEMO_MODULUS; a++) for (let b = 0; b < DEMO_MODULUS; b++) all.push([a, b]);
-  return rand.shuffle(all);
+function randomPrompt(rand: SeededRandom): number[] {
+  return rand.shuffle([0, 1, 2, 3, 4, 5, 6, 7, 8, 9]).slice(0, DEMO_DIGITS);
 }
 
-function wrongDigit(rand: SeededRandom, right: number): number {
-  const d = rand.int(DEMO_MODULUS - 1);
-  return d >= right ? d + 1 : d;
-}
-
-/**
- * Pairwise train and held-out sets. Every prompt appears in training with `perPrompt` wrong answers
- * (by default all but one); held-out pairs use the (prompt, wrong answer) combinations that training
- * never shows, so the held-out accuracy measures whether the right answer itself was learned.
- */
-export function demoPairs(seed: number, perPrompt = 8, heldOutPerPrompt = 1): { train: DemoPair[]; test: DemoPair[] } {
-  const rand = new SeededRandom(seed);
-  const train: DemoPair[] = [];
-  const test: DemoPair[] = [];
-  for (const [a, b] of prompts(rand)) {
-    const right = demoAnswer(a, b);
-    const wrongs = rand.shuffle(Array.from({ length: DEMO_MODULUS }, (_, i) => i).filter((d) => d !== right));
-    const source = `add_${a < 5 ? 'low' : 'high'}`;
-    const pair = (w: number): DemoPair => ({ prompt: promptOf(a, b), chosen: `${right}`, rejected: `${w}`, chosen_score: 10, rejected_score: 5 - digitDistance(w, right), source });
-    wrongs.slice(0, perPrompt).forEach((w) => train.push(pair(w)));
-    wrongs.slice(perPrompt, perPrompt + heldOutPerPrompt).forEach((w) => test.push(pair(w)));
+/** `count` distinct prompts, none of them in `avoid`. */
+function prompts(rand: SeededRandom, count: number, avoid: Set<string> = new Set()): number[][] {
+  const out: number[][] = [];
+  const seen = new Set(avoid);
+  while (out.length < count) {
+    const p = randomPrompt(rand);
+    const key = p.join('');
+    if (seen.has(key)) continue;
+    seen.add(key);
+    out.push(p);
   }
-  return { train: rand.shuffle(train), test };
+  return out;
 }
 
-/** Listwise version: K answers per prompt scored by closeness to the right digit (10 − circular distance). */
-export function demoLists(seed: number, k = 4): { train: DemoListItem[]; test: DemoListItem[] } {
+function pairOf(rand: SeededRandom, digits: number[]): DemoPair {
+  const pos = 1 + rand.int(DEMO_DIGITS - 1);
+  return {
+    prompt: `${digits.join('')}:`,
+    chosen: String(digits[0]),
+    rejected: String(digits[pos]),
+    chosen_score: scoreAt(0),
+    rejected_score: scoreAt(pos),
+    source: `rejected_at_${pos + 1}`,
+  };
+}
+
+/** Pairwise train and held-out sets; held-out prompts never occur in training. */
+export function demoPairs(seed: number, trainCount = 3000, testCount = 200): { train: DemoPair[]; test: DemoPair[] } {
   const rand = new SeededRandom(seed);
-  const all = prompts(rand).map(([a, b]) => {
-    const right = demoAnswer(a, b);
-    const answers = [right, ...rand.shuffle(Array.from({ length: DEMO_MODULUS }, (_, i) => i).filter((d) => d !== right)).slice(0, k - 1)];
-    const order = rand.shuffle(answers);
-    return { prompt: promptOf(a, b), responses: order.map(String), scores: order.map((d) => (d === right ? 10 : 5 - digitDistance(d, right))) };
-  });
-  const cut = Math.floor(all.length * 0.8);
-  return { train: all.slice(0, cut), test: all.slice(cut) };
+  const train = prompts(rand, trainCount);
+  const test = prompts(rand, testCount, new Set(train.map((p) => p.join(''))));
+  return { train: train.map((p) => pairOf(rand, p)), test: test.map((p) => pairOf(rand, p)) };
 }
 
-/** Single-trajectory version: right answers labelled true, wrong ones false, balanced. */
-export function demoSingles(seed: number, perPrompt = 2): { train: DemoSingle[]; test: DemoSingle[] } {
-  const { train, test } = demoPairs(seed, perPrompt, 1);
+/** Listwise version: every digit of the prompt as a response, ranked by where it stands. */
+export function demoLists(seed: number, trainCount = 1500, testCount = 100): { train: DemoListItem[]; test: DemoListItem[] } {
+  const rand = new SeededRandom(seed);
+  const train = prompts(rand, trainCount);
+  const test = prompts(rand, testCount, new Set(train.map((p) => p.join(''))));
+  const list = (digits: number[]): DemoListItem => {
+    const order = rand.shuffle(digits.map((_, pos) => pos));
+    return { prompt: `${digits.join('')}:`, responses: order.map((pos) => String(digits[pos])), scores: order.map(scoreAt) };
+  };
+  return { train: train.map(list), test: test.map(list) };
+}
+
+/** Single-trajectory version: the first digit labelled true, another digit of the prompt false. */
+export function demoSingles(seed: number, trainCount = 1500, testCount = 100): { train: DemoSingle[]; test: DemoSingle[] } {
+  const { train, test } = demoPairs(seed, trainCount, testCount);
   const toSingles = (pairs: DemoPair[]) =>
     pairs.flatMap((p) => [
       { prompt: p.prompt, response: p.chosen, label: true },

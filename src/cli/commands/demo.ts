@@ -13,7 +13,7 @@ export function register(program: Command): void {
     .description('the main job end to end on a built-in task (recall the first digit of a prompt) and a tiny llama: convert → tokenize → reference cache → train → eval; prints accuracy before and after')
     .option('--loss <name>', 'loss to train with (pairwise, listwise or single-trajectory)', 'dpo')
     .option('--seed <n>', 'seed of the model, the data and the shuffles', '0')
-    .option('--steps <n>', 'optimizer steps (default 800)')
+    .option('--steps <n>', 'optimizer steps (default 1200)')
     .option('--param <key=value>', 'a training setting or loss parameter (repeatable)', collect, [])
     .option('-o, --out <dir>', 'keep the model, data and run here (default: a new temporary folder)')
     .option('--json', 'print one JSON line: accuracy_before, accuracy_after, steps, seconds')
