@@ -13,6 +13,7 @@ Needs Debian's python3-torch (PyTorch 1.13 with OpenBLAS):
 import argparse
 import json
 import math
+import os
 import resource
 import statistics
 import sys
@@ -161,7 +162,6 @@ def main():
     ap.add_argument('--vocab', type=int, default=0, help='override the preset vocabulary')
     ap.add_argument('--no-peak', action='store_true')
     a = ap.parse_args()
-    import os
     torch.set_num_threads(a.threads or os.cpu_count())
     torch.manual_seed(0)
     c = dict(PRESETS[a.preset])
@@ -186,7 +186,10 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     beta = 0.1
     times = []
+    load = os.getloadavg()[0]
     for i in range(a.warmup + a.steps):
+        if i == a.warmup:
+            cpu0 = time.process_time()
         t0 = time.perf_counter()
         lp = sequence_logps(model(ids, attn), ids, loss_mask)
         logits = beta * ((lp[:a.pairs] - ref_c) - (lp[a.pairs:] - ref_r))
@@ -200,6 +203,7 @@ def main():
             times.append(dt)
         log(f'step {i + 1}/{a.warmup + a.steps} {dt:.3f} s loss {loss.item():.4f}')
 
+    cpu = (time.process_time() - cpu0) / a.steps
     per_step = statistics.median(times)
     embed = c['vocab'] * c['hidden']
     matmul_params = params - (0 if c['tied'] else embed)
@@ -221,6 +225,8 @@ def main():
         'mfu': None if peak is None else round(achieved / peak, 3),
         'eval_tokens_per_s': round(tokens / statistics.median(eval_times), 1),
         'peak_rss_mb': round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        'cpu_seconds_per_step': round(cpu, 3),
+        'load_average': round(load, 2),
         'engine': f'pytorch {torch.__version__} eager',
     }
     print(json.dumps(out))

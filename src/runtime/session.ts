@@ -16,6 +16,13 @@ export interface RuntimeOptions {
   threads?: number;
   /** Graph optimisation level (default 'extended': measured faster than 'all' for training graphs). */
   optLevel?: OptLevel;
+  /**
+   * Let idle intra-op threads spin (ONNX Runtime's default, true): faster hand-offs on an idle machine,
+   * cycles taken from other processes (and from this session's own busy threads) on a loaded one.
+   */
+  spin?: boolean;
+  /** ONNX Runtime's CPU memory arena (default true): reuses freed activation memory across runs. */
+  arena?: boolean;
   /** Write ONNX Runtime's per-node profile (Chrome trace JSON) to `<prefix>_<date>.json`; see `Session.endProfiling`. */
   profilePrefix?: string;
 }
@@ -59,6 +66,10 @@ function sessionOptions(o: RuntimeOptions): ort.InferenceSession.SessionOptions 
     graphOptimizationLevel: o.optLevel ?? 'extended',
     logSeverityLevel: 3,
   };
+  if (o.arena === false) opts.enableCpuMemArena = false;
+  if (o.spin === false) {
+    opts.extra = { session: { intra_op: { allow_spinning: '0' }, inter_op: { allow_spinning: '0' } } };
+  }
   if (o.profilePrefix !== undefined) {
     opts.enableProfiling = true;
     opts.profileFilePrefix = o.profilePrefix;

@@ -53,6 +53,10 @@ export interface BenchResult {
   mfu: number | null;
   eval_tokens_per_s: number;
   peak_rss_mb: number;
+  /** Process CPU seconds (all threads) per timed step: above threads × seconds_per_step means spinning, below means waiting for a core. */
+  cpu_seconds_per_step: number;
+  /** 1-minute load average when the timed steps began: other work on the machine slows every figure. */
+  load_average: number;
 }
 
 const median = (xs: number[]) => {
@@ -150,7 +154,10 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
 
   const progress = new Progress('bench', o.warmup + o.steps, { quiet: !o.progress, plainEverySeconds: 0 });
   const stepTimes: number[] = [];
+  let cpu0 = process.cpuUsage();
+  const load = os.loadavg()[0];
   for (let i = 0; i < o.warmup + o.steps; i++) {
+    if (i === o.warmup) cpu0 = process.cpuUsage();
     const t0 = performance.now();
     const m = await art.trainStep(batch.feeds, { lr: 1e-5 });
     const dt = (performance.now() - t0) / 1000;
@@ -159,6 +166,7 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
     progress.update(i + 1, { 's/step': dt, loss: m.loss });
   }
   progress.stop();
+  const cpu = process.cpuUsage(cpu0);
   await art.release();
 
   const perStep = median(stepTimes);
@@ -184,6 +192,8 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
     mfu: peak === null ? null : round(achieved / peak, 3),
     eval_tokens_per_s: round(tokens / median(evalTimes), 1),
     peak_rss_mb: round(rssMb(), 0),
+    cpu_seconds_per_step: round((cpu.user + cpu.system) / 1e6 / o.steps, 3),
+    load_average: round(load, 2),
   };
 }
 
@@ -243,6 +253,8 @@ export function register(program: Command): void {
         ['mfu', r.mfu === null ? 'n/a' : `${(r.mfu * 100).toFixed(1)} %`],
         ['eval_tokens_per_s', String(r.eval_tokens_per_s)],
         ['peak_rss_mb', String(r.peak_rss_mb)],
+        ['cpu_seconds_per_step', String(r.cpu_seconds_per_step)],
+        ['load_average', `${r.load_average} (other work on the machine slows every figure)`],
       ];
       const w = Math.max(...lines.map(([k]) => k.length));
       process.stdout.write(lines.map(([k, v]) => `${k.padEnd(w)}  ${v}`).join('\n') + '\n');
