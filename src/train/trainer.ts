@@ -125,13 +125,19 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   if (!resuming && existsSync(join(run, 'metrics.jsonl'))) {
     throw new UserError(`${run} already holds a training run; use --resume to continue it or choose another -o`);
   }
-  mkdirSync(run, { recursive: true });
-
-  // Model, tokenizer, data.
+  // Model, tokenizer, data; a run folder this call created is removed again if they cannot be read.
   const base = loadModel(o.model);
   const tok = loadTokenizer(o.model);
   const kinds = new Set(loss.kinds);
-  const data = o.rows ?? (await loadData(o.data, join(run, 'data'), { seed: config.seed }));
+  const created = !existsSync(run);
+  mkdirSync(run, { recursive: true });
+  let data: LoadedData;
+  try {
+    data = o.rows ?? (await loadData(o.data, join(run, 'data'), { seed: config.seed }));
+  } catch (e) {
+    if (created) rmSync(run, { recursive: true, force: true });
+    throw e;
+  }
   if (!kinds.has(data.kind)) {
     throw new UserError(`${o.data}: is ${data.kind} data; loss ${o.loss} needs ${[...kinds].join(' or ')} data`);
   }
