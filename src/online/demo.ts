@@ -2,14 +2,16 @@
  * `prefzoo demo --method sppo|nash_md|mpo`: the online methods end to end on the built-in task
  * (modular addition, "3+4=" → "7") with its verifiable judge.
  *
- *   1. a tiny llama is initialised and given the answer format by a short SFT on random digits (it
- *      learns to answer with one digit and stop, and nothing about sums): the starting policy π_0
- *   2. the prompts are split: 20 held-out sums a+b (a ≠ b) whose operands the training prompts show
+ *   1. the prompts are split: 20 held-out sums a+b (a ≠ b) whose operands the training prompts show
  *      only in the other order (b+a), and the other 80 for training
+ *   2. a tiny llama is initialised and warmed up by a short SFT on the 80 training sums: the
+ *      starting policy π_0 answers with one digit and stops, right a fraction of the time (online
+ *      methods start from such a model; from random weights no sample would ever be right)
  *   3. the method trains on the 80: SPPO iterations or on-policy Nash-MD with the task judge, or MPO
  *      (a reward model trained on offline pairs scores them, then the two-stage schedule)
  *   4. `win_rate_vs_start`: on the held-out prompts, samples of the final policy against samples of
- *      π_0, judged (a correct answer beats a wrong one, equal correctness ties at ½)
+ *      π_0, judged (a correct answer beats a wrong one, equal correctness ties at ½);
+ *      `win_rate_vs_start_train_prompts`: the same on the training prompts with fresh samples
  */
 import { mkdirSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -50,7 +52,9 @@ export interface OnlineDemoResult {
   /** Share of correct samples on the held-out prompts, π_0 and final. */
   heldout_accuracy_start: number;
   heldout_accuracy_final: number;
-  /** The same on the training prompts. */
+  /** The same win-rate on the training prompts (fresh samples, not the ones trained on). */
+  win_rate_vs_start_train_prompts: number;
+  /** Correct share on the training prompts, π_0 and final. */
   train_accuracy_start: number;
   train_accuracy_final: number;
   heldout_prompts: number;
@@ -72,14 +76,19 @@ const COMMON: Partial<TrainConfig> = {
   save_steps: 0,
 };
 
-/** The format stage: one random digit per prompt and step, so the answer carries no information. */
-const FORMAT: Partial<TrainConfig> = { ...COMMON, learning_rate: 3e-3, max_steps: 100, warmup_steps: 10 };
+/**
+ * The SFT warm start. The tiny model sits on a plateau (uniform digits) before it starts using the
+ * operands; a constant, high learning rate gets it past that within these steps (for the default seed).
+ */
+const WARM_START: Partial<TrainConfig> = { ...COMMON, learning_rate: 1e-2, batch_size: 50, max_steps: 300, warmup_steps: 10, lr_scheduler: 'constant' };
 
 /** Per-method settings, tuned to finish in a couple of minutes on two cores. */
 const METHOD: Record<OnlineMethod, { config: Partial<TrainConfig>; params: string[] }> = {
-  sppo: { config: { ...COMMON, learning_rate: Number(process.env.LR ?? 3e-3), num_epochs: Number(process.env.EPOCHS ?? 8), warmup_steps: 5 }, params: ['beta=0.1'] },
-  nash_md: { config: { ...COMMON, learning_rate: 3e-3, max_steps: 200, warmup_steps: 10 }, params: ['beta=0.05', 'mixture_coef=0.5'] },
-  mpo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 3, warmup_steps: 10 }, params: ['beta=0.1'] },
+  sppo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 20, warmup_steps: 5 }, params: ['beta=0.1'] },
+  nash_md: { config: { ...COMMON, learning_rate: 3e-3, max_steps: 400, warmup_steps: 10 }, params: ['beta=0.05', 'mixture_coef=0.5'] },
+  // Plain DPO lowers the right answer's likelihood too on this task (measured: fewer correct samples),
+  // so stage 2 uses ORPO, whose NLL term keeps it up.
+  mpo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 8, warmup_steps: 10 }, params: ['beta=0.1', 'stage2_loss=orpo'] },
 };
 
 const SAMPLING = { temperature: 1, maxNewTokens: 4 };
@@ -130,29 +139,24 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
   const quiet = o.quiet;
   const init = initModelFolder(join(dir, 'model'), 'llama', 'tiny', o.seed);
   log(`demo: tiny llama (${init.parameters.toLocaleString('en-US')} parameters); method ${o.method}`);
-
-  // π_0: the answer format only (a uniformly random digit for every prompt).
-  const rand = new SeededRandom(o.seed + 5);
-  const formatRows: Example[] = [];
-  const Q = Number(process.env.START_Q ?? 0);
-  for (let k = 0; k < 4; k++) {
-    for (let a = 0; a < DEMO_MODULUS; a++) {
-      for (let b = 0; b < DEMO_MODULUS; b++) if (process.env.START_SET !== 'train' || !new Set(mirrorSplit(o.seed).heldout.map(promptOf)).has(promptOf([a, b]))) formatRows.push({ prompt: promptOf([a, b]), responses: [String(rand.next() < Q ? demoAnswer(a, b) : rand.int(DEMO_MODULUS)), String(rand.int(DEMO_MODULUS))] });
-    }
-  }
-  const start = await train({ model: join(dir, 'model'), data: 'format.jsonl', rows: rowsOf('pairwise', formatRows), loss: 'sft', out: join(dir, 'start'), base: { ...FORMAT, seed: o.seed, max_steps: Number(process.env.START_STEPS ?? 100), learning_rate: Number(process.env.START_LR ?? 3e-3), batch_size: Number(process.env.START_BS ?? 32), lr_scheduler: (process.env.START_SCHED ?? 'linear') as 'linear' }, quiet, log });
-  const pi0 = start.finalDir;
-
   const split = mirrorSplit(o.seed);
   const trainPrompts = split.train.map(promptOf);
   const heldPrompts = split.heldout.map(promptOf);
+
+  // π_0: supervised answers to the training sums only.
+  const sftRows: Example[] = [];
+  for (let k = 0; k < 4; k++) for (const s of split.train) sftRows.push({ prompt: promptOf(s), responses: [String(demoAnswer(...s)), String((demoAnswer(...s) + 1) % DEMO_MODULUS)] });
+  const start = await train({ model: join(dir, 'model'), data: 'sft.jsonl', rows: rowsOf('pairwise', sftRows), loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed }, quiet, log });
+  const pi0 = start.finalDir;
+  const rand = new SeededRandom(o.seed + 5);
+
   const judge = new TaskJudge();
   const m = METHOD[o.method];
   const params = [...m.params, ...(o.params ?? [])];
   const base = { ...m.config, seed: o.seed };
   let finalDir: string;
   if (o.method === 'sppo') {
-    const r = await runSppo({ model: pi0, prompts: trainPrompts, judge, out: join(dir, 'sppo'), iterations: Number(process.env.ITERS ?? 3), samples: Number(process.env.K ?? 4), ...SAMPLING, params, base, quiet, log });
+    const r = await runSppo({ model: pi0, prompts: trainPrompts, judge, out: join(dir, 'sppo'), iterations: 6, samples: 8, ...SAMPLING, params, base, quiet, log });
     finalDir = r.finalDir;
   } else if (o.method === 'nash_md') {
     const r = await runNashMd({ model: pi0, prompts: trainPrompts, judge, out: join(dir, 'nash_md'), ...SAMPLING, params, base, quiet, log });
@@ -185,6 +189,7 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
   return {
     method: o.method,
     win_rate_vs_start: await winRate(judge, heldPrompts, s1.texts, s0.texts),
+    win_rate_vs_start_train_prompts: await winRate(judge, trainPrompts, t1s.texts, t0s.texts),
     heldout_accuracy_start: s0.accuracy,
     heldout_accuracy_final: s1.accuracy,
     train_accuracy_start: t0s.accuracy,
@@ -208,6 +213,7 @@ export async function onlineDemoCommand(o: { method: string; seed: number; param
     [
       `method ${r.method} in ${r.seconds}s`,
       `win-rate of the final policy's samples vs the starting policy's on ${r.heldout_prompts} held-out prompts: ${r.win_rate_vs_start.toFixed(3)}`,
+      `win-rate on the training prompts (fresh samples): ${r.win_rate_vs_start_train_prompts.toFixed(3)}`,
       `correct answers, held-out prompts: ${r.heldout_accuracy_start.toFixed(3)} → ${r.heldout_accuracy_final.toFixed(3)}; training prompts: ${r.train_accuracy_start.toFixed(3)} → ${r.train_accuracy_final.toFixed(3)}`,
       `run folder: ${r.run}`,
     ].join('\n') + '\n',
