@@ -4,6 +4,7 @@
  *   training_model.onnx   params + batch (+ grad_acc.<p>, accumulate) → loss, metrics, grad.<p>
  *   eval_model.onnx       params + batch → eval outputs, metrics, loss (whatever they need, pruned)
  *   optimizer_model.onnx  see src/optim/graph.ts
+ *   train_step_model.onnx training graph (no accumulation) + optimizer in one graph (fuse.ts)
  *   artifacts.json        the manifest (manifest.ts)
  *   checkpoint/           initial values (step 0) when the spec carries them; otherwise none
  *
@@ -26,6 +27,7 @@ import { UserError } from '../cli/errors.ts';
 import { buildOptimizerGraph, defaultDecay, type OptimizerConfig, gradName, gradAccName, stateName } from '../optim/index.ts';
 import { pruneGraph } from './prune.ts';
 import { elideBroadcastExpands, foldOutputIdentities } from './simplify.ts';
+import { fuseOptimizer } from './fuse.ts';
 import { writeCheckpoint, type CheckpointTensor } from './checkpoint.ts';
 import { writeFileAtomic } from './safetensors.ts';
 import { ARTIFACT_FILES, MANIFEST_VERSION, TRAIN_IO, type ArtifactsManifest, type GraphIO } from './manifest.ts';
@@ -210,7 +212,8 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string): ArtifactsMan
     spec.optimizer,
     dtype,
   );
-  for (const g of [training.graph, evalGraph, opt.graph]) {
+  const stepGraph = fuseOptimizer(buildTrainingGraph({ ...spec, gradientAccumulation: false }).graph, opt);
+  for (const g of [training.graph, evalGraph, opt.graph, stepGraph]) {
     elideBroadcastExpands(g);
     foldOutputIdentities(g);
   }
@@ -218,6 +221,7 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string): ArtifactsMan
   saveModel(training.graph, path.join(outDir, ARTIFACT_FILES.training));
   saveModel(evalGraph, path.join(outDir, ARTIFACT_FILES.eval));
   saveModel(opt.graph, path.join(outDir, ARTIFACT_FILES.optimizer));
+  saveModel(stepGraph, path.join(outDir, ARTIFACT_FILES.step));
 
   const accumulate = spec.gradientAccumulation ?? true;
   const manifest: ArtifactsManifest = {
@@ -235,6 +239,7 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string): ArtifactsMan
       accumulation: accumulate ? { inputs: Object.fromEntries(trainable.map((p) => [p.name, gradAccName(p.name)])) } : null,
     },
     eval: { file: ARTIFACT_FILES.eval, ...graphIO(evalGraph) },
+    step: { file: ARTIFACT_FILES.step, ...graphIO(stepGraph) },
     optimizer: {
       file: ARTIFACT_FILES.optimizer,
       ...graphIO(opt.graph),

@@ -16,6 +16,7 @@ export const ARTIFACT_FILES = {
   training: 'training_model.onnx',
   eval: 'eval_model.onnx',
   optimizer: 'optimizer_model.onnx',
+  step: 'train_step_model.onnx',
   manifest: 'artifacts.json',
   checkpoint: 'checkpoint',
 } as const;
@@ -47,6 +48,12 @@ export interface ArtifactsManifest {
     accumulation: { flag?: string; inputs: Record<string, string> } | null;
   };
   eval: GraphIO & { file: string };
+  /**
+   * Forward, backward and optimizer update in one graph (inputs: the training graph's without the
+   * accumulation sums, plus the optimizer's; outputs: loss, metrics and the optimizer's). Absent in
+   * folders built before it existed.
+   */
+  step?: GraphIO & { file: string };
   optimizer: GraphIO & { file: string; dtype: 'float32' | 'float64'; config: ResolvedOptimizerConfig; stateSlots: string[] };
   loss: { name: string; params: Record<string, unknown> } | null;
   modelConfig: unknown;

@@ -33,7 +33,8 @@ export class TrainingArtifacts {
   step = 0;
   /** Micro-batches whose gradients are summed in the store and not yet applied. */
   private pending = 0;
-  private evalSession: Session | null = null;
+  /** Sessions, created on first use: a run that only takes fused steps never loads the separate graphs. */
+  private readonly sessions = new Map<string, Promise<Session>>();
   private readonly stepT = toOrt('int64', new BigInt64Array(1), []);
   private readonly lrT: ort.Tensor;
   private readonly scaleT: ort.Tensor;
@@ -47,8 +48,6 @@ export class TrainingArtifacts {
     readonly dir: string,
     readonly manifest: ArtifactsManifest,
     readonly store: TensorStore,
-    private readonly trainSession: Session,
-    private readonly optSession: Session,
     private readonly runtime: RuntimeOptions,
   ) {
     const dtype = manifest.optimizer.dtype;
@@ -73,12 +72,24 @@ export class TrainingArtifacts {
       store.define(gradName(p.name), p.dtype, p.shape);
       for (const s of manifest.optimizer.stateSlots) store.define(stateName(s, p.name), p.dtype, p.shape);
     }
-    const trainSession = await Session.create(path.join(dir, manifest.training.file), runtime);
-    const optSession = await Session.create(path.join(dir, manifest.optimizer.file), runtime);
-    const t = new TrainingArtifacts(dir, manifest, store, trainSession, optSession, runtime);
+    for (const g of [manifest.training, manifest.optimizer, manifest.eval, ...(manifest.step ? [manifest.step] : [])]) {
+      if (!fs.existsSync(path.join(dir, g.file))) throw new UserError(`${path.join(dir, g.file)}: not found (the artifacts folder is incomplete; rebuild it)`);
+    }
+    const t = new TrainingArtifacts(dir, manifest, store, runtime);
+    // The graph every step needs fails early here, not at the first step, if it cannot be loaded.
+    await t.session(manifest.step ? manifest.step.file : manifest.training.file);
     const ckpt = opts.checkpoint ?? path.join(dir, ARTIFACT_FILES.checkpoint);
     if (opts.checkpoint || (ckpt && fs.existsSync(ckpt))) t.loadCheckpoint(ckpt as string);
     return t;
+  }
+
+  private session(file: string): Promise<Session> {
+    let s = this.sessions.get(file);
+    if (!s) {
+      s = Session.create(path.join(this.dir, file), this.runtime);
+      this.sessions.set(file, s);
+    }
+    return s;
   }
 
   /** A read-only zero tensor shaped like parameter `name`, one per distinct dtype and shape. */
@@ -144,7 +155,7 @@ export class TrainingArtifacts {
     }
     const feeds = this.feedsFor(m.inputs, batch, extra, m.file);
     const fetch = [m.loss, ...m.metrics];
-    const out = await this.store.run(this.trainSession, feeds, this.gradUpdates, fetch);
+    const out = await this.store.run(await this.session(m.file), feeds, this.gradUpdates, fetch);
     this.pending++;
     const metrics: Metrics = {};
     for (const name of fetch) metrics[name] = scalarOf(out[name], name);
@@ -159,12 +170,10 @@ export class TrainingArtifacts {
     if (this.pending === 0) throw new Error('optimizerStep: no gradients computed since the last update');
     if (!Number.isFinite(lr)) throw new UserError(`learning rate must be finite, got ${lr}`);
     const o = this.manifest.optimizer;
-    (this.stepT.data as BigInt64Array)[0] = BigInt(this.step + 1);
-    (this.lrT.data as Float32Array)[0] = lr;
-    (this.scaleT.data as Float32Array)[0] = opts.gradScale ?? 1 / this.pending;
+    this.setScalars(lr, opts.gradScale ?? 1 / this.pending);
     const extra: Feeds = { [OPTIM_IO.step]: this.stepT, [OPTIM_IO.lr]: this.lrT, [OPTIM_IO.gradScale]: this.scaleT };
     const feeds = this.feedsFor(o.inputs, {}, extra, o.file);
-    const out = await this.store.run(this.optSession, feeds, this.optUpdates, [OPTIM_IO.gradNorm]);
+    const out = await this.store.run(await this.session(o.file), feeds, this.optUpdates, [OPTIM_IO.gradNorm]);
     this.step++;
     this.pending = 0;
     return { gradNorm: scalarOf(out[OPTIM_IO.gradNorm], OPTIM_IO.gradNorm) };
@@ -172,19 +181,49 @@ export class TrainingArtifacts {
 
   /**
    * One training step on a batch. With `accumulate: true` the batch is a non-final micro-batch: its
-   * gradients are summed and no update happens. Otherwise the summed gradients are applied with `lr`.
+   * gradients are summed and no update happens. Otherwise the summed gradients are applied with `lr`,
+   * unless this batch's loss is not finite: then parameters, optimizer state and the step count stay
+   * as they were and the pending gradients are dropped (the returned loss tells the caller).
+   * A step with nothing pending runs the fused graph (forward, backward and update in one run).
    */
   async trainStep(batch: Feeds, opts: { lr: number; accumulate?: boolean }): Promise<Metrics> {
+    if (!opts.accumulate && this.pending === 0 && this.manifest.step) return this.fusedStep(batch, opts.lr);
     const metrics = await this.computeGradients(batch);
-    if (!opts.accumulate) metrics[OPTIM_IO.gradNorm] = (await this.optimizerStep(opts.lr)).gradNorm;
+    if (opts.accumulate) return metrics;
+    if (!Number.isFinite(metrics[this.manifest.training.loss])) {
+      this.pending = 0;
+      return metrics;
+    }
+    metrics[OPTIM_IO.gradNorm] = (await this.optimizerStep(opts.lr)).gradNorm;
+    return metrics;
+  }
+
+  private setScalars(lr: number, gradScale: number): void {
+    if (!Number.isFinite(lr)) throw new UserError(`learning rate must be finite, got ${lr}`);
+    (this.stepT.data as BigInt64Array)[0] = BigInt(this.step + 1);
+    (this.lrT.data as Float32Array)[0] = lr;
+    (this.scaleT.data as Float32Array)[0] = gradScale;
+  }
+
+  /** Forward, backward and update of one batch in the fused graph; the update is kept only for a finite loss. */
+  private async fusedStep(batch: Feeds, lr: number): Promise<Metrics> {
+    const m = this.manifest.step!;
+    const t = this.manifest.training;
+    this.setScalars(lr, 1);
+    const extra: Feeds = { [OPTIM_IO.step]: this.stepT, [OPTIM_IO.lr]: this.lrT, [OPTIM_IO.gradScale]: this.scaleT };
+    const feeds = this.feedsFor(m.inputs, batch, extra, m.file);
+    const fetch = [t.loss, ...t.metrics, OPTIM_IO.gradNorm];
+    const out = await this.store.run(await this.session(m.file), feeds, this.optUpdates, fetch, (r) => Number.isFinite(scalarOf(r[t.loss], t.loss)));
+    const metrics: Metrics = {};
+    for (const name of fetch) metrics[name] = scalarOf(out[name], name);
+    if (Number.isFinite(metrics[t.loss])) this.step++;
     return metrics;
   }
 
   /** Runs the eval graph on a batch with the current parameters; returns every eval output. */
   async evaluate(batch: Feeds): Promise<Record<string, ort.Tensor>> {
-    if (!this.evalSession) this.evalSession = await Session.create(path.join(this.dir, this.manifest.eval.file), this.runtime);
     const feeds = this.feedsFor(this.manifest.eval.inputs, batch, {}, this.manifest.eval.file);
-    return this.evalSession.run(feeds);
+    return (await this.session(this.manifest.eval.file)).run(feeds);
   }
 
   /** Writes params, optimizer state and `state` (step is filled in) to `dir` atomically. */
@@ -218,8 +257,8 @@ export class TrainingArtifacts {
   }
 
   async release(): Promise<void> {
-    await this.trainSession.release();
-    await this.optSession.release();
-    if (this.evalSession) await this.evalSession.release();
+    const open = [...this.sessions.values()];
+    this.sessions.clear();
+    for (const s of open) await (await s).release();
   }
 }

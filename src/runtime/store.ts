@@ -126,9 +126,16 @@ export class TensorStore {
 
   /**
    * Runs `session` on `feeds`. Each `[output, entry]` of `updates` becomes the entry's next value;
-   * the outputs listed in `fetch` are returned. Entries are only replaced after the run succeeds.
+   * the outputs listed in `fetch` are returned. Entries are only replaced after the run succeeds, and
+   * only if `accept` (given the outputs) says so.
    */
-  async run(session: Session, feeds: Feeds, updates: readonly (readonly [string, string])[], fetch: readonly string[]): Promise<Record<string, ort.Tensor>> {
+  async run(
+    session: Session,
+    feeds: Feeds,
+    updates: readonly (readonly [string, string])[],
+    fetch: readonly string[],
+    accept?: (outputs: Record<string, ort.Tensor>) => boolean,
+  ): Promise<Record<string, ort.Tensor>> {
     const fetches: Record<string, ort.Tensor | null> = {};
     for (const name of fetch) fetches[name] = null;
     for (const [out, name] of updates) {
@@ -136,6 +143,7 @@ export class TensorStore {
       fetches[out] = e.back; // null in 'adopt' mode: ORT allocates
     }
     const result = await session.run(feeds, fetches);
+    if (accept && !accept(result)) return result;
     for (const [out, name] of updates) {
       const e = this.entry(name);
       if (e.back) {
