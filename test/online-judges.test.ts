@@ -6,7 +6,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { additionCorrect, CommandJudge, loadJudge, RewardJudge, TaskJudge, winRates } from '../src/online/judges.ts';
+import { taskCorrect, CommandJudge, loadJudge, RewardJudge, TaskJudge, winRates } from '../src/online/judges.ts';
 import { RewardModel, rewardTrain, scorePairs } from '../src/online/reward-model.ts';
 import { initModelFolder, initValueHead } from '../src/models/init.ts';
 import { loadModel } from '../src/models/load.ts';
@@ -20,7 +20,7 @@ const dir = mkdtempSync(join(tmpdir(), 'prefzoo-judges-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 describe('task judge', () => {
-  it('a correct sum beats a wrong one; equal correctness ties', async () => {
+  it('a correct answer (sum, first digit) beats a wrong one; equal correctness ties', async () => {
     const j = new TaskJudge();
     expect(await j.compare([
       { prompt: '3+4=', a: '7', b: '2' },
@@ -29,8 +29,9 @@ describe('task judge', () => {
       { prompt: '9+8=', a: '7', b: ' 7 ' },
       { prompt: [{ role: 'user', content: '5+5=' }], a: '0', b: '10' },
     ])).toEqual([1, 0, 0.5, 0.5, 1]);
-    expect(additionCorrect('12+35=', '7')).toBe(true);
-    await expect(j.compare([{ prompt: 'hello', a: '1', b: '2' }])).rejects.toThrow(/not of the form "a\+b="/);
+    expect(taskCorrect('12+35=', '7')).toBe(true);
+    expect(await j.compare([{ prompt: '4719:', a: '4', b: '7' }, { prompt: '4719:', a: '1', b: '9' }, { prompt: '4719:', a: '47', b: '4' }])).toEqual([1, 0.5, 0]);
+    await expect(j.compare([{ prompt: 'hello', a: '1', b: '2' }])).rejects.toThrow(/neither "digits:" nor "a\+b="/);
   });
 
   it('win-rates against the other samples: P̂_k = mean_j P(y_k ≻ y_j)', async () => {

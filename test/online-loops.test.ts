@@ -9,7 +9,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { TaskJudge, type Judge } from '../src/online/judges.ts';
 import { runNashMd } from '../src/online/nash-md.ts';
 import { runSppo } from '../src/online/sppo.ts';
-import { mirrorSplit } from '../src/online/demo.ts';
+import { demoSplit } from '../src/online/demo.ts';
 import { initModelFolder } from '../src/models/init.ts';
 import { loadModel } from '../src/models/load.ts';
 
@@ -82,16 +82,14 @@ describe('Nash-MD', () => {
 });
 
 describe('demo split', () => {
-  it('holds out 20 sums whose mirrored sum is trained', () => {
-    const { train, heldout } = mirrorSplit(0);
-    expect(heldout).toHaveLength(20);
-    expect(train).toHaveLength(80);
-    const t = new Set(train.map(([a, b]) => `${a}+${b}`));
-    for (const [a, b] of heldout) {
-      expect(a).not.toBe(b);
-      expect(t.has(`${a}+${b}`)).toBe(false);
-      expect(t.has(`${b}+${a}`)).toBe(true);
-    }
+  it('holds out 100 prompts of four distinct digits the 200 training prompts do not contain', () => {
+    const { train, heldout } = demoSplit(0);
+    expect(train).toHaveLength(200);
+    expect(heldout).toHaveLength(100);
+    const t = new Set(train);
+    for (const p of [...train, ...heldout]) expect(new Set(p.slice(0, 4)).size === 4 && /^\d{4}:$/.test(p)).toBe(true);
+    expect(heldout.some((p) => t.has(p))).toBe(false);
+    expect(demoSplit(0)).toEqual({ train, heldout });
   });
 });
 

@@ -1,14 +1,14 @@
 /**
  * `prefzoo demo --method sppo|nash_md|mpo`: the online methods end to end on the built-in task
- * (modular addition, "3+4=" → "7") with its verifiable judge.
+ * (recall the first digit: "4719:" → "4") with its verifiable judge.
  *
- *   1. the prompts are split: 20 held-out sums a+b (a ≠ b) whose operands the training prompts show
- *      only in the other order (b+a), and the other 80 for training
- *   2. a tiny llama is initialised and warmed up by a short SFT on the 80 training sums: the
- *      starting policy π_0 answers with one digit and stops, right a fraction of the time (online
- *      methods start from such a model; from random weights no sample would ever be right)
- *   3. the method trains on the 80: SPPO iterations or on-policy Nash-MD with the task judge, or MPO
- *      (a reward model trained on offline pairs scores them, then the two-stage schedule)
+ *   1. prompts: 200 for training and 100 held-out ones the training never shows
+ *   2. a tiny llama is initialised and warmed up by a short SFT whose answers are a random digit of
+ *      the prompt: the starting policy π_0 answers with one of the prompt's digits and stops, right
+ *      about a quarter of the time (online methods start from such a model; from random weights no
+ *      sample would ever be an answer)
+ *   3. the method trains on the 200: SPPO iterations or on-policy Nash-MD with the task judge, or
+ *      MPO (a reward model trained on offline pairs without scores scores them, then the two stages)
  *   4. `win_rate_vs_start`: on the held-out prompts, samples of the final policy against samples of
  *      π_0, judged (a correct answer beats a wrong one, equal correctness ties at ½);
  *      `win_rate_vs_start_train_prompts`: the same on the training prompts with fresh samples
@@ -21,11 +21,10 @@ import { UserError } from '../cli/errors.ts';
 import { initModelFolder } from '../models/init.ts';
 import type { TrainConfig } from '../train/config.ts';
 import type { Example, LoadedData } from '../train/data.ts';
-import { DEMO_MODULUS, demoAnswer } from '../train/demo-task.ts';
 import { trainMpo } from '../train/mpo.ts';
 import { SeededRandom } from '../train/random.ts';
 import { train } from '../train/trainer.ts';
-import { additionCorrect, TaskJudge, type Judge } from './judges.ts';
+import { taskCorrect, TaskJudge, type Judge } from './judges.ts';
 import { runNashMd } from './nash-md.ts';
 import { Policy } from './policy.ts';
 import { RewardModel } from './reward-model.ts';
@@ -76,37 +75,41 @@ const COMMON: Partial<TrainConfig> = {
   save_steps: 0,
 };
 
-/**
- * The SFT warm start. The tiny model sits on a plateau (uniform digits) before it starts using the
- * operands; a constant, high learning rate gets it past that within these steps (for the default seed).
- */
-const WARM_START: Partial<TrainConfig> = { ...COMMON, learning_rate: 1e-2, batch_size: 50, max_steps: 300, warmup_steps: 10, lr_scheduler: 'constant' };
+/** The SFT warm start (answer format only). */
+const WARM_START: Partial<TrainConfig> = { ...COMMON, learning_rate: 3e-3, max_steps: 400, warmup_steps: 10 };
 
 /** Per-method settings, tuned to finish in a couple of minutes on two cores. */
 const METHOD: Record<OnlineMethod, { config: Partial<TrainConfig>; params: string[] }> = {
   sppo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 20, warmup_steps: 5 }, params: ['beta=0.1'] },
-  nash_md: { config: { ...COMMON, learning_rate: 3e-3, max_steps: 400, warmup_steps: 10 }, params: ['beta=0.05', 'mixture_coef=0.5'] },
-  // Plain DPO lowers the right answer's likelihood too on this task (measured: fewer correct samples),
+  nash_md: { config: { ...COMMON, learning_rate: 3e-3, max_steps: 800, warmup_steps: 10 }, params: ['beta=0.05', 'mixture_coef=0.5'] },
+  // DPO in both stages lowers the right answer's likelihood too (measured: 12% → 3% correct samples),
   // so stage 2 uses ORPO, whose NLL term keeps it up.
-  mpo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 8, warmup_steps: 10 }, params: ['beta=0.1', 'stage2_loss=orpo'] },
+  mpo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 16, warmup_steps: 10 }, params: ['beta=0.1', 'stage2_loss=orpo'] },
 };
 
 const SAMPLING = { temperature: 1, maxNewTokens: 4 };
 const EVAL_SAMPLES = 8;
 
-type Sum = [number, number];
-const promptOf = ([a, b]: Sum) => `${a}+${b}=`;
+const DIGITS = 4;
 
-/** 20 held-out sums a+b (a ≠ b) whose mirror b+a stays in training; the other 80 train. */
-export function mirrorSplit(seed: number): { train: Sum[]; heldout: Sum[] } {
+/** `count` distinct prompts of four distinct digits and a colon, none in `avoid`. */
+export function recallPrompts(rand: SeededRandom, count: number, avoid: ReadonlySet<string> = new Set()): string[] {
+  const seen = new Set(avoid);
+  const out: string[] = [];
+  while (out.length < count) {
+    const p = rand.shuffle([0, 1, 2, 3, 4, 5, 6, 7, 8, 9]).slice(0, DIGITS).join('') + ':';
+    if (seen.has(p)) continue;
+    seen.add(p);
+    out.push(p);
+  }
+  return out;
+}
+
+/** 200 training prompts and 100 held-out ones, disjoint. */
+export function demoSplit(seed: number): { train: string[]; heldout: string[] } {
   const rand = new SeededRandom(seed + 17);
-  const unordered: Sum[] = [];
-  for (let a = 0; a < DEMO_MODULUS; a++) for (let b = a + 1; b < DEMO_MODULUS; b++) unordered.push([a, b]);
-  const heldout = rand.shuffle(unordered).slice(0, 20).map(([a, b]) => (rand.int(2) ? [a, b] : [b, a]) as Sum);
-  const held = new Set(heldout.map(promptOf));
-  const train: Sum[] = [];
-  for (let a = 0; a < DEMO_MODULUS; a++) for (let b = 0; b < DEMO_MODULUS; b++) if (!held.has(promptOf([a, b]))) train.push([a, b]);
-  return { train, heldout };
+  const train = recallPrompts(rand, 200);
+  return { train, heldout: recallPrompts(rand, 100, new Set(train)) };
 }
 
 function rowsOf(kind: 'pairwise', examples: Example[]): LoadedData {
@@ -119,7 +122,7 @@ async function sampleAndScore(dir: string, prompts: string[], seed: number): Pro
   const s = await policy.sample(prompts, { ...SAMPLING, n: EVAL_SAMPLES, seed });
   await policy.release();
   const texts = prompts.map((_, i) => s.slice(i * EVAL_SAMPLES, (i + 1) * EVAL_SAMPLES).map((x) => x.response));
-  const correct = s.filter((x) => additionCorrect(x.prompt, x.response)).length;
+  const correct = s.filter((x) => taskCorrect(x.prompt, x.response)).length;
   return { texts, accuracy: correct / s.length };
 }
 
@@ -139,16 +142,17 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
   const quiet = o.quiet;
   const init = initModelFolder(join(dir, 'model'), 'llama', 'tiny', o.seed);
   log(`demo: tiny llama (${init.parameters.toLocaleString('en-US')} parameters); method ${o.method}`);
-  const split = mirrorSplit(o.seed);
-  const trainPrompts = split.train.map(promptOf);
-  const heldPrompts = split.heldout.map(promptOf);
+  const split = demoSplit(o.seed);
+  const trainPrompts = split.train;
+  const heldPrompts = split.heldout;
+  const rand = new SeededRandom(o.seed + 5);
+  const digitOf = (p: string, k: number) => p[k];
 
-  // π_0: supervised answers to the training sums only.
+  // π_0: the answer format, with no preference among the prompt's digits.
   const sftRows: Example[] = [];
-  for (let k = 0; k < 4; k++) for (const s of split.train) sftRows.push({ prompt: promptOf(s), responses: [String(demoAnswer(...s)), String((demoAnswer(...s) + 1) % DEMO_MODULUS)] });
+  for (let k = 0; k < 4; k++) for (const p of trainPrompts) sftRows.push({ prompt: p, responses: [digitOf(p, rand.int(DIGITS)), digitOf(p, rand.int(DIGITS))] });
   const start = await train({ model: join(dir, 'model'), data: 'sft.jsonl', rows: rowsOf('pairwise', sftRows), loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed }, quiet, log });
   const pi0 = start.finalDir;
-  const rand = new SeededRandom(o.seed + 5);
 
   const judge = new TaskJudge();
   const m = METHOD[o.method];
@@ -164,13 +168,7 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
   } else {
     // Offline pairs without scores (a right and a wrong answer per training prompt): a reward model
     // learns them, scores them, and MPO splits by its margins.
-    const pairs: Example[] = split.train.flatMap(([a, b]) => {
-      const right = demoAnswer(a, b);
-      return [1, 2, 3, 4].map(() => {
-        const w = (right + 1 + rand.int(DEMO_MODULUS - 1)) % DEMO_MODULUS;
-        return { prompt: promptOf([a, b]), responses: [String(right), String(w)] };
-      });
-    });
+    const pairs: Example[] = trainPrompts.flatMap((p) => [1, 2].map(() => ({ prompt: p, responses: [digitOf(p, 0), digitOf(p, 1 + rand.int(DIGITS - 1))] })));
     const rmDir = join(dir, 'reward_model');
     await rewardTrain({ model: pi0, data: 'pairs.jsonl', rows: rowsOf('pairwise', pairs), out: rmDir, base: { ...COMMON, learning_rate: 3e-3, num_epochs: 4, warmup_steps: 10, seed: o.seed }, quiet, log });
     const rm = await RewardModel.load(rmDir);

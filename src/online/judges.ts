@@ -1,8 +1,9 @@
 /**
  * Judges: one interface, P(a ≻ b | prompt) for a batch of comparisons, three kinds:
  *
- *   task          the built-in verifiable judge of the demo task (modular addition): a correct answer
- *                 beats a wrong one, equal correctness is a tie (½)
+ *   task          the built-in verifiable judge of the demo tasks (recall the first digit, "4719:" → "4";
+ *                 modular addition, "3+4=" → "7"): a correct answer beats a wrong one, equal
+ *                 correctness is a tie (½)
  *   reward:DIR    a reward model trained by `prefzoo reward-train`: P = σ(r(a) − r(b)) (Bradley–Terry)
  *   cmd:COMMAND   an external program speaking JSONL: one `{"prompt","a","b"}` line in, one
  *                 `{"p": P(a ≻ b)}` line out, in order (see `CommandJudge`)
@@ -36,20 +37,23 @@ function plain(t: Text): string {
 }
 
 /**
- * The demo task's answer check: the prompt's last "a+b=" (message prompts: the last message) names
- * the operands, a response is correct when its text is exactly the digit (a + b) mod 10.
+ * The demo tasks' answer check, on the prompt's text (message prompts: the last message). A prompt
+ * ending in digits and a colon ("4719:") asks for its first digit; one ending in "a+b=" for
+ * (a + b) mod 10. A response is correct when its text is exactly that digit.
  */
-export function additionCorrect(prompt: Text, response: Text): boolean {
+export function taskCorrect(prompt: Text, response: Text): boolean {
   const p = typeof prompt === 'string' ? prompt : prompt[prompt.length - 1]?.content ?? '';
-  const m = /(\d+)\s*\+\s*(\d+)\s*=\s*$/.exec(p);
-  if (!m) throw new UserError(`task judge: prompt ${JSON.stringify(p.slice(-40))} is not of the form "a+b=" (the built-in task judges only its own prompts)`);
-  return plain(response).trim() === String((Number(m[1]) + Number(m[2])) % DEMO_MODULUS);
+  const recall = /(\d+):\s*$/.exec(p);
+  if (recall) return plain(response).trim() === recall[1][0];
+  const sum = /(\d+)\s*\+\s*(\d+)\s*=\s*$/.exec(p);
+  if (sum) return plain(response).trim() === String((Number(sum[1]) + Number(sum[2])) % DEMO_MODULUS);
+  throw new UserError(`task judge: prompt ${JSON.stringify(p.slice(-40))} is neither "digits:" nor "a+b=" (the built-in judge knows only the demo tasks)`);
 }
 
 export class TaskJudge implements Judge {
   readonly name = 'task';
   async compare(items: readonly Comparison[]): Promise<number[]> {
-    return items.map((c) => 0.5 + 0.5 * (Number(additionCorrect(c.prompt, c.a)) - Number(additionCorrect(c.prompt, c.b))));
+    return items.map((c) => 0.5 + 0.5 * (Number(taskCorrect(c.prompt, c.a)) - Number(taskCorrect(c.prompt, c.b))));
   }
   async release(): Promise<void> {}
 }
