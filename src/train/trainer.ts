@@ -272,6 +272,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     const step = art.step + 1;
     const sums: Record<string, number> = {};
     let tokens = 0;
+    const lr = lrAt(step, schedule);
+    let gradNorm = NaN;
     for (let micro = 0; micro < config.gradient_accumulation_steps; micro++) {
       const batch = nextBatch();
       if (refScorer) {
@@ -289,9 +291,19 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
         kl,
       });
       if (step === fault) (c.feeds.ref_logps.data as Float32Array).fill(NaN);
-      const m = await art.computeGradients(c.feeds);
+      // The last micro-batch applies the update (one fused graph run when nothing was accumulated);
+      // ONNX Runtime keeps the old parameters when that batch's loss is not finite.
+      const final = micro === config.gradient_accumulation_steps - 1;
+      const m = await art.trainStep(c.feeds, { lr, accumulate: !final });
+      if (final) gradNorm = m.grad_norm;
+      delete m.grad_norm;
       for (const [k, v] of Object.entries(m)) sums[k] = (sums[k] ?? 0) + v;
       tokens += c.tokens;
+      // A non-finite micro-batch poisons the sum: stop before any update is applied.
+      if (!Number.isFinite(m.loss)) {
+        sums.loss = m.loss;
+        break;
+      }
     }
     const micro = config.gradient_accumulation_steps;
     const metrics: Record<string, number> = {};
@@ -305,8 +317,6 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
           (good ? `The last good checkpoint is ${good} (resume with --resume after lowering learning_rate).` : 'No checkpoint was written yet (lower learning_rate and start again).'),
       );
     }
-    const lr = lrAt(step, schedule);
-    const { gradNorm } = await art.optimizerStep(lr);
     tokensSeen += tokens;
     const row = {
       step,
