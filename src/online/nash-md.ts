@@ -36,7 +36,7 @@ import { Decoder } from './generate.ts';
 import type { Judge } from './judges.ts';
 import { sampleWith } from './policy.ts';
 import type { SamplingOptions } from './sampling.ts';
-import { currentWeights, loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, writeJsonAtomic } from './run.ts';
+import { currentWeights, loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, writeJsonAtomic } from '../train/run.ts';
 
 export interface NashMdOptions extends SamplingOptions {
   model: string;

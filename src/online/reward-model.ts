@@ -32,7 +32,7 @@ import { resolveConfig, type TrainConfig } from '../train/config.ts';
 import { loadData, tokenizeExamples, type LoadedData, type Text, type TokenizedExample } from '../train/data.ts';
 import { SeededRandom } from '../train/random.ts';
 import { negLogSigmoid } from '../../losses/ops.ts';
-import { loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, writeJsonAtomic } from './run.ts';
+import { loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, writeJsonAtomic } from '../train/run.ts';
 
 export const REWARD_MODEL_FILE = 'reward_model.json';
 

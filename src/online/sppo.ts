@@ -24,7 +24,7 @@ import type { Example, LoadedData, Text } from '../train/data.ts';
 import { train } from '../train/trainer.ts';
 import { winRates, type Judge } from './judges.ts';
 import { Policy } from './policy.ts';
-import { runtimeOf, writeJsonAtomic } from './run.ts';
+import { runtimeOf, writeJsonAtomic } from '../train/run.ts';
 import type { SamplingOptions } from './sampling.ts';
 
 export interface SppoOptions extends SamplingOptions {

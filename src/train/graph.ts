@@ -6,14 +6,14 @@
 import type { Kind } from '../../datasets/schema.ts';
 import type { BatchTensors } from '../../losses/types.ts';
 import type { BoundLoss } from '../../losses/index.ts';
-import type { ArtifactSpec, BatchInputSpec, ParamSpec } from '../artifacts/build.ts';
+import type { ArtifactSpec, BatchInputSpec } from '../artifacts/build.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
 import { sequenceLogps } from '../models/logps.ts';
-import { modelParameterShapes, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT } from '../models/params.ts';
+import { modelParamSpecs } from './run.ts';
 
 export interface TrainProblem {
   config: ModelConfig;
@@ -53,20 +53,6 @@ export function batchInputSpecs(p: TrainProblem): BatchInputSpec[] {
   return specs;
 }
 
-/** Parameter specs: base weights (frozen under LoRA), adapters, value head; decay off for norms and biases. */
-export function paramSpecs(p: TrainProblem, weights: Map<string, FloatTensor>): ParamSpec[] {
-  const shapes = modelParameterShapes(p.config, { lora: p.lora, valueHead: p.valueHead });
-  const out: ParamSpec[] = [];
-  for (const [name, shape] of shapes) {
-    const isAdapter = name.includes('.lora_A.') || name.includes('.lora_B.');
-    const isHead = name === VALUE_HEAD_WEIGHT || name === VALUE_HEAD_BIAS;
-    const trainable = p.lora ? isAdapter || isHead : true;
-    const w = weights.get(name);
-    if (!w) throw new Error(`no initial value for parameter ${name}`);
-    out.push({ name, dtype: F, shape, trainable, decay: shape.length >= 2, data: w.data });
-  }
-  return out;
-}
 
 /** [2B] response-major → ([B] first half, [B] second half): chosen/rejected, or KTO's own/mismatched. */
 function splitPairs(g: Graph, x: Tensor): [Tensor, Tensor] {
@@ -109,7 +95,7 @@ function lossInputs(g: Graph, p: TrainProblem, logp: Tensor, tokens: Tensor, bat
 
 export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, optimizer: OptimizerConfig): ArtifactSpec {
   return {
-    params: paramSpecs(p, weights),
+    params: modelParamSpecs(p.config, weights, p.lora, p.valueHead),
     batchInputs: batchInputSpecs(p),
     optimizer,
     loss: { name: p.loss.spec, params: Object.fromEntries(p.loss.terms.map((t) => [t.loss.name, t.params])) },

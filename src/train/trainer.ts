@@ -13,7 +13,7 @@
  *   metrics.jsonl          one row per logging step (and `split: "eval"` rows)
  *   final/                 the trained model in HF layout (LoRA merged)
  */
-import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync, renameSync, rmSync, cpSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Kind } from '../../datasets/schema.ts';
 import { UserError } from '../cli/errors.ts';
@@ -21,13 +21,14 @@ import { Progress } from '../cli/progress.ts';
 import { buildArtifacts } from '../artifacts/build.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
 import { loadModel } from '../models/load.ts';
-import { saveCheckpoint, type FloatTensor } from '../models/checkpoint.ts';
+import type { FloatTensor } from '../models/checkpoint.ts';
 import { initLora, initValueHead, mergeLora, type LoraConfig } from '../models/index.ts';
 import { loadTokenizer } from '../tokenize/index.ts';
 import { lrAt } from '../optim/schedule.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
+import { currentWeights as artifactWeights, loraOf, optimizerOf, runtimeOf, saveModelFolder, writeJsonAtomic } from './run.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from './data.ts';
 import { collate } from './batch.ts';
 import { readRefColumns, writeRefColumns } from '../../datasets/tokenized.ts';
@@ -81,27 +82,9 @@ export function lastCheckpoint(run: string): string | null {
   return done.length ? join(dir, done[done.length - 1]) : null;
 }
 
-function writeJsonAtomic(file: string, value: unknown): void {
-  const tmp = `${file}.tmp-${process.pid}`;
-  writeFileSync(tmp, JSON.stringify(value, null, 2) + '\n');
-  renameSync(tmp, file);
-}
 
-function optimizerOf(c: TrainConfig): OptimizerConfig {
-  const clip = c.max_grad_norm > 0 ? c.max_grad_norm : null;
-  return c.optimizer === 'sgd'
-    ? { type: 'sgd', momentum: c.momentum, weightDecay: c.weight_decay, maxGradNorm: clip }
-    : { type: 'adamw', betas: [c.adam_beta1, c.adam_beta2], eps: c.adam_epsilon, weightDecay: c.weight_decay, maxGradNorm: clip };
-}
 
-function runtimeOf(c: TrainConfig): RuntimeOptions {
-  return { ep: c.device, threads: c.threads > 0 ? c.threads : undefined };
-}
 
-function loraOf(c: TrainConfig): LoraConfig | null {
-  if (c.lora_r <= 0) return null;
-  return { rank: c.lora_r, alpha: c.lora_alpha, targets: c.lora_target_modules.split(',').map((s) => s.trim()).filter(Boolean) };
-}
 
 /** Order of examples in an epoch: a seeded shuffle, the same on resume. */
 function epochOrder(n: number, seed: number, epoch: number): number[] {
@@ -238,10 +221,9 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
         batchSize: config.batch_size * 2,
       })
     : null;
-  /** The current weights as an HF model: adapters merged, the value head left out. */
+  /** The current weights as an HF model: adapters merged. */
   const currentWeights = (): Map<string, FloatTensor> => {
-    const w = new Map<string, FloatTensor>();
-    for (const p of art.manifest.params) w.set(p.name, { shape: p.shape, data: Float32Array.from(art.param(p.name) as Float32Array) });
+    const w = artifactWeights(art);
     return lora ? mergeLora(w, base.config, lora) : w;
   };
 
@@ -347,16 +329,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   await refScorer?.release();
 
   // Final model in HF layout: base weights with adapters merged (the value head saved beside).
-  const merged = currentWeights();
   const finalDir = join(run, 'final');
-  const tmpFinal = `${finalDir}.tmp-${process.pid}`;
-  rmSync(tmpFinal, { recursive: true, force: true });
-  saveCheckpoint(tmpFinal, merged, { dtype: config.save_dtype, config: base.config });
-  for (const f of readdirSync(o.model)) {
-    if (/^(tokenizer.*|special_tokens_map\.json|generation_config\.json|chat_template\.jinja|vocab\.json|merges\.txt)$/.test(f)) cpSync(join(o.model, f), join(tmpFinal, f));
-  }
-  rmSync(finalDir, { recursive: true, force: true });
-  renameSync(tmpFinal, finalDir);
+  saveModelFolder(finalDir, artifactWeights(art), { config: base.config, lora, sourceDir: o.model, dtype: config.save_dtype });
   await art.release();
 
   let evalSummary: EvalSummary | undefined;

@@ -1,7 +1,7 @@
 /**
- * Small pieces the online loops share with the offline trainer's conventions: the optimizer, runtime
- * and LoRA settings of a TrainConfig, atomic JSON writes, and saving a trained model in HF layout
- * (LoRA merged, tokenizer files copied from the source folder).
+ * Pieces every training loop shares (the offline trainer, SPPO, Nash-MD, reward training): the
+ * optimizer, runtime and LoRA settings of a TrainConfig, artifact parameter specs, atomic JSON
+ * writes, and saving a trained model in HF layout (LoRA merged, tokenizer files copied).
  */
 import { cpSync, readdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
