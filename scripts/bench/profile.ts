@@ -1,10 +1,10 @@
 /**
- * Where a bench step spends its time: runs the bench's training, eval or optimizer graph under ONNX
+ * Where a bench step spends its time: runs the bench's training, eval, optimizer or fused-step graph under ONNX
  * Runtime's profiler and sums kernel time per op type, per graph region (forward layers, gradient, log-probs)
  * and per node (each node's fastest of the timed runs).
  *
  *   npx tsx scripts/bench/profile.ts [--preset small] [--runs 2] [--threads N] [--opt-level extended]
- *                                    [--graph training|eval|optimizer] [--top 25] [--keep DIR]
+ *                                    [--graph training|eval|optimizer|step] [--top 25] [--keep DIR]
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -38,11 +38,12 @@ const manifest = readManifest(setup.artDir);
 const c = collate(setup.rows, { kind: 'pairwise', padTo: 64, padId: setup.padId, dtype: 'float32', refLogps: () => [-1000, -1000] });
 const feeds: Feeds = { ...c.feeds };
 for (const p of manifest.params) feeds[p.name] = toOrt('float32', setup.initial.get(p.name)!, p.shape);
-const graphInfo = a.graph === 'eval' ? manifest.eval : a.graph === 'optimizer' ? manifest.optimizer : manifest.training;
+const graphInfo = { eval: manifest.eval, optimizer: manifest.optimizer, training: manifest.training, step: manifest.step! }[a.graph!];
+if (!graphInfo) throw new Error(`--graph must be training, eval, optimizer or step, got ${a.graph}`);
 const zeros = (shape: number[]) => toOrt('float32', new Float32Array(shape.reduce((x, y) => x * y, 1)), shape);
-if (a.graph === 'optimizer') {
+if (a.graph === 'optimizer' || a.graph === 'step') {
   for (const p of manifest.params.filter((q) => q.trainable)) {
-    feeds[gradName(p.name)] = toOrt('float32', setup.initial.get(p.name)!, p.shape); // any finite values
+    if (a.graph === 'optimizer') feeds[gradName(p.name)] = toOrt('float32', setup.initial.get(p.name)!, p.shape); // any finite values
     for (const slot of manifest.optimizer.stateSlots) feeds[stateName(slot, p.name)] = zeros(p.shape);
   }
   feeds[OPTIM_IO.step] = toOrt('int64', BigInt64Array.of(1n), []);
@@ -105,6 +106,7 @@ function table(title: string, key: (node: string, op: string) => string, top: nu
 const median = (xs: number[]) => [...xs].sort((x, y) => x - y)[Math.floor(xs.length / 2)];
 console.log(`${a.graph} graph, ${preset}, opt ${runtime.optLevel}, threads ${runtime.threads ?? 'default'}: wall ${median(wall).toFixed(0)} ms/run, cpu ${median(cpu).toFixed(0)} ms/run (medians of ${runs}; with --threads 1 the cpu time is the work, whatever else runs), sum of per-node fastest kernels ${total.toFixed(0)} ms, ${perNode.size} nodes after optimisation`);
 const region = (name: string) => {
+  if (name.startsWith('optimizer/')) return 'optimizer';
   const grad = name.includes('grad/') ? 'grad ' : 'fwd  ';
   const m = name.match(/layers\.\d+\/(attn|mlp)/) ?? name.match(/(lm_head|logps|loss_\w+|rope|embed|batch|grad_out)/);
   return grad + (m ? m[1] : 'other');

@@ -1,0 +1,85 @@
+import { describe, it, expect } from 'vitest';
+import { execFile } from 'node:child_process';
+import { resolve } from 'node:path';
+import { promisify } from 'node:util';
+import { benchPairs, stepFlops } from '../src/cli/commands/bench.ts';
+import { presetConfig, type LlamaConfig } from '../src/models/config.ts';
+
+const run = promisify(execFile);
+const BIN = resolve(__dirname, '..', 'bin', 'prefzoo.mjs');
+
+async function prefzoo(...args: string[]): Promise<{ stdout: string; stderr: string; code: number }> {
+  try {
+    const r = await run(process.execPath, [BIN, ...args], { encoding: 'utf8' });
+    return { ...r, code: 0 };
+  } catch (e) {
+    const err = e as { stdout: string; stderr: string; code: number };
+    return { stdout: err.stdout, stderr: err.stderr, code: err.code };
+  }
+}
+
+describe('bench FLOP count', () => {
+  it('is 6·N per token over the matmul weights plus dense attention, for the small llama', () => {
+    const c = presetConfig('llama', 'small') as LlamaConfig;
+    // Counted by hand from the preset: per layer q, o (512×512), k, v (512×256), gate, up, down (512×1376),
+    // two RMSNorm scales; the final norm; the untied head (32000×512). The embedding table is a gather.
+    const layer = 2 * 512 * 512 + 2 * 512 * 256 + 3 * 512 * 1376 + 2 * 512;
+    const N = 8 * layer + 512 + 32000 * 512;
+    expect(N).toBe(39_592_448);
+    const attention = 12 * 8 * 8 * 64 * 256;
+    const { flops, matmulParams } = stepFlops(c, 2048, 256);
+    expect(matmulParams).toBe(N);
+    expect(flops).toBe(2048 * (6 * N + attention));
+    expect(flops / 1e9).toBeCloseTo(512.3, 1);
+  });
+
+  it('counts a tied head once, through the embedding table', () => {
+    const c = presetConfig('llama', 'tiny', { vocabSize: 512 }) as LlamaConfig;
+    expect(c.tie_word_embeddings).toBe(true);
+    const layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 172 + 2 * 64;
+    expect(stepFlops(c, 100, 10).matmulParams).toBe(2 * layer + 64 + 512 * 64);
+  });
+});
+
+describe('bench batch', () => {
+  it('is seeded pairs: half prompt, two completions of the rest, ids clear of the special tokens', () => {
+    const a = benchPairs(1000, 4, 256);
+    expect(a).toHaveLength(4);
+    for (const r of a) {
+      expect(r.promptIds).toHaveLength(128);
+      expect(r.responseIds.map((x) => x.length)).toEqual([128, 128]);
+      for (const id of [...r.promptIds, ...r.responseIds.flat()]) expect(id >= 16 && id < 1000 && Number.isInteger(id)).toBe(true);
+    }
+    expect(benchPairs(1000, 4, 256)).toEqual(a);
+    expect(benchPairs(1000, 4, 256, 2)).not.toEqual(a);
+  });
+});
+
+describe('prefzoo bench', () => {
+  it('prints one JSON line with the figures of the issue', async () => {
+    const r = await prefzoo('bench', '--preset', 'tiny', '--steps', '2', '--warmup', '1', '--no-peak', '--json');
+    expect(r.code, r.stderr).toBe(0);
+    const lines = r.stdout.trim().split('\n');
+    expect(lines).toHaveLength(1);
+    const j = JSON.parse(lines[0]);
+    for (const k of ['tokens_per_s', 'seconds_per_step', 'model_gflop_per_step', 'achieved_gflops', 'eval_tokens_per_s', 'peak_rss_mb', 'cpu_seconds_per_step']) {
+      expect(j[k], k).toBeGreaterThan(0);
+    }
+    expect(j.tokens_per_step).toBe(2048);
+    expect(j.step_seconds).toHaveLength(2);
+    // seconds_per_step is rounded to milliseconds, tokens_per_s is not.
+    expect(Math.abs(j.tokens_per_s * j.seconds_per_step - 2048) / 2048).toBeLessThan(0.03);
+    expect(j.matmul_peak_gflops).toBeNull();
+    expect(j.mfu).toBeNull();
+    expect(r.stderr).toContain('bench');
+  }, 120_000);
+
+  it('rejects bad flags with one line', async () => {
+    for (const args of [['--preset', 'huge'], ['--steps', '0'], ['--seq', '7'], ['--opt-level', 'max']]) {
+      const r = await prefzoo('bench', ...args);
+      expect(r.code, args.join(' ')).toBe(1);
+      expect(r.stderr.trim().split('\n')).toHaveLength(1);
+      expect(r.stderr).toMatch(/^prefzoo: --/);
+    }
+  });
+});
