@@ -24,6 +24,7 @@ import { buildSpec } from '../../train/graph.ts';
 import { resolveLoss } from '../../../losses/index.ts';
 import { writeTokenizer } from '../../tokenize/generate.ts';
 import type { TypedArray } from '../../onnx/dtype.ts';
+import { positiveInt } from '../flags.ts';
 
 export interface BenchOptions {
   preset: 'tiny' | 'small';
@@ -200,13 +201,6 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
 function round(x: number, digits: number): number {
   const f = 10 ** digits;
   return Math.round(x * f) / f;
-}
-
-function positiveInt(flag: string, v: string | undefined, dflt: number): number {
-  if (v === undefined) return dflt;
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < 1) throw new UserError(`${flag} must be a positive integer, got "${v}"`);
-  return n;
 }
 
 export function register(program: Command): void {

@@ -2,10 +2,7 @@ import type { Command } from 'commander';
 import { runDemo } from '../../train/demo.ts';
 import { onlineDemoCommand } from '../../online/demo.ts';
 import { UserError } from '../errors.ts';
-
-function collect(v: string, prev: string[]): string[] {
-  return [...prev, v];
-}
+import { collect, positiveInt } from '../flags.ts';
 
 export function register(program: Command): void {
   program
@@ -22,8 +19,7 @@ export function register(program: Command): void {
       const seed = Number(o.seed);
       if (!Number.isInteger(seed) || seed < 0) throw new UserError(`--seed must be an integer ≥ 0, got "${o.seed}"`);
       if (o.method !== undefined) return onlineDemoCommand({ method: o.method, seed, params: o.param, out: o.out, json: o.json });
-      const steps = o.steps === undefined ? undefined : Number(o.steps);
-      if (steps !== undefined && (!Number.isInteger(steps) || steps < 1)) throw new UserError(`--steps must be a positive integer, got "${o.steps}"`);
+      const steps = positiveInt('--steps', o.steps);
       const r = await runDemo({ loss: o.loss, seed, steps, params: o.param, out: o.out, quiet: o.json, log: o.json ? () => {} : undefined });
       if (o.json) {
         process.stdout.write(JSON.stringify(r) + '\n');

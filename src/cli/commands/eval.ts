@@ -5,10 +5,7 @@ import { join } from 'node:path';
 import { evaluateRows, formatEvalTable } from '../../eval/evaluate.ts';
 import { DEFAULT_CONFIG, parseParams } from '../../train/config.ts';
 import { UserError } from '../errors.ts';
-
-function collect(v: string, prev: string[]): string[] {
-  return [...prev, v];
-}
+import { collect, positiveInt } from '../flags.ts';
 
 export function register(program: Command): void {
   program
@@ -26,16 +23,9 @@ export function register(program: Command): void {
     .action(async (o: { model: string; ref: string; data: string; param: string[]; batchSize: string; maxLength?: string; maxPromptLength?: string; json?: boolean; quiet?: boolean }) => {
       const params = parseParams(o.param);
       for (const k of Object.keys(params)) if (k !== 'beta') throw new UserError(`--param ${k}: eval takes only beta`);
-      const bs = Number(o.batchSize);
-      if (!Number.isInteger(bs) || bs < 1) throw new UserError(`--batch-size must be a positive integer, got "${o.batchSize}"`);
-      const int = (flag: string, v: string | undefined, d: number) => {
-        if (v === undefined) return d;
-        const n = Number(v);
-        if (!Number.isInteger(n) || n < 1) throw new UserError(`${flag} must be a positive integer, got "${v}"`);
-        return n;
-      };
-      const max_length = int('--max-length', o.maxLength, DEFAULT_CONFIG.max_length);
-      const max_prompt_length = int('--max-prompt-length', o.maxPromptLength, Math.min(DEFAULT_CONFIG.max_prompt_length, max_length - 1));
+      const bs = positiveInt('--batch-size', o.batchSize, 8);
+      const max_length = positiveInt('--max-length', o.maxLength, DEFAULT_CONFIG.max_length);
+      const max_prompt_length = positiveInt('--max-prompt-length', o.maxPromptLength, Math.min(DEFAULT_CONFIG.max_prompt_length, max_length - 1));
       if (max_prompt_length >= max_length) throw new UserError(`--max-prompt-length (${max_prompt_length}) must be smaller than --max-length (${max_length})`);
       const work = join(tmpdir(), `prefzoo-eval-${process.pid}`);
       const s = await evaluateRows({ policy: o.model, ref: o.ref, data: o.data, workDir: work, params, quiet: o.quiet || o.json, batchSize: bs, truncation: { max_length, max_prompt_length, truncation: 'keep_end' } }).finally(() => rmSync(work, { recursive: true, force: true }));

@@ -7,6 +7,7 @@ import { loadModel } from '../../models/load.ts';
 import { buildLogpsGraph } from '../../models/logps.ts';
 import { serializeModel } from '../../onnx/proto.ts';
 import { Session, toOrt, type ExecutionProvider } from '../../runtime/session.ts';
+import { positiveInt } from '../flags.ts';
 
 interface Row {
   ids: number[];
@@ -47,12 +48,6 @@ function readRows(file: string, vocab: number, limit: number | null): Row[] {
   return rows;
 }
 
-function positiveInt(flag: string, v: string | undefined): number | undefined {
-  if (v === undefined) return undefined;
-  if (!/^\d+$/.test(v) || Number(v) < 1) throw new UserError(`${flag}: must be a positive integer, got "${v}"`);
-  return Number(v);
-}
-
 export function register(program: Command): void {
   program
     .command('logps')
@@ -64,7 +59,7 @@ export function register(program: Command): void {
     .option('--threads <n>', 'intra-op threads (default: one per core)')
     .option('-o, --output <file>', 'write the JSONL here instead of standard output')
     .action(async (o: { model: string; input: string; batchSize: string; device: string; threads?: string; output?: string }) => {
-      const batchSize = positiveInt('--batch-size', o.batchSize)!;
+      const batchSize = positiveInt('--batch-size', o.batchSize, 8);
       const threads = positiveInt('--threads', o.threads);
       if (o.device !== 'cpu' && o.device !== 'cuda') throw new UserError(`--device: must be cpu or cuda, got "${o.device}"`);
       const { config, weights } = loadModel(o.model);

@@ -5,12 +5,7 @@ import { loadTokenizer } from '../../tokenize/index.ts';
 import { tableExamples, tokenizeExamples } from '../../train/data.ts';
 import { DEFAULT_CONFIG } from '../../train/config.ts';
 import { UserError } from '../errors.ts';
-
-function positive(flag: string, v: string): number {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < 1) throw new UserError(`${flag} must be a positive integer, got "${v}"`);
-  return n;
-}
+import { positiveInt } from '../flags.ts';
 
 export function register(program: Command): void {
   program
@@ -23,8 +18,8 @@ export function register(program: Command): void {
     .option('--max-prompt-length <n>', 'longest prompt in tokens', String(DEFAULT_CONFIG.max_prompt_length))
     .option('--truncation <side>', 'which end of an over-long prompt to keep: keep_start or keep_end', DEFAULT_CONFIG.truncation)
     .action(async (input: string, o: { model: string; out: string; maxLength: string; maxPromptLength: string; truncation: string }) => {
-      const max_length = positive('--max-length', o.maxLength);
-      const max_prompt_length = positive('--max-prompt-length', o.maxPromptLength);
+      const max_length = positiveInt('--max-length', o.maxLength, DEFAULT_CONFIG.max_length);
+      const max_prompt_length = positiveInt('--max-prompt-length', o.maxPromptLength, DEFAULT_CONFIG.max_prompt_length);
       if (max_prompt_length >= max_length) throw new UserError(`--max-prompt-length (${max_prompt_length}) must be smaller than --max-length (${max_length})`);
       if (o.truncation !== 'keep_start' && o.truncation !== 'keep_end') throw new UserError(`--truncation must be keep_start or keep_end, got "${o.truncation}"`);
       const tok = loadTokenizer(o.model);

@@ -1,10 +1,7 @@
 import type { Command } from 'commander';
 import { DEFAULT_CONFIG } from '../../train/config.ts';
 import { trainAny } from '../../train/mpo.ts';
-
-function collect(v: string, prev: string[]): string[] {
-  return [...prev, v];
-}
+import { collect } from '../flags.ts';
 
 const SETTINGS = Object.entries(DEFAULT_CONFIG)
   .map(([k, v]) => `  ${k}=${JSON.stringify(v)}`)
