@@ -81,7 +81,7 @@ describe('fused training step', () => {
     };
     const fused = await load();
     const split = await load();
-    const c = collate(setup.rows, { kind: 'pairwise', padTo: 8, padId: setup.padId, dtype: 'float32', refLogps: () => [-40, -41] });
+    const c = collate(setup.rows, { kind: 'pairwise', padTo: 8, padId: setup.padId, dtype: 'float32', refLogps: () => [-40, -41], packed: setup.packed });
     c.feeds.ref_logps = toOrt('float32', Float32Array.from([-40, -41, -40.5, -41.5]), [4]);
     for (let s = 0; s < 3; s++) {
       const a = await fused.trainStep(c.feeds, { lr: 1e-3 });

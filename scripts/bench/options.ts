@@ -35,7 +35,7 @@ const names = a.only ? a.only.split(',') : Object.keys(SETTINGS);
 for (const n of names) if (!SETTINGS[n]) throw new Error(`unknown setting ${n} (known: ${Object.keys(SETTINGS).join(', ')})`);
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-options-'));
 const setup = prepareBench(dir, a.preset as 'tiny' | 'small', 4, 256);
-const batch = collate(setup.rows, { kind: 'pairwise', padTo: 64, padId: setup.padId, dtype: 'float32', refLogps: () => [-300, -300] });
+const batch = collate(setup.rows, { kind: 'pairwise', padTo: 64, padId: setup.padId, dtype: 'float32', refLogps: () => [-300, -300], packed: setup.packed });
 const wall = new Map<string, number[]>(names.map((n) => [n, []]));
 const cpu = new Map<string, number[]>(names.map((n) => [n, []]));
 for (let r = 0; r < Number(a.rounds); r++) {

@@ -35,7 +35,7 @@ fs.mkdirSync(dir, { recursive: true });
 
 const setup = prepareBench(dir, preset, 4, 256);
 const manifest = readManifest(setup.artDir);
-const c = collate(setup.rows, { kind: 'pairwise', padTo: 64, padId: setup.padId, dtype: 'float32', refLogps: () => [-1000, -1000] });
+const c = collate(setup.rows, { kind: 'pairwise', padTo: 64, padId: setup.padId, dtype: 'float32', refLogps: () => [-1000, -1000], packed: setup.packed });
 const feeds: Feeds = { ...c.feeds };
 for (const p of manifest.params) feeds[p.name] = toOrt('float32', setup.initial.get(p.name)!, p.shape);
 const graphInfo = { eval: manifest.eval, optimizer: manifest.optimizer, training: manifest.training, step: manifest.step! }[a.graph!];

@@ -6,7 +6,7 @@
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from './config.ts';
 import { gpt2HeadWeight, gpt2Hidden } from './gpt2.ts';
-import { type BatchIndex, type FloatDType, batchIndex, lmHead } from './layers.ts';
+import { type BatchIndex, type FloatDType, batchIndex, lmHead, packedBatchIndex } from './layers.ts';
 import { llamaHeadWeight, llamaHidden } from './llama.ts';
 import type { LoraConfig } from './lora.ts';
 import { Params, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT } from './params.ts';
@@ -15,7 +15,9 @@ export interface CausalLMInputs {
   /** `[batch, seq]` int64. */
   inputIds: Tensor;
   /** `[batch, seq]` 1 for real tokens, 0 for padding (int64, bool or float); left or right padding. */
-  attentionMask: Tensor;
+  attentionMask?: Tensor;
+  /** Packed rows (src/train/batch.ts): `[batch, seq]` int64 positions and segments instead of a mask. */
+  packed?: { positionIds: Tensor; segmentIds: Tensor };
 }
 
 export interface CausalLMOptions {
@@ -52,7 +54,12 @@ export function buildCausalLM(g: Graph, config: ModelConfig, params: Map<string,
   const dtype = embed.dtype as FloatDType;
   if (dtype !== 'float32' && dtype !== 'float64') throw new Error(`model parameters must be float32 or float64, got ${dtype}`);
   if (opts.batch && (opts.batch.ids !== inputs.inputIds || opts.batch.dtype !== dtype)) throw new Error('buildCausalLM: opts.batch belongs to other inputs');
-  const bi = opts.batch ?? batchIndex(g, inputs.inputIds, inputs.attentionMask, dtype);
+  const indexOf = (): BatchIndex => {
+    if (inputs.packed) return packedBatchIndex(g, inputs.inputIds, inputs.packed.positionIds, inputs.packed.segmentIds, dtype);
+    if (!inputs.attentionMask) throw new Error('buildCausalLM: an attention mask or packed positions and segments are needed');
+    return batchIndex(g, inputs.inputIds, inputs.attentionMask, dtype);
+  };
+  const bi = opts.batch ?? indexOf();
   const hidden = config.model_type === 'gpt2' ? gpt2Hidden(g, config, P, bi) : llamaHidden(g, config, P, bi);
   const headWeight = config.model_type === 'gpt2' ? gpt2HeadWeight(config, P) : llamaHeadWeight(config, P);
   let logits: Tensor | undefined;

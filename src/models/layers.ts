@@ -73,6 +73,33 @@ export function batchIndex(g: Graph, inputIds: Tensor, attentionMask: Tensor, dt
   });
 }
 
+/**
+ * Index tensors of a packed batch (rows of prompt ++ response_1 ++ response_2 ++ …, see
+ * src/train/batch.ts): positions are given, and query t may attend key s when s ≤ t, s is not a pad,
+ * and s is in the prompt or in t's own response (`segmentIds`: 0 pad, 1 prompt, 2 + k response k).
+ * Every query row keeps at least its own position (or, for pads, the prompt) unmasked or falls back
+ * to the finite MASK_VALUE rows as in `batchIndex`.
+ */
+export function packedBatchIndex(g: Graph, inputIds: Tensor, positionIds: Tensor, segmentIds: Tensor, dtype: FloatDType): BatchIndex {
+  if (inputIds.dtype !== 'int64' || positionIds.dtype !== 'int64' || segmentIds.dtype !== 'int64') throw new Error('input_ids, position_ids and segment_ids must be int64');
+  if (inputIds.shape?.length !== 2) throw new Error('input_ids must have shape [batch, seq]');
+  const [B, T] = inputIds.shape;
+  const N = mulDims(B, T);
+  return g.scope('batch', () => {
+    const seqLen = g.squeeze(g.dim(inputIds, 1), [0]);
+    const idx = g.op('Range', [g.scalar(0, 'int64'), seqLen, g.scalar(1, 'int64')], {}, [{ dtype: 'int64', shape: [T] }])[0];
+    const causal = g.lessOrEqual(g.unsqueeze(idx, [0]), g.unsqueeze(idx, [1])); // [T, T]: key ≤ query
+    const segK = g.unsqueeze(segmentIds, [1, 2]); // [B, 1, 1, T]
+    const segQ = g.unsqueeze(segmentIds, [1, 3]); // [B, 1, T, 1]
+    const keyReal = g.not(g.equal(segK, g.scalar(0, 'int64')));
+    const visible = g.or(g.equal(segK, g.scalar(1, 'int64')), g.equal(segK, segQ)); // prompt or own segment
+    const allowed = g.and(causal, g.and(keyReal, visible)); // [B, 1, T, T]
+    const mask = g.where(allowed, g.scalar(0, dtype), g.scalar(MASK_VALUE, dtype));
+    const flatIds = reshapeTo(g, inputIds, [-1], [N]);
+    return { dtype, B, T, N, ids: inputIds, flatIds, positions: positionIds, mask, shapeBT: g.shapeOf(inputIds) };
+  });
+}
+
 /** LoRA adapter of one projection: y += scale · (x Aᵀ) Bᵀ with A `[r, in]`, B `[out, r]`. */
 export interface Adapter {
   A: Tensor;

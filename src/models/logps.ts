@@ -51,13 +51,7 @@ export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts:
     const scored = g.not(g.equal(flatCounted, 0)); // [N]
     const M = 'scored';
     const rowsIdx = reshapeTo(g, g.op('NonZero', [scored], {}, [{ dtype: 'int64', shape: [1, M] }])[0], [-1], [M]);
-    const h = g.gather(model.hidden, rowsIdx, 0); // [M, D]
-    const logits = lmHead(g, h, model.headWeight); // [M, V]
-    const rows = g.gather(model.headWeight, g.gather(targets, rowsIdx, 0), 0); // [M, D]
-    const picked = g.reduceSum(g.mul(h, rows), [1], false); // [M]
-    const m = g.stopGradient(g.reduceMax(logits, [1], true)); // [M, 1]
-    const lse = g.add(reshapeTo(g, m, [-1], [M]), g.log(g.reduceSum(g.exp(g.sub(logits, m)), [1], false)));
-    const lp = g.sub(picked, lse); // [M]
+    const lp = rowLogps(g, model, rowsIdx, g.gather(targets, rowsIdx, 0), M);
     // Back to [N]: slot 0 holds a zero for unscored positions, a scored one reads its rank 1..M.
     const padded = g.concat([g.constant([0], bi.dtype, [1]), lp], 0); // [M + 1]
     const ranks = g.range(1, g.add(g.squeeze(g.shapeOf(rowsIdx), [0]), 1), 1); // [M]: 1..M
@@ -71,6 +65,34 @@ export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts:
       out.tokenLogps = g.op('Concat', [zeros, body], { axis: { kind: 'int', value: 1 } }, [{ dtype: bi.dtype, shape }])[0];
     }
     return out;
+  });
+}
+
+/**
+ * `[M]` log p(target[m] | hidden row index[m]): the head over the M gathered rows only, the target
+ * logit from gathered head rows, and the log-sum-exp with the row max held constant (module comment).
+ */
+function rowLogps(g: Graph, model: CausalLM, index: Tensor, target: Tensor, M: string): Tensor {
+  const h = g.gather(model.hidden, index, 0); // [M, D]
+  const logits = lmHead(g, h, model.headWeight); // [M, V]
+  const rows = g.gather(model.headWeight, target, 0); // [M, D]
+  const picked = g.reduceSum(g.mul(h, rows), [1], false); // [M]
+  const m = g.stopGradient(g.reduceMax(logits, [1], true)); // [M, 1]
+  const lse = g.add(reshapeTo(g, m, [-1], [M]), g.log(g.reduceSum(g.exp(g.sub(logits, m)), [1], false)));
+  return g.sub(picked, lse);
+}
+
+/**
+ * Sequence log-probs of a packed batch (src/train/batch.ts): the scored positions are listed
+ * (`scoreIndex [M]` into the flattened rows, `scoreTarget [M]` the predicted token) and
+ * `scoreSelect [S, M]` (0/1) sums them into the S sequences. Same results as `sequenceLogps` on the
+ * unpacked sequences.
+ */
+export function scoredLogps(g: Graph, model: CausalLM, scoreIndex: Tensor, scoreTarget: Tensor, scoreSelect: Tensor): SequenceLogps {
+  return g.scope('logps', () => {
+    const lp = rowLogps(g, model, scoreIndex, scoreTarget, 'scored');
+    const logp = g.matmul(scoreSelect, g.unsqueeze(lp, [1])); // [S, 1]
+    return { logp: g.squeeze(logp, [1]), tokens: g.reduceSum(scoreSelect, [1], false) };
   });
 }
 

@@ -6,6 +6,17 @@
  * pairwise `[chosen_1..chosen_B, rejected_1..rejected_B]`, listwise `[y_1,1..y_1,K, y_2,1..]` (row-major
  * [B, K]), single `[y_1..y_B]` (followed by KTO's mismatched `[y'_1..y'_B]` when `kl` is on), so
  * per-sequence log-probs reshape straight into the loss's inputs.
+ *
+ * Shared prompts (`packed`, pairwise and listwise): the responses of one example share its prompt, so
+ * they are laid out in one row, prompt ++ response_1 ++ response_2 ++ …, and the prompt is computed
+ * once instead of once per response. A token attends to the prompt and to the earlier tokens of its
+ * own response (`segment_ids`: 0 pad, 1 prompt, 2 + k response k), and its rotary or learned position
+ * is the one it has in its own unpacked sequence (`position_ids`). Each counted token is predicted
+ * from the position before it in its own sequence — the last prompt position for a response's first
+ * token, which is why a position can be scored more than once — so the scored positions are listed
+ * (`score_index` into the flattened rows, `score_target` the token) and `score_select [S, M]` sums
+ * them into the S sequences of the layout above. Sequence log-probs, token counts and every loss
+ * input are the same as unpacked; the work per step drops by the repeated prompts.
  */
 import type { Kind } from '../../datasets/schema.ts';
 import { toOrt, type Feeds } from '../runtime/session.ts';
@@ -23,16 +34,20 @@ export interface CollateOptions {
   valueIndex?: boolean;
   /** Single-trajectory: add each row's mismatched sequence (prompt_i, klResponseIds_i) for KTO's KL estimate. */
   kl?: boolean;
+  /** Pairwise and listwise: one row per example, its prompt shared by its responses (see above). */
+  packed?: boolean;
 }
 
 export interface Collated {
   feeds: Feeds;
-  /** Number of sequences (rows of input_ids). */
+  /** Number of sequences (rows of input_ids unpacked; packed, sequences of the layout). */
   sequences: number;
-  /** Padded sequence length. */
+  /** Padded row length. */
   length: number;
-  /** Real (non-pad) tokens in the batch. */
+  /** Real tokens of the batch's sequences, prompt + response each (a shared prompt counts per response). */
   tokens: number;
+  /** Tokens the model actually runs over (= tokens unless packed). */
+  computed: number;
   /** List width (listwise). */
   k: number;
 }
@@ -59,8 +74,78 @@ function sequences(kind: Kind, rows: TokenizedExample[], kl = false): { prompt: 
   })];
 }
 
+/** Kinds whose examples have several responses to one prompt, which a packed batch shares. */
+export function canPack(kind: Kind, kl = false): boolean {
+  return (kind === 'pairwise' || kind === 'listwise') && !kl;
+}
+
+/** The model tensors of a packed batch (see the module comment); `seqIndex(i, k)` places response k of row i. */
+function packRows(rows: TokenizedExample[], K: number, seqIndex: (i: number, k: number) => number, o: CollateOptions): { feeds: Feeds; length: number; computed: number } {
+  const G = rows.length;
+  const maxLen = Math.max(2, ...rows.map((r) => r.promptIds.length + r.responseIds.reduce((n, x) => n + x.length, 0)));
+  const L = roundUp(maxLen, o.padTo);
+  const ids = new BigInt64Array(G * L).fill(BigInt(o.padId));
+  const pos = new BigInt64Array(G * L);
+  const seg = new BigInt64Array(G * L);
+  const scoreIndex: number[] = [];
+  const scoreTarget: number[] = [];
+  const scoreSeq: number[] = [];
+  let computed = 0;
+  rows.forEach((r, i) => {
+    const base = i * L;
+    const P = r.promptIds.length;
+    r.promptIds.forEach((id, t) => {
+      ids[base + t] = BigInt(id);
+      pos[base + t] = BigInt(t);
+      seg[base + t] = 1n;
+    });
+    let at = P;
+    r.responseIds.forEach((resp, k) => {
+      resp.forEach((id, j) => {
+        ids[base + at + j] = BigInt(id);
+        pos[base + at + j] = BigInt(P + j);
+        seg[base + at + j] = BigInt(2 + k);
+        // Predicted from the previous token of its own sequence; position 0 of a sequence has none.
+        const from = j > 0 ? at + j - 1 : P - 1;
+        if (from < 0) return;
+        scoreIndex.push(base + from);
+        scoreTarget.push(id);
+        scoreSeq.push(seqIndex(i, k));
+      });
+      at += resp.length;
+    });
+    computed += at;
+  });
+  const S = rows.length * K;
+  const M = scoreIndex.length;
+  const F = o.dtype === 'float32' ? Float32Array : Float64Array;
+  const select = new F(S * M);
+  scoreSeq.forEach((s, m) => (select[s * M + m] = 1));
+  const feeds: Feeds = {
+    input_ids: toOrt('int64', ids, [G, L]),
+    position_ids: toOrt('int64', pos, [G, L]),
+    segment_ids: toOrt('int64', seg, [G, L]),
+    score_index: toOrt('int64', BigInt64Array.from(scoreIndex, BigInt), [M]),
+    score_target: toOrt('int64', BigInt64Array.from(scoreTarget, BigInt), [M]),
+    score_select: toOrt(o.dtype, select, [S, M]),
+  };
+  return { feeds, length: L, computed };
+}
+
 export function collate(rows: TokenizedExample[], o: CollateOptions): Collated {
+  if (o.packed && !canPack(o.kind, o.kl)) throw new Error(`collate: ${o.kind}${o.kl ? ' (with KL pairs)' : ''} batches cannot share prompts`);
   const seqs = sequences(o.kind, rows, o.kl);
+  const N = seqs.length;
+  const B = rows.length;
+  const K = o.kind === 'listwise' ? N / B : o.kind === 'pairwise' ? 2 : o.kl ? 2 : 1;
+  const tokens = seqs.reduce((n, s) => n + s.prompt.length + s.response.length, 0);
+  const packed = o.packed ? packRows(rows, K, (i, k) => (o.kind === 'pairwise' ? k * B + i : i * K + k), o) : null;
+  const { feeds, length: T } = packed ?? padSequences(seqs, o);
+  return { ...finish(rows, feeds, N, K, o), sequences: N, length: T, tokens, computed: packed?.computed ?? tokens, k: K };
+}
+
+/** The model tensors of an unpacked batch: one right-padded row per sequence. */
+function padSequences(seqs: { prompt: number[]; response: number[] }[], o: CollateOptions): { feeds: Feeds; length: number } {
   const N = seqs.length;
   const maxLen = Math.max(2, ...seqs.map((s) => s.prompt.length + s.response.length));
   const T = roundUp(maxLen, o.padTo);
@@ -68,7 +153,6 @@ export function collate(rows: TokenizedExample[], o: CollateOptions): Collated {
   const attn = new BigInt64Array(N * T);
   const F = o.dtype === 'float32' ? Float32Array : Float64Array;
   const lossMask = new F(N * T);
-  let tokens = 0;
   seqs.forEach((s, n) => {
     const base = n * T;
     const all = [...s.prompt, ...s.response];
@@ -77,15 +161,19 @@ export function collate(rows: TokenizedExample[], o: CollateOptions): Collated {
       attn[base + t] = 1n;
     }
     for (let t = s.prompt.length; t < all.length; t++) lossMask[base + t] = 1;
-    tokens += all.length;
   });
   const feeds: Feeds = {
     input_ids: toOrt('int64', ids, [N, T]),
     attention_mask: toOrt('int64', attn, [N, T]),
     loss_mask: toOrt(o.dtype, lossMask, [N, T]),
   };
+  return { feeds, length: T };
+}
+
+/** The per-row and per-sequence inputs of the losses, the same in both layouts. */
+function finish(rows: TokenizedExample[], feeds: Feeds, N: number, K: number, o: CollateOptions): { feeds: Feeds } {
   const B = rows.length;
-  const K = o.kind === 'listwise' ? N / B : o.kind === 'pairwise' ? 2 : o.kl ? 2 : 1;
+  const F = o.dtype === 'float32' ? Float32Array : Float64Array;
   const perRow = (f: (ex: TokenizedExample, i: number) => number) => toOrt(o.dtype, F.from(rows.map(f)), [B]);
   feeds.weight = perRow((r) => r.src.weight ?? 1);
   if (o.refLogps) {
@@ -136,5 +224,5 @@ export function collate(rows: TokenizedExample[], o: CollateOptions): Collated {
       feeds.value_index = toOrt('int64', BigInt64Array.from(rows.map((r) => BigInt(Math.max(0, r.promptIds.length - 1)))), [B]);
     }
   }
-  return { feeds, sequences: N, length: T, tokens, k: K };
+  return { feeds };
 }

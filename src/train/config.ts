@@ -56,6 +56,11 @@ export interface TrainConfig {
   lora_target_modules: string;
   /** Recompute reference log-probs every step instead of caching them once. */
   ref_on_the_fly: boolean;
+  /**
+   * Pairwise and listwise data: run each prompt once per example, shared by its responses (same
+   * log-probs and gradients as one sequence per response, less work). false: one sequence per response.
+   */
+  share_prompt: boolean;
   /** Save the final weights as F32 or BF16. */
   save_dtype: 'F32' | 'BF16';
   device: 'cpu' | 'cuda';
@@ -92,6 +97,7 @@ export const DEFAULT_CONFIG: TrainConfig = {
   lora_alpha: 16,
   lora_target_modules: 'q_proj,v_proj',
   ref_on_the_fly: false,
+  share_prompt: true,
   save_dtype: 'F32',
   device: 'cpu',
   threads: 0,

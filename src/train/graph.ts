@@ -12,8 +12,9 @@ import type { Graph, Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
-import { sequenceLogps } from '../models/logps.ts';
+import { scoredLogps, sequenceLogps } from '../models/logps.ts';
 import { modelParamSpecs } from './run.ts';
+import { canPack } from './batch.ts';
 
 export interface TrainProblem {
   config: ModelConfig;
@@ -27,19 +28,29 @@ export interface TrainProblem {
   dataKeys: Set<string>;
   /** KTO: the batch also holds each row's mismatched sequence for the KL estimate. */
   kl?: boolean;
+  /** Pairwise and listwise: each example's responses share one computed prompt (src/train/batch.ts). */
+  packed?: boolean;
 }
 
 const F = 'float32' as const;
 
 /** Names the loss reads that the batch (rather than the model) provides, by kind. */
 export function batchInputSpecs(p: TrainProblem): BatchInputSpec[] {
-  const specs: BatchInputSpec[] = [
-    { name: 'input_ids', dtype: 'int64', shape: ['seqs', 'len'] },
-    { name: 'attention_mask', dtype: 'int64', shape: ['seqs', 'len'] },
-    { name: 'loss_mask', dtype: F, shape: ['seqs', 'len'] },
-    { name: 'ref_logps', dtype: F, shape: ['seqs'] },
-    { name: 'weight', dtype: F, shape: ['rows'] },
-  ];
+  const model: BatchInputSpec[] = p.packed
+    ? [
+        { name: 'input_ids', dtype: 'int64', shape: ['rows', 'len'] },
+        { name: 'position_ids', dtype: 'int64', shape: ['rows', 'len'] },
+        { name: 'segment_ids', dtype: 'int64', shape: ['rows', 'len'] },
+        { name: 'score_index', dtype: 'int64', shape: ['scored'] },
+        { name: 'score_target', dtype: 'int64', shape: ['scored'] },
+        { name: 'score_select', dtype: F, shape: ['seqs', 'scored'] },
+      ]
+    : [
+        { name: 'input_ids', dtype: 'int64', shape: ['seqs', 'len'] },
+        { name: 'attention_mask', dtype: 'int64', shape: ['seqs', 'len'] },
+        { name: 'loss_mask', dtype: F, shape: ['seqs', 'len'] },
+      ];
+  const specs: BatchInputSpec[] = [...model, { name: 'ref_logps', dtype: F, shape: ['seqs'] }, { name: 'weight', dtype: F, shape: ['rows'] }];
   const perRow = (name: string) => specs.push({ name, dtype: F, shape: ['rows'] });
   if (p.kind === 'pairwise') {
     for (const k of ['chosen_scores', 'rejected_scores', 'chosen_probs', 'rejected_probs']) if (p.dataKeys.has(k)) perRow(k);
@@ -94,6 +105,7 @@ function lossInputs(g: Graph, p: TrainProblem, logp: Tensor, tokens: Tensor, bat
 }
 
 export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, optimizer: OptimizerConfig): ArtifactSpec {
+  if (p.packed && (!canPack(p.kind, p.kl) || p.valueHead)) throw new Error(`buildSpec: ${p.kind} batches${p.kl ? ' with KL pairs' : ''}${p.valueHead ? ' with a value head' : ''} cannot share prompts`);
   return {
     params: modelParamSpecs(p.config, weights, p.lora, p.valueHead),
     batchInputs: batchInputSpecs(p),
@@ -102,6 +114,13 @@ export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, op
     modelConfig: p.config,
     buildForward(g, params, batch, mode) {
       const paramMap = new Map(Object.entries(params));
+      if (p.packed) {
+        const model = buildCausalLM(g, p.config, paramMap, { inputIds: batch.input_ids, packed: { positionIds: batch.position_ids, segmentIds: batch.segment_ids } }, { lora: p.lora });
+        const { logp, tokens } = scoredLogps(g, model, batch.score_index, batch.score_target, batch.score_select);
+        if (mode === 'eval') return { outputs: { logp, tokens } };
+        const r = g.scope('loss', () => p.loss.emit(g, lossInputs(g, p, logp, tokens, batch, null), p.kind));
+        return { loss: r.loss, metrics: r.metrics };
+      }
       const model = buildCausalLM(g, p.config, paramMap, { inputIds: batch.input_ids, attentionMask: batch.attention_mask }, { lora: p.lora });
       const { logp, tokens } = sequenceLogps(g, model, batch.loss_mask);
       const values = p.valueHead && batch.value_index ? valueHead(g, model, paramMap, batch.value_index) : null;

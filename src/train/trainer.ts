@@ -30,7 +30,8 @@ import type { RuntimeOptions } from '../runtime/session.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
 import { currentWeights as artifactWeights, loraOf, optimizerOf, runtimeOf, saveModelFolder, writeJsonAtomic } from './run.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from './data.ts';
-import { collate } from './batch.ts';
+import { canPack, collate } from './batch.ts';
+import { readManifest } from '../artifacts/manifest.ts';
 import { readRefColumns, writeRefColumns } from '../../datasets/tokenized.ts';
 import { buildSpec, type TrainProblem } from './graph.ts';
 import { resolveLoss } from '../../losses/index.ts';
@@ -152,7 +153,10 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       r.klResponseIds = other.slice(0, Math.max(1, config.max_length - r.promptIds.length));
     });
   }
-  const problem: TrainProblem = { config: base.config, kind, loss, lora, kl, valueHead: valueHeadOn, dataKeys };
+  // A resumed run keeps the batch layout its artifacts were built with.
+  const builtWith = resuming ? readBuiltLayout(join(run, 'artifacts')) : null;
+  const packed = builtWith ?? (config.share_prompt && canPack(kind, kl) && !valueHeadOn);
+  const problem: TrainProblem = { config: base.config, kind, loss, lora, kl, valueHead: valueHeadOn, dataKeys, packed };
 
   // Reference log-probs: computed once from the reference weights (LoRA off) and cached in the run.
   const refFile = join(run, 'data', 'reference.parquet');
@@ -271,6 +275,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
         refLogps: (ex) => refOf.get(ex)!,
         valueIndex: valueHeadOn,
         kl,
+        packed,
       });
       if (step === fault) (c.feeds.ref_logps.data as Float32Array).fill(NaN);
       // The last micro-batch applies the update (one fused graph run when nothing was accumulated);
@@ -340,4 +345,10 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     writeFileSync(metricsFile, JSON.stringify({ step: totalSteps, split: 'eval', ...evalSummary.overall }) + '\n', { flag: 'a' });
   }
   return { steps: totalSteps, seconds: (Date.now() - t0) / 1000, finalDir, config, last, eval: evalSummary };
+}
+
+/** Whether the artifacts in `dir` take packed (shared-prompt) batches; null when there are none yet. */
+function readBuiltLayout(dir: string): boolean | null {
+  if (!existsSync(join(dir, 'artifacts.json'))) return null;
+  return readManifest(dir).batchInputs.some((b) => b.name === 'segment_ids');
 }

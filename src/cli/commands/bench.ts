@@ -36,6 +36,8 @@ export interface BenchOptions {
   runtime: RuntimeOptions;
   /** Skip the MatMul peak measurement (mfu is then null). */
   skipPeak?: boolean;
+  /** Run each pair's prompt once for both responses (the trainer's default); false: one sequence per response. */
+  sharePrompt?: boolean;
   progress?: boolean;
 }
 
@@ -44,6 +46,10 @@ export interface BenchResult {
   params: number;
   matmul_params: number;
   tokens_per_step: number;
+  /** Whether each pair's prompt ran once for both responses (false: once per response, as TRL does). */
+  share_prompt: boolean;
+  /** Tokens the model ran over per step: tokens_per_step less the repeated prompts when shared. */
+  computed_tokens_per_step: number;
   threads: number | null;
   tokens_per_s: number;
   seconds_per_step: number;
@@ -112,32 +118,35 @@ export interface BenchSetup {
   initial: Map<string, TypedArray>;
   rows: TokenizedExample[];
   padId: number;
+  /** The artifacts take packed batches (collate with `packed: true`). */
+  packed: boolean;
 }
 
 /** The bench's model, batch rows and DPO training artifacts, written under `dir`. */
-export function prepareBench(dir: string, preset: 'tiny' | 'small', pairs: number, seqLen: number): BenchSetup {
+export function prepareBench(dir: string, preset: 'tiny' | 'small', pairs: number, seqLen: number, sharePrompt = true): BenchSetup {
   // The model init-model writes (same tokenizer, config and seed), kept in memory.
   const tok = writeTokenizer(path.join(dir, 'tokenizer'));
   const config = presetConfig('llama', preset, { vocabSize: preset === 'tiny' ? tok.vocabSize : undefined, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId }) as LlamaConfig;
   const weights = initWeights(config, 0);
-  const problem = { config, kind: 'pairwise' as const, loss: resolveLoss('dpo'), lora: null, valueHead: false, dataKeys: new Set<string>() };
+  const problem = { config, kind: 'pairwise' as const, loss: resolveLoss('dpo'), lora: null, valueHead: false, dataKeys: new Set<string>(), packed: sharePrompt };
   const spec = buildSpec(problem, weights, { type: 'adamw', betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0, maxGradNorm: 1 });
   // No initial checkpoint on disk: the weights go straight into the runner's store.
   const initial = new Map(spec.params.map((p) => [p.name, p.data!]));
   spec.params = spec.params.map((p) => ({ ...p, data: undefined }));
   const artDir = path.join(dir, 'artifacts');
   buildArtifacts(spec, artDir);
-  return { config, params: countParameters(config), artDir, initial, rows: benchPairs(config.vocab_size, pairs, seqLen), padId: tok.padId };
+  return { config, params: countParameters(config), artDir, initial, rows: benchPairs(config.vocab_size, pairs, seqLen), padId: tok.padId, packed: sharePrompt };
 }
 
 async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void): Promise<BenchResult> {
   log(`llama ${o.preset}: building the model and its training artifacts`);
-  const { config, params, artDir, initial, rows, padId } = prepareBench(dir, o.preset, o.pairs, o.seqLen);
+  const sharePrompt = o.sharePrompt ?? true;
+  const { config, params, artDir, initial, rows, padId } = prepareBench(dir, o.preset, o.pairs, o.seqLen, sharePrompt);
   const art = await TrainingArtifacts.load(artDir, o.runtime, { checkpoint: false });
   for (const [name, data] of initial) art.setParam(name, data);
   initial.clear();
 
-  const collateOpts = { kind: 'pairwise' as const, padTo: 64, padId, dtype: 'float32' as const };
+  const collateOpts = { kind: 'pairwise' as const, padTo: 64, padId, dtype: 'float32' as const, packed: sharePrompt };
   const c0 = collate(rows, collateOpts);
   const evalRuns = Math.max(2, Math.min(o.steps, 5));
   const evalTimes: number[] = [];
@@ -151,7 +160,8 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
   // Reference log-probs = the starting policy's, in collate's response-major layout.
   const batch = collate(rows, { ...collateOpts, refLogps: (_, i) => [ref![i], ref![o.pairs + i]] });
   const tokens = batch.tokens;
-  log(`${params.toLocaleString('en-US')} parameters; eval ${(tokens / median(evalTimes)).toFixed(0)} tokens/s; ${o.warmup} warm-up + ${o.steps} timed steps of ${batch.sequences}×${batch.length} tokens`);
+  const layout = sharePrompt ? `${o.pairs} rows of prompt + 2 responses (${batch.computed} tokens computed)` : `${batch.sequences}×${batch.length} tokens`;
+  log(`${params.toLocaleString('en-US')} parameters; eval ${(tokens / median(evalTimes)).toFixed(0)} tokens/s; ${o.warmup} warm-up + ${o.steps} timed steps of ${tokens} tokens: ${layout}`);
 
   const progress = new Progress('bench', o.warmup + o.steps, { quiet: !o.progress, plainEverySeconds: 0 });
   const stepTimes: number[] = [];
@@ -171,7 +181,8 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
   await art.release();
 
   const perStep = median(stepTimes);
-  const { flops, matmulParams } = stepFlops(config, tokens, batch.length);
+  // The nominal count of the step as one sequence per response: the same for both layouts and engines.
+  const { flops, matmulParams } = stepFlops(config, tokens, o.seqLen);
   let peak: number | null = null;
   if (!o.skipPeak) {
     log('measuring the MatMul peak');
@@ -183,6 +194,8 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
     params,
     matmul_params: matmulParams,
     tokens_per_step: tokens,
+    share_prompt: sharePrompt,
+    computed_tokens_per_step: batch.computed,
     threads: o.runtime.threads ?? null,
     tokens_per_s: round(tokens / perStep, 1),
     seconds_per_step: round(perStep, 3),
@@ -215,8 +228,9 @@ export function register(program: Command): void {
     .option('--threads <n>', 'intra-op threads (default: ONNX Runtime picks one per core)')
     .option('--opt-level <level>', 'graph optimisation level: disabled, basic, extended or all (default extended)')
     .option('--no-peak', 'skip the MatMul peak measurement')
+    .option('--no-share-prompt', "one sequence per response, each computing its prompt (the trainer's share_prompt=false)")
     .option('--json', 'print one JSON line')
-    .action(async (o: { preset: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; json?: boolean }) => {
+    .action(async (o: { preset: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; json?: boolean }) => {
       if (o.preset !== 'tiny' && o.preset !== 'small') throw new UserError(`--preset: "${o.preset}" is not one of tiny, small`);
       const levels = ['disabled', 'basic', 'extended', 'all'];
       if (o.optLevel !== undefined && !levels.includes(o.optLevel)) throw new UserError(`--opt-level: "${o.optLevel}" is not one of ${levels.join(', ')}`);
@@ -230,6 +244,7 @@ export function register(program: Command): void {
         seqLen,
         runtime: { threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1), optLevel: o.optLevel as OptLevel | undefined },
         skipPeak: !o.peak,
+        sharePrompt: o.sharePrompt,
         progress: true,
       });
       if (o.json) {
@@ -238,7 +253,7 @@ export function register(program: Command): void {
       }
       const lines: [string, string][] = [
         ['model', `llama ${r.preset}, ${r.params.toLocaleString('en-US')} parameters (${r.matmul_params.toLocaleString('en-US')} in matmuls)`],
-        ['batch', `${r.tokens_per_step} tokens per step`],
+        ['batch', `${r.tokens_per_step} tokens per step (${r.share_prompt ? `prompts shared: ${r.computed_tokens_per_step} computed` : 'one sequence per response'})`],
         ['tokens_per_s', String(r.tokens_per_s)],
         ['seconds_per_step', `${r.seconds_per_step} (median of ${r.step_seconds.join(', ')})`],
         ['model_gflop_per_step', String(r.model_gflop_per_step)],
