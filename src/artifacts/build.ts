@@ -26,7 +26,7 @@ import { zerosLike } from '../autodiff/shape.ts';
 import { UserError } from '../cli/errors.ts';
 import { buildOptimizerGraph, defaultDecay, type OptimizerConfig, gradName, gradAccName, stateName } from '../optim/index.ts';
 import { pruneGraph } from './prune.ts';
-import { elideBroadcastExpands, foldOutputIdentities } from './simplify.ts';
+import { elideBroadcastExpands, foldOutputIdentities, foldScatterAddIntoSum, isZeroFill } from './simplify.ts';
 import { fuseOptimizer } from './fuse.ts';
 import { writeCheckpoint, type CheckpointTensor } from './checkpoint.ts';
 import { writeFileAtomic } from './safetensors.ts';
@@ -171,19 +171,12 @@ export function accumulateInto(g: Graph, d: Tensor, acc: Tensor): Tensor {
     }
     const reduction = node.attrs.reduction;
     const zeros = node.op === 'ScatterND' && reduction?.kind === 'string' && reduction.value === 'add' ? g.producer.get(node.inputs[0]) : undefined;
-    if (zeros && zeros.op === 'ConstantOfShape' && readers(node.inputs[0]) === 1 && isZeroFill(zeros)) {
+    if (zeros && isZeroFill(zeros) && readers(node.inputs[0]) === 1) {
       node.inputs[0] = acc.name;
       return d;
     }
   }
   return g.add(d, acc);
-}
-
-/** A ConstantOfShape whose fill value is 0 (the default when no value is given). */
-function isZeroFill(n: Node): boolean {
-  const v = n.attrs.value;
-  if (!v) return true;
-  return v.kind === 'tensor' && Array.from(v.value.data as ArrayLike<number | bigint>).every((x) => Number(x) === 0);
 }
 
 /** Builds the eval graph: forward only, outputs = eval outputs + metrics + loss (when given). */
@@ -215,6 +208,7 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string): ArtifactsMan
   const stepGraph = fuseOptimizer(buildTrainingGraph({ ...spec, gradientAccumulation: false }).graph, opt);
   for (const g of [training.graph, evalGraph, opt.graph, stepGraph]) {
     elideBroadcastExpands(g);
+    foldScatterAddIntoSum(g);
     foldOutputIdentities(g);
   }
   fs.mkdirSync(outDir, { recursive: true });

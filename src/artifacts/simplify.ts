@@ -3,7 +3,7 @@
  * Identity nodes that only rename a result into an output, and Expand nodes whose only readers
  * broadcast anyway. Both leave every computed value unchanged.
  */
-import type { Graph, Node } from '../onnx/graph.ts';
+import { type Graph, type Node, Tensor } from '../onnx/graph.ts';
 import { sameShape } from '../autodiff/shape.ts';
 
 /**
@@ -59,4 +59,58 @@ export function elideBroadcastExpands(g: Graph): void {
     drop.add(n);
   }
   if (drop.size) g.nodes.splice(0, g.nodes.length, ...g.nodes.filter((n) => !drop.has(n)));
+}
+
+/** A ConstantOfShape whose fill value is 0 (the default when no value is given). */
+export function isZeroFill(n: Node): boolean {
+  if (n.op !== 'ConstantOfShape' || n.domain !== '') return false;
+  const v = n.attrs.value;
+  if (!v) return true;
+  return v.kind === 'tensor' && Array.from(v.value.data as ArrayLike<number | bigint>).every((x) => Number(x) === 0);
+}
+
+/**
+ * Sum(x, …, ScatterND(zeros, idx, u, add)) → ScatterND(Sum(x, …), idx, u, add): the scatter-add
+ * starts from the other terms instead of a zero tensor, so the zero fill and one pass of the Sum go
+ * (for a gathered weight that is also a matmul operand, such as the output head whose target rows
+ * are gathered, two parameter-sized passes per step). Only the rounding order of the additions changes.
+ */
+export function foldScatterAddIntoSum(g: Graph): void {
+  const outputs = new Set(g.outputs.map((o) => o.name));
+  const readers = new Map<string, number>();
+  for (const n of g.nodes) for (const i of n.inputs) if (i) readers.set(i, (readers.get(i) ?? 0) + 1);
+  const replace = new Map<Node, Node[]>();
+  const drop = new Set<Node>();
+  for (const sum of g.nodes) {
+    if (sum.op !== 'Sum' || sum.domain !== '' || sum.inputs.length < 2) continue;
+    const at = sum.inputs.findIndex((name) => {
+      const s = g.producer.get(name);
+      const reduction = s?.attrs.reduction;
+      if (!s || s.op !== 'ScatterND' || s.domain !== '' || drop.has(s) || reduction?.kind !== 'string' || reduction.value !== 'add') return false;
+      const zeros = g.producer.get(s.inputs[0]);
+      return !!zeros && isZeroFill(zeros) && readers.get(s.inputs[0]) === 1 && readers.get(name) === 1 && !outputs.has(name) && sum.inputs.indexOf(name) === sum.inputs.lastIndexOf(name);
+    });
+    if (at < 0) continue;
+    const scatter = g.producer.get(sum.inputs[at])!;
+    const zeros = g.producer.get(scatter.inputs[0])!;
+    const rest = sum.inputs.filter((_, i) => i !== at);
+    const out = sum.outputs[0];
+    const nodes: Node[] = [];
+    let start = rest[0];
+    if (rest.length > 1) {
+      const t = g.tensor(out);
+      start = `${out}/terms`;
+      nodes.push({ ...sum, name: `${sum.name}/terms`, inputs: rest, outputs: [start] });
+      g.values.set(start, new Tensor(g, start, t.dtype, t.shape));
+    }
+    const moved: Node = { ...scatter, inputs: [start, scatter.inputs[1], scatter.inputs[2]], outputs: [out] };
+    nodes.push(moved);
+    replace.set(sum, nodes);
+    drop.add(scatter).add(zeros);
+    g.values.delete(scatter.outputs[0]);
+    g.producer.delete(scatter.outputs[0]);
+    for (const n of nodes) for (const o of n.outputs) g.producer.set(o, n);
+  }
+  if (!replace.size) return;
+  g.nodes.splice(0, g.nodes.length, ...g.nodes.flatMap((n) => (drop.has(n) ? [] : replace.get(n) ?? [n])));
 }

@@ -1,17 +1,19 @@
 /**
  * The machine's float32 MatMul throughput through ONNX Runtime: the denominator of model FLOP
  * utilisation. A square product large enough that packing and threading overheads are small;
- * operands are graph inputs (no constant folding) and the median of repeated runs is reported.
+ * operands are graph inputs (no constant folding). The peak is the fastest of the timed runs: other
+ * work on the machine only ever slows a run, so the fastest is the best estimate of what the engine
+ * can do (a median taken while another job ran once halved the figure and doubled every MFU).
  */
 import { Graph } from '../onnx/graph.ts';
 import { serializeModel } from '../onnx/proto.ts';
 import { type RuntimeOptions, Session, toOrt } from './session.ts';
 
 export interface MatmulPeak {
-  /** Median GFLOP/s over the timed runs (2·n³ flops per run). */
+  /** The peak: GFLOP/s of the fastest timed run (2·n³ flops per run). */
   gflops: number;
-  /** Best run, GFLOP/s. */
-  best: number;
+  /** Median over the timed runs, GFLOP/s (lower when the machine is busy). */
+  median: number;
   n: number;
   runs: number;
 }
@@ -33,5 +35,5 @@ export async function measureMatmulPeak(runtime: RuntimeOptions = {}, o: { n?: n
   }
   await session.release();
   rates.sort((a, b) => a - b);
-  return { gflops: rates[Math.floor(runs / 2)], best: rates[runs - 1], n, runs };
+  return { gflops: rates[runs - 1], median: rates[Math.floor(runs / 2)], n, runs };
 }
