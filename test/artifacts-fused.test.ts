@@ -54,8 +54,8 @@ describe('fused training step', () => {
   it('keeps parameters, optimizer state and the step count when the loss is not finite', async () => {
     const dir = join(root, 'nan');
     buildArtifacts(mlpSpec({ hidden: 4, dtype: 'float32', seed: 4, optimizer: { type: 'adamw' } }), dir);
-    for (const mode of ['adopt', 'preallocated'] as const) {
-      const art = await TrainingArtifacts.load(dir, {}, { outputMode: mode });
+    for (const [mode, update] of [['adopt', 'graph'], ['preallocated', 'graph'], ['adopt', 'host']] as const) {
+      const art = await TrainingArtifacts.load(dir, {}, { outputMode: mode, update });
       await art.trainStep(batchFeeds(data, 'float32', idx), { lr: 0.01 });
       const before = new Map(art.store.names().filter((n) => !n.startsWith('grad.')).map((n) => [n, Float32Array.from(art.store.data(n) as Float32Array)]));
       const bad = batchFeeds(data, 'float32', idx);
@@ -75,7 +75,8 @@ describe('fused training step', () => {
   it('trains the bench llama (DPO, float32) like the two-graph path', async () => {
     const setup = prepareBench(join(root, 'llama'), 'tiny', 2, 16);
     const load = async () => {
-      const art = await TrainingArtifacts.load(setup.artDir, {}, { checkpoint: false });
+      const art = await TrainingArtifacts.load(setup.artDir, {}, { checkpoint: false, update: 'graph' });
+      expect(art.updater).toBe('graph');
       for (const [name, value] of setup.initial) art.setParam(name, value);
       return art;
     };
@@ -99,5 +100,54 @@ describe('fused training step', () => {
     // Three AdamW steps of size ≤ lr: the runs agree far below one step.
     expect(worst).toBeLessThan(1e-5);
     await Promise.all([fused.release(), split.release()]);
+  });
+
+  it('the in-process AdamW update trains the bench llama like the fused graph', async () => {
+    const setup = prepareBench(join(root, 'llama-host'), 'tiny', 2, 16);
+    const load = async (update: 'graph' | 'host') => {
+      const art = await TrainingArtifacts.load(setup.artDir, {}, { checkpoint: false, update });
+      expect(art.updater).toBe(update);
+      for (const [name, value] of setup.initial) art.setParam(name, value);
+      return art;
+    };
+    const graph = await load('graph');
+    const host = await load('host');
+    const c = collate(setup.rows, { kind: 'pairwise', padTo: 8, padId: setup.padId, dtype: 'float32', refLogps: () => [-40, -41], packed: setup.packed });
+    c.feeds.ref_logps = toOrt('float32', Float32Array.from([-40, -41, -40.5, -41.5]), [4]);
+    for (let s = 0; s < 3; s++) {
+      const a = await graph.trainStep(c.feeds, { lr: 1e-3 });
+      const b = await host.trainStep(c.feeds, { lr: 1e-3 });
+      expect(Math.abs(a.loss - b.loss)).toBeLessThan(1e-5);
+      expect(Math.abs(a.grad_norm - b.grad_norm) / a.grad_norm).toBeLessThan(1e-4);
+    }
+    expect(host.step).toBe(3);
+    let worst = 0;
+    let moved = 0;
+    for (const n of graph.trainableNames) {
+      const x = graph.param(n) as Float32Array;
+      const y = host.param(n) as Float32Array;
+      const start = setup.initial.get(n)!;
+      for (let i = 0; i < x.length; i++) {
+        worst = Math.max(worst, Math.abs(x[i] - y[i]));
+        moved = Math.max(moved, Math.abs(y[i] - Number(start[i])));
+      }
+    }
+    expect(worst).toBeLessThan(1e-5);
+    expect(moved).toBeGreaterThan(1e-3);
+    // Checkpoints hold the same tensors whichever way the update ran.
+    host.saveCheckpoint(join(root, 'host-ckpt'));
+    const back = await TrainingArtifacts.load(setup.artDir, {}, { checkpoint: join(root, 'host-ckpt'), update: 'graph' });
+    for (const n of host.trainableNames) expect(Array.from(back.param(n) as Float32Array)).toEqual(Array.from(host.param(n) as Float32Array));
+    expect(back.step).toBe(3);
+    await Promise.all([graph.release(), host.release(), back.release()]);
+  });
+
+  it('refuses the in-process update where it cannot run, with the reason', async () => {
+    const dir = join(root, 'sgd');
+    buildArtifacts(mlpSpec({ hidden: 4, dtype: 'float32', seed: 4, optimizer: { type: 'sgd' } }), dir);
+    await expect(TrainingArtifacts.load(dir, {}, { update: 'host' })).rejects.toThrow(/cannot run here: optimizer sgd/);
+    const auto = await TrainingArtifacts.load(dir, {});
+    expect(auto.updater).toBe('graph');
+    await auto.release();
   });
 });

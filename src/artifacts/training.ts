@@ -13,12 +13,20 @@ import type { RawTensor } from './safetensors.ts';
 import { safetensorsDtype, readCheckpoint, writeCheckpoint, type CheckpointState, type CheckpointTensor } from './checkpoint.ts';
 import { ARTIFACT_FILES, readManifest, type ArtifactsManifest } from './manifest.ts';
 import type { TypedArray } from '../onnx/dtype.ts';
+import { HostAdamW } from '../optim/host.ts';
 
 export interface LoadOptions {
   /** How graph outputs become the next parameter/state values (see runtime/store.ts); default 'adopt'. */
   outputMode?: OutputMode;
   /** Checkpoint folder to start from; default `<dir>/checkpoint` when it exists; false: start from zeros. */
   checkpoint?: string | false;
+  /**
+   * Where the optimizer update runs. 'graph': the optimizer graph (fused into the step graph when
+   * nothing is accumulated). 'host': in this process, in place (src/optim/host.ts: float32 AdamW on
+   * the CPU; the parameters and moments are never copied out of ONNX Runtime). 'auto' (default):
+   * 'host' when it applies, else 'graph'.
+   */
+  update?: 'auto' | 'graph' | 'host';
 }
 
 export type Metrics = Record<string, number>;
@@ -49,6 +57,8 @@ export class TrainingArtifacts {
     readonly manifest: ArtifactsManifest,
     readonly store: TensorStore,
     private readonly runtime: RuntimeOptions,
+    /** The in-process optimizer, when updates run on the host. */
+    private readonly host: HostAdamW | null,
   ) {
     const dtype = manifest.optimizer.dtype;
     const F = dtype === 'float32' ? Float32Array : Float64Array;
@@ -67,17 +77,19 @@ export class TrainingArtifacts {
   static async load(dir: string, runtime: RuntimeOptions = {}, opts: LoadOptions = {}): Promise<TrainingArtifacts> {
     const manifest = readManifest(dir);
     const store = new TensorStore(opts.outputMode ?? 'adopt');
-    for (const p of manifest.params) store.define(p.name, p.dtype, p.shape);
+    const host = hostOptimizer(manifest, runtime, opts.update ?? 'auto');
+    // With the host optimizer the parameters and moments live in its memory, updated in place.
+    for (const p of manifest.params) store.define(p.name, p.dtype, p.shape, undefined, host && p.trainable ? host.param(p.name) : undefined);
     for (const p of manifest.params.filter((q) => q.trainable)) {
       store.define(gradName(p.name), p.dtype, p.shape);
-      for (const s of manifest.optimizer.stateSlots) store.define(stateName(s, p.name), p.dtype, p.shape);
+      for (const s of manifest.optimizer.stateSlots) store.define(stateName(s, p.name), p.dtype, p.shape, undefined, host ? host.state(s, p.name) : undefined);
     }
     for (const g of [manifest.training, manifest.optimizer, manifest.eval, ...(manifest.step ? [manifest.step] : [])]) {
       if (!fs.existsSync(path.join(dir, g.file))) throw new UserError(`${path.join(dir, g.file)}: not found (the artifacts folder is incomplete; rebuild it)`);
     }
-    const t = new TrainingArtifacts(dir, manifest, store, runtime);
+    const t = new TrainingArtifacts(dir, manifest, store, runtime, host);
     // The graph every step needs fails early here, not at the first step, if it cannot be loaded.
-    await t.session(manifest.step ? manifest.step.file : manifest.training.file);
+    await t.session(manifest.step && !host ? manifest.step.file : manifest.training.file);
     const ckpt = opts.checkpoint ?? path.join(dir, ARTIFACT_FILES.checkpoint);
     if (opts.checkpoint || (ckpt && fs.existsSync(ckpt))) t.loadCheckpoint(ckpt as string);
     return t;
@@ -104,6 +116,11 @@ export class TrainingArtifacts {
       this.zeros.set(key, t);
     }
     return t;
+  }
+
+  /** Where optimizer updates run (see LoadOptions.update). */
+  get updater(): 'graph' | 'host' {
+    return this.host ? 'host' : 'graph';
   }
 
   get paramNames(): string[] {
@@ -169,6 +186,13 @@ export class TrainingArtifacts {
   async optimizerStep(lr: number, opts: { gradScale?: number } = {}): Promise<{ gradNorm: number }> {
     if (this.pending === 0) throw new Error('optimizerStep: no gradients computed since the last update');
     if (!Number.isFinite(lr)) throw new UserError(`learning rate must be finite, got ${lr}`);
+    if (this.host) {
+      const grads = new Map(this.trainable.map((p) => [p, this.store.data(gradName(p)) as Float32Array]));
+      const gradNorm = this.host.update(grads, this.step + 1, lr, opts.gradScale ?? 1 / this.pending);
+      this.step++;
+      this.pending = 0;
+      return { gradNorm };
+    }
     const o = this.manifest.optimizer;
     this.setScalars(lr, opts.gradScale ?? 1 / this.pending);
     const extra: Feeds = { [OPTIM_IO.step]: this.stepT, [OPTIM_IO.lr]: this.lrT, [OPTIM_IO.gradScale]: this.scaleT };
@@ -187,7 +211,7 @@ export class TrainingArtifacts {
    * A step with nothing pending runs the fused graph (forward, backward and update in one run).
    */
   async trainStep(batch: Feeds, opts: { lr: number; accumulate?: boolean }): Promise<Metrics> {
-    if (!opts.accumulate && this.pending === 0 && this.manifest.step) return this.fusedStep(batch, opts.lr);
+    if (!opts.accumulate && this.pending === 0 && this.manifest.step && !this.host) return this.fusedStep(batch, opts.lr);
     const metrics = await this.computeGradients(batch);
     if (opts.accumulate) return metrics;
     if (!Number.isFinite(metrics[this.manifest.training.loss])) {
@@ -261,4 +285,21 @@ export class TrainingArtifacts {
     this.sessions.clear();
     for (const s of open) await (await s).release();
   }
+}
+
+/** The host optimizer for `update` (see LoadOptions), or null for the graph. */
+function hostOptimizer(manifest: ArtifactsManifest, runtime: RuntimeOptions, update: 'auto' | 'graph' | 'host'): HostAdamW | null {
+  if (update === 'graph') return null;
+  const params = manifest.params.filter((p) => p.trainable).map((p) => ({ name: p.name, numel: p.shape.reduce((a, b) => a * b, 1), decay: p.decay }));
+  const why =
+    runtime.ep === 'cuda'
+      ? 'the CUDA provider keeps tensors on the GPU'
+      : manifest.optimizer.dtype !== 'float32' || manifest.params.some((p) => p.trainable && p.dtype !== 'float32')
+        ? 'the parameters are not float32'
+        : HostAdamW.unsupported(params, manifest.optimizer.config);
+  if (why !== null) {
+    if (update === 'host') throw new UserError(`the in-process optimizer update cannot run here: ${why}`);
+    return null;
+  }
+  return HostAdamW.create(params, manifest.optimizer.config);
 }

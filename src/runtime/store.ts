@@ -54,11 +54,15 @@ export class TensorStore {
 
   constructor(readonly mode: OutputMode = 'adopt') {}
 
-  /** Declares an entry of zeros (or a copy of `init`). */
-  define(name: string, dtype: DType, dims: readonly number[], init?: ArrayLike<number> | TypedArray): void {
+  /**
+   * Declares an entry of zeros (or a copy of `init`). `storage`: an array the entry lives in instead
+   * of a new one (in 'adopt' mode it is replaced by the first run that updates the entry).
+   */
+  define(name: string, dtype: DType, dims: readonly number[], init?: ArrayLike<number> | TypedArray, storage?: TypedArray): void {
     if (this.entries.has(name)) throw new Error(`tensor store: ${name} is defined twice`);
     const n = numel(dims);
-    const front = alloc(dtype, n);
+    if (storage && storage.length !== n) throw new Error(`tensor store: ${name} has ${n} elements, its storage ${storage.length}`);
+    const front = storage ?? alloc(dtype, n);
     if (init) {
       if (init.length !== n) throw new Error(`tensor store: ${name} has ${n} elements, got ${init.length} values`);
       (front as Float32Array).set(init as ArrayLike<number>);

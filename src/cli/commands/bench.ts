@@ -38,6 +38,8 @@ export interface BenchOptions {
   skipPeak?: boolean;
   /** Run each pair's prompt once for both responses (the trainer's default); false: one sequence per response. */
   sharePrompt?: boolean;
+  /** Where the AdamW update runs (TrainingArtifacts' LoadOptions.update); default auto. */
+  update?: 'auto' | 'graph' | 'host';
   progress?: boolean;
 }
 
@@ -50,6 +52,8 @@ export interface BenchResult {
   share_prompt: boolean;
   /** Tokens the model ran over per step: tokens_per_step less the repeated prompts when shared. */
   computed_tokens_per_step: number;
+  /** 'host': AdamW in place in this process (src/optim/host.ts); 'graph': inside the fused step graph. */
+  optimizer_update: 'graph' | 'host';
   threads: number | null;
   tokens_per_s: number;
   seconds_per_step: number;
@@ -168,7 +172,7 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
   log(`llama ${o.preset}: building the model and its training artifacts`);
   const sharePrompt = o.sharePrompt ?? true;
   const { config, params, artDir, initial, rows, padId } = prepareBench(dir, o.preset, o.pairs, o.seqLen, sharePrompt);
-  const art = await TrainingArtifacts.load(artDir, o.runtime, { checkpoint: false });
+  const art = await TrainingArtifacts.load(artDir, o.runtime, { checkpoint: false, update: o.update });
   for (const [name, data] of initial) art.setParam(name, data);
   initial.clear();
 
@@ -204,6 +208,7 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
   }
   progress.stop();
   const cpu = process.cpuUsage(cpu0);
+  const updater = art.updater;
   await art.release();
 
   const perStep = median(stepTimes);
@@ -224,6 +229,7 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
     tokens_per_step: tokens,
     share_prompt: sharePrompt,
     computed_tokens_per_step: batch.computed,
+    optimizer_update: updater,
     threads: o.runtime.threads ?? null,
     tokens_per_s: round(tokens / perStep, 1),
     seconds_per_step: round(perStep, 3),
@@ -259,11 +265,13 @@ export function register(program: Command): void {
     .option('--opt-level <level>', 'graph optimisation level: disabled, basic, extended or all (default extended)')
     .option('--no-peak', 'skip the MatMul peak measurement')
     .option('--no-share-prompt', "one sequence per response, each computing its prompt (the trainer's share_prompt=false)")
+    .option('--update <where>', 'where the AdamW update runs: host (in place, in this process), graph (in the fused step graph) or auto (default: host on the CPU)')
     .option('--json', 'print one JSON line')
-    .action(async (o: { preset: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; json?: boolean }) => {
+    .action(async (o: { preset: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean }) => {
       if (o.preset !== 'tiny' && o.preset !== 'small') throw new UserError(`--preset: "${o.preset}" is not one of tiny, small`);
       const levels = ['disabled', 'basic', 'extended', 'all'];
       if (o.optLevel !== undefined && !levels.includes(o.optLevel)) throw new UserError(`--opt-level: "${o.optLevel}" is not one of ${levels.join(', ')}`);
+      if (o.update !== undefined && !['auto', 'graph', 'host'].includes(o.update)) throw new UserError(`--update: "${o.update}" is not one of auto, graph, host`);
       const seqLen = positiveInt('--seq', o.seq, 256);
       if (seqLen < 4 || seqLen % 2) throw new UserError(`--seq must be an even number ≥ 4, got ${seqLen}`);
       const r = await runBench({
@@ -275,6 +283,7 @@ export function register(program: Command): void {
         runtime: { threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1), optLevel: o.optLevel as OptLevel | undefined },
         skipPeak: !o.peak,
         sharePrompt: o.sharePrompt,
+        update: o.update as BenchOptions['update'],
         progress: true,
       });
       if (o.json) {
@@ -284,6 +293,7 @@ export function register(program: Command): void {
       const lines: [string, string][] = [
         ['model', `llama ${r.preset}, ${r.params.toLocaleString('en-US')} parameters (${r.matmul_params.toLocaleString('en-US')} in matmuls)`],
         ['batch', `${r.tokens_per_step} tokens per step (${r.share_prompt ? `prompts shared: ${r.computed_tokens_per_step} computed` : 'one sequence per response'})`],
+        ['optimizer_update', r.optimizer_update === 'host' ? 'host (AdamW in place, in this process)' : 'graph (AdamW inside the step graph)'],
         ['tokens_per_s', String(r.tokens_per_s)],
         ['seconds_per_step', `${r.seconds_per_step} (median of ${r.step_seconds.join(', ')})`],
         ['model_gflop_per_step', String(r.model_gflop_per_step)],
