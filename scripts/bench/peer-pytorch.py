@@ -148,7 +148,8 @@ def matmul_peak(n=2048, runs=10):
         t0 = time.perf_counter()
         a @ b
         rates.append(2 * n ** 3 / (time.perf_counter() - t0) / 1e9)
-    return statistics.median(rates)
+    # The fastest run, as prefzoo bench reports: other work on the machine only slows a run.
+    return max(rates)
 
 
 def main():
