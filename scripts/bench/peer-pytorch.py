@@ -156,7 +156,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--preset', default='small', choices=sorted(PRESETS))
     ap.add_argument('--steps', type=int, default=5)
-    ap.add_argument('--warmup', type=int, default=2)
+    ap.add_argument('--warmup', type=int, default=5)  # as prefzoo bench
     ap.add_argument('--pairs', type=int, default=4)
     ap.add_argument('--seq', type=int, default=256)
     ap.add_argument('--threads', type=int, default=0, help='torch threads (default: every core)')

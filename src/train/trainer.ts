@@ -199,6 +199,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   }
   writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ...config, loss_params: lossParams });
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
+  log(`steps: ${packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
 
   let epoch = 0;
   let cursor = 0;

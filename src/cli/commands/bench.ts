@@ -258,7 +258,7 @@ export function register(program: Command): void {
     .description('time DPO training steps (forward, backward, AdamW) of the init-model llama through the training artifacts, and the MatMul peak of this machine')
     .option('--preset <preset>', 'model size: tiny or small (56M parameters, vocabulary 32000)', 'small')
     .option('--steps <n>', 'timed steps, after the warm-up (default 5)')
-    .option('--warmup <n>', "untimed steps first (default 2: the first runs grow ONNX Runtime's memory arena)")
+    .option('--warmup <n>', "untimed steps first (default 5: ONNX Runtime's memory arena and the allocator settle over the first runs)")
     .option('--pairs <n>', 'preference pairs per batch (default 4)')
     .option('--seq <n>', 'tokens per sequence, half prompt and half completion (default 256)')
     .option('--threads <n>', 'intra-op threads (default: ONNX Runtime picks one per core)')
@@ -277,7 +277,7 @@ export function register(program: Command): void {
       const r = await runBench({
         preset: o.preset,
         steps: positiveInt('--steps', o.steps, 5),
-        warmup: o.warmup === '0' ? 0 : positiveInt('--warmup', o.warmup, 2),
+        warmup: o.warmup === '0' ? 0 : positiveInt('--warmup', o.warmup, 5),
         pairs: positiveInt('--pairs', o.pairs, 4),
         seqLen,
         runtime: { threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1), optLevel: o.optLevel as OptLevel | undefined },
