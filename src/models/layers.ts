@@ -55,21 +55,10 @@ export function reshapeRt(g: Graph, x: Tensor, dims: Tensor, shape: Shape): Tens
  * cumulative sum of the mask), so a row gets the same positions left-padded, right-padded or alone.
  */
 export function batchIndex(g: Graph, inputIds: Tensor, attentionMask: Tensor, dtype: FloatDType): BatchIndex {
-  if (inputIds.dtype !== 'int64') throw new Error(`input_ids must be int64, got ${inputIds.dtype}`);
-  if (inputIds.shape?.length !== 2) throw new Error('input_ids must have shape [batch, seq]');
-  const [B, T] = inputIds.shape;
-  const N = mulDims(B, T);
-  return g.scope('batch', () => {
+  return indexTensors(g, inputIds, dtype, (causal) => {
     const maskI = attentionMask.dtype === 'int64' ? attentionMask : g.cast(attentionMask, 'int64');
-    const positions = g.cumSum(maskI, 1, { exclusive: true });
     const keyOk = g.unsqueeze(g.cast(maskI, 'bool'), [1, 2]); // [B, 1, 1, T]
-    const seqLen = g.squeeze(g.dim(inputIds, 1), [0]);
-    const idx = g.op('Range', [g.scalar(0, 'int64'), seqLen, g.scalar(1, 'int64')], {}, [{ dtype: 'int64', shape: [T] }])[0];
-    const causal = g.lessOrEqual(g.unsqueeze(idx, [0]), g.unsqueeze(idx, [1])); // [T, T]: key ≤ query
-    const allowed = g.and(causal, keyOk); // [B, 1, T, T]
-    const mask = g.where(allowed, g.scalar(0, dtype), g.scalar(MASK_VALUE, dtype));
-    const flatIds = reshapeTo(g, inputIds, [-1], [N]);
-    return { dtype, B, T, N, ids: inputIds, flatIds, positions, mask, shapeBT: g.shapeOf(inputIds) };
+    return { positions: g.cumSum(maskI, 1, { exclusive: true }), allowed: g.and(causal, keyOk) };
   });
 }
 
@@ -81,7 +70,22 @@ export function batchIndex(g: Graph, inputIds: Tensor, attentionMask: Tensor, dt
  * to the finite MASK_VALUE rows as in `batchIndex`.
  */
 export function packedBatchIndex(g: Graph, inputIds: Tensor, positionIds: Tensor, segmentIds: Tensor, dtype: FloatDType): BatchIndex {
-  if (inputIds.dtype !== 'int64' || positionIds.dtype !== 'int64' || segmentIds.dtype !== 'int64') throw new Error('input_ids, position_ids and segment_ids must be int64');
+  if (positionIds.dtype !== 'int64' || segmentIds.dtype !== 'int64') throw new Error('position_ids and segment_ids must be int64');
+  return indexTensors(g, inputIds, dtype, (causal) => {
+    const segK = g.unsqueeze(segmentIds, [1, 2]); // [B, 1, 1, T]
+    const segQ = g.unsqueeze(segmentIds, [1, 3]); // [B, 1, T, 1]
+    const keyReal = g.not(g.equal(segK, g.scalar(0, 'int64')));
+    const visible = g.or(g.equal(segK, g.scalar(1, 'int64')), g.equal(segK, segQ)); // prompt or own segment
+    return { positions: positionIds, allowed: g.and(causal, g.and(keyReal, visible)) };
+  });
+}
+
+/**
+ * The shared part of both layouts: the `[T, T]` causal pattern (key ≤ query) handed to `rule`, which
+ * returns the positions and the `[B, 1, T, T]` allowed pattern; that becomes the additive mask.
+ */
+function indexTensors(g: Graph, inputIds: Tensor, dtype: FloatDType, rule: (causal: Tensor) => { positions: Tensor; allowed: Tensor }): BatchIndex {
+  if (inputIds.dtype !== 'int64') throw new Error(`input_ids must be int64, got ${inputIds.dtype}`);
   if (inputIds.shape?.length !== 2) throw new Error('input_ids must have shape [batch, seq]');
   const [B, T] = inputIds.shape;
   const N = mulDims(B, T);
@@ -89,14 +93,10 @@ export function packedBatchIndex(g: Graph, inputIds: Tensor, positionIds: Tensor
     const seqLen = g.squeeze(g.dim(inputIds, 1), [0]);
     const idx = g.op('Range', [g.scalar(0, 'int64'), seqLen, g.scalar(1, 'int64')], {}, [{ dtype: 'int64', shape: [T] }])[0];
     const causal = g.lessOrEqual(g.unsqueeze(idx, [0]), g.unsqueeze(idx, [1])); // [T, T]: key ≤ query
-    const segK = g.unsqueeze(segmentIds, [1, 2]); // [B, 1, 1, T]
-    const segQ = g.unsqueeze(segmentIds, [1, 3]); // [B, 1, T, 1]
-    const keyReal = g.not(g.equal(segK, g.scalar(0, 'int64')));
-    const visible = g.or(g.equal(segK, g.scalar(1, 'int64')), g.equal(segK, segQ)); // prompt or own segment
-    const allowed = g.and(causal, g.and(keyReal, visible)); // [B, 1, T, T]
+    const { positions, allowed } = rule(causal);
     const mask = g.where(allowed, g.scalar(0, dtype), g.scalar(MASK_VALUE, dtype));
     const flatIds = reshapeTo(g, inputIds, [-1], [N]);
-    return { dtype, B, T, N, ids: inputIds, flatIds, positions: positionIds, mask, shapeBT: g.shapeOf(inputIds) };
+    return { dtype, B, T, N, ids: inputIds, flatIds, positions, mask, shapeBT: g.shapeOf(inputIds) };
   });
 }
 

@@ -56,6 +56,11 @@ export function roundUp(n: number, m: number): number {
   return Math.ceil(n / m) * m;
 }
 
+/** Where response k of row i sits among the B·K sequences of the layout described above. */
+export function sequenceIndex(kind: Kind, B: number, K: number, i: number, k: number): number {
+  return kind === 'listwise' ? i * K + k : k * B + i;
+}
+
 /** Sequences of a batch in the layout described above, with each sequence's prompt length. */
 function sequences(kind: Kind, rows: TokenizedExample[], kl = false): { prompt: number[]; response: number[] }[] {
   if (kind === 'pairwise') {
@@ -139,7 +144,7 @@ export function collate(rows: TokenizedExample[], o: CollateOptions): Collated {
   const B = rows.length;
   const K = o.kind === 'listwise' ? N / B : o.kind === 'pairwise' ? 2 : o.kl ? 2 : 1;
   const tokens = seqs.reduce((n, s) => n + s.prompt.length + s.response.length, 0);
-  const packed = o.packed ? packRows(rows, K, (i, k) => (o.kind === 'pairwise' ? k * B + i : i * K + k), o) : null;
+  const packed = o.packed ? packRows(rows, K, (i, k) => sequenceIndex(o.kind, B, K, i, k), o) : null;
   const { feeds, length: T } = packed ?? padSequences(seqs, o);
   return { ...finish(rows, feeds, N, K, o), sequences: N, length: T, tokens, computed: packed?.computed ?? tokens, k: K };
 }
@@ -181,15 +186,7 @@ function finish(rows: TokenizedExample[], feeds: Feeds, N: number, K: number, o:
     const ref = new F(N);
     rows.forEach((r, i) => {
       const v = o.refLogps!(r, i);
-      if (o.kind === 'pairwise') {
-        ref[i] = v[0];
-        ref[B + i] = v[1];
-      } else if (o.kind === 'listwise') {
-        for (let k = 0; k < K; k++) ref[i * K + k] = v[k] ?? 0;
-      } else {
-        ref[i] = v[0];
-        if (o.kl) ref[B + i] = v[1];
-      }
+      for (let k = 0; k < K; k++) ref[sequenceIndex(o.kind, B, K, i, k)] = v[k] ?? 0;
     });
     feeds.ref_logps = toOrt(o.dtype, ref, [N]);
   }

@@ -114,15 +114,13 @@ export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, op
     modelConfig: p.config,
     buildForward(g, params, batch, mode) {
       const paramMap = new Map(Object.entries(params));
-      if (p.packed) {
-        const model = buildCausalLM(g, p.config, paramMap, { inputIds: batch.input_ids, packed: { positionIds: batch.position_ids, segmentIds: batch.segment_ids } }, { lora: p.lora });
-        const { logp, tokens } = scoredLogps(g, model, batch.score_index, batch.score_target, batch.score_select);
-        if (mode === 'eval') return { outputs: { logp, tokens } };
-        const r = g.scope('loss', () => p.loss.emit(g, lossInputs(g, p, logp, tokens, batch, null), p.kind));
-        return { loss: r.loss, metrics: r.metrics };
-      }
-      const model = buildCausalLM(g, p.config, paramMap, { inputIds: batch.input_ids, attentionMask: batch.attention_mask }, { lora: p.lora });
-      const { logp, tokens } = sequenceLogps(g, model, batch.loss_mask);
+      const inputs = p.packed
+        ? { inputIds: batch.input_ids, packed: { positionIds: batch.position_ids, segmentIds: batch.segment_ids } }
+        : { inputIds: batch.input_ids, attentionMask: batch.attention_mask };
+      const model = buildCausalLM(g, p.config, paramMap, inputs, { lora: p.lora });
+      const { logp, tokens } = p.packed
+        ? scoredLogps(g, model, batch.score_index, batch.score_target, batch.score_select)
+        : sequenceLogps(g, model, batch.loss_mask);
       const values = p.valueHead && batch.value_index ? valueHead(g, model, paramMap, batch.value_index) : null;
       if (mode === 'eval') {
         const outputs: Record<string, Tensor> = { logp, tokens };

@@ -10,7 +10,7 @@ import { buildLogpsGraph } from '../models/logps.ts';
 import { modelParameterShapes } from '../models/params.ts';
 import { serializeModel } from '../onnx/proto.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
-import { collate } from './batch.ts';
+import { collate, sequenceIndex } from './batch.ts';
 import type { TokenizedExample } from './data.ts';
 import { Progress } from '../cli/progress.ts';
 
@@ -62,7 +62,7 @@ export class Scorer {
       const B = batch.length;
       idx.forEach((orig, b) => {
         const K = kind === 'pairwise' ? 2 : kind === 'listwise' ? c.k : 1;
-        const at = (k: number) => (kind === 'pairwise' ? k * B + b : b * K + k);
+        const at = (k: number) => sequenceIndex(kind, B, K, b, k);
         const n = batch[b].responseIds.length;
         logps[orig] = Array.from({ length: n }, (_, k) => lp[at(k)]);
         tokens[orig] = Array.from({ length: n }, (_, k) => tk[at(k)]);

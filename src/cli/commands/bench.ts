@@ -81,11 +81,18 @@ const median = (xs: number[]) => {
 
 /** 6·N per token plus dense attention (12·L·H·hd·T per token), per the PaLM appendix B count. */
 export function stepFlops(c: LlamaConfig, tokens: number, seqLen: number): { flops: number; matmulParams: number } {
-  const embed = c.vocab_size * c.hidden_size;
-  // A tied head is a matmul over the embedding table, so the table counts once when tied.
-  const matmulParams = countParameters(c) - (c.tie_word_embeddings ? 0 : embed);
-  const attention = 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * seqLen;
-  return { flops: tokens * (6 * matmulParams + attention), matmulParams };
+  const matmulParams = matmulParameters(c);
+  return { flops: tokens * (6 * matmulParams + attentionFlopsPerToken(c, seqLen)), matmulParams };
+}
+
+/** Weights that take part in matmuls: all but the input embedding (a gather), which a tied head counts once. */
+function matmulParameters(c: LlamaConfig): number {
+  return countParameters(c) - (c.tie_word_embeddings ? 0 : c.vocab_size * c.hidden_size);
+}
+
+/** Dense attention, forward and backward, per query token of a row of length T: 12·L·H·hd·T. */
+function attentionFlopsPerToken(c: LlamaConfig, T: number): number {
+  return 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * T;
 }
 
 /**
@@ -95,9 +102,8 @@ export function stepFlops(c: LlamaConfig, tokens: number, seqLen: number): { flo
  */
 export function executedFlops(c: LlamaConfig, rows: number, length: number, scored: number): number {
   const head = c.vocab_size * c.hidden_size;
-  const layers = countParameters(c) - head - (c.tie_word_embeddings ? 0 : head);
-  const attention = 12 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * length * length * rows;
-  return 6 * layers * rows * length + 6 * head * scored + attention;
+  const layers = matmulParameters(c) - head;
+  return 6 * layers * rows * length + 6 * head * scored + attentionFlopsPerToken(c, length) * length * rows;
 }
 
 /** Positions whose next token is counted: the rows the output head runs over. */
