@@ -247,8 +247,8 @@ describe('config.json', () => {
   });
 
   it('rejects bad configs with messages naming the file and field', () => {
-    expect(userError(() => parseConfig({ hidden_size: 8 }, 'x/config.json'))).toBe('x/config.json: missing "model_type" (expected one of llama, qwen2, gpt2)');
-    expect(userError(() => parseConfig({ model_type: 'bert' }, 'c.json'))).toBe('c.json: model_type "bert" is not supported (supported: llama, qwen2, gpt2)');
+    expect(userError(() => parseConfig({ hidden_size: 8 }, 'x/config.json'))).toBe('x/config.json: missing "model_type" (expected one of llama, qwen2, qwen3, mistral, gemma, phi3, gpt2)');
+    expect(userError(() => parseConfig({ model_type: 'bert' }, 'c.json'))).toBe('c.json: model_type "bert" is not supported (supported: llama, qwen2, qwen3, mistral, gemma, phi3, gpt2)');
     expect(userError(() => parseConfig({ model_type: 'llama', hidden_size: '64' }, 'c.json'))).toBe('c.json: "hidden_size" must be a positive integer, got "64"');
     expect(userError(() => parseConfig({ model_type: 'llama', rms_norm_eps: -1 }, 'c.json'))).toBe('c.json: "rms_norm_eps" must be a positive number, got -1');
     expect(userError(() => parseConfig({ model_type: 'llama', num_attention_heads: 6, num_key_value_heads: 4, hidden_size: 48 }, 'c.json'))).toMatch(
@@ -295,6 +295,6 @@ describe('presetConfig', () => {
       architectures: ['LlamaForCausalLM'],
     });
     expect(presetConfig('gpt2', 'small')).toMatchObject({ n_embd: 512, n_layer: 8, n_head: 8, vocab_size: 32000 });
-    expect(userError(() => presetConfig('gpt3' as 'gpt2', 'tiny', { vocabSize: 10 }))).toBe('--arch: "gpt3" is not one of llama, qwen2, gpt2');
+    expect(userError(() => presetConfig('gpt3' as 'gpt2', 'tiny', { vocabSize: 10 }))).toBe('--arch: "gpt3" is not one of llama, qwen2, qwen3, mistral, gemma, phi3, gpt2');
   });
 });

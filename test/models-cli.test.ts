@@ -76,6 +76,6 @@ describe('prefzoo init-model and logps', () => {
     expect(r.stderr.trim()).toBe(`prefzoo: ${bad}:2: "loss_mask" must be an array of the same length as input_ids (3)`);
     const flags = await prefzoo('init-model', '--arch', 'bert', '-o', join(root, 'x'));
     expect(flags.code).toBe(1);
-    expect(flags.stderr).toMatch(/^prefzoo: --arch: "bert" is not one of llama, qwen2, gpt2\n$/);
+    expect(flags.stderr).toMatch(/^prefzoo: --arch: "bert" is not one of llama, qwen2, qwen3, mistral, gemma, phi3, gpt2\n$/);
   });
 });

@@ -16,7 +16,7 @@ import { loraModules, mergeLora } from '../src/models/lora.ts';
 import { referenceHidden, referenceLogits, referenceLogps } from './helpers/reference-forward.ts';
 import { pad, randomIds, randomWeights, runModel, testConfig, type Row } from './helpers/model-fixtures.ts';
 
-const ARCHS: Arch[] = ['llama', 'qwen2', 'gpt2'];
+const ARCHS: Arch[] = ['llama', 'qwen2', 'qwen3', 'mistral', 'gemma', 'phi3', 'gpt2'];
 
 function rowsFor(vocab: number, seed: number, lengths: number[]): Row[] {
   const rng = new Normal(seed);
@@ -58,13 +58,19 @@ describe.each(ARCHS)('%s graph vs the float64 reference forward', (arch) => {
 describe.each([
   ['llama', false],
   ['qwen2', false],
+  ['qwen3', false],
+  ['mistral', false],
+  ['gemma', false],
+  ['phi3', false],
   ['gpt2', false],
   ['llama', true],
+  ['phi3', true],
   ['gpt2', true],
 ] as const)('%s gradients vs central finite differences (float64, LoRA %s)', (arch, withLora) => {
   it('matches on sampled coordinates of every parameter tensor', async () => {
     const c = testConfig(arch);
-    const lora = withLora ? { rank: 3, alpha: 6, targets: arch === 'gpt2' ? ['c_attn', 'c_fc'] : ['q_proj', 'v_proj', 'down_proj'] } : null;
+    const targets = { gpt2: ['c_attn', 'c_fc'], phi3: ['qkv_proj', 'gate_up_proj'] }[arch as string] ?? ['q_proj', 'v_proj', 'down_proj'];
+    const lora = withLora ? { rank: 3, alpha: 6, targets } : null;
     const w = randomWeights(c, 21);
     if (lora) {
       // Nonzero B so every adapter tensor has a gradient path.
@@ -336,6 +342,27 @@ describe('policy and adapters-off reference in one graph', () => {
       expect(Math.abs((out.policy.data[b] as number) - on.logp[b])).toBeLessThan(1e-6 * Math.abs(on.logp[b]));
       expect(Math.abs((out.reference.data[b] as number) - off.logp[b])).toBeLessThan(1e-6 * Math.abs(off.logp[b]));
       expect(Math.abs(on.logp[b] - off.logp[b])).toBeGreaterThan(0.01);
+    }
+  });
+});
+
+describe('the seeded random source', () => {
+  /** splitmix64 written with BigInt, straight from its definition (Steele, Lea, Flood 2014). */
+  function* splitmix64(seed: number) {
+    let s = BigInt.asUintN(64, BigInt(seed) * 0x9e3779b97f4a7c15n + 0x632be59bd9b4e019n);
+    for (;;) {
+      s = BigInt.asUintN(64, s + 0x9e3779b97f4a7c15n);
+      let z = BigInt.asUintN(64, (s ^ (s >> 30n)) * 0xbf58476d1ce4e5b9n);
+      z = BigInt.asUintN(64, (z ^ (z >> 27n)) * 0x94d049bb133111ebn);
+      yield Number((z ^ (z >> 31n)) >> 11n) / 2 ** 53;
+    }
+  }
+
+  it('draws the splitmix64 stream bit for bit (so seeded weights do not change)', () => {
+    for (const seed of [0, 3, 987654321, 2 ** 41 + 7]) {
+      const fast = new Normal(seed);
+      const ref = splitmix64(seed);
+      for (let i = 0; i < 20000; i++) expect(fast.uniform()).toBe(ref.next().value);
     }
   });
 });

@@ -47,7 +47,7 @@ async function cachedLogits(c: ModelConfig, w: Map<string, FloatTensor>, rows: n
 }
 
 describe('KV-cache decoding', () => {
-  for (const arch of ['llama', 'qwen2', 'gpt2'] as const) {
+  for (const arch of ['llama', 'qwen2', 'qwen3', 'mistral', 'gemma', 'phi3', 'gpt2'] as const) {
     it(`${arch}: prefill + steps equal the full forward (1e-5) and the float64 reference (1e-4)`, async () => {
       const c = testConfig(arch, { extra: arch === 'qwen2' ? { attention_bias: true } : {} });
       const w = randomWeights(c, 11);

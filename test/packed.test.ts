@@ -76,6 +76,8 @@ function randomExamples(kind: Kind, vocab: number, seed: number): TokenizedExamp
 describe.each([
   ['llama', 'pairwise'],
   ['qwen2', 'listwise'],
+  ['mistral', 'pairwise'],
+  ['phi3', 'listwise'],
   ['gpt2', 'pairwise'],
   ['gpt2', 'listwise'],
 ] as const)('%s, %s batches: packed = one sequence per response (float64)', (arch, kind) => {

@@ -1,15 +1,40 @@
 /**
- * Hugging Face `config.json` of the architectures prefzoo builds: the llama family (`llama`, `qwen2`)
- * and `gpt2`. Fields keep their HF names so a config read from a model folder is written back
- * unchanged (unknown keys such as `rope_scaling` or `transformers_version` are preserved as-is).
+ * Hugging Face `config.json` of the architectures prefzoo builds: the llama family (`llama`, `qwen2`,
+ * and `qwen3`, `mistral`, `gemma`, `phi3`, each in its own file beside llama.ts) and `gpt2`. Fields
+ * keep their HF names so a config read from a model folder is written back unchanged (unknown keys
+ * such as `rope_scaling` or `transformers_version` are preserved as-is).
  */
 import fs from 'node:fs';
 import path from 'node:path';
 import { UserError } from '../cli/errors.ts';
 import { writeFileAtomic } from '../artifacts/safetensors.ts';
+import { GEMMA } from './gemma.ts';
+import { LLAMA, QWEN2, type LlamaFamily } from './llama.ts';
+import { MISTRAL } from './mistral.ts';
+import { PHI3 } from './phi3.ts';
+import { QWEN3 } from './qwen3.ts';
 
-export type Arch = 'llama' | 'qwen2' | 'gpt2';
-export const ARCHES: readonly Arch[] = ['llama', 'qwen2', 'gpt2'];
+export type LlamaType = 'llama' | 'qwen2' | 'qwen3' | 'mistral' | 'gemma' | 'phi3';
+export type Arch = LlamaType | 'gpt2';
+export const ARCHES: readonly Arch[] = ['llama', 'qwen2', 'qwen3', 'mistral', 'gemma', 'phi3', 'gpt2'];
+
+/** The member of the llama family a model_type names (looked up when called, so the files may import each other). */
+export function familyOf(type: LlamaType): LlamaFamily {
+  switch (type) {
+    case 'llama':
+      return LLAMA;
+    case 'qwen2':
+      return QWEN2;
+    case 'qwen3':
+      return QWEN3;
+    case 'mistral':
+      return MISTRAL;
+    case 'gemma':
+      return GEMMA;
+    case 'phi3':
+      return PHI3;
+  }
+}
 
 /** Activations the HF configs name (`hidden_act` / `activation_function`). */
 export const ACTIVATIONS = ['silu', 'gelu', 'gelu_new', 'gelu_pytorch_tanh', 'gelu_fast', 'quick_gelu', 'relu'] as const;
@@ -28,12 +53,14 @@ interface CommonConfig {
 }
 
 /**
- * `llama` and `qwen2` (decoder with RMSNorm, rotary embeddings, grouped-query attention, SwiGLU MLP).
- * Llama's `attention_bias` puts biases on q, k, v and o; Qwen2 always has q/k/v biases and never an
- * o bias — use {@link attentionBiases} rather than reading the field directly.
+ * The llama family (decoder with RMSNorm, rotary embeddings, grouped-query attention, gated MLP):
+ * `llama`, `qwen2` and the members in their own files. Llama's `attention_bias` puts biases on q, k,
+ * v and o; Qwen2 always has q/k/v biases and never an o bias — use {@link attentionBiases} rather
+ * than reading the field directly. Fields only one member has (`sliding_window`,
+ * `partial_rotary_factor`, …) are read by that member's file and kept under their HF names.
  */
 export interface LlamaConfig extends CommonConfig {
-  model_type: 'llama' | 'qwen2';
+  model_type: LlamaType;
   hidden_size: number;
   intermediate_size: number;
   num_attention_heads: number;
@@ -66,7 +93,7 @@ export type ModelConfig = LlamaConfig | Gpt2Config;
 
 /** Which attention projections carry a bias. */
 export function attentionBiases(c: LlamaConfig): { qkv: boolean; o: boolean } {
-  return c.model_type === 'qwen2' ? { qkv: true, o: false } : { qkv: c.attention_bias, o: c.attention_bias };
+  return familyOf(c.model_type).biases?.(c) ?? { qkv: c.attention_bias, o: c.attention_bias };
 }
 
 export function gpt2Inner(c: Gpt2Config): number {
@@ -86,9 +113,9 @@ export function maxPositions(c: ModelConfig): number {
   return c.model_type === 'gpt2' ? c.n_positions : c.max_position_embeddings;
 }
 
-class FieldReader {
+export class FieldReader {
   constructor(
-    private readonly raw: Record<string, unknown>,
+    readonly raw: Record<string, unknown>,
     private readonly where: string,
   ) {}
 
@@ -188,40 +215,40 @@ export function parseConfig(raw: unknown, where = 'config.json'): ModelConfig {
     return cfg;
   }
 
-  const isQwen = type === 'qwen2';
+  const fam = familyOf(type as LlamaType);
+  const d = fam.defaults;
   const hidden_size = r.int('hidden_size', 4096);
-  const num_attention_heads = r.int('num_attention_heads', 32);
-  const num_key_value_heads = r.int('num_key_value_heads', num_attention_heads);
+  const num_attention_heads = r.int('num_attention_heads', d.num_attention_heads ?? 32);
+  const num_key_value_heads = r.int('num_key_value_heads', d.num_key_value_heads ?? num_attention_heads);
   if (num_attention_heads % num_key_value_heads !== 0) {
     throw new UserError(`${where}: num_attention_heads ${num_attention_heads} is not a multiple of num_key_value_heads ${num_key_value_heads}`);
   }
-  if (obj.head_dim == null && hidden_size % num_attention_heads !== 0) {
+  if (obj.head_dim == null && d.head_dim === undefined && hidden_size % num_attention_heads !== 0) {
     throw new UserError(`${where}: hidden_size ${hidden_size} is not divisible by num_attention_heads ${num_attention_heads} (set head_dim explicitly)`);
   }
-  const head_dim = r.int('head_dim', hidden_size / num_attention_heads);
+  const head_dim = r.int('head_dim', d.head_dim ?? hidden_size / num_attention_heads);
   if (head_dim % 2 !== 0) throw new UserError(`${where}: head_dim ${head_dim} must be even for rotary embeddings`);
   const cfg: LlamaConfig = {
     ...obj,
-    model_type: type as 'llama' | 'qwen2',
-    vocab_size: r.int('vocab_size', isQwen ? 151936 : 32000),
+    model_type: type as LlamaType,
+    vocab_size: r.int('vocab_size', d.vocab_size),
     hidden_size,
-    intermediate_size: r.int('intermediate_size', isQwen ? 22016 : 11008),
+    intermediate_size: r.int('intermediate_size', d.intermediate_size),
     num_attention_heads,
     num_key_value_heads,
-    num_hidden_layers: r.int('num_hidden_layers', 32),
+    num_hidden_layers: r.int('num_hidden_layers', d.num_hidden_layers ?? 32),
     head_dim,
-    rms_norm_eps: r.positive('rms_norm_eps', 1e-6),
+    rms_norm_eps: r.positive('rms_norm_eps', d.rms_norm_eps ?? 1e-6),
     rope_theta: r.positive('rope_theta', 10000),
-    max_position_embeddings: r.int('max_position_embeddings', isQwen ? 32768 : 2048),
-    attention_bias: r.bool('attention_bias', isQwen),
+    max_position_embeddings: r.int('max_position_embeddings', d.max_position_embeddings),
+    attention_bias: r.bool('attention_bias', d.attention_bias ?? false),
     mlp_bias: r.bool('mlp_bias', false),
-    hidden_act: r.activation('hidden_act', 'silu'),
-    tie_word_embeddings: r.bool('tie_word_embeddings', false),
+    hidden_act: r.activation('hidden_act', d.hidden_act ?? 'silu'),
+    tie_word_embeddings: r.bool('tie_word_embeddings', d.tie_word_embeddings ?? false),
     ...ids,
   };
-  if (isQwen && obj.attention_bias === false) {
-    throw new UserError(`${where}: qwen2 always has q/k/v biases; "attention_bias": false is not a qwen2 model (use model_type "llama")`);
-  }
+  // The member's own fields (sliding_window, partial_rotary_factor, …), validated by its file.
+  Object.assign(cfg, fam.fields?.(r, cfg, where));
   return cfg;
 }
 
@@ -254,14 +281,8 @@ export function writeConfig(dir: string, config: ModelConfig): void {
   writeFileAtomic(path.join(dir, 'config.json'), [Buffer.from(text, 'utf8')]);
 }
 
-const ARCHITECTURE_CLASS: Record<Arch, string> = {
-  llama: 'LlamaForCausalLM',
-  qwen2: 'Qwen2ForCausalLM',
-  gpt2: 'GPT2LMHeadModel',
-};
-
 export interface PresetOptions {
-  /** Tokenizer size; the embedding gets this rounded up to a multiple of 64. Default: 32000 for small; required for tiny. */
+  /** Tokenizer size; the embedding gets this rounded up to a multiple of 64. Default: the preset's own (required for tiny). */
   vocabSize?: number;
   bosTokenId?: number;
   eosTokenId?: number;
@@ -269,26 +290,68 @@ export interface PresetOptions {
 }
 
 /**
+ * Presets of `init-model` and `bench`: `tiny` and `small` for every architecture, and shapes of
+ * released models (random weights, real shapes) for their own architecture.
+ */
+export const PRESETS = ['tiny', 'small', 'smollm2-360m', 'qwen2.5-0.5b', 'qwen2.5-1.5b', 'qwen3-0.6b'] as const;
+export type Preset = (typeof PRESETS)[number];
+
+/** The shape fields of released models' config.json (Hugging Face Hub, as published), by preset. */
+const RELEASED: Record<Exclude<Preset, 'tiny' | 'small'>, Record<string, unknown>> = {
+  'smollm2-360m': {
+    model_type: 'llama', vocab_size: 49152, hidden_size: 960, intermediate_size: 2560, num_hidden_layers: 32, num_attention_heads: 15,
+    num_key_value_heads: 5, max_position_embeddings: 8192, rms_norm_eps: 1e-5, rope_theta: 100000, tie_word_embeddings: true,
+    attention_bias: false, mlp_bias: false, hidden_act: 'silu',
+  },
+  'qwen2.5-0.5b': {
+    model_type: 'qwen2', vocab_size: 151936, hidden_size: 896, intermediate_size: 4864, num_hidden_layers: 24, num_attention_heads: 14,
+    num_key_value_heads: 2, max_position_embeddings: 32768, rms_norm_eps: 1e-6, rope_theta: 1000000, tie_word_embeddings: true, hidden_act: 'silu',
+  },
+  'qwen2.5-1.5b': {
+    model_type: 'qwen2', vocab_size: 151936, hidden_size: 1536, intermediate_size: 8960, num_hidden_layers: 28, num_attention_heads: 12,
+    num_key_value_heads: 2, max_position_embeddings: 32768, rms_norm_eps: 1e-6, rope_theta: 1000000, tie_word_embeddings: true, hidden_act: 'silu',
+  },
+  'qwen3-0.6b': {
+    model_type: 'qwen3', vocab_size: 151936, hidden_size: 1024, intermediate_size: 3072, num_hidden_layers: 28, num_attention_heads: 16,
+    num_key_value_heads: 8, head_dim: 128, max_position_embeddings: 40960, rms_norm_eps: 1e-6, rope_theta: 1000000, tie_word_embeddings: true,
+    attention_bias: false, hidden_act: 'silu',
+  },
+};
+
+/** The architecture a preset builds when none is named (released shapes fix theirs). */
+export function presetArch(preset: Preset): Arch | null {
+  return preset === 'tiny' || preset === 'small' ? null : (RELEASED[preset].model_type as Arch);
+}
+
+/**
  * Config of a freshly initialised model for `prefzoo init-model`.
  * - tiny: hidden 64, 2 layers, 4 heads (2 KV heads), FFN 172, tied embeddings; well under 1M parameters
  *   with a few-hundred-token vocabulary (see {@link countParameters}).
  * - small: hidden 512, 8 layers, 8 heads (4 KV heads), FFN 1376, vocabulary 32000.
+ * - smollm2-360m, qwen2.5-0.5b, qwen2.5-1.5b, qwen3-0.6b: those models' shapes and vocabulary sizes;
+ *   `arch` must be the model's own.
  */
-export function presetConfig(arch: Arch, preset: 'tiny' | 'small', opts: PresetOptions = {}): ModelConfig {
+export function presetConfig(arch: Arch, preset: Preset, opts: PresetOptions = {}): ModelConfig {
   if (!(ARCHES as readonly string[]).includes(arch)) throw new UserError(`--arch: "${arch}" is not one of ${ARCHES.join(', ')}`);
-  if (preset !== 'tiny' && preset !== 'small') throw new UserError(`--preset: "${preset}" is not one of tiny, small`);
-  const tiny = preset === 'tiny';
-  const wanted = opts.vocabSize ?? (tiny ? undefined : 32000);
-  if (wanted === undefined) throw new Error('presetConfig: the tiny preset needs the tokenizer size (vocabSize)');
-  const vocab_size = Math.ceil(wanted / 64) * 64;
+  if (!(PRESETS as readonly string[]).includes(preset)) throw new UserError(`--preset: "${preset}" is not one of ${PRESETS.join(', ')}`);
   const ids: Record<string, number> = {};
   if (opts.bosTokenId !== undefined) ids.bos_token_id = opts.bosTokenId;
   if (opts.eosTokenId !== undefined) ids.eos_token_id = opts.eosTokenId;
   if (opts.padTokenId !== undefined) ids.pad_token_id = opts.padTokenId;
+  if (preset !== 'tiny' && preset !== 'small') {
+    const shape = RELEASED[preset];
+    if (shape.model_type !== arch) throw new UserError(`--preset ${preset} is a ${shape.model_type} model, not ${arch} (leave out --arch or pass --arch ${shape.model_type})`);
+    const vocab_size = opts.vocabSize === undefined ? shape.vocab_size : Math.ceil(opts.vocabSize / 64) * 64;
+    return parseConfig({ architectures: [hfClass(arch)], ...shape, vocab_size, ...ids, torch_dtype: 'float32' }, `preset ${preset}`);
+  }
+  const tiny = preset === 'tiny';
+  const wanted = opts.vocabSize ?? (tiny ? undefined : 32000);
+  if (wanted === undefined) throw new Error('presetConfig: the tiny preset needs the tokenizer size (vocabSize)');
+  const vocab_size = Math.ceil(wanted / 64) * 64;
   let raw: Record<string, unknown>;
   if (arch === 'gpt2') {
     raw = {
-      architectures: [ARCHITECTURE_CLASS.gpt2],
+      architectures: [hfClass('gpt2')],
       model_type: 'gpt2',
       vocab_size,
       n_embd: tiny ? 64 : 512,
@@ -304,7 +367,7 @@ export function presetConfig(arch: Arch, preset: 'tiny' | 'small', opts: PresetO
     };
   } else {
     raw = {
-      architectures: [ARCHITECTURE_CLASS[arch]],
+      architectures: [hfClass(arch)],
       model_type: arch,
       vocab_size,
       hidden_size: tiny ? 64 : 512,
@@ -313,18 +376,24 @@ export function presetConfig(arch: Arch, preset: 'tiny' | 'small', opts: PresetO
       num_attention_heads: tiny ? 4 : 8,
       num_key_value_heads: tiny ? 2 : 4,
       head_dim: tiny ? 16 : 64,
-      hidden_act: 'silu',
+      hidden_act: familyOf(arch).defaults.hidden_act ?? 'silu',
       max_position_embeddings: tiny ? 512 : 2048,
       rms_norm_eps: 1e-6,
       rope_theta: 10000,
       // Qwen2's q/k/v biases come with its model_type (HF's Qwen2Config has no attention_bias switch).
-      ...(arch === 'llama' ? { attention_bias: false, mlp_bias: false } : {}),
-      tie_word_embeddings: tiny,
+      ...(arch === 'qwen2' ? {} : { attention_bias: false, mlp_bias: false }),
+      tie_word_embeddings: tiny || familyOf(arch).defaults.tie_word_embeddings === true,
+      // The member's own fields at demo sizes (a sliding window shorter than test sequences, …).
+      ...familyOf(arch).preset?.(tiny),
       ...ids,
       torch_dtype: 'float32',
     };
   }
   return parseConfig(raw, `preset ${arch}/${preset}`);
+}
+
+function hfClass(arch: Arch): string {
+  return arch === 'gpt2' ? 'GPT2LMHeadModel' : familyOf(arch).hfClass;
 }
 
 /**
@@ -359,36 +428,13 @@ export function parameterShapes(c: ModelConfig): Map<string, number[]> {
     if (!c.tie_word_embeddings) s.set('lm_head.weight', [c.vocab_size, d]);
     return s;
   }
-  const d = c.hidden_size;
-  const q = c.num_attention_heads * c.head_dim;
-  const kv = c.num_key_value_heads * c.head_dim;
-  const bias = attentionBiases(c);
-  s.set('model.embed_tokens.weight', [c.vocab_size, d]);
+  s.set('model.embed_tokens.weight', [c.vocab_size, c.hidden_size]);
+  const fam = familyOf(c.model_type);
   for (let i = 0; i < c.num_hidden_layers; i++) {
-    const p = `model.layers.${i}.`;
-    s.set(p + 'input_layernorm.weight', [d]);
-    s.set(p + 'self_attn.q_proj.weight', [q, d]);
-    s.set(p + 'self_attn.k_proj.weight', [kv, d]);
-    s.set(p + 'self_attn.v_proj.weight', [kv, d]);
-    if (bias.qkv) {
-      s.set(p + 'self_attn.q_proj.bias', [q]);
-      s.set(p + 'self_attn.k_proj.bias', [kv]);
-      s.set(p + 'self_attn.v_proj.bias', [kv]);
-    }
-    s.set(p + 'self_attn.o_proj.weight', [d, q]);
-    if (bias.o) s.set(p + 'self_attn.o_proj.bias', [d]);
-    s.set(p + 'post_attention_layernorm.weight', [d]);
-    s.set(p + 'mlp.gate_proj.weight', [c.intermediate_size, d]);
-    s.set(p + 'mlp.up_proj.weight', [c.intermediate_size, d]);
-    s.set(p + 'mlp.down_proj.weight', [d, c.intermediate_size]);
-    if (c.mlp_bias) {
-      s.set(p + 'mlp.gate_proj.bias', [c.intermediate_size]);
-      s.set(p + 'mlp.up_proj.bias', [c.intermediate_size]);
-      s.set(p + 'mlp.down_proj.bias', [d]);
-    }
+    for (const [name, shape] of (fam.layerShapes ?? LLAMA.layerShapes!)(c, `model.layers.${i}.`)) s.set(name, shape);
   }
-  s.set('model.norm.weight', [d]);
-  if (!c.tie_word_embeddings) s.set('lm_head.weight', [c.vocab_size, d]);
+  s.set('model.norm.weight', [c.hidden_size]);
+  if (!c.tie_word_embeddings) s.set('lm_head.weight', [c.vocab_size, c.hidden_size]);
   return s;
 }
 

@@ -7,7 +7,7 @@ import type { Graph, Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from './config.ts';
 import { gpt2HeadWeight, gpt2Hidden } from './gpt2.ts';
 import { type BatchIndex, type FloatDType, batchIndex, lmHead, packedBatchIndex } from './layers.ts';
-import { llamaHeadWeight, llamaHidden } from './llama.ts';
+import { attentionWindow, llamaHeadWeight, llamaHidden } from './llama.ts';
 import type { LoraConfig } from './lora.ts';
 import { Params, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT } from './params.ts';
 
@@ -55,9 +55,10 @@ export function buildCausalLM(g: Graph, config: ModelConfig, params: Map<string,
   if (dtype !== 'float32' && dtype !== 'float64') throw new Error(`model parameters must be float32 or float64, got ${dtype}`);
   if (opts.batch && (opts.batch.ids !== inputs.inputIds || opts.batch.dtype !== dtype)) throw new Error('buildCausalLM: opts.batch belongs to other inputs');
   const indexOf = (): BatchIndex => {
-    if (inputs.packed) return packedBatchIndex(g, inputs.inputIds, inputs.packed.positionIds, inputs.packed.segmentIds, dtype);
+    const window = config.model_type === 'gpt2' ? null : attentionWindow(config);
+    if (inputs.packed) return packedBatchIndex(g, inputs.inputIds, inputs.packed.positionIds, inputs.packed.segmentIds, dtype, window);
     if (!inputs.attentionMask) throw new Error('buildCausalLM: an attention mask or packed positions and segments are needed');
-    return batchIndex(g, inputs.inputIds, inputs.attentionMask, dtype);
+    return batchIndex(g, inputs.inputIds, inputs.attentionMask, dtype, window);
   };
   const bi = opts.batch ?? indexOf();
   const hidden = config.model_type === 'gpt2' ? gpt2Hidden(g, config, P, bi) : llamaHidden(g, config, P, bi);

@@ -54,8 +54,8 @@ export function reshapeRt(g: Graph, x: Tensor, dims: Tensor, shape: Shape): Tens
  * Positions and masks of a batch. Positions count the real tokens before each token (exclusive
  * cumulative sum of the mask), so a row gets the same positions left-padded, right-padded or alone.
  */
-export function batchIndex(g: Graph, inputIds: Tensor, attentionMask: Tensor, dtype: FloatDType): BatchIndex {
-  return indexTensors(g, inputIds, dtype, (causal) => {
+export function batchIndex(g: Graph, inputIds: Tensor, attentionMask: Tensor, dtype: FloatDType, window: number | null = null): BatchIndex {
+  return indexTensors(g, inputIds, dtype, window, (causal) => {
     const maskI = attentionMask.dtype === 'int64' ? attentionMask : g.cast(attentionMask, 'int64');
     const keyOk = g.unsqueeze(g.cast(maskI, 'bool'), [1, 2]); // [B, 1, 1, T]
     return { positions: g.cumSum(maskI, 1, { exclusive: true }), allowed: g.and(causal, keyOk) };
@@ -69,9 +69,9 @@ export function batchIndex(g: Graph, inputIds: Tensor, attentionMask: Tensor, dt
  * Every query row keeps at least its own position (or, for pads, the prompt) unmasked or falls back
  * to the finite MASK_VALUE rows as in `batchIndex`.
  */
-export function packedBatchIndex(g: Graph, inputIds: Tensor, positionIds: Tensor, segmentIds: Tensor, dtype: FloatDType): BatchIndex {
+export function packedBatchIndex(g: Graph, inputIds: Tensor, positionIds: Tensor, segmentIds: Tensor, dtype: FloatDType, window: number | null = null): BatchIndex {
   if (positionIds.dtype !== 'int64' || segmentIds.dtype !== 'int64') throw new Error('position_ids and segment_ids must be int64');
-  return indexTensors(g, inputIds, dtype, (causal) => {
+  return indexTensors(g, inputIds, dtype, window, (causal) => {
     const segK = g.unsqueeze(segmentIds, [1, 2]); // [B, 1, 1, T]
     const segQ = g.unsqueeze(segmentIds, [1, 3]); // [B, 1, T, 1]
     const keyReal = g.not(g.equal(segK, g.scalar(0, 'int64')));
@@ -82,9 +82,10 @@ export function packedBatchIndex(g: Graph, inputIds: Tensor, positionIds: Tensor
 
 /**
  * The shared part of both layouts: the `[T, T]` causal pattern (key ≤ query) handed to `rule`, which
- * returns the positions and the `[B, 1, T, T]` allowed pattern; that becomes the additive mask.
+ * returns the positions and the `[B, 1, T, T]` allowed pattern; that becomes the additive mask. A
+ * sliding `window` W also hides keys W or more positions before the query ({@link windowed}).
  */
-function indexTensors(g: Graph, inputIds: Tensor, dtype: FloatDType, rule: (causal: Tensor) => { positions: Tensor; allowed: Tensor }): BatchIndex {
+function indexTensors(g: Graph, inputIds: Tensor, dtype: FloatDType, window: number | null, rule: (causal: Tensor) => { positions: Tensor; allowed: Tensor }): BatchIndex {
   if (inputIds.dtype !== 'int64') throw new Error(`input_ids must be int64, got ${inputIds.dtype}`);
   if (inputIds.shape?.length !== 2) throw new Error('input_ids must have shape [batch, seq]');
   const [B, T] = inputIds.shape;
@@ -94,10 +95,22 @@ function indexTensors(g: Graph, inputIds: Tensor, dtype: FloatDType, rule: (caus
     const idx = g.op('Range', [g.scalar(0, 'int64'), seqLen, g.scalar(1, 'int64')], {}, [{ dtype: 'int64', shape: [T] }])[0];
     const causal = g.lessOrEqual(g.unsqueeze(idx, [0]), g.unsqueeze(idx, [1])); // [T, T]: key ≤ query
     const { positions, allowed } = rule(causal);
-    const mask = g.where(allowed, g.scalar(0, dtype), g.scalar(MASK_VALUE, dtype));
+    const mask = g.where(windowed(g, allowed, positions, positions, window), g.scalar(0, dtype), g.scalar(MASK_VALUE, dtype));
     const flatIds = reshapeTo(g, inputIds, [-1], [N]);
     return { dtype, B, T, N, ids: inputIds, flatIds, positions, mask, shapeBT: g.shapeOf(inputIds) };
   });
+}
+
+/**
+ * Sliding-window attention (Mistral's `sliding_window`): query at position p sees keys at positions
+ * p − W < q ≤ p, W positions with its own. Distances are of positions, not of slots, so a row sees
+ * the same keys alone, padded or packed (a response continues from its prompt's end). `allowed`
+ * `[B, 1, Q, K]`; positions `[B, Q]` and `[B, K]`.
+ */
+export function windowed(g: Graph, allowed: Tensor, queryPositions: Tensor, keyPositions: Tensor, window: number | null): Tensor {
+  if (window === null) return allowed;
+  const dist = g.sub(g.unsqueeze(queryPositions, [1, 3]), g.unsqueeze(keyPositions, [1, 2])); // [B, 1, Q, K]
+  return g.and(allowed, g.less(dist, g.scalar(window, 'int64')));
 }
 
 /** LoRA adapter of one projection: y += scale · (x Aᵀ) Bᵀ with A `[r, in]`, B `[out, r]`. */

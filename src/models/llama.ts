@@ -1,18 +1,153 @@
 /**
- * The Llama family (Llama, Mistral-style and Qwen2 checkpoints) as an ONNX graph, following HF's
- * modeling code: pre-norm blocks of RMSNorm → attention with rotary embeddings (rotate-half
- * convention, inv_freq = 1/θ^(2i/d)) and grouped-query heads → residual, RMSNorm → SwiGLU MLP
- * down(act(gate(x)) · up(x)) → residual; a final RMSNorm. Parameters are looked up by their HF names.
+ * The Llama family as an ONNX graph, following HF's modeling code: pre-norm blocks of RMSNorm →
+ * attention with rotary embeddings (rotate-half convention, inv_freq = 1/θ^(2i/d)) and grouped-query
+ * heads → residual, RMSNorm → gated MLP down(act(gate(x)) · up(x)) → residual; a final RMSNorm.
+ * Parameters are looked up by their HF names.
+ *
+ * `llama` and `qwen2` live here; `qwen3`, `mistral`, `gemma` and `phi3` each have a file beside this
+ * one holding a {@link LlamaFamily}: the pieces of this decoder they change (config fields, tensor
+ * names, norms, projections, MLP, rotary width, sliding window), each written once and used by both
+ * the training forward and the KV-cache decode (src/online/decode-graph.ts), which run the same
+ * {@link llamaStack} and differ only in how a layer attends.
  */
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import { UserError } from '../cli/errors.ts';
-import { type LlamaConfig, attentionBiases } from './config.ts';
+import { type Activation, type FieldReader, type LlamaConfig, type LlamaType, attentionBiases, familyOf } from './config.ts';
 import { type BatchIndex, activation, attention, project, rmsNorm, splitHeads } from './layers.ts';
+import type { LoraModule } from './lora.ts';
 import type { Params } from './params.ts';
+
+/** A projection of layer tensors by module name (`self_attn.q_proj`), with its LoRA adapter when on. */
+export type Proj = (name: string, x: Tensor, hasBias: boolean) => Tensor;
+
+/**
+ * What a member of the llama family changes. Every hook is optional and defaults to llama's own
+ * piece; hooks see 2-D activations `[N, ·]` or per-head tensors `[B, T, heads, hd]`, the same in the
+ * training forward and in decoding.
+ */
+export interface LlamaFamily {
+  model_type: LlamaType;
+  /** HF's class name, written to `architectures`. */
+  hfClass: string;
+  /** Defaults of HF's config class for the shared fields. */
+  defaults: {
+    vocab_size: number;
+    intermediate_size: number;
+    max_position_embeddings: number;
+    num_hidden_layers?: number;
+    num_attention_heads?: number;
+    num_key_value_heads?: number;
+    head_dim?: number;
+    rms_norm_eps?: number;
+    hidden_act?: Activation;
+    attention_bias?: boolean;
+    tie_word_embeddings?: boolean;
+  };
+  /** Reads and checks the member's own config fields (returned under their HF names). */
+  fields?(r: FieldReader, c: LlamaConfig, where: string): Record<string, unknown>;
+  /** Initial value of the norm weights (HF's `_init_weights`; default 1). */
+  normInit?: number;
+  /** Member-specific fields of the tiny/small presets. */
+  preset?(tiny: boolean): Record<string, unknown>;
+  /** Which attention projections carry biases (default: `attention_bias` on q, k, v and o). */
+  biases?(c: LlamaConfig): { qkv: boolean; o: boolean };
+  /** HF tensor names and shapes of one layer (prefix `model.layers.i.`). */
+  layerShapes?(c: LlamaConfig, p: string): [string, number[]][];
+  /** The layer's projections that can carry LoRA adapters. */
+  projections?(c: LlamaConfig, p: string): LoraModule[];
+  /** Token embeddings `[N, D]` of the flat ids. */
+  embed?(g: Graph, c: LlamaConfig, P: Params, flatIds: Tensor): Tensor;
+  /** The RMSNorm of weight `w`. */
+  norm?(g: Graph, c: LlamaConfig, x: Tensor, w: Tensor): Tensor;
+  /** q `[N, H·hd]`, k and v `[N, KV·hd]` from the normed input. */
+  qkv?(g: Graph, c: LlamaConfig, p: string, x: Tensor, proj: Proj, P: Params): [Tensor, Tensor, Tensor];
+  /** Per-head transform of q and k `[B, T, heads, hd]` before the rotary embedding. */
+  headNorm?(g: Graph, c: LlamaConfig, p: string, q: Tensor, k: Tensor, P: Params): [Tensor, Tensor];
+  /** The MLP of the normed input. */
+  mlp?(g: Graph, c: LlamaConfig, p: string, x: Tensor, proj: Proj): Tensor;
+  /** Leading dims of each head that rotate (default all: head_dim). */
+  rotaryDim?(c: LlamaConfig): number;
+  /** A token attends to at most this many positions (itself included); null: no window. */
+  window?(c: LlamaConfig): number | null;
+}
+
+function llamaLayerShapes(c: LlamaConfig, p: string): [string, number[]][] {
+  const d = c.hidden_size;
+  const q = c.num_attention_heads * c.head_dim;
+  const kv = c.num_key_value_heads * c.head_dim;
+  const ffn = c.intermediate_size;
+  const bias = attentionBiases(c);
+  const s: [string, number[]][] = [[p + 'input_layernorm.weight', [d]]];
+  for (const [m, out] of [['q', q], ['k', kv], ['v', kv]] as const) {
+    s.push([`${p}self_attn.${m}_proj.weight`, [out, d]]);
+    if (bias.qkv) s.push([`${p}self_attn.${m}_proj.bias`, [out]]);
+  }
+  s.push([p + 'self_attn.o_proj.weight', [d, q]]);
+  if (bias.o) s.push([p + 'self_attn.o_proj.bias', [d]]);
+  s.push([p + 'post_attention_layernorm.weight', [d]]);
+  for (const [m, shape] of [['gate', [ffn, d]], ['up', [ffn, d]], ['down', [d, ffn]]] as const) {
+    s.push([`${p}mlp.${m}_proj.weight`, [...shape]]);
+    if (c.mlp_bias) s.push([`${p}mlp.${m}_proj.bias`, [shape[0]]]);
+  }
+  return s;
+}
+
+function llamaProjections(c: LlamaConfig, p: string): LoraModule[] {
+  const d = c.hidden_size;
+  const q = c.num_attention_heads * c.head_dim;
+  const kv = c.num_key_value_heads * c.head_dim;
+  const ffn = c.intermediate_size;
+  const m = (name: string, i: number, o: number): LoraModule => ({ name: p + name, in: i, out: o, layout: 'linear' });
+  return [
+    m('self_attn.q_proj', d, q),
+    m('self_attn.k_proj', d, kv),
+    m('self_attn.v_proj', d, kv),
+    m('self_attn.o_proj', q, d),
+    m('mlp.gate_proj', d, ffn),
+    m('mlp.up_proj', d, ffn),
+    m('mlp.down_proj', ffn, d),
+  ];
+}
+
+/** Llama: every hook is the default. */
+export const LLAMA: LlamaFamily = {
+  model_type: 'llama',
+  hfClass: 'LlamaForCausalLM',
+  defaults: { vocab_size: 32000, intermediate_size: 11008, max_position_embeddings: 2048 },
+  layerShapes: llamaLayerShapes,
+  projections: llamaProjections,
+};
+
+/** Qwen2: llama with q/k/v biases always and no o bias. */
+export const QWEN2: LlamaFamily = {
+  model_type: 'qwen2',
+  hfClass: 'Qwen2ForCausalLM',
+  defaults: { vocab_size: 151936, intermediate_size: 22016, max_position_embeddings: 32768, attention_bias: true },
+  fields(r, c, where) {
+    if (c.attention_bias === false) throw new UserError(`${where}: qwen2 always has q/k/v biases; "attention_bias": false is not a qwen2 model (use model_type "llama")`);
+    if (r.bool('use_sliding_window', false)) throw new UserError(`${where}: qwen2 with "use_sliding_window": true is not supported (its windowed layers differ by max_window_layers)`);
+    return {};
+  },
+  biases: () => ({ qkv: true, o: false }),
+};
+
+/** The layer tensors and adapter targets of a member (its hooks, or llama's). */
+export function layerShapes(c: LlamaConfig, p: string): [string, number[]][] {
+  return (familyOf(c.model_type).layerShapes ?? llamaLayerShapes)(c, p);
+}
+
+export function layerProjections(c: LlamaConfig, p: string): LoraModule[] {
+  return (familyOf(c.model_type).projections ?? llamaProjections)(c, p);
+}
 
 /** inv_freq[i] = 1/θ^(2i/d), i < d/2 (HF's default rotary frequencies). */
 export function ropeInvFreq(theta: number, headDim: number): number[] {
   return Array.from({ length: headDim / 2 }, (_, i) => 1 / Math.pow(theta, (2 * i) / headDim));
+}
+
+/** How many leading dims of each head rotate. */
+export function rotaryDim(c: LlamaConfig): number {
+  return familyOf(c.model_type).rotaryDim?.(c) ?? c.head_dim;
 }
 
 function scalingNumber(s: Record<string, unknown>, key: string, dflt?: number): number {
@@ -30,7 +165,7 @@ function scalingNumber(s: Record<string, unknown>, key: string, dflt?: number): 
  * `/ low_freq_factor`). Other variants change attention itself and are refused.
  */
 export function rotaryFrequencies(c: LlamaConfig): number[] {
-  const base = ropeInvFreq(c.rope_theta, c.head_dim);
+  const base = ropeInvFreq(c.rope_theta, rotaryDim(c));
   const raw = c.rope_scaling as unknown;
   if (raw === undefined || raw === null) return base;
   if (typeof raw !== 'object' || Array.isArray(raw)) throw new UserError(`config.json: rope_scaling must be an object or null, got ${JSON.stringify(raw)}`);
@@ -59,66 +194,113 @@ export function rotaryFrequencies(c: LlamaConfig): number[] {
   throw new UserError(`config.json: rope_scaling type ${JSON.stringify(type)} is not supported (supported: default, linear, llama3)`);
 }
 
-/** Rotate-half RoPE on `[B, T, heads, hd]`: x·cos + rotate_half(x)·sin, rotate_half(x) = [−x₂, x₁]. */
-function rope(g: Graph, x: Tensor, cos: Tensor, sin: Tensor, headDim: number): Tensor {
-  const [x1, x2] = g.split(x, [headDim / 2, headDim / 2], -1);
+/** Rotate-half RoPE on the first `rd` dims of `[…, hd]`: x·cos + rotate_half(x)·sin, rotate_half(x) = [−x₂, x₁]; the rest pass. */
+function rope(g: Graph, x: Tensor, cos: Tensor, sin: Tensor, hd: number, rd: number): Tensor {
+  const [xr, pass] = rd < hd ? g.split(x, [rd, hd - rd], -1) : [x, null];
+  const [x1, x2] = g.split(xr, [rd / 2, rd / 2], -1);
   const rotated = g.concat([g.neg(x2), x1], -1);
-  return g.add(g.mul(x, cos), g.mul(rotated, sin));
+  const y = g.add(g.mul(xr, cos), g.mul(rotated, sin));
+  return pass ? g.concat([y, pass], -1) : y;
 }
 
-/** Final hidden states `[N, D]` (after the last RMSNorm). */
-export function llamaHidden(g: Graph, c: LlamaConfig, P: Params, bi: BatchIndex): Tensor {
-  const { dtype } = bi;
+/** cos/sin `[B, T, 1, rd]` of positions `[B, T]`; the queries' copy carries the 1/√hd scale. */
+export interface RopeTables {
+  cos: Tensor;
+  sin: Tensor;
+  cosQ: Tensor;
+  sinQ: Tensor;
+}
+
+export function ropeTables(g: Graph, c: LlamaConfig, positions: Tensor, dtype: 'float32' | 'float64'): RopeTables {
+  return g.scope('rope', () => {
+    const rd = rotaryDim(c);
+    const invFreq = g.constant(rotaryFrequencies(c), dtype, [rd / 2]);
+    const freqs = g.mul(g.unsqueeze(g.cast(positions, dtype), [2]), invFreq); // [B, T, rd/2]
+    const emb = g.unsqueeze(g.concat([freqs, freqs], -1), [2]); // [B, T, 1, rd]
+    const cos = g.cos(emb);
+    const sin = g.sin(emb);
+    const scale = 1 / Math.sqrt(c.head_dim);
+    return { cos, sin, cosQ: g.mul(cos, scale), sinQ: g.mul(sin, scale) };
+  });
+}
+
+/** How the layers of one graph attend: the training forward over the batch, or decoding over a cache. */
+export interface Attend {
+  /** `[N, n·hd]` → `[B, T, n, hd]`. */
+  heads(x: Tensor, n: number): Tensor;
+  rope: RopeTables;
+  /** Layer i's attention of q `[B, T, H, hd]` (scaled) over k, v `[B, T, KV, hd]` → context `[N, H·hd]`. */
+  attend(layer: number, q: Tensor, k: Tensor, v: Tensor): Tensor;
+}
+
+/** The decoder: embeddings, every layer, the final norm → `[N, D]`. */
+export function llamaStack(g: Graph, c: LlamaConfig, P: Params, flatIds: Tensor, at: Attend): Tensor {
+  const fam = familyOf(c.model_type);
   const H = c.num_attention_heads;
   const KV = c.num_key_value_heads;
   const hd = c.head_dim;
+  const rd = rotaryDim(c);
   const bias = attentionBiases(c);
-  const eps = c.rms_norm_eps;
+  const norm = (x: Tensor, w: string) => (fam.norm ? fam.norm(g, c, x, P.get(w)) : rmsNorm(g, x, P.get(w), c.rms_norm_eps));
+  const { cos, sin, cosQ, sinQ } = at.rope;
 
-  // cos/sin `[B, T, 1, hd]` from each token's position; the queries' copy carries the 1/√hd scale.
-  const { cos, sin, cosQ, sinQ } = g.scope('rope', () => {
-    const invFreq = g.constant(rotaryFrequencies(c), dtype, [hd / 2]);
-    const freqs = g.mul(g.unsqueeze(g.cast(bi.positions, dtype), [2]), invFreq); // [B, T, hd/2]
-    const emb = g.unsqueeze(g.concat([freqs, freqs], -1), [2]); // [B, T, 1, hd]
-    const cos = g.cos(emb);
-    const sin = g.sin(emb);
-    const scale = 1 / Math.sqrt(hd);
-    return { cos, sin, cosQ: g.mul(cos, scale), sinQ: g.mul(sin, scale) };
-  });
-
-  let h = g.scope('embed', () => g.gather(P.get('model.embed_tokens.weight'), bi.flatIds, 0)); // [N, D]
+  let h = g.scope('embed', () => (fam.embed ? fam.embed(g, c, P, flatIds) : g.gather(P.get('model.embed_tokens.weight'), flatIds, 0))); // [N, D]
   for (let i = 0; i < c.num_hidden_layers; i++) {
     const p = `model.layers.${i}.`;
     h = g.scope(`layers.${i}`, () => {
-      const proj = (name: string, x: Tensor, hasBias: boolean) =>
+      const proj: Proj = (name, x, hasBias) =>
         project(g, x, P.get(p + name + '.weight'), hasBias ? P.get(p + name + '.bias') : null, 'linear', P.adapter(p + name));
       const attnOut = g.scope('attn', () => {
-        const x = rmsNorm(g, h, P.get(p + 'input_layernorm.weight'), eps);
-        const q = rope(g, splitHeads(g, bi, proj('self_attn.q_proj', x, bias.qkv), H, hd), cosQ, sinQ, hd);
-        const k = rope(g, splitHeads(g, bi, proj('self_attn.k_proj', x, bias.qkv), KV, hd), cos, sin, hd);
-        const v = splitHeads(g, bi, proj('self_attn.v_proj', x, bias.qkv), KV, hd);
-        const ctx = attention(
-          g,
-          bi,
-          g.transpose(q, [0, 2, 1, 3]), // [B, H, T, hd]
-          g.transpose(k, [0, 2, 3, 1]), // [B, KV, hd, T]
-          g.transpose(v, [0, 2, 1, 3]), // [B, KV, T, hd]
-          H,
-          KV,
-          hd,
-        );
+        const x = norm(h, p + 'input_layernorm.weight');
+        const [q2, k2, v2] = fam.qkv
+          ? fam.qkv(g, c, p, x, proj, P)
+          : [proj('self_attn.q_proj', x, bias.qkv), proj('self_attn.k_proj', x, bias.qkv), proj('self_attn.v_proj', x, bias.qkv)];
+        let q = at.heads(q2, H);
+        let k = at.heads(k2, KV);
+        if (fam.headNorm) [q, k] = fam.headNorm(g, c, p, q, k, P);
+        // The 1/√hd scale rides on the queries' cos/sin when every dim rotates; otherwise on q itself.
+        const qr = rd === hd ? rope(g, q, cosQ, sinQ, hd, rd) : g.mul(rope(g, q, cos, sin, hd, rd), 1 / Math.sqrt(hd));
+        const ctx = at.attend(i, qr, rope(g, k, cos, sin, hd, rd), at.heads(v2, KV));
         return proj('self_attn.o_proj', ctx, bias.o);
       });
       const h1 = g.add(h, attnOut);
       const mlpOut = g.scope('mlp', () => {
-        const x = rmsNorm(g, h1, P.get(p + 'post_attention_layernorm.weight'), eps);
+        const x = norm(h1, p + 'post_attention_layernorm.weight');
+        if (fam.mlp) return fam.mlp(g, c, p, x, proj);
         const gate = activation(g, c.hidden_act, proj('mlp.gate_proj', x, c.mlp_bias));
         return proj('mlp.down_proj', g.mul(gate, proj('mlp.up_proj', x, c.mlp_bias)), c.mlp_bias);
       });
       return g.add(h1, mlpOut);
     });
   }
-  return rmsNorm(g, h, P.get('model.norm.weight'), eps);
+  return norm(h, 'model.norm.weight');
+}
+
+/** The sliding window of a config (a token sees at most this many positions), or null. */
+export function attentionWindow(c: LlamaConfig): number | null {
+  return familyOf(c.model_type).window?.(c) ?? null;
+}
+
+/** Final hidden states `[N, D]` (after the last RMSNorm) of the training forward. */
+export function llamaHidden(g: Graph, c: LlamaConfig, P: Params, bi: BatchIndex): Tensor {
+  const H = c.num_attention_heads;
+  const KV = c.num_key_value_heads;
+  const hd = c.head_dim;
+  return llamaStack(g, c, P, bi.flatIds, {
+    heads: (x, n) => splitHeads(g, bi, x, n, hd),
+    rope: ropeTables(g, c, bi.positions, bi.dtype),
+    attend: (_i, q, k, v) =>
+      attention(
+        g,
+        bi,
+        g.transpose(q, [0, 2, 1, 3]), // [B, H, T, hd]
+        g.transpose(k, [0, 2, 3, 1]), // [B, KV, hd, T]
+        g.transpose(v, [0, 2, 1, 3]), // [B, KV, T, hd]
+        H,
+        KV,
+        hd,
+      ),
+  });
 }
 
 /** The output head's weight `[V, D]`: the embedding when tied. */

@@ -8,6 +8,7 @@
 import { UserError } from '../cli/errors.ts';
 import type { FloatTensor } from './checkpoint.ts';
 import { type ModelConfig, gpt2Inner } from './config.ts';
+import { layerProjections } from './llama.ts';
 import { Normal } from './random.ts';
 
 export interface LoraConfig {
@@ -51,20 +52,7 @@ export function projectionModules(c: ModelConfig): LoraModule[] {
     }
     return mods;
   }
-  const d = c.hidden_size;
-  const q = c.num_attention_heads * c.head_dim;
-  const kv = c.num_key_value_heads * c.head_dim;
-  const ffn = c.intermediate_size;
-  for (let i = 0; i < c.num_hidden_layers; i++) {
-    const p = `model.layers.${i}.`;
-    mods.push({ name: p + 'self_attn.q_proj', in: d, out: q, layout: 'linear' });
-    mods.push({ name: p + 'self_attn.k_proj', in: d, out: kv, layout: 'linear' });
-    mods.push({ name: p + 'self_attn.v_proj', in: d, out: kv, layout: 'linear' });
-    mods.push({ name: p + 'self_attn.o_proj', in: q, out: d, layout: 'linear' });
-    mods.push({ name: p + 'mlp.gate_proj', in: d, out: ffn, layout: 'linear' });
-    mods.push({ name: p + 'mlp.up_proj', in: d, out: ffn, layout: 'linear' });
-    mods.push({ name: p + 'mlp.down_proj', in: ffn, out: d, layout: 'linear' });
-  }
+  for (let i = 0; i < c.num_hidden_layers; i++) mods.push(...layerProjections(c, `model.layers.${i}.`));
   return mods;
 }
 

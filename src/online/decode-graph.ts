@@ -1,6 +1,6 @@
 /**
  * Incremental decoding graphs with a key/value cache, built from the same HF parameter names as the
- * training forward (src/models), for llama/qwen2 and gpt2.
+ * training forward (src/models), for the llama family (the same layers as training: llamaStack) and gpt2.
  *
  *   prefill:  input_ids [B, S], attention_mask [B, S]                        → logits [B, V], present.*
  *   step:     input_ids [B, S], attention_mask [B, P+S], past.i.key/value    → logits [B, V], present.*
@@ -14,11 +14,10 @@
  * optimizer step needs no new session) or, with `weights`, baked-in initializers.
  */
 import { Graph, type Tensor } from '../onnx/graph.ts';
-import type { ModelConfig } from '../models/config.ts';
+import type { LlamaConfig, ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
-import { attentionBiases } from '../models/config.ts';
-import { activation, layerNorm, MASK_VALUE, project, reshapeRt, rmsNorm } from '../models/layers.ts';
-import { rotaryFrequencies } from '../models/llama.ts';
+import { activation, layerNorm, MASK_VALUE, project, reshapeRt, windowed } from '../models/layers.ts';
+import { attentionWindow, llamaStack, ropeTables } from '../models/llama.ts';
 import type { LoraConfig } from '../models/lora.ts';
 import { declareParameters, modelParameterShapes, parameterInitializers, Params } from '../models/params.ts';
 
@@ -52,7 +51,7 @@ interface DecodeIndex {
   shapeBS: Tensor;
 }
 
-function decodeIndex(g: Graph, ids: Tensor, attn: Tensor): DecodeIndex {
+function decodeIndex(g: Graph, ids: Tensor, attn: Tensor, window: number | null): DecodeIndex {
   return g.scope('index', () => {
     const S = g.dim(ids, 1); // [1]
     const L = g.dim(attn, 1);
@@ -63,7 +62,9 @@ function decodeIndex(g: Graph, ids: Tensor, attn: Tensor): DecodeIndex {
     const queries = g.add(g.range(g.scalar(0, 'int64'), g.squeeze(S, [0]), g.scalar(1, 'int64')), g.squeeze(start, [0])); // [S]
     const causal = g.lessOrEqual(g.unsqueeze(keys, [0]), g.unsqueeze(queries, [1])); // [S, L]
     const real = g.unsqueeze(g.cast(attn, 'bool'), [1, 2]); // [B, 1, 1, L]
-    const mask = g.where(g.and(causal, real), g.scalar(0, 'float32'), g.scalar(MASK_VALUE, 'float32'));
+    // A sliding window counts positions, as the training mask does.
+    const allowed = windowed(g, g.and(causal, real), positions, all, window);
+    const mask = g.where(allowed, g.scalar(0, 'float32'), g.scalar(MASK_VALUE, 'float32'));
     const flatIds = g.reshape(ids, [-1]);
     return { flatIds, positions, mask, shapeBS: g.shapeOf(ids) };
   });
@@ -103,40 +104,20 @@ function extendCache(g: Graph, layer: number, k: Tensor, v: Tensor, past: Map<st
   return [full('key', k), full('value', v)];
 }
 
-function rope(g: Graph, x: Tensor, cos: Tensor, sin: Tensor, hd: number): Tensor {
-  const [x1, x2] = g.split(x, [hd / 2, hd / 2], -1);
-  return g.add(g.mul(x, cos), g.mul(g.concat([g.neg(x2), x1], -1), sin));
-}
-
-function llamaDecode(g: Graph, c: Extract<ModelConfig, { model_type: 'llama' | 'qwen2' }>, P: Params, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor {
+/** The llama family's decoder (src/models/llama.ts) attending over the cache. */
+function llamaDecode(g: Graph, c: LlamaConfig, P: Params, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor {
   const H = c.num_attention_heads;
   const KV = c.num_key_value_heads;
   const hd = c.head_dim;
-  const bias = attentionBiases(c);
-  const { cos, sin } = g.scope('rope', () => {
-    const inv = g.constant(rotaryFrequencies(c), 'float32', [hd / 2]);
-    const f = g.mul(g.unsqueeze(g.cast(ix.positions, 'float32'), [2]), inv); // [B, S, hd/2]
-    const emb = g.unsqueeze(g.concat([f, f], -1), [1]); // [B, 1, S, hd]
-    return { cos: g.cos(emb), sin: g.sin(emb) };
+  const byToken = (x: Tensor, n: number) => reshapeRt(g, x, g.concat([ix.shapeBS, g.ints([n, hd])], 0), ['B', 'S', n, hd]); // [B, S, n, hd]
+  return llamaStack(g, c, P, ix.flatIds, {
+    heads: byToken,
+    rope: ropeTables(g, c, ix.positions, 'float32'),
+    attend(i, q, k, v) {
+      const [kc, vc] = extendCache(g, i, g.transpose(k, [0, 2, 1, 3]), g.transpose(v, [0, 2, 1, 3]), past);
+      return cachedAttention(g, ix, g.transpose(q, [0, 2, 1, 3]), kc, vc, H, KV, hd);
+    },
   });
-  let h = g.gather(P.get('model.embed_tokens.weight'), ix.flatIds, 0);
-  for (let i = 0; i < c.num_hidden_layers; i++) {
-    const p = `model.layers.${i}.`;
-    const proj = (name: string, x: Tensor, hasBias: boolean) =>
-      project(g, x, P.get(p + name + '.weight'), hasBias ? P.get(p + name + '.bias') : null, 'linear', P.adapter(p + name));
-    h = g.scope(`layers.${i}`, () => {
-      const x = rmsNorm(g, h, P.get(p + 'input_layernorm.weight'), c.rms_norm_eps);
-      const q = g.mul(rope(g, heads(g, proj('self_attn.q_proj', x, bias.qkv), ix, H, hd), cos, sin, hd), 1 / Math.sqrt(hd));
-      const kNew = rope(g, heads(g, proj('self_attn.k_proj', x, bias.qkv), ix, KV, hd), cos, sin, hd);
-      const vNew = heads(g, proj('self_attn.v_proj', x, bias.qkv), ix, KV, hd);
-      const [k, v] = extendCache(g, i, kNew, vNew, past);
-      const h1 = g.add(h, proj('self_attn.o_proj', cachedAttention(g, ix, q, k, v, H, KV, hd), bias.o));
-      const y = rmsNorm(g, h1, P.get(p + 'post_attention_layernorm.weight'), c.rms_norm_eps);
-      const gate = activation(g, c.hidden_act, proj('mlp.gate_proj', y, c.mlp_bias));
-      return g.add(h1, proj('mlp.down_proj', g.mul(gate, proj('mlp.up_proj', y, c.mlp_bias)), c.mlp_bias));
-    });
-  }
-  return rmsNorm(g, h, P.get('model.norm.weight'), c.rms_norm_eps);
 }
 
 function gpt2Decode(g: Graph, c: Extract<ModelConfig, { model_type: 'gpt2' }>, P: Params, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor {
@@ -180,7 +161,7 @@ export function buildDecodeGraph(config: ModelConfig, o: DecodeGraphOptions): Gr
     ? parameterInitializers(g, o.weights, modelParameterShapes(config, { lora: o.lora }).keys())
     : declareParameters(g, config, { dtype: 'float32', lora: o.lora });
   const P = new Params(params, config, o.lora);
-  const ix = decodeIndex(g, ids, attn);
+  const ix = decodeIndex(g, ids, attn, config.model_type === 'gpt2' ? null : attentionWindow(config));
   const hidden = config.model_type === 'gpt2' ? gpt2Decode(g, config, P, ix, past) : llamaDecode(g, config, P, ix, past);
   const headW =
     config.model_type === 'gpt2'

@@ -8,7 +8,18 @@ import { buildCausalLM, declareParameters, valueHead, type LoraConfig } from '..
 import { sequenceLogps } from '../../src/models/logps.ts';
 import { Normal, initWeights } from '../../src/models/init.ts';
 
-/** Smaller than the tiny preset, with GQA (4 heads, 2 KV heads) and untied or tied heads. */
+/**
+ * Smaller than the tiny preset, with GQA (4 heads, 2 KV heads) and untied or tied heads. Members'
+ * own features are on and small enough to matter: a head_dim other than hidden/heads (qwen3, gemma),
+ * a sliding window shorter than the test rows (mistral, phi3), half-width rotary (phi3).
+ */
+const MEMBER_EXTRAS: Partial<Record<Arch, Record<string, unknown>>> = {
+  qwen3: { head_dim: 12 },
+  mistral: { sliding_window: 4 },
+  gemma: { head_dim: 12 },
+  phi3: { partial_rotary_factor: 0.5, sliding_window: 5 },
+};
+
 export function testConfig(arch: Arch, o: { tied?: boolean; extra?: Record<string, unknown> } = {}): ModelConfig {
   if (arch === 'gpt2') {
     return parseConfig({ model_type: 'gpt2', vocab_size: 53, n_embd: 24, n_layer: 2, n_head: 3, n_positions: 32, tie_word_embeddings: o.tied ?? true, ...o.extra });
@@ -25,6 +36,7 @@ export function testConfig(arch: Arch, o: { tied?: boolean; extra?: Record<strin
     rms_norm_eps: 1e-5,
     max_position_embeddings: 64,
     tie_word_embeddings: o.tied ?? false,
+    ...MEMBER_EXTRAS[arch],
     ...o.extra,
   });
 }

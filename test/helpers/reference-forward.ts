@@ -83,16 +83,21 @@ function act(name: string, x: number): number {
   }
 }
 
-/** Causal attention for one sequence: q [T][H][hd], k/v [T][KV][hd] → context [T][H·hd]. */
-function causalAttention(q: Vec[][], k: Vec[][], v: Vec[][], H: number, KV: number, hd: number, scale = 1 / Math.sqrt(hd)): Vec[] {
+/**
+ * Causal attention for one sequence: q [T][H][hd], k/v [T][KV][hd] → context [T][H·hd]. With a
+ * sliding window W, token t reads keys t−W+1 … t.
+ */
+function causalAttention(q: Vec[][], k: Vec[][], v: Vec[][], H: number, KV: number, hd: number, scale = 1 / Math.sqrt(hd), window = Infinity): Vec[] {
   const T = q.length;
   const out: Vec[] = [];
   for (let t = 0; t < T; t++) {
     const ctx = new Float64Array(H * hd);
+    const first = Math.max(0, t - window + 1);
     for (let h = 0; h < H; h++) {
       const kvh = Math.floor(h / (H / KV)); // repeat_kv: head h reads KV head h // (H/KV)
       const scores: number[] = [];
-      for (let s = 0; s <= t; s++) {
+      for (let s = 0; s < first; s++) scores.push(-Infinity);
+      for (let s = first; s <= t; s++) {
         let dot = 0;
         for (let d = 0; d < hd; d++) dot += q[t][h][d] * k[s][kvh][d];
         scores.push(dot * scale);
@@ -100,7 +105,7 @@ function causalAttention(q: Vec[][], k: Vec[][], v: Vec[][], H: number, KV: numb
       const m = Math.max(...scores);
       const e = scores.map((x) => Math.exp(x - m));
       const z = e.reduce((a, x) => a + x, 0);
-      for (let s = 0; s <= t; s++) for (let d = 0; d < hd; d++) ctx[h * hd + d] += (e[s] / z) * v[s][kvh][d];
+      for (let s = first; s <= t; s++) for (let d = 0; d < hd; d++) ctx[h * hd + d] += (e[s] / z) * v[s][kvh][d];
     }
     out.push(ctx);
   }
@@ -111,9 +116,14 @@ function heads(x: Vec, n: number, hd: number): Vec[] {
   return Array.from({ length: n }, (_, h) => x.slice(h * hd, (h + 1) * hd));
 }
 
+/** Phi-3 rotates only the first partial_rotary_factor·head_dim dims of a head. */
+function rotaryWidth(c: LlamaConfig): number {
+  return c.model_type === 'phi3' ? Math.floor(c.head_dim * ((c.partial_rotary_factor as number | undefined) ?? 1)) : c.head_dim;
+}
+
 /** Rotary angle rates per pair i < d/2: θ^(−2i/d), then HF's linear or llama3 frequency rescaling. */
 function rotaryRates(c: LlamaConfig): number[] {
-  const d = c.head_dim;
+  const d = rotaryWidth(c);
   const rates: number[] = [];
   for (let i = 0; i < d; i += 2) rates.push(Math.pow(c.rope_theta, -i / d));
   const sc = c.rope_scaling as { rope_type?: string; type?: string; factor: number; low_freq_factor?: number; high_freq_factor?: number; original_max_position_embeddings?: number } | null | undefined;
@@ -136,9 +146,9 @@ function rotaryRates(c: LlamaConfig): number[] {
 }
 
 function ropeApply(x: Vec, pos: number, rates: number[]): Vec {
-  const d = x.length;
+  const d = 2 * rates.length; // dims past d pass through unrotated
   const half = d / 2;
-  const y = new Float64Array(d);
+  const y = Float64Array.from(x);
   for (let i = 0; i < d; i++) {
     const f = pos * rates[i % half];
     const rot = i < half ? -x[i + half] : x[i - half];
@@ -147,36 +157,73 @@ function ropeApply(x: Vec, pos: number, rates: number[]): Vec {
   return y;
 }
 
+/**
+ * The llama family, member by member as HF writes each: qwen3 normalises every q and k head
+ * (q_norm, k_norm) before RoPE; mistral and phi3 attend within sliding_window; gemma scales the
+ * embeddings by √D, normalises with (1 + w) and gates with tanh-GELU; phi3 slices fused qkv_proj and
+ * gate_up_proj outputs and rotates part of each head.
+ */
 function llamaHidden(c: LlamaConfig, w: RefWeights, ids: number[], lora?: RefLora): Vec[] {
   const D = c.hidden_size;
   const H = c.num_attention_heads;
   const KV = c.num_key_value_heads;
   const hd = c.head_dim;
-  const qkvBias = c.model_type === 'qwen2' || c.attention_bias;
-  const oBias = c.model_type !== 'qwen2' && c.attention_bias;
+  const F = c.intermediate_size;
+  const type = c.model_type;
+  const qkvBias = type === 'qwen2' || (type !== 'phi3' && c.attention_bias);
+  const oBias = type !== 'qwen2' && type !== 'phi3' && c.attention_bias;
+  const window = (type === 'mistral' || type === 'phi3') && typeof c.sliding_window === 'number' ? c.sliding_window : Infinity;
+  const norm = (x: Vec, name: string) => {
+    const g = tensor(w, name);
+    return rmsnorm(x, type === 'gemma' ? Array.from(g, (v) => 1 + v) : g, c.rms_norm_eps);
+  };
+  const mlpAct = (x: number) => act(type === 'gemma' ? ((c.hidden_activation as string | undefined) ?? 'gelu_pytorch_tanh') : c.hidden_act, x);
   const E = tensor(w, 'model.embed_tokens.weight');
   const rates = rotaryRates(c);
-  let h = ids.map((id) => Float64Array.from({ length: D }, (_, j) => E[id * D + j]));
+  const embedScale = type === 'gemma' ? Math.sqrt(D) : 1;
+  let h = ids.map((id) => Float64Array.from({ length: D }, (_, j) => E[id * D + j] * embedScale));
   for (let l = 0; l < c.num_hidden_layers; l++) {
     const p = `model.layers.${l}.`;
-    const x = h.map((r) => rmsnorm(r, tensor(w, p + 'input_layernorm.weight'), c.rms_norm_eps));
-    const q = x.map((r, t) => heads(dense(w, p + 'self_attn.q_proj', r, H * hd, 'linear', qkvBias, lora), H, hd).map((v) => ropeApply(v, t, rates)));
-    const k = x.map((r, t) => heads(dense(w, p + 'self_attn.k_proj', r, KV * hd, 'linear', qkvBias, lora), KV, hd).map((v) => ropeApply(v, t, rates)));
-    const v = x.map((r) => heads(dense(w, p + 'self_attn.v_proj', r, KV * hd, 'linear', qkvBias, lora), KV, hd));
-    const ctx = causalAttention(q, k, v, H, KV, hd);
+    const x = h.map((r) => norm(r, p + 'input_layernorm.weight'));
+    let qs: Vec[];
+    let ks: Vec[];
+    let vs: Vec[];
+    if (type === 'phi3') {
+      const qkv = x.map((r) => dense(w, p + 'self_attn.qkv_proj', r, (H + 2 * KV) * hd, 'linear', false, lora));
+      qs = qkv.map((r) => r.slice(0, H * hd));
+      ks = qkv.map((r) => r.slice(H * hd, (H + KV) * hd));
+      vs = qkv.map((r) => r.slice((H + KV) * hd));
+    } else {
+      qs = x.map((r) => dense(w, p + 'self_attn.q_proj', r, H * hd, 'linear', qkvBias, lora));
+      ks = x.map((r) => dense(w, p + 'self_attn.k_proj', r, KV * hd, 'linear', qkvBias, lora));
+      vs = x.map((r) => dense(w, p + 'self_attn.v_proj', r, KV * hd, 'linear', qkvBias, lora));
+    }
+    const headNorm = (v: Vec, which: 'q' | 'k') => (type === 'qwen3' ? rmsnorm(v, tensor(w, `${p}self_attn.${which}_norm.weight`), c.rms_norm_eps) : v);
+    const q = qs.map((r, t) => heads(r, H, hd).map((v) => ropeApply(headNorm(v, 'q'), t, rates)));
+    const k = ks.map((r, t) => heads(r, KV, hd).map((v) => ropeApply(headNorm(v, 'k'), t, rates)));
+    const v = vs.map((r) => heads(r, KV, hd));
+    const ctx = causalAttention(q, k, v, H, KV, hd, 1 / Math.sqrt(hd), window);
     h = h.map((r, t) => {
       const o = dense(w, p + 'self_attn.o_proj', ctx[t], D, 'linear', oBias, lora);
       return r.map((a, j) => a + o[j]);
     });
     h = h.map((r) => {
-      const xn = rmsnorm(r, tensor(w, p + 'post_attention_layernorm.weight'), c.rms_norm_eps);
-      const gate = dense(w, p + 'mlp.gate_proj', xn, c.intermediate_size, 'linear', c.mlp_bias, lora);
-      const up = dense(w, p + 'mlp.up_proj', xn, c.intermediate_size, 'linear', c.mlp_bias, lora);
-      const m = dense(w, p + 'mlp.down_proj', gate.map((g, i) => act(c.hidden_act, g) * up[i]), D, 'linear', c.mlp_bias, lora);
+      const xn = norm(r, p + 'post_attention_layernorm.weight');
+      let gate: Vec;
+      let up: Vec;
+      if (type === 'phi3') {
+        const gu = dense(w, p + 'mlp.gate_up_proj', xn, 2 * F, 'linear', false, lora);
+        gate = gu.slice(0, F);
+        up = gu.slice(F);
+      } else {
+        gate = dense(w, p + 'mlp.gate_proj', xn, F, 'linear', c.mlp_bias, lora);
+        up = dense(w, p + 'mlp.up_proj', xn, F, 'linear', c.mlp_bias, lora);
+      }
+      const m = dense(w, p + 'mlp.down_proj', gate.map((g, i) => mlpAct(g) * up[i]), D, 'linear', c.mlp_bias && type !== 'phi3', lora);
       return r.map((a, j) => a + m[j]);
     });
   }
-  return h.map((r) => rmsnorm(r, tensor(w, 'model.norm.weight'), c.rms_norm_eps));
+  return h.map((r) => norm(r, 'model.norm.weight'));
 }
 
 function gpt2Hidden(c: Gpt2Config, w: RefWeights, ids: number[], lora?: RefLora): Vec[] {

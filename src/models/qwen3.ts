@@ -1,0 +1,26 @@
+/**
+ * Qwen3 (HF `Qwen3ForCausalLM`): llama's decoder with an RMSNorm over each head of q and k
+ * (`self_attn.q_norm`, `self_attn.k_norm`, weight `[head_dim]`) before the rotary embedding, an
+ * explicit `head_dim` (Qwen3-0.6B: 16 heads × 128 = 2048 ≠ hidden 1024), no q/k/v biases by default,
+ * tied or untied head. Everything else is llama's (src/models/llama.ts), in training and decoding.
+ */
+import { UserError } from '../cli/errors.ts';
+import type { LlamaConfig } from './config.ts';
+import { type LlamaFamily, LLAMA } from './llama.ts';
+import { rmsNorm } from './layers.ts';
+
+export const QWEN3: LlamaFamily = {
+  model_type: 'qwen3',
+  hfClass: 'Qwen3ForCausalLM',
+  defaults: { vocab_size: 151936, intermediate_size: 22016, max_position_embeddings: 32768, head_dim: 128, attention_bias: false },
+  fields(r, _c, where) {
+    if (r.bool('use_sliding_window', false)) throw new UserError(`${where}: qwen3 with "use_sliding_window": true is not supported (its windowed layers differ by max_window_layers)`);
+    return {};
+  },
+  layerShapes(c: LlamaConfig, p: string) {
+    return [...LLAMA.layerShapes!(c, p), [p + 'self_attn.q_norm.weight', [c.head_dim]], [p + 'self_attn.k_norm.weight', [c.head_dim]]];
+  },
+  headNorm(g, c, p, q, k, P) {
+    return [rmsNorm(g, q, P.get(p + 'self_attn.q_norm.weight'), c.rms_norm_eps), rmsNorm(g, k, P.get(p + 'self_attn.k_norm.weight'), c.rms_norm_eps)];
+  },
+};
