@@ -1,6 +1,6 @@
 import { describe, it, expect, beforeAll } from 'vitest';
 import { execFile } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
@@ -10,7 +10,7 @@ import { referenceLogps } from './helpers/reference-forward.ts';
 
 const run = promisify(execFile);
 const BIN = resolve(__dirname, '..', 'bin', 'prefzoo.mjs');
-const ARCHS: Arch[] = ['llama', 'qwen2', 'gpt2'];
+const ARCHS: Arch[] = ['llama', 'qwen2', 'qwen3', 'mistral', 'gemma', 'phi3', 'gpt2'];
 
 async function prefzoo(...args: string[]): Promise<{ stdout: string; stderr: string; code: number }> {
   try {
@@ -43,7 +43,7 @@ describe('prefzoo init-model and logps', () => {
         outputs.set(arch, { init: init.stdout, logps: lp.stdout });
       }),
     );
-  }, 60_000);
+  }, 120_000);
 
   it.each(ARCHS)('%s: prints finite log-probs that match the float64 reference on the written checkpoint', (arch) => {
     const lines = outputs.get(arch)!.logps.trim().split('\n').map((l) => JSON.parse(l) as { logp: number; tokens: number });
@@ -78,4 +78,36 @@ describe('prefzoo init-model and logps', () => {
     expect(flags.code).toBe(1);
     expect(flags.stderr).toMatch(/^prefzoo: --arch: "bert" is not one of llama, qwen2, qwen3, mistral, gemma, phi3, gpt2\n$/);
   });
+});
+
+describe('the newer families end to end: init-model, train (4 DPO steps), generate', () => {
+  const root = mkdtempSync(join(tmpdir(), 'pz-cli-families-'));
+  const pairs = join(root, 'pairs.jsonl');
+  // Rows longer than the tiny presets' sliding window (6 positions), so the window is in play.
+  writeFileSync(
+    pairs,
+    Array.from({ length: 8 }, (_, i) => JSON.stringify({ prompt: `Count from ${i}:`, chosen: ` ${i} ${i + 1} ${i + 2} ${i + 3}`, rejected: ` ${i} ${i + 2} ${i + 1}` })).join('\n') + '\n',
+  );
+  const prompts = join(root, 'prompts.jsonl');
+  writeFileSync(prompts, '{"prompt": "Count from 3:"}\n{"prompt": "a longer prompt than the window"}\n');
+
+  it.each(['qwen3', 'mistral', 'gemma', 'phi3'] as const)('%s', async (arch) => {
+    const m = join(root, arch);
+    const init = await prefzoo('init-model', '--arch', arch, '--preset', 'tiny', '-o', m);
+    expect(init.code, init.stderr).toBe(0);
+    const run = join(root, `run-${arch}`);
+    const train = await prefzoo('train', '--model', m, '--data', pairs, '--loss', 'dpo', '--param', 'max_steps=4', '--param', 'batch_size=4', '--param', 'learning_rate=1e-3', '-o', run);
+    expect(train.code, train.stderr).toBe(0);
+    const metrics = readFileSync(join(run, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
+    const steps = metrics.filter((r) => typeof r.loss === 'number');
+    expect(steps.at(-1)!.step).toBe(4);
+    expect(steps.every((r) => Number.isFinite(r.loss))).toBe(true);
+    // The trained model is a loadable model of the same family.
+    expect(loadModel(join(run, 'final')).config.model_type).toBe(arch);
+    const out = join(root, `gen-${arch}.parquet`);
+    const gen = await prefzoo('generate', '--model', join(run, 'final'), '--prompts', prompts, '-o', out, '--n', '2', '--max-new-tokens', '9', '--json');
+    expect(gen.code, gen.stderr).toBe(0);
+    expect(JSON.parse(gen.stdout)).toMatchObject({ prompts: 2, samples: 4 });
+    expect(existsSync(out)).toBe(true);
+  }, 60_000);
 });
