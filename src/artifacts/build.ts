@@ -22,6 +22,7 @@ import type { DType, TypedArray } from '../onnx/dtype.ts';
 import { isFloat } from '../onnx/dtype.ts';
 import { saveModel } from '../onnx/proto.ts';
 import { gradients } from '../autodiff/index.ts';
+import { recomputeSegments } from '../autodiff/recompute.ts';
 import { zerosLike } from '../autodiff/shape.ts';
 import { UserError } from '../cli/errors.ts';
 import { buildOptimizerGraph, defaultDecay, type OptimizerConfig, gradName, gradAccName, stateName } from '../optim/index.ts';
@@ -72,6 +73,11 @@ export interface ArtifactSpec {
   modelConfig?: unknown;
   /** Emit grad_acc inputs and the accumulate flag (default true). */
   gradientAccumulation?: boolean;
+  /**
+   * Activation recomputation: names the segment of each forward node (null: none); the backward
+   * then recomputes a segment's activations from its inputs (src/autodiff/recompute.ts).
+   */
+  recompute?: (node: Node) => string | null;
 }
 
 function graphIO(g: Graph): GraphIO {
@@ -131,6 +137,7 @@ export function buildTrainingGraph(spec: ArtifactSpec): { graph: Graph; metrics:
   for (const [name, t] of Object.entries(fwd.metrics ?? {})) outputNamed(g, reserved, t, name, 'metric');
 
   const wrt = trainable.map((p) => params[p.name]);
+  const firstBackward = g.nodes.length;
   const grads = gradients(g, fwd.loss, wrt);
   const accumulate = spec.gradientAccumulation ?? true;
   // A tensor that is the gradient of two parameters must not take either one's running sum.
@@ -147,6 +154,7 @@ export function buildTrainingGraph(spec: ArtifactSpec): { graph: Graph; metrics:
       g.output(d, gradName(p.name));
     });
   });
+  if (spec.recompute) recomputeSegments(g, firstBackward, spec.recompute);
   pruneGraph(g, new Set(accumulate ? trainable.map((p) => gradAccName(p.name)) : []));
   return { graph: g, metrics };
 }

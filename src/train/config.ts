@@ -61,6 +61,12 @@ export interface TrainConfig {
    * log-probs and gradients as one sequence per response, less work). false: one sequence per response.
    */
   share_prompt: boolean;
+  /**
+   * Activation recomputation: the backward pass recomputes each layer's activations from the layer's
+   * input instead of keeping them from the forward (less memory, about a third more forward work).
+   * Same gradients. Default false.
+   */
+  gradient_checkpointing: boolean;
   /** Save the final weights as F32 or BF16. */
   save_dtype: 'F32' | 'BF16';
   device: 'cpu' | 'cuda';
@@ -98,6 +104,7 @@ export const DEFAULT_CONFIG: TrainConfig = {
   lora_target_modules: 'q_proj,v_proj',
   ref_on_the_fly: false,
   share_prompt: true,
+  gradient_checkpointing: false,
   save_dtype: 'F32',
   device: 'cpu',
   threads: 0,

@@ -8,7 +8,7 @@ import type { BatchTensors } from '../../losses/types.ts';
 import type { BoundLoss } from '../../losses/index.ts';
 import type { ArtifactSpec, BatchInputSpec } from '../artifacts/build.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
-import type { Graph, Tensor } from '../onnx/graph.ts';
+import type { Graph, Node, Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
@@ -30,6 +30,8 @@ export interface TrainProblem {
   kl?: boolean;
   /** Pairwise and listwise: each example's responses share one computed prompt (src/train/batch.ts). */
   packed?: boolean;
+  /** Recompute each layer's activations in the backward pass (src/autodiff/recompute.ts). */
+  recompute?: boolean;
 }
 
 const F = 'float32' as const;
@@ -104,6 +106,11 @@ function lossInputs(g: Graph, p: TrainProblem, logp: Tensor, tokens: Tensor, bat
   return ins;
 }
 
+/** Recomputation segments of the model graphs: one per decoder layer (`layers.i/…`, GPT-2's `h.i/…`). */
+export function modelSegment(n: Node): string | null {
+  return /^(layers|h)\.\d+(?=\/)/.exec(n.name)?.[0] ?? null;
+}
+
 export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, optimizer: OptimizerConfig): ArtifactSpec {
   if (p.packed && (!canPack(p.kind, p.kl) || p.valueHead)) throw new Error(`buildSpec: ${p.kind} batches${p.kl ? ' with KL pairs' : ''}${p.valueHead ? ' with a value head' : ''} cannot share prompts`);
   return {
@@ -112,6 +119,7 @@ export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, op
     optimizer,
     loss: { name: p.loss.spec, params: Object.fromEntries(p.loss.terms.map((t) => [t.loss.name, t.params])) },
     modelConfig: p.config,
+    recompute: p.recompute ? modelSegment : undefined,
     buildForward(g, params, batch, mode) {
       const paramMap = new Map(Object.entries(params));
       const inputs = p.packed
