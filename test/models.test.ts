@@ -319,7 +319,8 @@ describe('policy and adapters-off reference in one graph', () => {
     const inputIds = g.input('input_ids', 'int64', ['batch', 'seq']);
     const attentionMask = g.input('attention_mask', 'int64', ['batch', 'seq']);
     const lossMask = g.input('loss_mask', 'float32', ['batch', 'seq']);
-    const params = declareParameters(g, c, { lora });
+    // One batch index for both: its two CumSums (positions, the causal running count) appear once.
+    expect(g.nodes.filter((n) => n.op === 'CumSum')).toHaveLength(2);
     const policy = buildCausalLM(g, c, params, { inputIds, attentionMask }, { lora });
     const reference = buildCausalLM(g, c, params, { inputIds, attentionMask }, { batch: policy.batch });
     g.output(sequenceLogps(g, policy, lossMask).logp, 'policy');
