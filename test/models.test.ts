@@ -319,14 +319,14 @@ describe('policy and adapters-off reference in one graph', () => {
     const inputIds = g.input('input_ids', 'int64', ['batch', 'seq']);
     const attentionMask = g.input('attention_mask', 'int64', ['batch', 'seq']);
     const lossMask = g.input('loss_mask', 'float32', ['batch', 'seq']);
-    // One batch index for both: its two CumSums (positions, the causal running count) appear once.
-    expect(g.nodes.filter((n) => n.op === 'CumSum')).toHaveLength(2);
+    const params = declareParameters(g, c, { lora });
     const policy = buildCausalLM(g, c, params, { inputIds, attentionMask }, { lora });
     const reference = buildCausalLM(g, c, params, { inputIds, attentionMask }, { batch: policy.batch });
     g.output(sequenceLogps(g, policy, lossMask).logp, 'policy');
     g.output(sequenceLogps(g, reference, lossMask).logp, 'reference');
     expect(g.inputs.length).toBe(3 + params.size);
-    expect(g.nodes.filter((n) => n.op === 'CumSum')).toHaveLength(1);
+    // One batch index for both: its two CumSums (positions, the causal running count) appear once.
+    expect(g.nodes.filter((n) => n.op === 'CumSum')).toHaveLength(2);
     const s = await Session.create(serializeModel(g));
     const B = 2;
     const T = 6;
