@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """The PyTorch eager peer of `prefzoo bench`: the same DPO training step (forward, backward, AdamW)
-of the same llama shape on the same batch, printing the same JSON keys.
+of the same model shape on the same batch, printing the same JSON keys.
 
 The model is a plain-torch Llama block stack written the way Hugging Face's eager modeling code
 computes it (RMSNorm, rotate-half RoPE, grouped-query heads repeated to full heads, masked softmax
-attention, SwiGLU MLP, untied head; log-probs by log_softmax and gather as TRL's DPO trainer does).
+attention, SwiGLU MLP; Qwen2's q/k/v biases, Qwen3's per-head q/k norms; log-probs by log_softmax
+and gather as TRL's DPO trainer does). `--lora R` freezes the base weights and trains rank-R
+adapters on every projection, as PEFT's `all-linear` does.
 
 Needs Debian's python3-torch (PyTorch 1.13 with OpenBLAS):
   apt-get install -y python3-torch libopenblas0-pthread
-  /usr/bin/python3 scripts/bench/peer-pytorch.py [--preset small|tiny] [--steps N] [--threads N]
+  /usr/bin/python3 scripts/bench/peer-pytorch.py [--preset small|tiny|qwen2.5-0.5b|…] [--steps N] [--threads N] [--lora R]
 """
 import argparse
 import json
@@ -25,21 +27,42 @@ import torch.nn.functional as F
 
 # Shapes of src/models/config.ts presetConfig('llama', ...); tiny's vocabulary is the generated
 # tokenizer's (passed with --vocab when it differs).
+# The released shapes are those of the models' config.json (as src/models/config.ts RELEASED).
 PRESETS = {
     'small': dict(vocab=32000, hidden=512, inter=1376, layers=8, heads=8, kv_heads=4, head_dim=64, tied=False),
     'tiny': dict(vocab=512, hidden=64, inter=172, layers=2, heads=4, kv_heads=2, head_dim=16, tied=True),
+    'smollm2-360m': dict(vocab=49152, hidden=960, inter=2560, layers=32, heads=15, kv_heads=5, head_dim=64, tied=True, theta=100000.0, eps=1e-5),
+    'qwen2.5-0.5b': dict(vocab=151936, hidden=896, inter=4864, layers=24, heads=14, kv_heads=2, head_dim=64, tied=True, theta=1e6, qkv_bias=True),
+    'qwen2.5-1.5b': dict(vocab=151936, hidden=1536, inter=8960, layers=28, heads=12, kv_heads=2, head_dim=128, tied=True, theta=1e6, qkv_bias=True),
+    'qwen3-0.6b': dict(vocab=151936, hidden=1024, inter=3072, layers=28, heads=16, kv_heads=8, head_dim=128, tied=True, theta=1e6, qk_norm=True),
 }
-EPS = 1e-6
-THETA = 10000.0
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, d):
+    def __init__(self, d, eps):
         super().__init__()
+        self.eps = eps
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * self.weight
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class LoRALinear(nn.Module):
+    """W x (+ b) + (alpha / r) B A x with W frozen (PEFT's LoRA layer: A Kaiming-uniform, B zero)."""
+
+    def __init__(self, base, r, alpha):
+        super().__init__()
+        self.base = base
+        base.weight.requires_grad_(False)
+        if base.bias is not None:
+            base.bias.requires_grad_(False)
+        self.lora_A = nn.Parameter(torch.empty(r, base.in_features).uniform_(-1 / math.sqrt(base.in_features), 1 / math.sqrt(base.in_features)))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, r))
+        self.scale = alpha / r
+
+    def forward(self, x):
+        return self.base(x) + (x @ self.lora_A.t() @ self.lora_B.t()) * self.scale
 
 
 def rotate_half(x):
@@ -51,13 +74,16 @@ class Block(nn.Module):
     def __init__(self, c):
         super().__init__()
         d, h, kv, hd = c['hidden'], c['heads'], c['kv_heads'], c['head_dim']
+        eps, bias = c.get('eps', 1e-6), c.get('qkv_bias', False)
         self.h, self.kv, self.hd = h, kv, hd
-        self.input_layernorm = RMSNorm(d)
-        self.q_proj = nn.Linear(d, h * hd, bias=False)
-        self.k_proj = nn.Linear(d, kv * hd, bias=False)
-        self.v_proj = nn.Linear(d, kv * hd, bias=False)
+        self.input_layernorm = RMSNorm(d, eps)
+        self.q_proj = nn.Linear(d, h * hd, bias=bias)
+        self.k_proj = nn.Linear(d, kv * hd, bias=bias)
+        self.v_proj = nn.Linear(d, kv * hd, bias=bias)
         self.o_proj = nn.Linear(h * hd, d, bias=False)
-        self.post_attention_layernorm = RMSNorm(d)
+        self.q_norm = RMSNorm(hd, eps) if c.get('qk_norm') else None
+        self.k_norm = RMSNorm(hd, eps) if c.get('qk_norm') else None
+        self.post_attention_layernorm = RMSNorm(d, eps)
         self.gate_proj = nn.Linear(d, c['inter'], bias=False)
         self.up_proj = nn.Linear(d, c['inter'], bias=False)
         self.down_proj = nn.Linear(c['inter'], d, bias=False)
@@ -65,8 +91,11 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, mask):
         B, T, _ = x.shape
         y = self.input_layernorm(x)
-        q = self.q_proj(y).view(B, T, self.h, self.hd).transpose(1, 2)
-        k = self.k_proj(y).view(B, T, self.kv, self.hd).transpose(1, 2)
+        q = self.q_proj(y).view(B, T, self.h, self.hd)
+        k = self.k_proj(y).view(B, T, self.kv, self.hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(y).view(B, T, self.kv, self.hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -86,10 +115,10 @@ class Llama(nn.Module):
         self.c = c
         self.embed_tokens = nn.Embedding(c['vocab'], c['hidden'])
         self.layers = nn.ModuleList(Block(c) for _ in range(c['layers']))
-        self.norm = RMSNorm(c['hidden'])
+        self.norm = RMSNorm(c['hidden'], c.get('eps', 1e-6))
         self.lm_head = None if c['tied'] else nn.Linear(c['hidden'], c['vocab'], bias=False)
         hd = c['head_dim']
-        self.register_buffer('inv_freq', 1.0 / THETA ** (torch.arange(0, hd, 2).float() / hd), persistent=False)
+        self.register_buffer('inv_freq', 1.0 / c.get('theta', 10000.0) ** (torch.arange(0, hd, 2).float() / hd), persistent=False)
         for name, p in self.named_parameters():
             if p.dim() == 2:
                 nn.init.normal_(p, std=0.02)
@@ -162,6 +191,7 @@ def main():
     ap.add_argument('--threads', type=int, default=0, help='torch threads (default: every core)')
     ap.add_argument('--vocab', type=int, default=0, help='override the preset vocabulary')
     ap.add_argument('--no-peak', action='store_true')
+    ap.add_argument('--lora', type=int, default=0, help='rank of LoRA adapters on every projection (alpha = 2 r); 0: full fine-tune')
     a = ap.parse_args()
     torch.set_num_threads(a.threads or os.cpu_count())
     torch.manual_seed(0)
@@ -170,6 +200,12 @@ def main():
         c['vocab'] = a.vocab
     model = Llama(c)
     params = sum(p.numel() for p in model.parameters())
+    if a.lora:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for block in model.layers:
+            for name in ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'):
+                setattr(block, name, LoRALinear(getattr(block, name), a.lora, 2 * a.lora))
     ids, attn, loss_mask = bench_pairs(c['vocab'], a.pairs, a.seq)
     tokens = ids.numel()
     log = lambda s: print(f'peer: {s}', file=sys.stderr, flush=True)
@@ -184,7 +220,8 @@ def main():
                 eval_times.append(time.perf_counter() - t0)
     ref_c, ref_r = ref[:a.pairs], ref[a.pairs:]
 
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     beta = 0.1
     times = []
     load = os.getloadavg()[0]
@@ -197,7 +234,7 @@ def main():
         loss = -F.logsigmoid(logits).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
         dt = time.perf_counter() - t0
         if i >= a.warmup:
@@ -213,6 +250,7 @@ def main():
     peak = None if a.no_peak else matmul_peak()
     out = {
         'preset': a.preset,
+        'lora_rank': a.lora or None,
         'params': params,
         'matmul_params': matmul_params,
         'tokens_per_step': tokens,

@@ -8,11 +8,12 @@
  * forward has used them, and one segment's activations are alive at a time during the backward.
  *
  * Two things make the runtime honour the placement. The copies read the segment's entry tensors
- * through `x + 0·g`, with g one element of the last gradient tensor computed before the segment's
- * backward: they cannot run before the backward reaches the segment, whatever order the runtime
- * picks, and no common-subexpression pass can merge them back into the originals. `x + 0·g` is x exactly for finite g (a
- * non-finite gradient has already made the step's update void), so the gradients are the same
- * numbers as without recomputation.
+ * through a gate that depends on the last gradient tensor computed before the segment's backward:
+ * activations as `x + z`, graph inputs (weights) as `Reshape(x, Shape(x) + z)` (an alias, no copy),
+ * with z = Cast(g < g) = 0 for one element g of that gradient (0 even when g is NaN). The copies then
+ * cannot run before the backward reaches the segment, whatever order the runtime picks, and no
+ * common-subexpression pass can merge them back into the originals. `x + 0` is x, so the gradients
+ * are the same numbers as without recomputation.
  */
 import type { Graph, Node, Tensor } from '../onnx/graph.ts';
 import { isFloat } from '../onnx/dtype.ts';
@@ -40,10 +41,12 @@ export function recomputeSegments(g: Graph, firstBackward: number, segmentOf: (n
       if (s !== null) segOfTensor.set(o, s);
     }
   });
-  // Checkpoints: tensors of a segment that forward nodes outside it read (and graph outputs).
+  // Checkpoints: tensors of a segment that another segment's forward nodes read (and graph outputs).
+  // What only unsegmented nodes read (a widened weight, the last layer's output) is recomputed too.
   const boundary = new Set<string>(g.outputs.map((o) => o.name));
   for (const n of forward) {
     const s = segmentOf(n);
+    if (s === null) continue;
     for (const i of n.inputs) if (segOfTensor.has(i) && segOfTensor.get(i) !== s) boundary.add(i);
   }
   // Per segment: the tensors the backward reads, and the first backward node reading one.
@@ -85,15 +88,22 @@ export function recomputeSegments(g: Graph, firstBackward: number, segmentOf: (n
       .find((o) => o && isFloat(g.tensor(o).dtype));
     const start = g.nodes.length;
     const rename = new Map<string, Tensor>();
-    let zero: Tensor | null = null;
+    let gate: Tensor | null = null;
     const entry = (x: string): Tensor => {
       const t = g.tensor(x);
       const shared = (readers.get(x)?.size ?? 0) > 1;
-      if (!barrier || shared || !isFloat(t.dtype) || !producerIndex.has(x)) return t;
+      if (!barrier || shared || !isFloat(t.dtype)) return t;
       if (!rename.has(x)) {
-        // 0 · (one element of the gradient arriving here): ties the copies to this point of the backward.
-        zero ??= g.mul(g.slice(g.reshape(g.tensor(barrier), [-1]), [0], [1]), 0);
-        rename.set(x, g.add(t, zero.dtype === t.dtype ? zero : g.cast(zero, t.dtype)));
+        // g < g: false, yet computed from the gradient arriving here, which ties the copies to this point.
+        gate ??= g.scope('gate', () => {
+          const s = g.slice(g.reshape(g.tensor(barrier), [-1]), [0], [1]);
+          return g.less(s, s);
+        });
+        const z = gate;
+        rename.set(
+          x,
+          producerIndex.has(x) ? g.add(t, g.cast(z, t.dtype)) : g.op('Reshape', [t, g.add(g.shapeOf(t), g.cast(z, 'int64'))], {}, [{ dtype: t.dtype, shape: t.shape }])[0],
+        );
       }
       return rename.get(x)!;
     };

@@ -29,7 +29,7 @@ export const GEMMA: LlamaFamily = {
   },
   fields: (r) => ({ hidden_activation: r.activation('hidden_activation', 'gelu_pytorch_tanh') }),
   normInit: 0,
-  embed: (g, c, P, flatIds) => g.mul(g.gather(P.get('model.embed_tokens.weight'), flatIds, 0), Math.sqrt(c.hidden_size)),
+  embed: (g, c, P, flatIds) => g.mul(P.rows('model.embed_tokens.weight', flatIds), Math.sqrt(c.hidden_size)),
   norm: (g, c, x, w) => rmsNorm(g, x, g.add(w, 1), c.rms_norm_eps),
   mlp(g, c, _p, x, proj) {
     const gate = activation(g, mlpActivation(c), proj('mlp.gate_proj', x, c.mlp_bias));

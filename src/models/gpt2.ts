@@ -22,7 +22,7 @@ export function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): 
 
   let h = g.scope('embed', () => {
     const pos = reshapeTo(g, bi.positions, [-1], [bi.N]);
-    return g.add(g.gather(P.get('transformer.wte.weight'), bi.flatIds, 0), g.gather(P.get('transformer.wpe.weight'), pos, 0));
+    return g.add(P.rows('transformer.wte.weight', bi.flatIds), P.rows('transformer.wpe.weight', pos));
   });
   for (let i = 0; i < c.n_layer; i++) {
     const p = `transformer.h.${i}.`;

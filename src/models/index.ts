@@ -50,9 +50,10 @@ export interface CausalLM {
  */
 export function buildCausalLM(g: Graph, config: ModelConfig, params: Map<string, Tensor>, inputs: CausalLMInputs, opts: CausalLMOptions = {}): CausalLM {
   const P = new Params(params, config, opts.lora);
-  const embed = P.get(config.model_type === 'gpt2' ? 'transformer.wte.weight' : 'model.embed_tokens.weight');
-  const dtype = embed.dtype as FloatDType;
-  if (dtype !== 'float32' && dtype !== 'float64') throw new Error(`model parameters must be float32 or float64, got ${dtype}`);
+  const embed = P.raw(config.model_type === 'gpt2' ? 'transformer.wte.weight' : 'model.embed_tokens.weight');
+  // float16 base weights (LoRA's base_dtype) compute in float32.
+  const dtype = (embed.dtype === 'float16' ? 'float32' : embed.dtype) as FloatDType;
+  if (dtype !== 'float32' && dtype !== 'float64') throw new Error(`model parameters must be float32, float64 or (frozen) float16, got ${embed.dtype}`);
   if (opts.batch && (opts.batch.ids !== inputs.inputIds || opts.batch.dtype !== dtype)) throw new Error('buildCausalLM: opts.batch belongs to other inputs');
   const indexOf = (): BatchIndex => {
     const window = config.model_type === 'gpt2' ? null : attentionWindow(config);

@@ -244,7 +244,7 @@ export function llamaStack(g: Graph, c: LlamaConfig, P: Params, flatIds: Tensor,
   const norm = (x: Tensor, w: string) => (fam.norm ? fam.norm(g, c, x, P.get(w)) : rmsNorm(g, x, P.get(w), c.rms_norm_eps));
   const { cos, sin, cosQ, sinQ } = at.rope;
 
-  let h = g.scope('embed', () => (fam.embed ? fam.embed(g, c, P, flatIds) : g.gather(P.get('model.embed_tokens.weight'), flatIds, 0))); // [N, D]
+  let h = g.scope('embed', () => (fam.embed ? fam.embed(g, c, P, flatIds) : P.rows('model.embed_tokens.weight', flatIds))); // [N, D]
   for (let i = 0; i < c.num_hidden_layers; i++) {
     const p = `model.layers.${i}.`;
     h = g.scope(`layers.${i}`, () => {

@@ -64,10 +64,29 @@ export class Params {
     this.scale = lora ? loraScale(lora) : 0;
   }
 
+  /**
+   * The parameter as the forward computes with it: a float16 one (frozen base weights under LoRA,
+   * `base_dtype`) is widened to float32 here, where it is used, so that recomputation
+   * (src/autodiff/recompute.ts) can widen it again in the backward instead of keeping the copy.
+   */
   get(name: string): Tensor {
+    const t = this.raw(name);
+    return t.dtype === 'float16' ? t.graph.scope(`widen`, () => t.graph.cast(t, 'float32')) : t;
+  }
+
+  /** The parameter as declared (no widening). */
+  raw(name: string): Tensor {
     const t = this.tensors.get(name);
     if (!t) throw new Error(`model parameter "${name}" was not declared`);
     return t;
+  }
+
+  /** Rows `ids` of a table (embeddings): gathered, then widened, so only those rows are. */
+  rows(name: string, ids: Tensor): Tensor {
+    const t = this.raw(name);
+    const g = t.graph;
+    const r = g.gather(t, ids, 0);
+    return r.dtype === 'float16' ? g.cast(r, 'float32') : r;
   }
 
   /** The adapter of module `name` (e.g. `model.layers.0.self_attn.q_proj`), if adapters are on. */

@@ -67,6 +67,12 @@ export interface TrainConfig {
    * Same gradients. Default false.
    */
   gradient_checkpointing: boolean;
+  /**
+   * LoRA only: the type the frozen base weights are held in. float16 halves their memory; each is
+   * widened to float32 where a layer uses it (and widened again in the backward rather than kept).
+   * bfloat16 cannot be fed through onnxruntime-node's JavaScript API, so it is not offered. Default float32.
+   */
+  base_dtype: 'float32' | 'float16';
   /** Save the final weights as F32 or BF16. */
   save_dtype: 'F32' | 'BF16';
   device: 'cpu' | 'cuda';
@@ -105,6 +111,7 @@ export const DEFAULT_CONFIG: TrainConfig = {
   ref_on_the_fly: false,
   share_prompt: true,
   gradient_checkpointing: false,
+  base_dtype: 'float32',
   save_dtype: 'F32',
   device: 'cpu',
   threads: 0,
@@ -115,6 +122,7 @@ const CHOICES: Partial<Record<keyof TrainConfig, readonly string[]>> = {
   optimizer: ['adamw', 'sgd'],
   truncation: ['keep_start', 'keep_end'],
   save_dtype: ['F32', 'BF16'],
+  base_dtype: ['float32', 'float16'],
   device: ['cpu', 'cuda'],
 };
 
@@ -214,6 +222,9 @@ export function resolveConfig(opts: { configFile?: string; params?: readonly str
     apply(parsed as Record<string, unknown>, opts.configFile);
   }
   apply(parseParams(opts.params ?? []), '--param');
+  if (config.base_dtype !== 'float32' && config.lora_r === 0) {
+    throw new UserError(`base_dtype=${config.base_dtype} needs LoRA (lora_r > 0): without adapters every weight is trained and stays float32`);
+  }
   if (config.max_prompt_length >= config.max_length) {
     throw new UserError(`max_prompt_length (${config.max_prompt_length}) must be smaller than max_length (${config.max_length})`);
   }

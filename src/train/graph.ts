@@ -32,6 +32,8 @@ export interface TrainProblem {
   packed?: boolean;
   /** Recompute each layer's activations in the backward pass (src/autodiff/recompute.ts). */
   recompute?: boolean;
+  /** LoRA: frozen base weights held in float16 (TrainConfig.base_dtype); default float32. */
+  baseDtype?: 'float32' | 'float16';
 }
 
 const F = 'float32' as const;
@@ -113,15 +115,20 @@ export function modelSegment(n: Node): string | null {
   return /^(layers|h)\.\d+(?=\/)/.exec(n.name)?.[0] ?? null;
 }
 
+/** A float16 weight's widening to float32 (Params.get) is its own segment: widened again in the backward, not kept. */
+export function widenSegment(n: Node): string | null {
+  return n.op === 'Cast' && /(^|\/)widen\//.test(n.name) ? n.outputs[0] : null;
+}
+
 export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, optimizer: OptimizerConfig): ArtifactSpec {
   if (p.packed && (!canPack(p.kind, p.kl) || p.valueHead)) throw new Error(`buildSpec: ${p.kind} batches${p.kl ? ' with KL pairs' : ''}${p.valueHead ? ' with a value head' : ''} cannot share prompts`);
   return {
-    params: modelParamSpecs(p.config, weights, p.lora, p.valueHead),
+    params: modelParamSpecs(p.config, weights, p.lora, p.valueHead, p.baseDtype),
     batchInputs: batchInputSpecs(p),
     optimizer,
     loss: { name: p.loss.spec, params: Object.fromEntries(p.loss.terms.map((t) => [t.loss.name, t.params])) },
     modelConfig: p.config,
-    recompute: p.recompute ? modelSegment : undefined,
+    recompute: p.recompute || p.baseDtype === 'float16' ? (n) => (p.recompute ? modelSegment(n) : null) ?? widenSegment(n) : undefined,
     buildForward(g, params, batch, mode) {
       const paramMap = new Map(Object.entries(params));
       const inputs = p.packed

@@ -14,6 +14,7 @@ import { mergeLora, type LoraConfig } from '../models/index.ts';
 import type { TrainingArtifacts } from '../artifacts/training.ts';
 import type { ParamSpec } from '../artifacts/build.ts';
 import { modelParameterShapes, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT } from '../models/params.ts';
+import { f16BitsToFloat, float32ToF16 } from '../artifacts/safetensors.ts';
 
 export function optimizerOf(c: TrainConfig): OptimizerConfig {
   const clip = c.max_grad_norm > 0 ? c.max_grad_norm : null;
@@ -40,7 +41,11 @@ export function writeJsonAtomic(file: string, value: unknown): void {
 /** Current parameter values of a training run as float tensors (copies). */
 export function currentWeights(art: TrainingArtifacts): Map<string, FloatTensor> {
   const out = new Map<string, FloatTensor>();
-  for (const p of art.manifest.params) out.set(p.name, { shape: p.shape, data: Float32Array.from(art.param(p.name) as Float32Array) });
+  for (const p of art.manifest.params) {
+    const v = art.param(p.name);
+    // float16 parameters (frozen base weights under base_dtype) are held as bit patterns.
+    out.set(p.name, { shape: p.shape, data: p.dtype === 'float16' ? Float32Array.from(v as Uint16Array, f16BitsToFloat) : Float32Array.from(v as Float32Array) });
+  }
   return out;
 }
 
@@ -75,14 +80,17 @@ export function saveModelFolder(
  * Artifact parameters of a model: every weight trainable, or only LoRA adapters (and a value head)
  * under LoRA; weight decay on matrices only.
  */
-export function modelParamSpecs(config: ModelConfig, init: Map<string, FloatTensor>, lora: LoraConfig | null, valueHead: boolean): ParamSpec[] {
+export function modelParamSpecs(config: ModelConfig, init: Map<string, FloatTensor>, lora: LoraConfig | null, valueHead: boolean, baseDtype: 'float32' | 'float16' = 'float32'): ParamSpec[] {
   const out: ParamSpec[] = [];
   for (const [name, shape] of modelParameterShapes(config, { lora, valueHead })) {
     const isHead = name === VALUE_HEAD_WEIGHT || name === VALUE_HEAD_BIAS;
     const isAdapter = name.includes('.lora_A.') || name.includes('.lora_B.');
     const w = init.get(name);
     if (!w) throw new Error(`no initial value for parameter ${name}`);
-    out.push({ name, dtype: 'float32', shape, trainable: lora ? isAdapter || isHead : true, decay: shape.length >= 2, data: w.data });
+    const trainable = lora ? isAdapter || isHead : true;
+    // Frozen base weights may be held in float16 (base_dtype): half the memory, widened where used.
+    const half = !trainable && baseDtype === 'float16';
+    out.push({ name, dtype: half ? 'float16' : 'float32', shape, trainable, decay: shape.length >= 2, data: half ? float32ToF16(w.data) : w.data });
   }
   return out;
 }

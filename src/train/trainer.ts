@@ -34,6 +34,7 @@ import { canPack, collate } from './batch.ts';
 import { readManifest } from '../artifacts/manifest.ts';
 import { readRefColumns, writeRefColumns } from '../../datasets/tokenized.ts';
 import { buildSpec, type TrainProblem } from './graph.ts';
+import { f16BitsToFloat, float32ToF16 } from '../artifacts/safetensors.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { SeededRandom } from './random.ts';
 import { Scorer } from './scorer.ts';
@@ -156,11 +157,12 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   // A resumed run keeps the batch layout its artifacts were built with.
   const builtWith = resuming ? readBuiltLayout(join(run, 'artifacts')) : null;
   const packed = builtWith ?? (config.share_prompt && canPack(kind, kl) && !valueHeadOn);
-  const problem: TrainProblem = { config: base.config, kind, loss, lora, kl, valueHead: valueHeadOn, dataKeys, packed, recompute: config.gradient_checkpointing };
+  const problem: TrainProblem = { config: base.config, kind, loss, lora, kl, valueHead: valueHeadOn, dataKeys, packed, recompute: config.gradient_checkpointing, baseDtype: config.base_dtype };
 
   // Reference log-probs: computed once from the reference weights (LoRA off) and cached in the run.
   const refFile = join(run, 'data', 'reference.parquet');
-  const refWeights = o.refModel ? loadModel(o.refModel).weights : base.weights;
+  // With float16 base weights the reference is that same rounded base (adapters off), as PEFT's is.
+  const refWeights = o.refModel ? loadModel(o.refModel).weights : config.base_dtype === 'float16' ? roundedToF16(base.weights) : base.weights;
   let ref: number[][] = [];
   let refScorer: Scorer | null = null;
   if (config.ref_on_the_fly) {
@@ -352,4 +354,9 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
 function readBuiltLayout(dir: string): boolean | null {
   if (!existsSync(join(dir, 'artifacts.json'))) return null;
   return readManifest(dir).batchInputs.some((b) => b.name === 'segment_ids');
+}
+
+/** Weights rounded to float16 precision (and back to float32). */
+function roundedToF16(w: Map<string, FloatTensor>): Map<string, FloatTensor> {
+  return new Map([...w].map(([k, t]) => [k, { shape: t.shape, data: Float32Array.from(float32ToF16(t.data), f16BitsToFloat) }]));
 }
