@@ -3,7 +3,7 @@
  * optimizer, a float32 emulation of its own arithmetic, and the ONNX optimizer graph.
  */
 import { describe, it, expect } from 'vitest';
-import { HostAdamW, type HostParam } from '../src/optim/host.ts';
+import { HostAdamW, packMemories, type HostParam } from '../src/optim/host.ts';
 import { kernelsSupported } from '../src/optim/wasm.ts';
 import { buildOptimizerGraph, resolveOptimizerConfig, gradName, OPTIM_IO, stateName, updatedName } from '../src/optim/index.ts';
 import { serializeModel } from '../src/onnx/proto.ts';
@@ -32,7 +32,34 @@ describe('host AdamW', () => {
     expect(kernelsSupported()).toBe(true);
     expect(HostAdamW.unsupported(PARAMS, config(1))).toBeNull();
     expect(HostAdamW.unsupported(PARAMS, resolveOptimizerConfig({ type: 'sgd' }))).toMatch(/AdamW only/);
-    expect(HostAdamW.unsupported([{ name: 'huge', numel: 300_000_000, decay: true }], config(1))).toMatch(/exceed the 4 GiB/);
+    expect(HostAdamW.unsupported([{ name: 'huge', numel: 300_000_000, decay: true }], config(1))).toMatch(/exceeds the 4 GiB/);
+    // A 0.5B model (136M-element embedding, then layers) spreads over two memories.
+    const big = [{ name: 'embed', numel: 136_134_656, decay: true }, ...Array.from({ length: 24 }, (_, i) => ({ name: `layer${i}`, numel: 14_912_000, decay: true }))];
+    expect(HostAdamW.unsupported(big, config(1))).toBeNull();
+    const packed = packMemories(big)!;
+    expect(packed.sizes.length).toBe(2);
+    packed.sizes.forEach((size, k) => expect(size + packed.scratch[k]).toBeLessThanOrEqual(2 ** 32));
+  });
+
+  it('spread over several memories, updates exactly as in one', () => {
+    const one = HostAdamW.create(PARAMS, config(0.5))!;
+    const many = HostAdamW.create(PARAMS, config(0.5), 66_000)!;
+    expect(one.memories).toBe(1);
+    expect(many.memories).toBeGreaterThan(1);
+    const normal = gaussian(rng(5));
+    for (const p of PARAMS) {
+      const init = Float32Array.from({ length: p.numel }, normal);
+      one.param(p.name).set(init);
+      many.param(p.name).set(init);
+    }
+    for (let t = 1; t <= 3; t++) {
+      const grads = randomGrads(normal, 0.9);
+      expect(many.update(grads, t, 0.02, 1)).toBe(one.update(grads, t, 0.02, 1));
+    }
+    for (const p of PARAMS) {
+      expect(Array.from(many.param(p.name))).toEqual(Array.from(one.param(p.name)));
+      expect(Array.from(many.state('v', p.name))).toEqual(Array.from(one.state('v', p.name)));
+    }
   });
 
   it('matches a float32 emulation of the same arithmetic bit for bit (kernel body and tail)', () => {
