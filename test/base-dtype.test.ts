@@ -63,7 +63,7 @@ describe.each(['qwen2', 'phi3'] as const)('%s with float16 base weights and LoRA
   it('scores like the float64 forward of the rounded weights; recomputed widening: same gradients, no copy kept', async () => {
     const plain = await run(false);
     const rc = await run(true);
-    expect(plain.widenedCount).toBeGreaterThan(c.num_hidden_layers * 3);
+    expect(plain.widenedCount).toBeGreaterThan(2 * 3); // 2 layers, several weights each
     expect(plain.keptWidened).toBe(true);
     expect(rc.keptWidened).toBe(false);
     const rounded = new Map([...w].map(([k, t]) => [k, isAdapter(k) ? t : { shape: t.shape, data: Float32Array.from(float32ToF16(t.data), f16BitsToFloat) }]));

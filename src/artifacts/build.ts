@@ -139,7 +139,7 @@ export function buildTrainingGraph(spec: ArtifactSpec): { graph: Graph; metrics:
 
   const wrt = trainable.map((p) => params[p.name]);
   const firstBackward = g.nodes.length;
-  const grads = gradients(g, fwd.loss, wrt);
+  const grads = gradients(g, fwd.loss, wrt, { eagerSums: spec.recompute !== undefined });
   const accumulate = spec.gradientAccumulation ?? true;
   // A tensor that is the gradient of two parameters must not take either one's running sum.
   const seen = new Map<string, number>();

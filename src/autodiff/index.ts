@@ -14,6 +14,11 @@ export { RULES, NON_DIFFERENTIABLE, type Rule, type RuleContext } from './rules.
 export interface GradientOptions {
   /** Upstream gradient of y (y's dtype and shape); default ones. */
   seed?: Tensor;
+  /**
+   * Add each new contribution to a tensor's gradient as it arrives (Add chain, same order) instead
+   * of one Sum at first use: the contributions need not all be alive at once (recomputation).
+   */
+  eagerSums?: boolean;
 }
 
 /**
@@ -59,7 +64,8 @@ export function gradients(g: Graph, y: Tensor, wrt: Tensor[], opts: GradientOpti
       dx.forEach((d, i) => {
         if (!d || !needs[i]) return;
         const name = node.inputs[i];
-        pending.set(name, [...(pending.get(name) ?? []), d]);
+        const parts = pending.get(name) ?? [];
+        pending.set(name, opts.eagerSums && parts.length ? [g.add(parts[0], d)] : [...parts, d]);
       });
     }
     return wrt.map((t) => (live.has(t.name) ? total(t.name) : null));

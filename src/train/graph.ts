@@ -110,9 +110,14 @@ function lossInputs(g: Graph, p: TrainProblem, logp: Tensor, tokens: Tensor, bat
   return ins;
 }
 
-/** Recomputation segments of the model graphs: one per decoder layer (`layers.i/…`, GPT-2's `h.i/…`). */
+/** Recomputation segments of the model graphs: one per decoder layer (`layers.i/…`, GPT-2's `h.i/…`) and head slice (`logps/head.k/…`). */
 export function modelSegment(n: Node): string | null {
-  return /^(layers|h)\.\d+(?=\/)/.exec(n.name)?.[0] ?? null;
+  return /^((layers|h)\.\d+|logps\/head\.\d+)(?=\/)/.exec(n.name)?.[0] ?? null;
+}
+
+/** Slices of the output head under recomputation: about 8,192 vocabulary entries' worth each, so a slice's logits stay small. */
+export function headChunksOf(c: ModelConfig): number {
+  return Math.max(1, Math.ceil(c.vocab_size / 8192));
 }
 
 /** A float16 weight's widening to float32 (Params.get) is its own segment: widened again in the backward, not kept. */
@@ -135,9 +140,11 @@ export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, op
         ? { inputIds: batch.input_ids, packed: { positionIds: batch.position_ids, segmentIds: batch.segment_ids } }
         : { inputIds: batch.input_ids, attentionMask: batch.attention_mask };
       const model = buildCausalLM(g, p.config, paramMap, inputs, { lora: p.lora });
+      // Under recomputation the output head runs in slices too, each a segment (src/models/logps.ts).
+      const headChunks = p.recompute && mode === 'train' ? headChunksOf(p.config) : 1;
       const { logp, tokens } = p.packed
-        ? scoredLogps(g, model, batch.score_index, batch.score_target, batch.score_select)
-        : sequenceLogps(g, model, batch.loss_mask);
+        ? scoredLogps(g, model, batch.score_index, batch.score_target, batch.score_select, { headChunks })
+        : sequenceLogps(g, model, batch.loss_mask, { headChunks });
       const values = p.valueHead && batch.value_index ? valueHead(g, model, paramMap, batch.value_index) : null;
       if (mode === 'eval') {
         const outputs: Record<string, Tensor> = { logp, tokens };

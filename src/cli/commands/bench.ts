@@ -14,7 +14,8 @@ import { UserError } from '../errors.ts';
 import { Progress } from '../progress.ts';
 import { buildArtifacts } from '../../artifacts/build.ts';
 import { TrainingArtifacts } from '../../artifacts/training.ts';
-import { type LlamaConfig, countParameters, presetConfig } from '../../models/config.ts';
+import { type LlamaConfig, type Preset, PRESETS, countParameters, presetArch, presetConfig } from '../../models/config.ts';
+import { initLora } from '../../models/lora.ts';
 import { initWeights } from '../../models/init.ts';
 import { measureMatmulPeak } from '../../runtime/peak.ts';
 import type { OptLevel, RuntimeOptions } from '../../runtime/session.ts';
@@ -27,7 +28,14 @@ import type { TypedArray } from '../../onnx/dtype.ts';
 import { positiveInt } from '../flags.ts';
 
 export interface BenchOptions {
-  preset: 'tiny' | 'small';
+  /** tiny/small (the init-model llama) or a released model's shape (qwen2.5-0.5b, …; random weights). */
+  preset: Preset;
+  /** LoRA rank on every projection (alpha = 2·rank); 0 or absent: full fine-tune. */
+  loraRank?: number;
+  /** Activation recomputation (TrainConfig.gradient_checkpointing). */
+  gradientCheckpointing?: boolean;
+  /** LoRA's frozen base weights in float16 (TrainConfig.base_dtype). */
+  baseDtype?: 'float32' | 'float16';
   /** Timed training steps (after `warmup` untimed ones). */
   steps: number;
   warmup: number;
@@ -45,6 +53,12 @@ export interface BenchOptions {
 
 export interface BenchResult {
   preset: string;
+  arch: string;
+  lora_rank: number | null;
+  gradient_checkpointing: boolean;
+  base_dtype: 'float32' | 'float16';
+  /** Parameters the optimizer updates (all, or the adapters). */
+  trainable_params: number;
   params: number;
   matmul_params: number;
   tokens_per_step: number;
@@ -149,6 +163,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
 export interface BenchSetup {
   config: LlamaConfig;
   params: number;
+  trainableParams: number;
   /** The artifacts folder (no checkpoint: `initial` holds the starting weights). */
   artDir: string;
   initial: Map<string, TypedArray>;
@@ -158,26 +173,47 @@ export interface BenchSetup {
   packed: boolean;
 }
 
+export interface BenchModelOptions {
+  loraRank?: number;
+  gradientCheckpointing?: boolean;
+  baseDtype?: 'float32' | 'float16';
+}
+
 /** The bench's model, batch rows and DPO training artifacts, written under `dir`. */
-export function prepareBench(dir: string, preset: 'tiny' | 'small', pairs: number, seqLen: number, sharePrompt = true): BenchSetup {
+export function prepareBench(dir: string, preset: Preset, pairs: number, seqLen: number, sharePrompt = true, m: BenchModelOptions = {}): BenchSetup {
   // The model init-model writes (same tokenizer, config and seed), kept in memory.
   const tok = writeTokenizer(path.join(dir, 'tokenizer'));
-  const config = presetConfig('llama', preset, { vocabSize: preset === 'tiny' ? tok.vocabSize : undefined, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId }) as LlamaConfig;
+  const arch = presetArch(preset) ?? 'llama';
+  const config = presetConfig(arch, preset, { vocabSize: preset === 'tiny' ? tok.vocabSize : undefined, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId }) as LlamaConfig;
   const weights = initWeights(config, 0);
-  const problem = { config, kind: 'pairwise' as const, loss: resolveLoss('dpo'), lora: null, valueHead: false, dataKeys: new Set<string>(), packed: sharePrompt };
+  const lora = m.loraRank ? { rank: m.loraRank, alpha: 2 * m.loraRank, targets: ['all-linear'] } : null;
+  if (lora) for (const [k, v] of initLora(config, lora, 0)) weights.set(k, v);
+  const problem = {
+    config,
+    kind: 'pairwise' as const,
+    loss: resolveLoss('dpo'),
+    lora,
+    valueHead: false,
+    dataKeys: new Set<string>(),
+    packed: sharePrompt,
+    recompute: m.gradientCheckpointing ?? false,
+    baseDtype: m.baseDtype ?? 'float32',
+  };
   const spec = buildSpec(problem, weights, { type: 'adamw', betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0, maxGradNorm: 1 });
+  weights.clear();
+  const trainableParams = spec.params.filter((p) => p.trainable).reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0);
   // No initial checkpoint on disk: the weights go straight into the runner's store.
   const initial = new Map(spec.params.map((p) => [p.name, p.data!]));
   spec.params = spec.params.map((p) => ({ ...p, data: undefined }));
   const artDir = path.join(dir, 'artifacts');
   buildArtifacts(spec, artDir);
-  return { config, params: countParameters(config), artDir, initial, rows: benchPairs(config.vocab_size, pairs, seqLen), padId: tok.padId, packed: sharePrompt };
+  return { config, params: countParameters(config), trainableParams, artDir, initial, rows: benchPairs(config.vocab_size, pairs, seqLen), padId: tok.padId, packed: sharePrompt };
 }
 
 async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void): Promise<BenchResult> {
-  log(`llama ${o.preset}: building the model and its training artifacts`);
+  log(`${o.preset}: building the model and its training artifacts`);
   const sharePrompt = o.sharePrompt ?? true;
-  const { config, params, artDir, initial, rows, padId } = prepareBench(dir, o.preset, o.pairs, o.seqLen, sharePrompt);
+  const { config, params, trainableParams, artDir, initial, rows, padId } = prepareBench(dir, o.preset, o.pairs, o.seqLen, sharePrompt, o);
   const art = await TrainingArtifacts.load(artDir, o.runtime, { checkpoint: false, update: o.update });
   for (const [name, data] of initial) art.setParam(name, data);
   initial.clear();
@@ -230,6 +266,11 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
   const executed = executedFlops(config, rowsRun, lengthRun, scoredPositions(batch.feeds));
   return {
     preset: o.preset,
+    arch: config.model_type,
+    lora_rank: o.loraRank || null,
+    gradient_checkpointing: o.gradientCheckpointing ?? false,
+    base_dtype: o.baseDtype ?? 'float32',
+    trainable_params: trainableParams,
     params,
     matmul_params: matmulParams,
     tokens_per_step: tokens,
@@ -262,7 +303,10 @@ export function register(program: Command): void {
   program
     .command('bench')
     .description('time DPO training steps (forward, backward, AdamW) of the init-model llama through the training artifacts, and the MatMul peak of this machine')
-    .option('--preset <preset>', 'model size: tiny or small (56M parameters, vocabulary 32000)', 'small')
+    .option('--preset <preset>', `model: tiny, small (the init-model llama; 56M parameters, vocabulary 32000) or a released shape with random weights: ${PRESETS.slice(2).join(', ')}`, 'small')
+    .option('--lora [rank]', 'train LoRA adapters (alpha = 2·rank) on every projection instead of every weight (rank default 16)')
+    .option('--gradient-checkpointing', "recompute each layer's activations in the backward (train's gradient_checkpointing=true)")
+    .option('--base-dtype <dtype>', "with --lora: hold the frozen base weights in float32 or float16 (train's base_dtype)", 'float32')
     .option('--steps <n>', 'timed steps, after the warm-up (default 5)')
     .option('--warmup <n>', "untimed steps first (default 5: ONNX Runtime's memory arena and the allocator settle over the first runs)")
     .option('--pairs <n>', 'preference pairs per batch (default 4)')
@@ -273,15 +317,21 @@ export function register(program: Command): void {
     .option('--no-share-prompt', "one sequence per response, each computing its prompt (the trainer's share_prompt=false)")
     .option('--update <where>', 'where the AdamW update runs: host (in place, in this process), graph (in the fused step graph) or auto (default: host on the CPU)')
     .option('--json', 'print one JSON line')
-    .action(async (o: { preset: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean }) => {
-      if (o.preset !== 'tiny' && o.preset !== 'small') throw new UserError(`--preset: "${o.preset}" is not one of tiny, small`);
+    .action(async (o: { preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean }) => {
+      if (!(PRESETS as readonly string[]).includes(o.preset)) throw new UserError(`--preset: "${o.preset}" is not one of ${PRESETS.join(', ')}`);
+      const loraRank = o.lora === undefined || o.lora === false ? 0 : o.lora === true ? 16 : positiveInt('--lora', o.lora, 16);
+      if (o.baseDtype !== 'float32' && o.baseDtype !== 'float16') throw new UserError(`--base-dtype: "${o.baseDtype}" is not one of float32, float16`);
+      if (o.baseDtype === 'float16' && !loraRank) throw new UserError('--base-dtype float16 needs --lora (only frozen weights can be held in float16)');
       const levels = ['disabled', 'basic', 'extended', 'all'];
       if (o.optLevel !== undefined && !levels.includes(o.optLevel)) throw new UserError(`--opt-level: "${o.optLevel}" is not one of ${levels.join(', ')}`);
       if (o.update !== undefined && !['auto', 'graph', 'host'].includes(o.update)) throw new UserError(`--update: "${o.update}" is not one of auto, graph, host`);
       const seqLen = positiveInt('--seq', o.seq, 256);
       if (seqLen < 4 || seqLen % 2) throw new UserError(`--seq must be an even number ≥ 4, got ${seqLen}`);
       const r = await runBench({
-        preset: o.preset,
+        preset: o.preset as Preset,
+        loraRank,
+        gradientCheckpointing: o.gradientCheckpointing ?? false,
+        baseDtype: o.baseDtype,
         steps: positiveInt('--steps', o.steps, 5),
         warmup: o.warmup === '0' ? 0 : positiveInt('--warmup', o.warmup, 5),
         pairs: positiveInt('--pairs', o.pairs, 4),
@@ -297,7 +347,8 @@ export function register(program: Command): void {
         return;
       }
       const lines: [string, string][] = [
-        ['model', `llama ${r.preset}, ${r.params.toLocaleString('en-US')} parameters (${r.matmul_params.toLocaleString('en-US')} in matmuls)`],
+        ['model', `${r.arch} ${r.preset}, ${r.params.toLocaleString('en-US')} parameters (${r.matmul_params.toLocaleString('en-US')} in matmuls)`],
+        ['training', `${r.lora_rank ? `LoRA r=${r.lora_rank} on every projection, base ${r.base_dtype}` : 'every weight'} (${r.trainable_params.toLocaleString('en-US')} trainable)${r.gradient_checkpointing ? ', activations recomputed' : ''}`],
         ['batch', `${r.tokens_per_step} tokens per step (${r.share_prompt ? `prompts shared: ${r.computed_tokens_per_step} computed` : 'one sequence per response'})`],
         ['optimizer_update', r.optimizer_update === 'host' ? 'host (AdamW in place, in this process)' : 'graph (AdamW inside the step graph)'],
         ['tokens_per_s', String(r.tokens_per_s)],
