@@ -5,6 +5,9 @@
 import ort from 'onnxruntime-node';
 import { UserError } from '../cli/errors.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
+import type { Graph } from '../onnx/graph.ts';
+import { serializeModel } from '../onnx/proto.ts';
+import { lowerForWebGpu } from '../onnx/lower.ts';
 
 export type ExecutionProvider = 'cpu' | 'webgpu' | 'cuda';
 export const EXECUTION_PROVIDERS: readonly ExecutionProvider[] = ['cpu', 'webgpu', 'cuda'];
@@ -143,6 +146,12 @@ export class Session {
     }
   }
 
+  /** A session for a graph built in this process, lowered first when it runs on WebGPU (src/onnx/lower.ts). */
+  static fromGraph(g: Graph, o: RuntimeOptions = {}, outputs?: Record<string, OutputLocation>): Promise<Session> {
+    if (o.ep === 'webgpu') lowerForWebGpu(g);
+    return Session.create(serializeModel(g), o, outputs);
+  }
+
   get inputNames(): readonly string[] {
     return this.inner.inputNames;
   }
@@ -168,6 +177,34 @@ export class Session {
 
   async release(): Promise<void> {
     await this.inner.release();
+  }
+}
+
+let webgpuChecked: Promise<void> | null = null;
+
+/**
+ * Fails early, with the one-line explanation, when the device cannot run here: no CUDA build, or no
+ * WebGPU adapter (opens a one-node session once per process). A no-op for the CPU.
+ */
+export async function checkDevice(o: RuntimeOptions): Promise<void> {
+  const ep = o.ep ?? 'cpu';
+  if (ep === 'cpu') return;
+  if (ep === 'cuda') {
+    sessionOptions(o);
+    return;
+  }
+  webgpuChecked ??= (async () => {
+    const { Graph } = await import('../onnx/graph.ts');
+    const g = new Graph('probe');
+    g.output(g.identity(g.input('x', 'float32', [1])), 'y');
+    const s = await Session.create(serializeModel(g), { ep: 'webgpu' });
+    await s.release();
+  })();
+  try {
+    await webgpuChecked;
+  } catch (e) {
+    webgpuChecked = null;
+    throw e;
   }
 }
 
