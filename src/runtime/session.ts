@@ -3,6 +3,12 @@
  * conversions between JS typed arrays and ort.Tensor.
  */
 import ort from 'onnxruntime-node';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { spawnSync } from 'node:child_process';
+import { createRequire } from 'node:module';
+import { fileURLToPath } from 'node:url';
 import { UserError } from '../cli/errors.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
 import type { Graph } from '../onnx/graph.ts';
@@ -58,8 +64,16 @@ export function toOrt(dtype: DType, data: TypedArray, dims: readonly number[]): 
   return new ort.Tensor(t, data as never, dims);
 }
 
+/**
+ * Whether ONNX Runtime's CUDA provider library is installed beside the binding: the CPU build lists
+ * 'cuda' among its backends (not bundled) but lacks the library, and would fail deep in session creation.
+ */
 export function cudaAvailable(): boolean {
-  return ort.listSupportedBackends().some((b) => b.name === 'cuda');
+  if (!ort.listSupportedBackends().some((b) => b.name === 'cuda')) return false;
+  const root = path.dirname(createRequire(import.meta.url).resolve('onnxruntime-node/package.json'));
+  const bin = path.join(root, 'bin');
+  if (!fs.existsSync(bin)) return false;
+  return fs.readdirSync(bin).some((napi) => fs.existsSync(path.join(bin, napi, process.platform, process.arch, 'libonnxruntime_providers_cuda.so')));
 }
 
 /** The message for a provider that cannot run here, with what to do about it. */
@@ -194,11 +208,22 @@ export async function checkDevice(o: RuntimeOptions): Promise<void> {
     return;
   }
   webgpuChecked ??= (async () => {
+    // In a child process: Dawn prints its adapter search to the native stderr, which would bury the
+    // one line this check exists to give.
     const { Graph } = await import('../onnx/graph.ts');
     const g = new Graph('probe');
     g.output(g.identity(g.input('x', 'float32', [1])), 'y');
-    const s = await Session.create(serializeModel(g), { ep: 'webgpu' });
-    await s.release();
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-probe-'));
+    try {
+      const file = path.join(dir, 'probe.onnx');
+      fs.writeFileSync(file, serializeModel(g));
+      const probe = fileURLToPath(new URL('./placement-probe.mjs', import.meta.url));
+      const r = spawnSync(process.execPath, [probe, file, JSON.stringify(sessionOptions({ ep: 'webgpu' })), 'quiet'], { encoding: 'utf8' });
+      const err = (r.stderr ?? '').split('\n').find((l) => l.startsWith('placement-probe-error: '));
+      if (err || r.status !== 0) throw explainRuntimeError(new Error(err ? err.slice('placement-probe-error: '.length) : `exit ${r.status}`), 'webgpu');
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
   })();
   try {
     await webgpuChecked;
