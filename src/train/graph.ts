@@ -30,6 +30,8 @@ export interface TrainProblem {
   kl?: boolean;
   /** Pairwise and listwise: each example's responses share one computed prompt (src/train/batch.ts). */
   packed?: boolean;
+  /** Unpacked batches: the head over every position, no data-dependent ops (for WebGPU; see sequenceLogps). */
+  dense?: boolean;
 }
 
 const F = 'float32' as const;
@@ -122,7 +124,7 @@ export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, op
       const model = buildCausalLM(g, p.config, paramMap, inputs, { lora: p.lora });
       const { logp, tokens } = p.packed
         ? scoredLogps(g, model, batch.score_index, batch.score_target, batch.score_select)
-        : sequenceLogps(g, model, batch.loss_mask);
+        : sequenceLogps(g, model, batch.loss_mask, { dense: p.dense });
       const values = p.valueHead && batch.value_index ? valueHead(g, model, paramMap, batch.value_index) : null;
       if (mode === 'eval') {
         const outputs: Record<string, Tensor> = { logp, tokens };

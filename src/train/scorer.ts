@@ -27,7 +27,7 @@ export class Scorer {
   ) {}
 
   static async create(config: ModelConfig, weights: Map<string, FloatTensor>, runtime: RuntimeOptions, padId: number): Promise<Scorer> {
-    const g = buildLogpsGraph(config, { dtype: 'float32' });
+    const g = buildLogpsGraph(config, { dtype: 'float32', dense: runtime.ep === 'webgpu' });
     const params: Feeds = {};
     for (const [name, shape] of modelParameterShapes(config)) {
       const w = weights.get(name);

@@ -159,7 +159,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   // A resumed run keeps the batch layout its artifacts were built with.
   const builtWith = resuming ? readBuiltLayout(join(run, 'artifacts')) : null;
   const packed = builtWith ?? (config.share_prompt && canPack(kind, kl) && !valueHeadOn);
-  const problem: TrainProblem = { config: base.config, kind, loss, lora, kl, valueHead: valueHeadOn, dataKeys, packed };
+  const problem: TrainProblem = { config: base.config, kind, loss, lora, kl, valueHead: valueHeadOn, dataKeys, packed, dense: config.device === 'webgpu' };
 
   // Reference log-probs: computed once from the reference weights (LoRA off) and cached in the run.
   const refFile = join(run, 'data', 'reference.parquet');

@@ -63,7 +63,7 @@ export function register(program: Command): void {
       const ep = device(o.device);
       const { config, weights } = loadModel(o.model);
       const rows = readRows(o.input, config.vocab_size, config.model_type === 'gpt2' ? maxPositions(config) : null);
-      const session = await Session.fromGraph(buildLogpsGraph(config, { weights }), { ep, threads });
+      const session = await Session.fromGraph(buildLogpsGraph(config, { weights, dense: ep === 'webgpu' }), { ep, threads });
       const lines: string[] = [];
       for (let start = 0; start < rows.length; start += batchSize) {
         const batch = rows.slice(start, start + batchSize);
