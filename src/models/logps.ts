@@ -28,6 +28,23 @@ export interface SequenceLogps {
 /** Large enough for any Slice end. */
 const END = 2 ** 40;
 
+/**
+ * `[N]` log-probs of the targets at the counted positions (0 elsewhere), with the head over those
+ * positions only: NonZero lists them, ScatterND puts their values back. Data-dependent, so it runs on
+ * the host under WebGPU; `dense` there runs the head over every position instead.
+ */
+function countedRowLogps(g: Graph, model: CausalLM, targets: Tensor, flatCounted: Tensor, dtype: FloatDType, chunks = 1): Tensor {
+  const scored = g.not(g.equal(flatCounted, 0)); // [N]
+  const M = 'scored';
+  const rowsIdx = reshapeTo(g, g.op('NonZero', [scored], {}, [{ dtype: 'int64', shape: [1, M] }])[0], [-1], [M]);
+  const lp = headRows(g, model, rowsIdx, g.gather(targets, rowsIdx, 0), M, chunks);
+  // Back to [N]: slot 0 holds a zero for unscored positions, a scored one reads its rank 1..M.
+  const padded = g.concat([g.constant([0], dtype, [1]), lp], 0); // [M + 1]
+  const ranks = g.range(1, g.add(g.squeeze(g.shapeOf(rowsIdx), [0]), 1), 1); // [M]: 1..M
+  const slot = g.scatterND(g.cast(g.mul(flatCounted, 0), 'int64'), g.unsqueeze(rowsIdx, [1]), ranks); // [N]
+  return g.gather(padded, slot, 0); // [N]
+}
+
 /** Shifts `[B, T]` one step left along the sequence (x[:, t+1] at t), filling the last column from `fill`. */
 function shiftLeft(g: Graph, x: Tensor, fill: Tensor, shape: (string | number)[]): Tensor {
   return g.op('Concat', [g.slice(x, [1], [END], [1]), fill], { axis: { kind: 'int', value: 1 } }, [{ dtype: x.dtype, shape }])[0];
@@ -38,7 +55,7 @@ function shiftLeft(g: Graph, x: Tensor, fill: Tensor, shape: (string | number)[]
  * Only the M positions whose next token is counted go through the output head: a prompt's
  * positions predict nothing the loss reads, so their `[·, V]` logits are never formed.
  */
-export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts: { perToken?: boolean; headChunks?: number } = {}): SequenceLogps {
+export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts: { perToken?: boolean; dense?: boolean; headChunks?: number } = {}): SequenceLogps {
   const bi = model.batch;
   return g.scope('logps', () => {
     const shape = [bi.B, bi.T];
@@ -48,15 +65,7 @@ export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts:
     const targets = reshapeTo(g, shiftLeft(g, bi.ids, firstCol(bi.ids), shape), [-1], [bi.N]);
     const counted = shiftLeft(g, mask, g.mul(firstCol(mask), 0), shape);
     const flatCounted = reshapeTo(g, counted, [-1], [bi.N]);
-    const scored = g.not(g.equal(flatCounted, 0)); // [N]
-    const M = 'scored';
-    const rowsIdx = reshapeTo(g, g.op('NonZero', [scored], {}, [{ dtype: 'int64', shape: [1, M] }])[0], [-1], [M]);
-    const lp = rowLogps(g, model, rowsIdx, g.gather(targets, rowsIdx, 0), M, opts.headChunks);
-    // Back to [N]: slot 0 holds a zero for unscored positions, a scored one reads its rank 1..M.
-    const padded = g.concat([g.constant([0], bi.dtype, [1]), lp], 0); // [M + 1]
-    const ranks = g.range(1, g.add(g.squeeze(g.shapeOf(rowsIdx), [0]), 1), 1); // [M]: 1..M
-    const slot = g.scatterND(g.cast(g.mul(flatCounted, 0), 'int64'), g.unsqueeze(rowsIdx, [1]), ranks); // [N]
-    const lpFull = g.gather(padded, slot, 0); // [N]
+    const lpFull = opts.dense ? rowLogps(g, model, model.hidden, targets, bi.N as string) : countedRowLogps(g, model, targets, flatCounted, bi.dtype, opts.headChunks);
     const weighted = g.mul(reshapeRt(g, lpFull, bi.shapeBT, shape), counted); // [B, T]
     const out: SequenceLogps = { logp: g.reduceSum(weighted, [1], false), tokens: g.reduceSum(counted, [1], false) };
     if (opts.perToken) {
@@ -68,13 +77,10 @@ export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts:
   });
 }
 
-/**
- * `[M]` log p(target[m] | hidden row index[m]): the head over the M gathered rows only, the target
- * logit from gathered head rows, and the log-sum-exp with the row max held constant (module comment).
- */
-function rowLogps(g: Graph, model: CausalLM, index: Tensor, target: Tensor, M: string, chunks = 1): Tensor {
-  if (chunks > 1) return chunkedRowLogps(g, model, index, target, chunks);
-  return headLogps(g, model, g.gather(model.hidden, index, 0), target, M);
+/** `[M]` log-probs of the hidden rows `index`: gathered, then the head, in `chunks` slices when more than one. */
+function headRows(g: Graph, model: CausalLM, index: Tensor, target: Tensor, M: string, chunks = 1): Tensor {
+  if (chunks <= 1) return rowLogps(g, model, g.gather(model.hidden, index, 0), target, M);
+  return chunkedRowLogps(g, model, index, target, chunks);
 }
 
 /**
@@ -92,12 +98,16 @@ function chunkedRowLogps(g: Graph, model: CausalLM, index: Tensor, target: Tenso
     const take = (x: Tensor) => g.op('Slice', [x, at(k), at(k + 1), g.ints([0])], {}, [{ dtype: x.dtype, shape: [`scored_${k}`] }])[0];
     const hk = g.gather(model.hidden, take(index), 0); // [M_k, D], outside the segment: its checkpoint
     const tk = take(target);
-    parts.push(g.scope(`head.${k}`, () => headLogps(g, model, hk, tk, `scored_${k}`)));
+    parts.push(g.scope(`head.${k}`, () => rowLogps(g, model, hk, tk, `scored_${k}`)));
   }
   return g.op('Concat', parts, { axis: { kind: 'int', value: 0 } }, [{ dtype: parts[0].dtype, shape: ['scored'] }])[0];
 }
 
-function headLogps(g: Graph, model: CausalLM, h: Tensor, target: Tensor, M: string): Tensor {
+/**
+ * `[M]` log p(target[m] | hidden row index[m]): the head over the M gathered rows only, the target
+ * logit from gathered head rows, and the log-sum-exp with the row max held constant (module comment).
+ */
+function rowLogps(g: Graph, model: CausalLM, h: Tensor, target: Tensor, M: string): Tensor {
   const logits = lmHead(g, h, model.headWeight); // [M, V]
   const rows = g.gather(model.headWeight, target, 0); // [M, D]
   const picked = g.reduceSum(g.mul(h, rows), [1], false); // [M]
@@ -114,7 +124,7 @@ function headLogps(g: Graph, model: CausalLM, h: Tensor, target: Tensor, M: stri
  */
 export function scoredLogps(g: Graph, model: CausalLM, scoreIndex: Tensor, scoreTarget: Tensor, scoreSelect: Tensor, opts: { headChunks?: number } = {}): SequenceLogps {
   return g.scope('logps', () => {
-    const lp = rowLogps(g, model, scoreIndex, scoreTarget, 'scored', opts.headChunks);
+    const lp = headRows(g, model, scoreIndex, scoreTarget, 'scored', opts.headChunks);
     const logp = g.matmul(scoreSelect, g.unsqueeze(lp, [1])); // [S, 1]
     return { logp: g.squeeze(logp, [1]), tokens: g.reduceSum(scoreSelect, [1], false) };
   });
@@ -125,6 +135,11 @@ export interface LogpsGraphOptions extends CausalLMOptions {
   /** Bake these weights in as initializers; otherwise every parameter is a graph input. */
   weights?: Map<string, FloatTensor>;
   perToken?: boolean;
+  /**
+   * Run the head over every position rather than only the counted ones: no data-dependent ops
+   * (NonZero, ScatterND), which the WebGPU provider cannot run on the device. Same values.
+   */
+  dense?: boolean;
 }
 
 /**
@@ -141,7 +156,7 @@ export function buildLogpsGraph(config: ModelConfig, opts: LogpsGraphOptions = {
     ? parameterInitializers(g, opts.weights, modelParameterShapes(config, { lora: opts.lora }).keys())
     : declareParameters(g, config, { dtype, lora: opts.lora });
   const model = buildCausalLM(g, config, params, { inputIds, attentionMask }, { lora: opts.lora });
-  const r = sequenceLogps(g, model, lossMask, { perToken: opts.perToken });
+  const r = sequenceLogps(g, model, lossMask, { perToken: opts.perToken, dense: opts.dense });
   g.output(r.logp, 'logp');
   g.output(r.tokens, 'tokens');
   if (r.tokenLogps) g.output(r.tokenLogps, 'token_logps');

@@ -9,7 +9,9 @@
  *   ScatterND indices) stay int64: constants get an int64 twin, computed values a Cast before them.
  * - ops the provider lacks, as compositions of ops it has: Sum → a chain of Add; ConstantOfShape →
  *   Expand of a scalar; Or(a, b) → Not(And(Not a, Not b)); Sign(x) → (x > 0) − (x < 0);
- *   LogSoftmax(x) → (x − max) − log Σ exp(x − max).
+ *   LogSoftmax(x) → (x − max) − log Σ exp(x − max); Slice of int32 → Slice of a float32 copy.
+ * - shapes the host would assemble (Concat of a Shape and constants; Shape of a Transpose, which ONNX
+ *   Runtime turns into a Gather over int64) → the Shape of a device-side carrier tensor.
  *
  * Shape, ArgMax and NonZero outputs are int64 by definition; their readers must take int64
  * (shape operands). Builders avoid feeding them into arithmetic, and `webgpuPlacement` in
@@ -246,6 +248,36 @@ function retypeInt64(g: Graph): void {
   g.nodes.splice(0, g.nodes.length, ...out);
 }
 
+/**
+ * WebGPU's Slice takes floating point data only: an int32 Slice runs on float32 copies (exact for the
+ * ids, positions and indices these graphs slice, all below 2²⁴).
+ */
+function sliceIntegersAsFloat(g: Graph): void {
+  const out: Node[] = [];
+  for (const n of g.nodes) {
+    if (n.op !== 'Slice' || n.domain !== '' || g.values.get(n.inputs[0])?.dtype !== 'int32') {
+      out.push(n);
+      continue;
+    }
+    const before = g.nodes.length;
+    const asFloat = g.cast(g.tensor(n.inputs[0]), 'float32');
+    const sliced = g.values.get(n.outputs[0])!;
+    const floatOut = g.uniq('sliced');
+    g.values.set(floatOut, new Tensor(g, floatOut, 'float32', sliced.shape));
+    const back = g.cast(g.tensor(floatOut), 'int32');
+    const [castIn, castBack] = g.nodes.splice(before);
+    n.inputs[0] = asFloat.name;
+    // The Cast back takes over the Slice's output name, so readers are unchanged.
+    castBack.outputs = [n.outputs[0]];
+    g.values.delete(back.name);
+    g.producer.set(n.outputs[0], castBack);
+    n.outputs = [floatOut];
+    g.producer.set(floatOut, n);
+    out.push(castIn, n, castBack);
+  }
+  g.nodes.splice(0, g.nodes.length, ...out);
+}
+
 /** Orders nodes so each comes after the producers of its inputs (rewrites append out of order). */
 function topoSort(g: Graph): void {
   const ready = new Set<string>([...g.inputs.map((i) => i.name), ...g.initializers.keys(), '']);
@@ -282,6 +314,7 @@ function dropDead(g: Graph): void {
 export function lowerForWebGpu(g: Graph): Graph {
   rewriteOps(g);
   retypeInt64(g);
+  sliceIntegersAsFloat(g);
   dropDead(g);
   topoSort(g);
   return g;

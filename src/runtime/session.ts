@@ -3,8 +3,17 @@
  * conversions between JS typed arrays and ort.Tensor.
  */
 import ort from 'onnxruntime-node';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { spawnSync } from 'node:child_process';
+import { createRequire } from 'node:module';
+import { fileURLToPath } from 'node:url';
 import { UserError } from '../cli/errors.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
+import type { Graph } from '../onnx/graph.ts';
+import { serializeModel } from '../onnx/proto.ts';
+import { lowerForWebGpu } from '../onnx/lower.ts';
 
 export type ExecutionProvider = 'cpu' | 'webgpu' | 'cuda';
 export const EXECUTION_PROVIDERS: readonly ExecutionProvider[] = ['cpu', 'webgpu', 'cuda'];
@@ -55,8 +64,16 @@ export function toOrt(dtype: DType, data: TypedArray, dims: readonly number[]): 
   return new ort.Tensor(t, data as never, dims);
 }
 
+/**
+ * Whether ONNX Runtime's CUDA provider library is installed beside the binding: the CPU build lists
+ * 'cuda' among its backends (not bundled) but lacks the library, and would fail deep in session creation.
+ */
 export function cudaAvailable(): boolean {
-  return ort.listSupportedBackends().some((b) => b.name === 'cuda');
+  if (!ort.listSupportedBackends().some((b) => b.name === 'cuda')) return false;
+  const root = path.dirname(createRequire(import.meta.url).resolve('onnxruntime-node/package.json'));
+  const bin = path.join(root, 'bin');
+  if (!fs.existsSync(bin)) return false;
+  return fs.readdirSync(bin).some((napi) => fs.existsSync(path.join(bin, napi, process.platform, process.arch, 'libonnxruntime_providers_cuda.so')));
 }
 
 /** The message for a provider that cannot run here, with what to do about it. */
@@ -143,6 +160,12 @@ export class Session {
     }
   }
 
+  /** A session for a graph built in this process, lowered first when it runs on WebGPU (src/onnx/lower.ts). */
+  static fromGraph(g: Graph, o: RuntimeOptions = {}, outputs?: Record<string, OutputLocation>): Promise<Session> {
+    if (o.ep === 'webgpu') lowerForWebGpu(g);
+    return Session.create(serializeModel(g), o, outputs);
+  }
+
   get inputNames(): readonly string[] {
     return this.inner.inputNames;
   }
@@ -168,6 +191,45 @@ export class Session {
 
   async release(): Promise<void> {
     await this.inner.release();
+  }
+}
+
+let webgpuChecked: Promise<void> | null = null;
+
+/**
+ * Fails early, with the one-line explanation, when the device cannot run here: no CUDA build, or no
+ * WebGPU adapter (opens a one-node session once per process). A no-op for the CPU.
+ */
+export async function checkDevice(o: RuntimeOptions): Promise<void> {
+  const ep = o.ep ?? 'cpu';
+  if (ep === 'cpu') return;
+  if (ep === 'cuda') {
+    sessionOptions(o);
+    return;
+  }
+  webgpuChecked ??= (async () => {
+    // In a child process: Dawn prints its adapter search to the native stderr, which would bury the
+    // one line this check exists to give.
+    const { Graph } = await import('../onnx/graph.ts');
+    const g = new Graph('probe');
+    g.output(g.identity(g.input('x', 'float32', [1])), 'y');
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-probe-'));
+    try {
+      const file = path.join(dir, 'probe.onnx');
+      fs.writeFileSync(file, serializeModel(g));
+      const probe = fileURLToPath(new URL('./placement-probe.mjs', import.meta.url));
+      const r = spawnSync(process.execPath, [probe, file, JSON.stringify(sessionOptions({ ep: 'webgpu' })), 'quiet'], { encoding: 'utf8' });
+      const err = (r.stderr ?? '').split('\n').find((l) => l.startsWith('placement-probe-error: '));
+      if (err || r.status !== 0) throw explainRuntimeError(new Error(err ? err.slice('placement-probe-error: '.length) : `exit ${r.status}`), 'webgpu');
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  })();
+  try {
+    await webgpuChecked;
+  } catch (e) {
+    webgpuChecked = null;
+    throw e;
   }
 }
 

@@ -34,6 +34,8 @@ export interface TrainProblem {
   recompute?: boolean;
   /** LoRA: frozen base weights held in float16 (TrainConfig.base_dtype); default float32. */
   baseDtype?: 'float32' | 'float16';
+  /** Unpacked batches: the head over every position, no data-dependent ops (for WebGPU; see sequenceLogps). */
+  dense?: boolean;
 }
 
 const F = 'float32' as const;
@@ -144,7 +146,7 @@ export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, op
       const headChunks = p.recompute && mode === 'train' ? headChunksOf(p.config) : 1;
       const { logp, tokens } = p.packed
         ? scoredLogps(g, model, batch.score_index, batch.score_target, batch.score_select, { headChunks })
-        : sequenceLogps(g, model, batch.loss_mask, { headChunks });
+        : sequenceLogps(g, model, batch.loss_mask, { dense: p.dense, headChunks });
       const values = p.valueHead && batch.value_index ? valueHead(g, model, paramMap, batch.value_index) : null;
       if (mode === 'eval') {
         const outputs: Record<string, Tensor> = { logp, tokens };
