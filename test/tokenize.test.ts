@@ -92,6 +92,17 @@ describe('the real Qwen3 tokenizer', () => {
     );
   });
 
+  it('--chat-template FILE replaces the model\'s template (variables still reach it); a missing file is a one-line error', () => {
+    const file = path.join(root, 'plain.jinja');
+    fs.writeFileSync(file, "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}{% if add_generation_prompt %}[assistant]{% if enable_thinking is defined and not enable_thinking %}(no thinking){% endif %}{% endif %}");
+    const other = loadTokenizer(dir, { chatTemplateFile: file });
+    expect(other.applyChatTemplate(conversation, { addGenerationPrompt: true, variables: { enable_thinking: false } })).toBe('[system]You are helpful.[user]Hi[assistant](no thinking)');
+    // The model's own is untouched.
+    expect(tok.applyChatTemplate(conversation)).toContain('<|im_start|>system');
+    const missing = path.join(root, 'nope.jinja');
+    expect(userError(() => loadTokenizer(dir, { chatTemplateFile: missing }))).toBe(`--chat-template ${missing}: cannot read (ENOENT)`);
+  });
+
   it('splits a conversation into prompt and response ids', () => {
     const { promptIds, responseIds } = tokenizePromptResponse(tok, conversation, reply);
     // <|im_start|> system Ċ You Ġare Ġhelpful . <|im_end|> Ċ <|im_start|> user Ċ Hi <|im_end|> Ċ <|im_start|> assistant Ċ

@@ -44,9 +44,9 @@ export class Policy {
   ) {}
 
   /** Loads a model folder; weights are baked into the decode graphs (a fixed model). */
-  static async load(dir: string, runtime?: RuntimeOptions): Promise<Policy> {
+  static async load(dir: string, runtime?: RuntimeOptions, chatTemplateFile?: string): Promise<Policy> {
     const m = loadModel(dir);
-    const tok = loadTokenizer(dir);
+    const tok = loadTokenizer(dir, { chatTemplateFile });
     return new Policy(dir, m.config, tok, await Decoder.create(m.config, m.weights, { runtime, bake: true }));
   }
 

@@ -88,6 +88,14 @@ function tokenText(v: unknown, file: string, key: string): string | null {
   throw new UserError(`${file}: "${key}" must be a token string, got ${JSON.stringify(v)}`);
 }
 
+function readTemplateFile(file: string): { text: string; source: string } {
+  try {
+    return { text: fs.readFileSync(file, 'utf8'), source: file };
+  } catch (e) {
+    throw new UserError(`--chat-template ${file}: cannot read (${(e as NodeJS.ErrnoException).code ?? oneLine(e)})`);
+  }
+}
+
 /** The chat template: chat_template.jinja wins (newer transformers save it there), then tokenizer_config. */
 function findChatTemplate(dir: string, config: Record<string, unknown>, configFile: string): { text: string; source: string } | null {
   const jinjaFile = path.join(dir, 'chat_template.jinja');
@@ -135,7 +143,12 @@ function checkMessages(messages: readonly Message[], where: string): void {
  * Loads the tokenizer of a model folder. Needs `tokenizer.json`; `tokenizer_config.json` is optional
  * (without it there are no named special tokens and no chat template).
  */
-export function loadTokenizer(dir: string): LoadedTokenizer {
+export interface LoadTokenizerOptions {
+  /** A Jinja chat-template file that replaces the model's own (`--chat-template FILE`). */
+  chatTemplateFile?: string;
+}
+
+export function loadTokenizer(dir: string, opts: LoadTokenizerOptions = {}): LoadedTokenizer {
   if (!fs.existsSync(dir)) throw new UserError(`${dir}: no such model folder`);
   const tokFile = path.join(dir, 'tokenizer.json');
   if (!fs.existsSync(tokFile)) {
@@ -175,7 +188,7 @@ export function loadTokenizer(dir: string): LoadedTokenizer {
   if (typeof config.add_bos_token === 'boolean') addBosToken = config.add_bos_token && bosId !== null;
   else addBosToken = bosId !== null && encode('a', { addSpecialTokens: true })[0] === bosId;
 
-  const found = findChatTemplate(dir, config, cfgFile);
+  const found = opts.chatTemplateFile ? readTemplateFile(opts.chatTemplateFile) : findChatTemplate(dir, config, cfgFile);
   let template: Template | null = null;
   if (found) {
     try {

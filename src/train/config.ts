@@ -73,6 +73,8 @@ export interface TrainConfig {
    * bfloat16 cannot be fed through onnxruntime-node's JavaScript API, so it is not offered. Default float32.
    */
   base_dtype: 'float32' | 'float16';
+  /** A Jinja chat-template file used instead of the model's own ('' = the model's). */
+  chat_template: string;
   /** Save the final weights as F32 or BF16. */
   save_dtype: 'F32' | 'BF16';
   /**
@@ -116,6 +118,7 @@ export const DEFAULT_CONFIG: TrainConfig = {
   share_prompt: true,
   gradient_checkpointing: false,
   base_dtype: 'float32',
+  chat_template: '',
   save_dtype: 'F32',
   device: 'cpu',
   threads: 0,

@@ -115,7 +115,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   }
   // Model, tokenizer, data; a run folder this call created is removed again if they cannot be read.
   const base = loadModel(o.model);
-  const tok = loadTokenizer(o.model);
+  const tok = loadTokenizer(o.model, { chatTemplateFile: config.chat_template || undefined });
   const kinds = new Set(loss.kinds);
   const created = !existsSync(run);
   mkdirSync(run, { recursive: true });

@@ -20,7 +20,8 @@ export function register(program: Command): void {
     .option('--batch-size <n>', 'sequences decoded together', '32');
   for (const [flag, doc, dflt] of SAMPLING_FLAGS) cmd.option(flag, doc, dflt);
   cmd.option('--device <device>', DEVICE_HELP, 'cpu');
-  cmd.option('--json', 'print a one-line JSON summary').action(async (o: SamplingFlags & { model: string; prompts: string; out: string; n: string; seed: string; batchSize: string; json?: boolean; device: string }) => {
+  cmd.option('--chat-template <file>', "a Jinja chat-template file used instead of the model's own");
+  cmd.option('--json', 'print a one-line JSON summary').action(async (o: SamplingFlags & { model: string; prompts: string; out: string; n: string; seed: string; batchSize: string; json?: boolean; device: string; chatTemplate?: string }) => {
     const sampling = parseSampling(o);
     const n = intFlag('--n', o.n);
     const seed = intFlag('--seed', o.seed, 0);
@@ -29,7 +30,7 @@ export function register(program: Command): void {
     if (!existsSync(dir) || !statSync(dir).isDirectory()) throw new UserError(`-o ${o.out}: folder ${dir} does not exist`);
     const prompts = await readPrompts(o.prompts);
     const t0 = Date.now();
-    const policy = await Policy.load(o.model, { ep: device(o.device) });
+    const policy = await Policy.load(o.model, { ep: device(o.device) }, o.chatTemplate);
     const samples = await policy.sample(prompts, { ...sampling, n, seed, batchSize });
     await policy.release();
     writeSamples(o.out, samples);

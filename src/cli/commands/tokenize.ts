@@ -17,12 +17,13 @@ export function register(program: Command): void {
     .option('--max-length <n>', 'longest prompt + response in tokens', String(DEFAULT_CONFIG.max_length))
     .option('--max-prompt-length <n>', 'longest prompt in tokens', String(DEFAULT_CONFIG.max_prompt_length))
     .option('--truncation <side>', 'which end of an over-long prompt to keep: keep_start or keep_end', DEFAULT_CONFIG.truncation)
-    .action(async (input: string, o: { model: string; out: string; maxLength: string; maxPromptLength: string; truncation: string }) => {
+    .option('--chat-template <file>', "a Jinja chat-template file used instead of the model's own")
+    .action(async (input: string, o: { model: string; out: string; maxLength: string; maxPromptLength: string; truncation: string; chatTemplate?: string }) => {
       const max_length = positiveInt('--max-length', o.maxLength, DEFAULT_CONFIG.max_length);
       const max_prompt_length = positiveInt('--max-prompt-length', o.maxPromptLength, DEFAULT_CONFIG.max_prompt_length);
       if (max_prompt_length >= max_length) throw new UserError(`--max-prompt-length (${max_prompt_length}) must be smaller than --max-length (${max_length})`);
       if (o.truncation !== 'keep_start' && o.truncation !== 'keep_end') throw new UserError(`--truncation must be keep_start or keep_end, got "${o.truncation}"`);
-      const tok = loadTokenizer(o.model);
+      const tok = loadTokenizer(o.model, { chatTemplateFile: o.chatTemplate });
       const { table, meta } = await readCanonical(input);
       const examples = tableExamples(table, meta, input);
       const { rows, truncated } = tokenizeExamples(examples, tok, { max_length, max_prompt_length, truncation: o.truncation });
