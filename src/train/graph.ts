@@ -142,8 +142,9 @@ export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, op
         ? { inputIds: batch.input_ids, packed: { positionIds: batch.position_ids, segmentIds: batch.segment_ids } }
         : { inputIds: batch.input_ids, attentionMask: batch.attention_mask };
       const model = buildCausalLM(g, p.config, paramMap, inputs, { lora: p.lora });
-      // Under recomputation the output head runs in slices too, each a segment (src/models/logps.ts).
-      const headChunks = p.recompute && mode === 'train' ? headChunksOf(p.config) : 1;
+      // Under recomputation the output head runs in slices too, each a segment (src/models/logps.ts);
+      // the eval graph's forward then holds one slice's logits at a time as well.
+      const headChunks = p.recompute ? headChunksOf(p.config) : 1;
       const { logp, tokens } = p.packed
         ? scoredLogps(g, model, batch.score_index, batch.score_target, batch.score_select, { headChunks })
         : sequenceLogps(g, model, batch.loss_mask, { dense: p.dense, headChunks });

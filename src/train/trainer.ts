@@ -206,6 +206,9 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir, { target });
   }
   writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ...config, loss_params: lossParams });
+  // The artifacts' checkpoint holds the starting weights now: unless a reference scorer or the held-out
+  // evaluation reads the loaded copy again, drop it before the store takes its own (a parameter-sized copy).
+  if (!refScorer && !config.eval_data) base.weights.clear();
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
   log(`steps: ${packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
   if (config.device !== 'cpu') {

@@ -245,7 +245,7 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
 
   const collateOpts = { kind: 'pairwise' as const, padTo: 64, padId, dtype: 'float32' as const, packed: sharePrompt };
   const c0 = collate(rows, collateOpts);
-  const evalRuns = Math.max(2, Math.min(o.steps, 5));
+  const evalRuns = Math.max(1, Math.min(o.steps, 5));
   const evalTimes: number[] = [];
   let ref: Float32Array | null = null;
   for (let i = 0; i <= evalRuns; i++) {
