@@ -23,29 +23,19 @@ export interface ScoreResult {
 export class Scorer {
   private constructor(
     private readonly session: Session,
-    private readonly config: ModelConfig,
-    private params: Feeds,
+    private readonly params: Feeds,
     readonly padId: number,
   ) {}
 
-  private static feeds(config: ModelConfig, weights: Map<string, FloatTensor>): Feeds {
+  static async create(config: ModelConfig, weights: Map<string, FloatTensor>, runtime: RuntimeOptions, padId: number): Promise<Scorer> {
+    const g = buildLogpsGraph(config, { dtype: 'float32' });
     const params: Feeds = {};
     for (const [name, shape] of modelParameterShapes(config)) {
       const w = weights.get(name);
       if (!w) throw new Error(`weights lack ${name}`);
       params[name] = toOrt('float32', w.data, shape);
     }
-    return params;
-  }
-
-  static async create(config: ModelConfig, weights: Map<string, FloatTensor>, runtime: RuntimeOptions, padId: number): Promise<Scorer> {
-    const g = buildLogpsGraph(config, { dtype: 'float32' });
-    return new Scorer(await Session.create(serializeModel(g), runtime), config, Scorer.feeds(config, weights), padId);
-  }
-
-  /** Scores with these weights from now on (same architecture; the session is kept). */
-  setWeights(weights: Map<string, FloatTensor>): void {
-    this.params = Scorer.feeds(this.config, weights);
+    return new Scorer(await Session.create(serializeModel(g), runtime), params, padId);
   }
 
   /** Scores every example, `batchSize` examples per forward pass, in sorted-by-length order. */

@@ -380,8 +380,9 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     const acc = metrics['rewards/accuracies'];
     progress.update(step, { loss: metrics.loss, ...(acc !== undefined ? { acc } : {}), 'tok/s': row['tokens/s'] });
     if (sync && step % config.ref_model_sync_steps === 0) {
+      // In place: the reference scorer's parameter feeds are views of these arrays, so its next batch
+      // already sees the updated reference.
       softUpdate(reference.weights, currentWeights(), config.ref_model_mixup_alpha);
-      refScorer!.setWeights(reference.weights);
     }
     if (evaluator && config.eval_steps > 0 && step % config.eval_steps === 0 && step !== totalSteps) {
       const ev = await evaluator.evaluate({ config: base.config, weights: currentWeights() }, { quiet: true });
