@@ -8,7 +8,7 @@ import type { BatchTensors } from '../../losses/types.ts';
 import type { BoundLoss } from '../../losses/index.ts';
 import type { ArtifactSpec, BatchInputSpec } from '../artifacts/build.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
-import type { Graph, Tensor } from '../onnx/graph.ts';
+import { attr, type Graph, type Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
@@ -75,7 +75,9 @@ export function batchInputSpecs(p: TrainProblem): BatchInputSpec[] {
 /** [nB] response-major → n tensors [B]: chosen/rejected (/rationale), or KTO's own/mismatched. */
 function splitN(g: Graph, x: Tensor, n: number): Tensor[] {
   const parts = g.reshape(x, [n, -1]);
-  return Array.from({ length: n }, (_, k) => g.gather(parts, g.constant(k, 'int64'), 0));
+  // Every part carries the per-example dim 'rows' (as weights and scores do), so gradients of the loss's elementwise ops unbroadcast statically.
+  const part = (i: number) => g.op('Gather', [parts, g.constant(i, 'int64')], { axis: attr.int(0) }, [{ dtype: x.dtype, shape: ['rows'] }])[0];
+  return Array.from({ length: n }, (_, k) => part(k));
 }
 
 function splitPairs(g: Graph, x: Tensor): [Tensor, Tensor] {

@@ -39,7 +39,8 @@ import { tokenizeRationales } from './rationale.ts';
 import { loadTokenizer } from '../tokenize/index.ts';
 import { lrAt } from '../optim/schedule.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
-import type { RuntimeOptions } from '../runtime/session.ts';
+import { checkDevice, type RuntimeOptions } from '../runtime/session.ts';
+import { describePlacement, placement } from '../runtime/placement.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
 import { currentWeights as artifactWeights, loraOf, optimizerOf, runtimeOf, saveModelFolder, writeJsonAtomic } from './run.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from './data.ts';
@@ -121,6 +122,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const run = o.out;
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const loss = resolveLoss(o.loss, lossParams);
+  // A device that cannot run here stops the run before anything is read or written.
+  await checkDevice(runtimeOf(config));
   const resuming = !!o.resume && lastCheckpoint(run) !== null;
   if (o.resume && !resuming) log(`no checkpoint in ${run}; starting from the beginning`);
   if (!resuming && existsSync(join(run, 'metrics.jsonl'))) {
@@ -246,16 +249,23 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
 
   // Artifacts: built once per run (a resumed run reuses them).
   const artDir = join(run, 'artifacts');
-  if (!resuming || !existsSync(join(artDir, 'artifacts.json'))) {
+  // Graphs are written for the device (WebGPU's are lowered; they run on the CPU too). A resumed run
+  // on another device gets graphs for it; its checkpoints carry over, being stored by name.
+  const target = config.device === 'webgpu' ? 'webgpu' : 'cpu';
+  if (!resuming || !existsSync(join(artDir, 'artifacts.json')) || (readManifest(artDir).target ?? 'cpu') !== target) {
     const init = new Map<string, FloatTensor>(base.weights);
     if (lora) for (const [k, v] of adapter ? adapter.weights : initLora(base.config, lora, config.seed)) init.set(k, v);
     if (valueHeadOn) for (const [k, v] of initValueHead(base.config, config.seed)) init.set(k, v);
     rmSync(artDir, { recursive: true, force: true });
-    buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir);
+    buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir, { target });
   }
   writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ref: o.refModel ?? null, adapter: o.adapter ?? null, ...config, loss_params: lossParams });
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
   log(`steps: ${packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
+  if (config.device !== 'cpu') {
+    const graph = join(artDir, (art.manifest.step ?? art.manifest.training).file);
+    log(`device ${config.device}: step graph nodes ${describePlacement(await placement(graph, runtimeOf(config)))}; parameters, optimizer state and gradients stay on the device`);
+  }
 
   let epoch = 0;
   let cursor = 0;
@@ -382,15 +392,18 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     if (sync && step % config.ref_model_sync_steps === 0) {
       // In place: the reference scorer's parameter feeds are views of these arrays, so its next batch
       // already sees the updated reference.
+      await art.toHost();
       softUpdate(reference.weights, currentWeights(), config.ref_model_mixup_alpha);
     }
     if (evaluator && config.eval_steps > 0 && step % config.eval_steps === 0 && step !== totalSteps) {
+      await art.toHost();
       const ev = await evaluator.evaluate({ config: base.config, weights: currentWeights() }, { quiet: true });
       writeFileSync(metricsFile, JSON.stringify({ step, split: 'eval', ...ev.overall }) + '\n', { flag: 'a' });
     }
     if ((config.save_steps > 0 && step % config.save_steps === 0) || step === totalSteps) {
       const dir = stepDir(run, step);
       mkdirSync(join(run, CKPT_DIR), { recursive: true });
+      await art.toHost();
       const files: Record<string, Map<string, CheckpointTensor>> = sync ? { [REFERENCE_FILE]: new Map([...reference.weights].map(([k, t]) => [k, { dtype: 'float32' as const, shape: t.shape, data: t.data }])) } : {};
       art.saveCheckpoint(dir, { epoch, dataCursor: { epoch, index: cursor }, rng: { seed: config.seed }, config }, files);
     }
@@ -400,6 +413,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
 
   // Final model in HF layout: base weights with adapters merged (the value head saved beside); the
   // adapter alone in PEFT's layout on request.
+  await art.toHost();
   const weightsNow = artifactWeights(art);
   let finalDir = join(run, 'final');
   if (config.save_merged) saveModelFolder(finalDir, weightsNow, { config: base.config, lora, sourceDir: o.model, dtype: config.save_dtype });
