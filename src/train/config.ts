@@ -57,6 +57,31 @@ export interface TrainConfig {
   /** Recompute reference log-probs every step instead of caching them once. */
   ref_on_the_fly: boolean;
   /**
+   * TR-DPO ("Learn Your Reference Model for Real Good Alignment", Gorbatovski et al. 2024): every
+   * ref_model_sync_steps optimizer steps the reference becomes ref ← α·policy + (1 − α)·ref with
+   * α = ref_model_mixup_alpha (LoRA merged into the policy first). Reference log-probs are then
+   * computed for every batch, never read from a cache. The reference needs the policy's shapes.
+   */
+  sync_ref_model: boolean;
+  /** α of the TR-DPO soft update (1: the reference becomes the policy). */
+  ref_model_mixup_alpha: number;
+  /** Optimizer steps between two TR-DPO reference updates. */
+  ref_model_sync_steps: number;
+  /**
+   * LD-DPO ("Length Desensitization in Direct Preference Optimization", 2024), pairwise data: the
+   * policy's log-prob of a response counts its first min(n_w, n_l) tokens fully and the tokens past
+   * that weighted by ld_alpha (reference log-probs and token counts are unchanged, as in TRL and
+   * LLaMA-Factory). 1 turns it off.
+   */
+  ld_alpha: number;
+  /**
+   * With LoRA: also write the trained adapter to RUN/adapter/ in PEFT's layout
+   * (adapter_model.safetensors with `base_model.model.<module>.lora_A.weight` names, adapter_config.json).
+   */
+  save_adapter: boolean;
+  /** Write the merged model to RUN/final/ (false together with save_adapter: the adapter only). */
+  save_merged: boolean;
+  /**
    * Pairwise and listwise data: run each prompt once per example, shared by its responses (same
    * log-probs and gradients as one sequence per response, less work). false: one sequence per response.
    */
@@ -101,6 +126,12 @@ export const DEFAULT_CONFIG: TrainConfig = {
   lora_alpha: 16,
   lora_target_modules: 'q_proj,v_proj',
   ref_on_the_fly: false,
+  sync_ref_model: false,
+  ref_model_mixup_alpha: 0.6,
+  ref_model_sync_steps: 512,
+  ld_alpha: 1,
+  save_adapter: false,
+  save_merged: true,
   share_prompt: true,
   save_dtype: 'F32',
   device: 'cpu',
@@ -139,6 +170,9 @@ const RANGES: Partial<Record<keyof TrainConfig, [number, number, boolean]>> = {
   logging_steps: [1, 1e12, true],
   lora_r: [0, 4096, true],
   lora_alpha: [0, 1e6, false],
+  ref_model_mixup_alpha: [0, 1, false],
+  ref_model_sync_steps: [1, 1e12, true],
+  ld_alpha: [0, 1, false],
   threads: [0, 1024, true],
 };
 
@@ -211,6 +245,9 @@ export function resolveConfig(opts: { configFile?: string; params?: readonly str
     apply(parsed as Record<string, unknown>, opts.configFile);
   }
   apply(parseParams(opts.params ?? []), '--param');
+  if (!config.save_merged && !config.save_adapter) {
+    throw new UserError('save_merged=false needs save_adapter=true (otherwise the run would save no model)');
+  }
   if (config.max_prompt_length >= config.max_length) {
     throw new UserError(`max_prompt_length (${config.max_prompt_length}) must be smaller than max_length (${config.max_length})`);
   }

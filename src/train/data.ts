@@ -28,6 +28,8 @@ export interface Example {
   label?: boolean;
   weight?: number;
   source?: string;
+  /** Pairwise: why chosen beats rejected (absent on rows without one). */
+  rationale?: string;
 }
 
 export interface TokenizedExample {
@@ -35,6 +37,8 @@ export interface TokenizedExample {
   responseIds: number[][];
   /** KTO: the response of another row, scored after this row's prompt for the KL estimate. */
   klResponseIds?: number[];
+  /** The rationale as a sequence of its own (src/train/rationale.ts), when the row has one and the loss reads it. */
+  rationale?: { promptIds: number[]; responseIds: number[] };
   src: Example;
 }
 
@@ -98,6 +102,8 @@ export function tableExamples(table: arrow.Table, meta: PrefzooMeta, file: strin
       if (cp !== undefined && rp !== undefined) ex.winProbs = [Number(cp), Number(rp)];
       const w = opt('weight', i);
       if (w !== undefined) ex.weight = Number(w);
+      const why = opt('rationale', i);
+      if (why !== undefined && String(why).trim() !== '') ex.rationale = String(why);
     } else if (meta.kind === 'listwise') {
       const rs = col('responses')!.get(i) as { toArray(): unknown[] };
       ex.responses = Array.from(rs.toArray(), (r) => textOf(r, where));

@@ -32,6 +32,10 @@ export interface TrainProblem {
   packed?: boolean;
   /** Unpacked batches: the head over every position, no data-dependent ops (for WebGPU; see sequenceLogps). */
   dense?: boolean;
+  /** LD-DPO: the log-prob sums are token-weighted, so the batch carries the token counts (`sequence_tokens`). */
+  lengthWeighted?: boolean;
+  /** Pairwise: the batch ends with one rationale sequence per row, and `rationale_mask [B]`. */
+  rationale?: boolean;
 }
 
 const F = 'float32' as const;
@@ -52,10 +56,13 @@ export function batchInputSpecs(p: TrainProblem): BatchInputSpec[] {
         { name: 'attention_mask', dtype: 'int64', shape: ['seqs', 'len'] },
         { name: 'loss_mask', dtype: F, shape: ['seqs', 'len'] },
       ];
-  const specs: BatchInputSpec[] = [...model, { name: 'ref_logps', dtype: F, shape: ['seqs'] }, { name: 'weight', dtype: F, shape: ['rows'] }];
+  // Rationale sequences have no reference log-prob: ref_logps is then shorter than the sequence list.
+  const specs: BatchInputSpec[] = [...model, { name: 'ref_logps', dtype: F, shape: [p.rationale ? 'ref_seqs' : 'seqs'] }, { name: 'weight', dtype: F, shape: ['rows'] }];
+  if (p.lengthWeighted) specs.push({ name: 'sequence_tokens', dtype: F, shape: ['seqs'] });
   const perRow = (name: string) => specs.push({ name, dtype: F, shape: ['rows'] });
   if (p.kind === 'pairwise') {
     for (const k of ['chosen_scores', 'rejected_scores', 'chosen_probs', 'rejected_probs']) if (p.dataKeys.has(k)) perRow(k);
+    if (p.rationale) perRow('rationale_mask');
   } else if (p.kind === 'listwise') {
     specs.push({ name: 'scores', dtype: F, shape: ['rows', 'k'] }, { name: 'mask', dtype: F, shape: ['rows', 'k'] });
     if (p.dataKeys.has('win_probs')) specs.push({ name: 'win_probs', dtype: F, shape: ['rows', 'k'] });
@@ -67,12 +74,17 @@ export function batchInputSpecs(p: TrainProblem): BatchInputSpec[] {
 }
 
 
-/** [2B] response-major → ([B] first half, [B] second half): chosen/rejected, or KTO's own/mismatched. */
+/** [nB] response-major → n tensors [B]: chosen/rejected (/rationale), or KTO's own/mismatched. */
+function splitN(g: Graph, x: Tensor, n: number): Tensor[] {
+  const parts = g.reshape(x, [n, -1]);
+  // Every part carries the per-example dim 'rows' (as weights and scores do), so gradients of the loss's elementwise ops unbroadcast statically.
+  const part = (i: number) => g.op('Gather', [parts, g.constant(i, 'int64')], { axis: attr.int(0) }, [{ dtype: x.dtype, shape: ['rows'] }])[0];
+  return Array.from({ length: n }, (_, k) => part(k));
+}
+
 function splitPairs(g: Graph, x: Tensor): [Tensor, Tensor] {
-  const two = g.reshape(x, [2, -1]);
-  // Both halves carry the per-example dim 'rows' (as weights and scores do), so gradients of the loss's elementwise ops unbroadcast statically.
-  const half = (i: number) => g.op('Gather', [two, g.constant(i, 'int64')], { axis: attr.int(0) }, [{ dtype: x.dtype, shape: ['rows'] }])[0];
-  return [half(0), half(1)];
+  const [a, b] = splitN(g, x, 2);
+  return [a, b];
 }
 
 /** Batch tensors by the loss zoo's key names, from the model's statistics and the batch inputs. */
@@ -80,9 +92,12 @@ function lossInputs(g: Graph, p: TrainProblem, logp: Tensor, tokens: Tensor, bat
   // Losses that sort the batch (AOT) take no row weights.
   const ins: BatchTensors = p.loss.rowwise ? { weight: batch.weight } : {};
   if (p.kind === 'pairwise') {
-    [ins.policy_chosen_logps, ins.policy_rejected_logps] = splitPairs(g, logp);
+    const n = p.rationale ? 3 : 2;
+    [ins.policy_chosen_logps, ins.policy_rejected_logps, ins.policy_rationale_logps] = splitN(g, logp, n);
     [ins.ref_chosen_logps, ins.ref_rejected_logps] = splitPairs(g, batch.ref_logps);
-    [ins.chosen_tokens, ins.rejected_tokens] = splitPairs(g, tokens);
+    [ins.chosen_tokens, ins.rejected_tokens] = splitN(g, tokens, n);
+    if (p.rationale) ins.rationale_mask = batch.rationale_mask;
+    else delete ins.policy_rationale_logps;
     for (const k of ['chosen_scores', 'rejected_scores', 'chosen_probs', 'rejected_probs']) if (batch[k]) ins[k] = batch[k];
   } else if (p.kind === 'listwise') {
     const shape = g.shapeOf(batch.mask);
@@ -122,9 +137,11 @@ export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, op
         ? { inputIds: batch.input_ids, packed: { positionIds: batch.position_ids, segmentIds: batch.segment_ids } }
         : { inputIds: batch.input_ids, attentionMask: batch.attention_mask };
       const model = buildCausalLM(g, p.config, paramMap, inputs, { lora: p.lora });
-      const { logp, tokens } = p.packed
+      const scored = p.packed
         ? scoredLogps(g, model, batch.score_index, batch.score_target, batch.score_select)
         : sequenceLogps(g, model, batch.loss_mask, { dense: p.dense });
+      const logp = scored.logp;
+      const tokens = p.lengthWeighted ? batch.sequence_tokens : scored.tokens;
       const values = p.valueHead && batch.value_index ? valueHead(g, model, paramMap, batch.value_index) : null;
       if (mode === 'eval') {
         const outputs: Record<string, Tensor> = { logp, tokens };

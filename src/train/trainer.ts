@@ -7,14 +7,22 @@
  *   config.json            the resolved TrainConfig + loss + model (written first)
  *   data/                  the converted input (when it was not canonical Parquet) and the
  *                          reference cache `reference.parquet` (ref_chosen_logp, ref_rejected_logp, …
- *                          one row per training example, in data order)
+ *                          one row per training example, in data order) with `reference.json`
+ *                          beside it: which reference made it (`model:DIR`, or with --adapter
+ *                          `model:DIR+adapter:DIR`); a cache of another reference is refused
  *   artifacts/             training_model.onnx, eval_model.onnx, optimizer_model.onnx, artifacts.json
- *   checkpoints/step-N/    params + optimizer state + state.json, every save_steps
+ *   checkpoints/step-N/    params + optimizer state + state.json, every save_steps (and
+ *                          `reference.safetensors` under TR-DPO: the moving reference)
  *   metrics.jsonl          one row per logging step (and `split: "eval"` rows)
- *   final/                 the trained model in HF layout (LoRA merged)
+ *   final/                 the trained model in HF layout (LoRA merged; not with save_merged=false)
+ *   adapter/               with LoRA and save_adapter=true: the adapter in PEFT's layout (src/models/peft.ts)
+ *
+ * The reference is the starting policy (the base model, merged with --adapter's adapter when one is
+ * given), or `--ref DIR`. Under TR-DPO (sync_ref_model) it moves toward the policy every
+ * ref_model_sync_steps steps and its log-probs are computed for every batch.
  */
 import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync, rmSync } from 'node:fs';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import type { Kind } from '../../datasets/schema.ts';
 import { UserError } from '../cli/errors.ts';
 import { Progress } from '../cli/progress.ts';
@@ -23,6 +31,11 @@ import { TrainingArtifacts } from '../artifacts/training.ts';
 import { loadModel } from '../models/load.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { initLora, initValueHead, mergeLora, type LoraConfig } from '../models/index.ts';
+import { loadAdapter, saveAdapter } from '../models/peft.ts';
+import { readSafetensors, tensorToFloat32 } from '../artifacts/safetensors.ts';
+import type { CheckpointTensor } from '../artifacts/checkpoint.ts';
+import { checkCacheIdentity, copyWeights, loadReferenceModel, sameParameters, softUpdate, writeCacheIdentity, type ReferenceModel } from './reference.ts';
+import { tokenizeRationales } from './rationale.ts';
 import { loadTokenizer } from '../tokenize/index.ts';
 import { lrAt } from '../optim/schedule.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
@@ -53,8 +66,10 @@ export interface TrainOptions {
   quiet?: boolean;
   /** Where plain progress and summary lines go (default stderr). */
   log?: (line: string) => void;
-  /** Use this reference model folder instead of the starting weights. */
+  /** Use this reference model folder instead of the starting weights (`train --ref DIR`). */
   refModel?: string;
+  /** Start the LoRA adapters from this PEFT adapter folder (`train --adapter DIR`). */
+  adapter?: string;
   /** Train on these rows instead of reading `data` (MPO's stages train on subsets); `data` names them in messages. */
   rows?: LoadedData;
 }
@@ -69,6 +84,8 @@ export interface TrainResult {
 }
 
 const CKPT_DIR = 'checkpoints';
+/** TR-DPO's moving reference, saved with each checkpoint so a resumed run continues it. */
+const REFERENCE_FILE = 'reference.safetensors';
 
 function stepDir(run: string, step: number): string {
   return join(run, CKPT_DIR, `step-${String(step).padStart(8, '0')}`);
@@ -135,7 +152,21 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     throw new UserError(`${o.data}: a response is empty after tokenization and truncation (max_length ${config.max_length} leaves no room); raise max_length or lower max_prompt_length`);
   }
 
-  const lora = loraOf(config);
+  const adapter = o.adapter ? loadAdapter(o.adapter, base.config) : null;
+  if (adapter && config.lora_r > 0 && config.lora_r !== adapter.lora.rank) {
+    throw new UserError(`--adapter ${o.adapter} has r=${adapter.lora.rank}; lora_r=${config.lora_r} contradicts it (leave lora_r unset)`);
+  }
+  const lora = adapter ? adapter.lora : loraOf(config);
+  if (config.save_adapter && !lora) throw new UserError('save_adapter=true needs LoRA (set lora_r, or continue an adapter with --adapter)');
+  const gamma = Math.max(0, ...loss.terms.map((t) => Number(t.params.rationale_weight ?? 0)));
+  const rationale = kind === 'pairwise' && gamma > 0;
+  if (rationale) {
+    const r = tokenizeRationales(rows, tok, config);
+    if (r.withRationale === 0) throw new UserError(`${o.data}: rationale_weight is ${gamma}, but no row has a rationale (column "rationale"; convert maps rationale/explanation fields, or --map rationale=FIELD)`);
+    log(`rationales: ${r.withRationale} of ${rows.length} rows have one (the others add nothing to the rationale term)${r.truncated ? `, ${r.truncated} truncated` : ''}`);
+  }
+  const lengthWeighted = config.ld_alpha !== 1;
+  if (lengthWeighted && kind !== 'pairwise') throw new UserError(`ld_alpha weights the tokens past the shorter response of a pair; ${o.data} is ${kind} data`);
   const valueHeadOn = loss.keys(kind).required.includes('values');
   const dataKeys = new Set<string>();
   const all = (f: (r: TokenizedExample) => boolean) => rows.every(f);
@@ -144,7 +175,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   if (all((r) => r.src.reward !== undefined || r.src.label !== undefined)) dataKeys.add('rewards');
   if (all((r) => r.src.label !== undefined)) dataKeys.add('labels');
   {
-    const missing = loss.keys(kind).required.filter((k) => !['policy_chosen_logps', 'policy_rejected_logps', 'ref_chosen_logps', 'ref_rejected_logps', 'chosen_tokens', 'rejected_tokens', 'policy_logps', 'ref_logps', 'tokens', 'values', 'mask', 'scores', 'weight'].includes(k) && !dataKeys.has(k));
+    const missing = loss.keys(kind).required.filter((k) => !['policy_chosen_logps', 'policy_rejected_logps', 'ref_chosen_logps', 'ref_rejected_logps', 'chosen_tokens', 'rejected_tokens', 'policy_logps', 'ref_logps', 'tokens', 'values', 'mask', 'scores', 'weight', 'policy_rationale_logps', 'rationale_mask'].includes(k) && !dataKeys.has(k));
     if (missing.length) throw new UserError(`${o.data}: loss ${o.loss} needs ${missing.join(', ')}, which the data does not provide for every row`);
   }
   // KTO's KL estimate: each row's prompt with the next row's response (fixed pairing, so cacheable).
@@ -159,20 +190,44 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   // A resumed run keeps the batch layout its artifacts were built with.
   const builtWith = resuming ? readBuiltLayout(join(run, 'artifacts')) : null;
   const packed = builtWith ?? (config.share_prompt && canPack(kind, kl) && !valueHeadOn);
-  const problem: TrainProblem = { config: base.config, kind, loss, lora, kl, valueHead: valueHeadOn, dataKeys, packed, dense: config.device === 'webgpu' };
+  const problem: TrainProblem = { config: base.config, kind, loss, lora, kl, valueHead: valueHeadOn, dataKeys, packed, lengthWeighted, rationale, dense: config.device === 'webgpu' };
 
-  // Reference log-probs: computed once from the reference weights (LoRA off) and cached in the run.
+  // The reference: --ref's model, else the starting policy (the base model with --adapter's adapter
+  // merged in, LoRA's fresh adapters being zero). Its log-probs are scored once and cached in the run,
+  // or for every batch (ref_on_the_fly, and always under TR-DPO, whose reference moves).
+  const reference: ReferenceModel = o.refModel
+    ? loadReferenceModel(o.refModel, o.model, base.config)
+    : adapter
+      ? { config: base.config, weights: mergeLora(new Map([...base.weights, ...adapter.weights]), base.config, adapter.lora), identity: `model:${resolve(o.model)}+adapter:${resolve(o.adapter!)}` }
+      : { config: base.config, weights: base.weights, identity: `model:${resolve(o.model)}` };
+  const sync = config.sync_ref_model;
+  if (sync) {
+    if (!sameParameters(reference.config, base.config)) {
+      throw new UserError(`sync_ref_model: the reference ${o.refModel} and the policy ${o.model} have different parameters, so ref ← α·policy + (1 − α)·ref is undefined; use a reference of the policy's architecture and size`);
+    }
+    reference.weights = copyWeights(reference.weights);
+    const ck = resuming ? lastCheckpoint(run) : null;
+    if (ck) {
+      const f = join(ck, REFERENCE_FILE);
+      if (!existsSync(f)) throw new UserError(`${ck}: no ${REFERENCE_FILE}; this run was checkpointed without sync_ref_model, so it cannot resume with it`);
+      for (const [name, t] of readSafetensors(f).tensors) {
+        const w = reference.weights.get(name);
+        if (!w || w.data.length !== t.shape.reduce((a, b) => a * b, 1)) throw new UserError(`${f}: tensor "${name}" is not a parameter of the reference`);
+        w.data.set(tensorToFloat32(t));
+      }
+    }
+  }
   const refFile = join(run, 'data', 'reference.parquet');
-  const refWeights = o.refModel ? loadModel(o.refModel).weights : base.weights;
   let ref: number[][] = [];
   let refScorer: Scorer | null = null;
-  if (config.ref_on_the_fly) {
-    refScorer = await Scorer.create(base.config, refWeights, runtimeOf(config), tok.padId ?? 0);
+  if (config.ref_on_the_fly || sync) {
+    refScorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config), tok.padId ?? 0);
   } else if (existsSync(refFile)) {
+    checkCacheIdentity(refFile, reference.identity);
     ref = (await readRefColumns(refFile, kind)) ?? [];
     if (ref.length !== rows.length) throw new UserError(`${refFile}: ${ref.length} rows cached, the data has ${rows.length}; remove the run folder to start over`);
   } else {
-    const scorer = await Scorer.create(base.config, refWeights, runtimeOf(config), tok.padId ?? 0);
+    const scorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config), tok.padId ?? 0);
     ref = (await scorer.score(kind, rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs', quiet: o.quiet })).logps;
     if (kl) {
       const mismatched = rows.map((r) => ({ ...r, responseIds: [r.klResponseIds!] }));
@@ -182,6 +237,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     await scorer.release();
     mkdirSync(join(run, 'data'), { recursive: true });
     await writeRefColumns(refFile, kind, ref);
+    writeCacheIdentity(refFile, reference.identity);
   }
 
   // Steps.
@@ -198,12 +254,12 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const target = config.device === 'webgpu' ? 'webgpu' : 'cpu';
   if (!resuming || !existsSync(join(artDir, 'artifacts.json')) || (readManifest(artDir).target ?? 'cpu') !== target) {
     const init = new Map<string, FloatTensor>(base.weights);
-    if (lora) for (const [k, v] of initLora(base.config, lora, config.seed)) init.set(k, v);
+    if (lora) for (const [k, v] of adapter ? adapter.weights : initLora(base.config, lora, config.seed)) init.set(k, v);
     if (valueHeadOn) for (const [k, v] of initValueHead(base.config, config.seed)) init.set(k, v);
     rmSync(artDir, { recursive: true, force: true });
     buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir, { target });
   }
-  writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ...config, loss_params: lossParams });
+  writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ref: o.refModel ?? null, adapter: o.adapter ?? null, ...config, loss_params: lossParams });
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
   log(`steps: ${packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
   if (config.device !== 'cpu') {
@@ -225,7 +281,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   // Held-out evaluation: data and reference scores prepared once, the policy scored every eval_steps.
   const evaluator = config.eval_data
     ? await Evaluator.create({
-        ref: { config: base.config, weights: refWeights },
+        ref: { config: reference.config, weights: reference.weights },
         tokenizer: o.model,
         data: config.eval_data,
         workDir: join(run, 'data'),
@@ -287,6 +343,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
         valueIndex: valueHeadOn,
         kl,
         packed,
+        ldAlpha: lengthWeighted ? config.ld_alpha : undefined,
+        rationale,
       });
       if (step === fault) (c.feeds.ref_logps.data as Float32Array).fill(NaN);
       // The last micro-batch applies the update (one fused graph run when nothing was accumulated);
@@ -331,6 +389,12 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     }
     const acc = metrics['rewards/accuracies'];
     progress.update(step, { loss: metrics.loss, ...(acc !== undefined ? { acc } : {}), 'tok/s': row['tokens/s'] });
+    if (sync && step % config.ref_model_sync_steps === 0) {
+      // In place: the reference scorer's parameter feeds are views of these arrays, so its next batch
+      // already sees the updated reference.
+      await art.toHost();
+      softUpdate(reference.weights, currentWeights(), config.ref_model_mixup_alpha);
+    }
     if (evaluator && config.eval_steps > 0 && step % config.eval_steps === 0 && step !== totalSteps) {
       await art.toHost();
       const ev = await evaluator.evaluate({ config: base.config, weights: currentWeights() }, { quiet: true });
@@ -340,21 +404,29 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       const dir = stepDir(run, step);
       mkdirSync(join(run, CKPT_DIR), { recursive: true });
       await art.toHost();
-      art.saveCheckpoint(dir, { epoch, dataCursor: { epoch, index: cursor }, rng: { seed: config.seed }, config });
+      const files: Record<string, Map<string, CheckpointTensor>> = sync ? { [REFERENCE_FILE]: new Map([...reference.weights].map(([k, t]) => [k, { dtype: 'float32' as const, shape: t.shape, data: t.data }])) } : {};
+      art.saveCheckpoint(dir, { epoch, dataCursor: { epoch, index: cursor }, rng: { seed: config.seed }, config }, files);
     }
   }
   progress.stop();
   await refScorer?.release();
 
-  // Final model in HF layout: base weights with adapters merged (the value head saved beside).
-  const finalDir = join(run, 'final');
+  // Final model in HF layout: base weights with adapters merged (the value head saved beside); the
+  // adapter alone in PEFT's layout on request.
   await art.toHost();
-  saveModelFolder(finalDir, artifactWeights(art), { config: base.config, lora, sourceDir: o.model, dtype: config.save_dtype });
+  const weightsNow = artifactWeights(art);
+  let finalDir = join(run, 'final');
+  if (config.save_merged) saveModelFolder(finalDir, weightsNow, { config: base.config, lora, sourceDir: o.model, dtype: config.save_dtype });
+  if (config.save_adapter && lora) {
+    const adapterDir = join(run, 'adapter');
+    saveAdapter(adapterDir, weightsNow, { config: base.config, lora, baseModel: o.model });
+    if (!config.save_merged) finalDir = adapterDir;
+  }
   await art.release();
 
   let evalSummary: EvalSummary | undefined;
   if (evaluator) {
-    evalSummary = await evaluator.evaluate(finalDir, { quiet: true });
+    evalSummary = await evaluator.evaluate(config.save_merged ? finalDir : { config: base.config, weights: lora ? mergeLora(weightsNow, base.config, lora) : weightsNow }, { quiet: true });
     writeJsonAtomic(join(run, 'eval.json'), evalSummary.overall);
     writeFileSync(metricsFile, JSON.stringify({ step: totalSteps, split: 'eval', ...evalSummary.overall }) + '\n', { flag: 'a' });
   }
