@@ -11,10 +11,13 @@
  *   artifacts/             training_model.onnx, eval_model.onnx, optimizer_model.onnx, artifacts.json
  *   checkpoints/step-N/    params + optimizer state + state.json, every save_steps
  *   metrics.jsonl          one row per logging step (and `split: "eval"` rows)
+ *   runs/                  TensorBoard event files (report_to=tensorboard)
+ *   samples/step-K.jsonl   greedy completions of policy and reference at each evaluation (eval_generate)
+ *   best.json              the best checkpoint by metric_for_best_model (load_best_model_at_end)
  *   final/                 the trained model in HF layout (LoRA merged)
  */
-import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync, rmSync } from 'node:fs';
-import { join } from 'node:path';
+import { existsSync, mkdirSync, readFileSync, writeFileSync, rmSync } from 'node:fs';
+import { join, relative } from 'node:path';
 import type { Kind } from '../../datasets/schema.ts';
 import { UserError } from '../cli/errors.ts';
 import { Progress } from '../cli/progress.ts';
@@ -38,6 +41,9 @@ import { resolveLoss } from '../../losses/index.ts';
 import { SeededRandom } from './random.ts';
 import { Scorer } from './scorer.ts';
 import { Evaluator, type EvalSummary } from '../eval/evaluate.ts';
+import { CKPT_DIR, bestMetricName, completeCheckpoints, improves, metricValue, pruneCheckpoints, stepDir, type Best } from './checkpoints.ts';
+import { TensorBoardWriter } from './tensorboard.ts';
+import { EvalSampler } from './samples.ts';
 
 export interface TrainOptions {
   model: string;
@@ -67,25 +73,11 @@ export interface TrainResult {
   eval?: EvalSummary;
 }
 
-const CKPT_DIR = 'checkpoints';
-
-function stepDir(run: string, step: number): string {
-  return join(run, CKPT_DIR, `step-${String(step).padStart(8, '0')}`);
-}
-
 /** The newest complete checkpoint (state.json present: it is written last, then the folder renamed). */
 export function lastCheckpoint(run: string): string | null {
-  const dir = join(run, CKPT_DIR);
-  if (!existsSync(dir)) return null;
-  const done = readdirSync(dir)
-    .filter((d) => /^step-\d{8}$/.test(d) && existsSync(join(dir, d, 'state.json')))
-    .sort();
-  return done.length ? join(dir, done[done.length - 1]) : null;
+  const all = completeCheckpoints(run);
+  return all.length ? all[all.length - 1] : null;
 }
-
-
-
-
 
 /** Order of examples in an epoch: a seeded shuffle, the same on resume. */
 function epochOrder(n: number, seed: number, epoch: number): number[] {
@@ -117,7 +109,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   mkdirSync(run, { recursive: true });
   let data: LoadedData;
   try {
-    data = o.rows ?? (await loadData(o.data, join(run, 'data'), { seed: config.seed }));
+    data = o.rows ?? (await loadData(o.data, join(run, 'data'), { seed: config.seed, maxRows: config.max_samples }));
   } catch (e) {
     if (created) rmSync(run, { recursive: true, force: true });
     throw e;
@@ -203,14 +195,21 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
 
   let epoch = 0;
   let cursor = 0;
+  // Issue 17 (items 6, 7): cumulative tokens, the best checkpoint so far, TensorBoard, eval samples.
+  let numTokens = 0;
+  let best: Best | null = null;
+  const bestMetric = bestMetricName(kind, config.metric_for_best_model);
   if (resuming) {
     const ck = lastCheckpoint(run)!;
     const state = art.loadCheckpoint(ck);
     const c = state.dataCursor as { epoch: number; index: number };
     epoch = c.epoch;
     cursor = c.index;
+    numTokens = typeof state.num_tokens === 'number' ? state.num_tokens : 0;
+    best = (state.best as Best | undefined) ?? null;
     log(`resuming from ${ck} (step ${state.step})`);
   }
+  const tb = config.report_to === 'tensorboard' ? TensorBoardWriter.open(join(run, 'runs'), resuming ? { resumeStep: art.step } : {}) : null;
 
   // Held-out evaluation: data and reference scores prepared once, the policy scored every eval_steps.
   const evaluator = config.eval_data
@@ -224,6 +223,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
         quiet: true,
         truncation: config,
         batchSize: config.batch_size * 2,
+        maxRows: config.eval_samples,
       })
     : null;
   /** The current weights as an HF model: adapters merged. */
@@ -232,7 +232,28 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     return lora ? mergeLora(w, base.config, lora) : w;
   };
 
+  const sampler =
+    evaluator && config.eval_generate > 0
+      ? new EvalSampler({ run, prompts: evaluator.prompts(config.eval_generate), tok, ref: { config: base.config, weights: refWeights }, maxNewTokens: config.eval_generate_max_new_tokens, runtime: runtimeOf(config) })
+      : null;
   const metricsFile = join(run, 'metrics.jsonl');
+  /** One metrics.jsonl row (and the same scalars under train/ or eval/ in TensorBoard). */
+  const logRow = (row: Record<string, unknown>) => {
+    writeFileSync(metricsFile, JSON.stringify(row) + '\n', { flag: 'a' });
+    const { step: at, split, ...values } = row;
+    tb?.scalars(at as number, Object.fromEntries(Object.entries(values).map(([k, v]) => [`${split === 'eval' ? 'eval' : 'train'}/${k}`, v])));
+  };
+  /** Evaluates the current weights at `step`: a metrics row, samples, and the best checkpoint so far. */
+  const evaluateAt = async (step: number): Promise<void> => {
+    const weights = { config: base.config, weights: currentWeights() };
+    const ev = await evaluator!.evaluate(weights, { quiet: true });
+    logRow({ step, split: 'eval', ...ev.overall });
+    if (sampler) await sampler.write(step, weights);
+    if (config.load_best_model_at_end) {
+      const value = metricValue(ev.overall, bestMetric);
+      if (improves(value, best, bestMetric)) best = { step, metric: bestMetric, value, checkpoint: relative(run, stepDir(run, step)) };
+    }
+  };
   if (resuming && existsSync(metricsFile)) {
     // Drop rows logged after the checkpoint we resume from: they will be logged again.
     const kept = readFileSync(metricsFile, 'utf8').split('\n').filter((l) => l.trim() && JSON.parse(l).step <= art.step);
@@ -306,6 +327,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       );
     }
     tokensSeen += tokens;
+    numTokens += tokens;
     const row = {
       step,
       epoch: Math.round((epoch + cursor / rows.length) * 1e4) / 1e4,
@@ -313,37 +335,51 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       grad_norm: gradNorm,
       learning_rate: lr,
       tokens: tokens,
+      num_tokens: numTokens,
       'tokens/s': Math.round(tokensSeen / ((Date.now() - tStart) / 1000)),
     };
     last = row;
-    if (step % config.logging_steps === 0 || step === totalSteps) {
-      writeFileSync(metricsFile, JSON.stringify(row) + '\n', { flag: 'a' });
-    }
+    if (step % config.logging_steps === 0 || step === totalSteps) logRow(row);
     const acc = metrics['rewards/accuracies'];
     progress.update(step, { loss: metrics.loss, ...(acc !== undefined ? { acc } : {}), 'tok/s': row['tokens/s'] });
-    if (evaluator && config.eval_steps > 0 && step % config.eval_steps === 0 && step !== totalSteps) {
-      const ev = await evaluator.evaluate({ config: base.config, weights: currentWeights() }, { quiet: true });
-      writeFileSync(metricsFile, JSON.stringify({ step, split: 'eval', ...ev.overall }) + '\n', { flag: 'a' });
-    }
-    if ((config.save_steps > 0 && step % config.save_steps === 0) || step === totalSteps) {
+    // The last step is evaluated after the final model is saved, unless the best checkpoint is
+    // being tracked: then it is a candidate like any other evaluation.
+    const evalNow = evaluator && config.eval_steps > 0 && step % config.eval_steps === 0 && (step !== totalSteps || config.load_best_model_at_end);
+    if (evalNow) await evaluateAt(step);
+    if ((config.save_steps > 0 && step % config.save_steps === 0) || step === totalSteps || (evalNow && config.load_best_model_at_end)) {
       const dir = stepDir(run, step);
       mkdirSync(join(run, CKPT_DIR), { recursive: true });
-      art.saveCheckpoint(dir, { epoch, dataCursor: { epoch, index: cursor }, rng: { seed: config.seed }, config });
+      const bestNow = best as Best | null;
+      art.saveCheckpoint(dir, { epoch, dataCursor: { epoch, index: cursor }, rng: { seed: config.seed }, config, num_tokens: numTokens, ...(bestNow ? { best: bestNow } : {}) });
+      if (bestNow) writeJsonAtomic(join(run, 'best.json'), bestNow);
+      pruneCheckpoints(run, config.save_total_limit, bestNow ? stepDir(run, bestNow.step) : null);
     }
   }
   progress.stop();
   await refScorer?.release();
 
-  // Final model in HF layout: base weights with adapters merged (the value head saved beside).
+  // Final model in HF layout: base weights with adapters merged (the value head saved beside); with
+  // load_best_model_at_end, the weights of the best checkpoint.
   const finalDir = join(run, 'final');
+  const chosen = config.load_best_model_at_end ? (best as Best | null) : null;
+  if (chosen && chosen.step !== art.step) {
+    const dir = stepDir(run, chosen.step);
+    if (!completeCheckpoints(run).includes(dir)) throw new UserError(`${dir}: the best checkpoint is missing; cannot load it`);
+    art.loadCheckpoint(dir);
+    log(`final model: the best checkpoint (step ${chosen.step}, ${chosen.metric} ${chosen.value})`);
+  }
   saveModelFolder(finalDir, artifactWeights(art), { config: base.config, lora, sourceDir: o.model, dtype: config.save_dtype });
   await art.release();
 
   let evalSummary: EvalSummary | undefined;
   if (evaluator) {
     evalSummary = await evaluator.evaluate(finalDir, { quiet: true });
-    writeJsonAtomic(join(run, 'eval.json'), evalSummary.overall);
-    writeFileSync(metricsFile, JSON.stringify({ step: totalSteps, split: 'eval', ...evalSummary.overall }) + '\n', { flag: 'a' });
+    writeJsonAtomic(join(run, 'eval.json'), { ...evalSummary.overall, ...(chosen ? { best_step: chosen.step } : {}) });
+    // With load_best_model_at_end the last step was evaluated in the loop (when it is an eval step).
+    if (!config.load_best_model_at_end) {
+      logRow({ step: totalSteps, split: 'eval', ...evalSummary.overall });
+      if (sampler) await sampler.write(totalSteps, loadModel(finalDir));
+    }
   }
   return { steps: totalSteps, seconds: (Date.now() - t0) / 1000, finalDir, config, last, eval: evalSummary };
 }
