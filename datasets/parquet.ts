@@ -279,8 +279,8 @@ export function resolveDataset(spec: string): string[] {
   }
   const dir = dirname(spec);
   const name = basename(spec);
+  if (!existsSync(spec) && GLOB.test(dir)) throw new UserError(`${spec}: a pattern may only use *, ? and [...] in the file name, not in the folders`);
   if (!existsSync(spec) && GLOB.test(name)) {
-    if (GLOB.test(dir)) throw new UserError(`${spec}: a pattern may only use *, ? and [...] in the file name, not in the folders`);
     const re = globRegex(name);
     const files = existsSync(dir) ? readdirSync(dir).filter((f) => re.test(f) && !f.startsWith('.')).sort() : [];
     if (files.length === 0) throw new UserError(`${spec}: no file matches`);
