@@ -63,7 +63,11 @@ export interface TrainConfig {
   share_prompt: boolean;
   /** Save the final weights as F32 or BF16. */
   save_dtype: 'F32' | 'BF16';
-  device: 'cpu' | 'cuda';
+  /**
+   * Where the model runs: 'cpu'; 'webgpu' (any Vulkan GPU through the WebGPU provider bundled with
+   * onnxruntime-node, nothing to install); 'cuda' (needs onnxruntime-node's CUDA binaries).
+   */
+  device: 'cpu' | 'webgpu' | 'cuda';
   /** ONNX Runtime intra-op threads; 0 lets the runtime choose. */
   threads: number;
 
@@ -141,7 +145,7 @@ const CHOICES: Partial<Record<keyof TrainConfig, readonly string[]>> = {
   optimizer: ['adamw', 'sgd'],
   truncation: ['keep_start', 'keep_end'],
   save_dtype: ['F32', 'BF16'],
-  device: ['cpu', 'cuda'],
+  device: ['cpu', 'webgpu', 'cuda'],
   report_to: ['none', 'tensorboard'],
 };
 

@@ -8,7 +8,7 @@ import type { BatchTensors } from '../../losses/types.ts';
 import type { BoundLoss } from '../../losses/index.ts';
 import type { ArtifactSpec, BatchInputSpec } from '../artifacts/build.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
-import type { Graph, Tensor } from '../onnx/graph.ts';
+import { attr, type Graph, type Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
@@ -68,7 +68,9 @@ export function batchInputSpecs(p: TrainProblem): BatchInputSpec[] {
 /** [2B] response-major → ([B] first half, [B] second half): chosen/rejected, or KTO's own/mismatched. */
 function splitPairs(g: Graph, x: Tensor): [Tensor, Tensor] {
   const two = g.reshape(x, [2, -1]);
-  return [g.gather(two, g.constant(0, 'int64'), 0), g.gather(two, g.constant(1, 'int64'), 0)];
+  // Both halves carry the per-example dim 'rows' (as weights and scores do), so gradients of the loss's elementwise ops unbroadcast statically.
+  const half = (i: number) => g.op('Gather', [two, g.constant(i, 'int64')], { axis: attr.int(0) }, [{ dtype: x.dtype, shape: ['rows'] }])[0];
+  return [half(0), half(1)];
 }
 
 /** Batch tensors by the loss zoo's key names, from the model's statistics and the batch inputs. */

@@ -8,7 +8,6 @@ import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { buildLogpsGraph } from '../models/logps.ts';
 import { modelParameterShapes } from '../models/params.ts';
-import { serializeModel } from '../onnx/proto.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import { collate, sequenceIndex } from './batch.ts';
 import type { TokenizedExample } from './data.ts';
@@ -35,7 +34,7 @@ export class Scorer {
       if (!w) throw new Error(`weights lack ${name}`);
       params[name] = toOrt('float32', w.data, shape);
     }
-    return new Scorer(await Session.create(serializeModel(g), runtime), params, padId);
+    return new Scorer(await Session.fromGraph(g, runtime), params, padId);
   }
 
   /** Scores every example, `batchSize` examples per forward pass, in sorted-by-length order. */

@@ -29,7 +29,8 @@ import { initLora, initValueHead, mergeLora, type LoraConfig } from '../models/i
 import { loadTokenizer } from '../tokenize/index.ts';
 import { lrAt } from '../optim/schedule.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
-import type { RuntimeOptions } from '../runtime/session.ts';
+import { checkDevice, type RuntimeOptions } from '../runtime/session.ts';
+import { describePlacement, placement } from '../runtime/placement.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
 import { currentWeights as artifactWeights, loraOf, optimizerOf, runtimeOf, saveModelFolder, writeJsonAtomic } from './run.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from './data.ts';
@@ -96,6 +97,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const run = o.out;
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const loss = resolveLoss(o.loss, lossParams);
+  // A device that cannot run here stops the run before anything is read or written.
+  await checkDevice(runtimeOf(config));
   const resuming = !!o.resume && lastCheckpoint(run) !== null;
   if (o.resume && !resuming) log(`no checkpoint in ${run}; starting from the beginning`);
   if (!resuming && existsSync(join(run, 'metrics.jsonl'))) {
@@ -182,16 +185,23 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
 
   // Artifacts: built once per run (a resumed run reuses them).
   const artDir = join(run, 'artifacts');
-  if (!resuming || !existsSync(join(artDir, 'artifacts.json'))) {
+  // Graphs are written for the device (WebGPU's are lowered; they run on the CPU too). A resumed run
+  // on another device gets graphs for it; its checkpoints carry over, being stored by name.
+  const target = config.device === 'webgpu' ? 'webgpu' : 'cpu';
+  if (!resuming || !existsSync(join(artDir, 'artifacts.json')) || (readManifest(artDir).target ?? 'cpu') !== target) {
     const init = new Map<string, FloatTensor>(base.weights);
     if (lora) for (const [k, v] of initLora(base.config, lora, config.seed)) init.set(k, v);
     if (valueHeadOn) for (const [k, v] of initValueHead(base.config, config.seed)) init.set(k, v);
     rmSync(artDir, { recursive: true, force: true });
-    buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir);
+    buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir, { target });
   }
   writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ...config, loss_params: lossParams });
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
   log(`steps: ${packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
+  if (config.device !== 'cpu') {
+    const graph = join(artDir, (art.manifest.step ?? art.manifest.training).file);
+    log(`device ${config.device}: step graph nodes ${describePlacement(await placement(graph, runtimeOf(config)))}; parameters, optimizer state and gradients stay on the device`);
+  }
 
   let epoch = 0;
   let cursor = 0;
@@ -245,6 +255,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   };
   /** Evaluates the current weights at `step`: a metrics row, samples, and the best checkpoint so far. */
   const evaluateAt = async (step: number): Promise<void> => {
+    await art.toHost();
     const weights = { config: base.config, weights: currentWeights() };
     const ev = await evaluator!.evaluate(weights, { quiet: true });
     logRow({ step, split: 'eval', ...ev.overall });
@@ -349,6 +360,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     if ((config.save_steps > 0 && step % config.save_steps === 0) || step === totalSteps || (evalNow && config.load_best_model_at_end)) {
       const dir = stepDir(run, step);
       mkdirSync(join(run, CKPT_DIR), { recursive: true });
+      await art.toHost();
       const bestNow = best as Best | null;
       art.saveCheckpoint(dir, { epoch, dataCursor: { epoch, index: cursor }, rng: { seed: config.seed }, config, num_tokens: numTokens, ...(bestNow ? { best: bestNow } : {}) });
       if (bestNow) writeJsonAtomic(join(run, 'best.json'), bestNow);
@@ -361,6 +373,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   // Final model in HF layout: base weights with adapters merged (the value head saved beside); with
   // load_best_model_at_end, the weights of the best checkpoint.
   const finalDir = join(run, 'final');
+  await art.toHost();
   const chosen = config.load_best_model_at_end ? (best as Best | null) : null;
   if (chosen && chosen.step !== art.step) {
     const dir = stepDir(run, chosen.step);
