@@ -297,7 +297,7 @@ export async function scorePairs(o: { rewardModel: string; data: string; out: st
     const n = data.examples.length;
     const chosen = Float64Array.from({ length: n }, (_, i) => r[2 * i]);
     const rejected = Float64Array.from({ length: n }, (_, i) => r[2 * i + 1]);
-    const table = data.table ?? (await readCanonical(data.files[0])).table;
+    const table = data.table ?? (await readCanonical(data.files)).table;
     const cols: Record<string, arrow.Vector> = {};
     for (const f of table.schema.fields) if (f.name !== 'chosen_score' && f.name !== 'rejected_score') cols[f.name] = table.getChild(f.name)!;
     cols.chosen_score = arrow.makeVector(chosen);

@@ -95,6 +95,30 @@ export interface TrainConfig {
   device: 'cpu' | 'webgpu' | 'cuda';
   /** ONNX Runtime intra-op threads; 0 lets the runtime choose. */
   threads: number;
+
+  // --- Logging, checkpoints kept, eval samples, data size (issue 17, items 6–8) ---
+  /** Where metrics go besides metrics.jsonl: 'tensorboard' also writes event files to RUN/runs/. */
+  report_to: 'none' | 'tensorboard';
+  /** Keep at most this many checkpoints (the oldest are removed; the best one is kept); 0 keeps all. */
+  save_total_limit: number;
+  /**
+   * Save the checkpoint with the best metric_for_best_model as RUN/final instead of the last one
+   * (needs eval_data and eval_steps; a checkpoint is written at every evaluation).
+   */
+  load_best_model_at_end: boolean;
+  /**
+   * Eval metric that picks the best checkpoint ('' : accuracy for pairwise data, ndcg for listwise,
+   * roc_auc for single). Higher is better unless its name ends in "loss".
+   */
+  metric_for_best_model: string;
+  /** At every evaluation, write N eval prompts' greedy completions of policy and reference to RUN/samples/step-K.jsonl. */
+  eval_generate: number;
+  /** Longest eval_generate completion in tokens. */
+  eval_generate_max_new_tokens: number;
+  /** Train on the first N rows of the data only (0: all); the reference scores only those. */
+  max_samples: number;
+  /** Evaluate on the first N rows of eval_data only (0: all). */
+  eval_samples: number;
 }
 
 export const DEFAULT_CONFIG: TrainConfig = {
@@ -136,6 +160,15 @@ export const DEFAULT_CONFIG: TrainConfig = {
   save_dtype: 'F32',
   device: 'cpu',
   threads: 0,
+
+  report_to: 'none',
+  save_total_limit: 0,
+  load_best_model_at_end: false,
+  metric_for_best_model: '',
+  eval_generate: 0,
+  eval_generate_max_new_tokens: 32,
+  max_samples: 0,
+  eval_samples: 0,
 };
 
 const CHOICES: Partial<Record<keyof TrainConfig, readonly string[]>> = {
@@ -144,6 +177,7 @@ const CHOICES: Partial<Record<keyof TrainConfig, readonly string[]>> = {
   truncation: ['keep_start', 'keep_end'],
   save_dtype: ['F32', 'BF16'],
   device: ['cpu', 'webgpu', 'cuda'],
+  report_to: ['none', 'tensorboard'],
 };
 
 /** Range checks: [min, max, integer?]. */
@@ -174,6 +208,11 @@ const RANGES: Partial<Record<keyof TrainConfig, [number, number, boolean]>> = {
   ref_model_sync_steps: [1, 1e12, true],
   ld_alpha: [0, 1, false],
   threads: [0, 1024, true],
+  save_total_limit: [0, 1e9, true],
+  eval_generate: [0, 1e6, true],
+  eval_generate_max_new_tokens: [1, 1 << 20, true],
+  max_samples: [0, 1e12, true],
+  eval_samples: [0, 1e12, true],
 };
 
 function coerce(key: keyof TrainConfig, raw: unknown, where: string): TrainConfig[keyof TrainConfig] {
@@ -251,5 +290,9 @@ export function resolveConfig(opts: { configFile?: string; params?: readonly str
   if (config.max_prompt_length >= config.max_length) {
     throw new UserError(`max_prompt_length (${config.max_prompt_length}) must be smaller than max_length (${config.max_length})`);
   }
+  if (config.load_best_model_at_end && !(config.eval_data && config.eval_steps > 0)) {
+    throw new UserError('load_best_model_at_end needs eval_data and eval_steps > 0 (the best checkpoint is chosen by evaluation)');
+  }
+  if (config.eval_generate > 0 && !config.eval_data) throw new UserError('eval_generate needs eval_data (its prompts are generated from)');
   return { config, lossParams };
 }

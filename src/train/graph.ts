@@ -12,7 +12,7 @@ import { attr, type Graph, type Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
-import { scoredLogps, sequenceLogps } from '../models/logps.ts';
+import { scoredLogps, sequenceLogps, type SequenceLogps } from '../models/logps.ts';
 import { modelParamSpecs } from './run.ts';
 import { canPack } from './batch.ts';
 
@@ -123,6 +123,27 @@ function lossInputs(g: Graph, p: TrainProblem, logp: Tensor, tokens: Tensor, bat
   return ins;
 }
 
+/**
+ * TRL's monitoring metrics over the counted response tokens (token-weighted means, no gradient):
+ * `logits/chosen` and `logits/rejected` (pairwise: the mean logit over the vocabulary, averaged
+ * over the chosen or rejected tokens of the batch) and `entropy` (mean entropy in nats of the
+ * predicted next-token distribution; KTO's mismatched KL sequences are left out).
+ */
+function tokenStatMetrics(g: Graph, p: TrainProblem, seq: SequenceLogps): Record<string, Tensor> {
+  if (!seq.logitSum || !seq.entropySum) return {};
+  return g.scope('token_stats', (): Record<string, Tensor> => {
+    const tokens = g.stopGradient(seq.tokens);
+    const ratio = (num: Tensor, den: Tensor) => g.div(g.reduceSum(num, undefined, false), g.max(g.reduceSum(den, undefined, false), g.constant(1, den.dtype)));
+    if (p.kind === 'pairwise') {
+      const [lc, lr] = splitPairs(g, seq.logitSum!);
+      const [tc, tr] = splitPairs(g, tokens);
+      return { 'logits/chosen': ratio(lc, tc), 'logits/rejected': ratio(lr, tr), entropy: ratio(seq.entropySum!, tokens) };
+    }
+    if (p.kl) return { entropy: ratio(splitPairs(g, seq.entropySum!)[0], splitPairs(g, tokens)[0]) };
+    return { entropy: ratio(seq.entropySum!, tokens) };
+  });
+}
+
 export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, optimizer: OptimizerConfig): ArtifactSpec {
   if (p.packed && (!canPack(p.kind, p.kl) || p.valueHead)) throw new Error(`buildSpec: ${p.kind} batches${p.kl ? ' with KL pairs' : ''}${p.valueHead ? ' with a value head' : ''} cannot share prompts`);
   return {
@@ -137,11 +158,12 @@ export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, op
         ? { inputIds: batch.input_ids, packed: { positionIds: batch.position_ids, segmentIds: batch.segment_ids } }
         : { inputIds: batch.input_ids, attentionMask: batch.attention_mask };
       const model = buildCausalLM(g, p.config, paramMap, inputs, { lora: p.lora });
-      const scored = p.packed
-        ? scoredLogps(g, model, batch.score_index, batch.score_target, batch.score_select)
-        : sequenceLogps(g, model, batch.loss_mask, { dense: p.dense });
-      const logp = scored.logp;
-      const tokens = p.lengthWeighted ? batch.sequence_tokens : scored.tokens;
+      const stats = mode === 'train';
+      const seq = p.packed
+        ? scoredLogps(g, model, batch.score_index, batch.score_target, batch.score_select, { stats })
+        : sequenceLogps(g, model, batch.loss_mask, { stats, dense: p.dense });
+      const logp = seq.logp;
+      const tokens = p.lengthWeighted ? batch.sequence_tokens : seq.tokens;
       const values = p.valueHead && batch.value_index ? valueHead(g, model, paramMap, batch.value_index) : null;
       if (mode === 'eval') {
         const outputs: Record<string, Tensor> = { logp, tokens };
@@ -150,7 +172,7 @@ export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, op
       }
       const ins = lossInputs(g, p, logp, tokens, batch, values);
       const r = g.scope('loss', () => p.loss.emit(g, ins, p.kind));
-      return { loss: r.loss, metrics: r.metrics };
+      return { loss: r.loss, metrics: { ...r.metrics, ...tokenStatMetrics(g, p, seq) } };
     },
   };
 }

@@ -14,15 +14,19 @@
  *   checkpoints/step-N/    params + optimizer state + state.json, every save_steps (and
  *                          `reference.safetensors` under TR-DPO: the moving reference)
  *   metrics.jsonl          one row per logging step (and `split: "eval"` rows)
- *   final/                 the trained model in HF layout (LoRA merged; not with save_merged=false)
+ *   runs/                  TensorBoard event files (report_to=tensorboard)
+ *   samples/step-K.jsonl   greedy completions of policy and reference at each evaluation (eval_generate)
+ *   best.json              the best checkpoint by metric_for_best_model (load_best_model_at_end)
+ *   final/                 the trained model in HF layout (LoRA merged; not with save_merged=false;
+ *                          with load_best_model_at_end, the best checkpoint's weights)
  *   adapter/               with LoRA and save_adapter=true: the adapter in PEFT's layout (src/models/peft.ts)
  *
  * The reference is the starting policy (the base model, merged with --adapter's adapter when one is
  * given), or `--ref DIR`. Under TR-DPO (sync_ref_model) it moves toward the policy every
  * ref_model_sync_steps steps and its log-probs are computed for every batch.
  */
-import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync, rmSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { existsSync, mkdirSync, readFileSync, writeFileSync, rmSync } from 'node:fs';
+import { join, relative, resolve } from 'node:path';
 import type { Kind } from '../../datasets/schema.ts';
 import { UserError } from '../cli/errors.ts';
 import { Progress } from '../cli/progress.ts';
@@ -52,6 +56,9 @@ import { resolveLoss } from '../../losses/index.ts';
 import { SeededRandom } from './random.ts';
 import { Scorer } from './scorer.ts';
 import { Evaluator, type EvalSummary } from '../eval/evaluate.ts';
+import { CKPT_DIR, bestMetricName, completeCheckpoints, improves, metricValue, pruneCheckpoints, stepDir, type Best } from './checkpoints.ts';
+import { TensorBoardWriter } from './tensorboard.ts';
+import { EvalSampler } from './samples.ts';
 
 export interface TrainOptions {
   model: string;
@@ -83,27 +90,14 @@ export interface TrainResult {
   eval?: EvalSummary;
 }
 
-const CKPT_DIR = 'checkpoints';
 /** TR-DPO's moving reference, saved with each checkpoint so a resumed run continues it. */
 const REFERENCE_FILE = 'reference.safetensors';
 
-function stepDir(run: string, step: number): string {
-  return join(run, CKPT_DIR, `step-${String(step).padStart(8, '0')}`);
-}
-
 /** The newest complete checkpoint (state.json present: it is written last, then the folder renamed). */
 export function lastCheckpoint(run: string): string | null {
-  const dir = join(run, CKPT_DIR);
-  if (!existsSync(dir)) return null;
-  const done = readdirSync(dir)
-    .filter((d) => /^step-\d{8}$/.test(d) && existsSync(join(dir, d, 'state.json')))
-    .sort();
-  return done.length ? join(dir, done[done.length - 1]) : null;
+  const all = completeCheckpoints(run);
+  return all.length ? all[all.length - 1] : null;
 }
-
-
-
-
 
 /** Order of examples in an epoch: a seeded shuffle, the same on resume. */
 function epochOrder(n: number, seed: number, epoch: number): number[] {
@@ -137,7 +131,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   mkdirSync(run, { recursive: true });
   let data: LoadedData;
   try {
-    data = o.rows ?? (await loadData(o.data, join(run, 'data'), { seed: config.seed }));
+    data = o.rows ?? (await loadData(o.data, join(run, 'data'), { seed: config.seed, maxRows: config.max_samples }));
   } catch (e) {
     if (created) rmSync(run, { recursive: true, force: true });
     throw e;
@@ -269,14 +263,21 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
 
   let epoch = 0;
   let cursor = 0;
+  // Issue 17 (items 6, 7): cumulative tokens, the best checkpoint so far, TensorBoard, eval samples.
+  let numTokens = 0;
+  let best: Best | null = null;
+  const bestMetric = bestMetricName(kind, config.metric_for_best_model);
   if (resuming) {
     const ck = lastCheckpoint(run)!;
     const state = art.loadCheckpoint(ck);
     const c = state.dataCursor as { epoch: number; index: number };
     epoch = c.epoch;
     cursor = c.index;
+    numTokens = typeof state.num_tokens === 'number' ? state.num_tokens : 0;
+    best = (state.best as Best | undefined) ?? null;
     log(`resuming from ${ck} (step ${state.step})`);
   }
+  const tb = config.report_to === 'tensorboard' ? TensorBoardWriter.open(join(run, 'runs'), resuming ? { resumeStep: art.step } : {}) : null;
 
   // Held-out evaluation: data and reference scores prepared once, the policy scored every eval_steps.
   const evaluator = config.eval_data
@@ -290,6 +291,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
         quiet: true,
         truncation: config,
         batchSize: config.batch_size * 2,
+        maxRows: config.eval_samples,
       })
     : null;
   /** The current weights as an HF model: adapters merged. */
@@ -298,7 +300,29 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     return lora ? mergeLora(w, base.config, lora) : w;
   };
 
+  const sampler =
+    evaluator && config.eval_generate > 0
+      ? new EvalSampler({ run, prompts: evaluator.prompts(config.eval_generate), tok, ref: { config: reference.config, weights: reference.weights }, maxNewTokens: config.eval_generate_max_new_tokens, runtime: runtimeOf(config) })
+      : null;
   const metricsFile = join(run, 'metrics.jsonl');
+  /** One metrics.jsonl row (and the same scalars under train/ or eval/ in TensorBoard). */
+  const logRow = (row: Record<string, unknown>) => {
+    writeFileSync(metricsFile, JSON.stringify(row) + '\n', { flag: 'a' });
+    const { step: at, split, ...values } = row;
+    tb?.scalars(at as number, Object.fromEntries(Object.entries(values).map(([k, v]) => [`${split === 'eval' ? 'eval' : 'train'}/${k}`, v])));
+  };
+  /** Evaluates the current weights at `step`: a metrics row, samples, and the best checkpoint so far. */
+  const evaluateAt = async (step: number): Promise<void> => {
+    await art.toHost();
+    const weights = { config: base.config, weights: currentWeights() };
+    const ev = await evaluator!.evaluate(weights, { quiet: true });
+    logRow({ step, split: 'eval', ...ev.overall });
+    if (sampler) await sampler.write(step, weights);
+    if (config.load_best_model_at_end) {
+      const value = metricValue(ev.overall, bestMetric);
+      if (improves(value, best, bestMetric)) best = { step, metric: bestMetric, value, checkpoint: relative(run, stepDir(run, step)) };
+    }
+  };
   if (resuming && existsSync(metricsFile)) {
     // Drop rows logged after the checkpoint we resume from: they will be logged again.
     const kept = readFileSync(metricsFile, 'utf8').split('\n').filter((l) => l.trim() && JSON.parse(l).step <= art.step);
@@ -374,6 +398,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       );
     }
     tokensSeen += tokens;
+    numTokens += tokens;
     const row = {
       step,
       epoch: Math.round((epoch + cursor / rows.length) * 1e4) / 1e4,
@@ -381,12 +406,11 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       grad_norm: gradNorm,
       learning_rate: lr,
       tokens: tokens,
+      num_tokens: numTokens,
       'tokens/s': Math.round(tokensSeen / ((Date.now() - tStart) / 1000)),
     };
     last = row;
-    if (step % config.logging_steps === 0 || step === totalSteps) {
-      writeFileSync(metricsFile, JSON.stringify(row) + '\n', { flag: 'a' });
-    }
+    if (step % config.logging_steps === 0 || step === totalSteps) logRow(row);
     const acc = metrics['rewards/accuracies'];
     progress.update(step, { loss: metrics.loss, ...(acc !== undefined ? { acc } : {}), 'tok/s': row['tokens/s'] });
     if (sync && step % config.ref_model_sync_steps === 0) {
@@ -395,25 +419,34 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       await art.toHost();
       softUpdate(reference.weights, currentWeights(), config.ref_model_mixup_alpha);
     }
-    if (evaluator && config.eval_steps > 0 && step % config.eval_steps === 0 && step !== totalSteps) {
-      await art.toHost();
-      const ev = await evaluator.evaluate({ config: base.config, weights: currentWeights() }, { quiet: true });
-      writeFileSync(metricsFile, JSON.stringify({ step, split: 'eval', ...ev.overall }) + '\n', { flag: 'a' });
-    }
-    if ((config.save_steps > 0 && step % config.save_steps === 0) || step === totalSteps) {
+    // The last step is evaluated after the final model is saved, unless the best checkpoint is
+    // being tracked: then it is a candidate like any other evaluation.
+    const evalNow = evaluator && config.eval_steps > 0 && step % config.eval_steps === 0 && (step !== totalSteps || config.load_best_model_at_end);
+    if (evalNow) await evaluateAt(step);
+    if ((config.save_steps > 0 && step % config.save_steps === 0) || step === totalSteps || (evalNow && config.load_best_model_at_end)) {
       const dir = stepDir(run, step);
       mkdirSync(join(run, CKPT_DIR), { recursive: true });
       await art.toHost();
+      const bestNow = best as Best | null;
       const files: Record<string, Map<string, CheckpointTensor>> = sync ? { [REFERENCE_FILE]: new Map([...reference.weights].map(([k, t]) => [k, { dtype: 'float32' as const, shape: t.shape, data: t.data }])) } : {};
-      art.saveCheckpoint(dir, { epoch, dataCursor: { epoch, index: cursor }, rng: { seed: config.seed }, config }, files);
+      art.saveCheckpoint(dir, { epoch, dataCursor: { epoch, index: cursor }, rng: { seed: config.seed }, config, num_tokens: numTokens, ...(bestNow ? { best: bestNow } : {}) }, files);
+      if (bestNow) writeJsonAtomic(join(run, 'best.json'), bestNow);
+      pruneCheckpoints(run, config.save_total_limit, bestNow ? stepDir(run, bestNow.step) : null);
     }
   }
   progress.stop();
   await refScorer?.release();
 
-  // Final model in HF layout: base weights with adapters merged (the value head saved beside); the
-  // adapter alone in PEFT's layout on request.
+  // Final model in HF layout: base weights with adapters merged (the value head saved beside), with
+  // load_best_model_at_end the weights of the best checkpoint; the adapter alone in PEFT's layout on request.
   await art.toHost();
+  const chosen = config.load_best_model_at_end ? (best as Best | null) : null;
+  if (chosen && chosen.step !== art.step) {
+    const dir = stepDir(run, chosen.step);
+    if (!completeCheckpoints(run).includes(dir)) throw new UserError(`${dir}: the best checkpoint is missing; cannot load it`);
+    art.loadCheckpoint(dir);
+    log(`final model: the best checkpoint (step ${chosen.step}, ${chosen.metric} ${chosen.value})`);
+  }
   const weightsNow = artifactWeights(art);
   let finalDir = join(run, 'final');
   if (config.save_merged) saveModelFolder(finalDir, weightsNow, { config: base.config, lora, sourceDir: o.model, dtype: config.save_dtype });
@@ -426,9 +459,14 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
 
   let evalSummary: EvalSummary | undefined;
   if (evaluator) {
-    evalSummary = await evaluator.evaluate(config.save_merged ? finalDir : { config: base.config, weights: lora ? mergeLora(weightsNow, base.config, lora) : weightsNow }, { quiet: true });
-    writeJsonAtomic(join(run, 'eval.json'), evalSummary.overall);
-    writeFileSync(metricsFile, JSON.stringify({ step: totalSteps, split: 'eval', ...evalSummary.overall }) + '\n', { flag: 'a' });
+    const finalModel = { config: base.config, weights: lora ? mergeLora(weightsNow, base.config, lora) : weightsNow };
+    evalSummary = await evaluator.evaluate(finalModel, { quiet: true });
+    writeJsonAtomic(join(run, 'eval.json'), { ...evalSummary.overall, ...(chosen ? { best_step: chosen.step } : {}) });
+    // With load_best_model_at_end the last step was evaluated in the loop (when it is an eval step).
+    if (!config.load_best_model_at_end) {
+      logRow({ step: totalSteps, split: 'eval', ...evalSummary.overall });
+      if (sampler) await sampler.write(totalSteps, finalModel);
+    }
   }
   return { steps: totalSteps, seconds: (Date.now() - t0) / 1000, finalDir, config, last, eval: evalSummary };
 }

@@ -22,7 +22,7 @@ export function register(program: Command): void {
     .command('train')
     .description('fine-tune a model on preference data with a loss from the zoo')
     .requiredOption('--model <dir>', 'Hugging Face model folder (config.json, safetensors, tokenizer.json)')
-    .requiredOption('--data <file>', 'canonical Parquet, or any file `prefzoo convert` accepts')
+    .requiredOption('--data <file>', 'canonical Parquet (a file, its shards, a directory of shards or a glob such as "data/train-*.parquet", streamed), or any file `prefzoo convert` accepts')
     .requiredOption('--loss <name>', 'loss name (dpo, ipo, rdpo, lipo, dro, sppo, …) or a mixture such as dpo:0.8,sft:0.2')
     .requiredOption('-o, --out <dir>', 'run folder: metrics.jsonl, checkpoints/, final/')
     .option('--param <key=value>', 'a training setting or loss parameter (repeatable), e.g. beta=0.1 max_steps=100', collect, [])
