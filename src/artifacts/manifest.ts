@@ -41,6 +41,8 @@ export interface ArtifactsManifest {
   opset: number;
   /** Absent in folders written before it existed: 'cpu'. */
   target?: ArtifactTarget;
+  /** Precision of the matrix products (src/onnx/half.ts); absent: 'float32'. */
+  computeDtype?: 'float32' | 'float16';
   params: { name: string; dtype: DType; shape: number[]; trainable: boolean; decay: boolean }[];
   batchInputs: { name: string; dtype: DType; shape: Shape }[];
   training: GraphIO & {

@@ -117,7 +117,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const loss = resolveLoss(o.loss, lossParams);
   // A device that cannot run here stops the run before anything is read or written.
-  await checkDevice(runtimeOf(config));
+  await checkDevice(runtimeOf(config), { float16: config.compute_dtype === 'float16' });
   const resuming = !!o.resume && lastCheckpoint(run) !== null;
   if (o.resume && !resuming) log(`no checkpoint in ${run}; starting from the beginning`);
   if (!resuming && existsSync(join(run, 'metrics.jsonl'))) {
@@ -246,12 +246,12 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   // Graphs are written for the device (WebGPU's are lowered; they run on the CPU too). A resumed run
   // on another device gets graphs for it; its checkpoints carry over, being stored by name.
   const target = config.device === 'webgpu' ? 'webgpu' : 'cpu';
-  if (!resuming || !existsSync(join(artDir, 'artifacts.json')) || (readManifest(artDir).target ?? 'cpu') !== target) {
+  if (!resuming || !existsSync(join(artDir, 'artifacts.json')) || (readManifest(artDir).target ?? 'cpu') !== target || (readManifest(artDir).computeDtype ?? 'float32') !== config.compute_dtype) {
     const init = new Map<string, FloatTensor>(base.weights);
     if (lora) for (const [k, v] of adapter ? adapter.weights : initLora(base.config, lora, config.seed)) init.set(k, v);
     if (valueHeadOn) for (const [k, v] of initValueHead(base.config, config.seed)) init.set(k, v);
     rmSync(artDir, { recursive: true, force: true });
-    buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir, { target });
+    buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir, { target, computeDtype: config.compute_dtype });
   }
   writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ref: o.refModel ?? null, adapter: o.adapter ?? null, ...config, loss_params: lossParams });
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config));

@@ -43,6 +43,8 @@ export interface BenchOptions {
   sharePrompt?: boolean;
   /** Where the AdamW update runs (TrainingArtifacts' LoadOptions.update); default auto. */
   update?: 'auto' | 'graph' | 'host';
+  /** Precision of the matrix products (src/onnx/half.ts); float16 is for the GPU. */
+  computeDtype?: 'float32' | 'float16';
   progress?: boolean;
 }
 
@@ -53,6 +55,7 @@ export interface BenchResult {
   preset: string;
   /** Execution provider the steps ran on. */
   device: string;
+  compute_dtype: 'float32' | 'float16';
   /** Where each training graph's nodes run (device runs only; null on the CPU). */
   placement: BenchPlacement | null;
   params: number;
@@ -169,7 +172,7 @@ export interface BenchSetup {
 }
 
 /** The bench's model, batch rows and DPO training artifacts, written under `dir`. */
-export function prepareBench(dir: string, preset: 'tiny' | 'small', pairs: number, seqLen: number, sharePrompt = true, target: ArtifactTarget = 'cpu'): BenchSetup {
+export function prepareBench(dir: string, preset: 'tiny' | 'small', pairs: number, seqLen: number, sharePrompt = true, target: ArtifactTarget = 'cpu', computeDtype: 'float32' | 'float16' = 'float32'): BenchSetup {
   // The model init-model writes (same tokenizer, config and seed), kept in memory.
   const tok = writeTokenizer(path.join(dir, 'tokenizer'));
   const config = presetConfig('llama', preset, { vocabSize: preset === 'tiny' ? tok.vocabSize : undefined, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId }) as LlamaConfig;
@@ -180,7 +183,7 @@ export function prepareBench(dir: string, preset: 'tiny' | 'small', pairs: numbe
   const initial = new Map(spec.params.map((p) => [p.name, p.data!]));
   spec.params = spec.params.map((p) => ({ ...p, data: undefined }));
   const artDir = path.join(dir, 'artifacts');
-  buildArtifacts(spec, artDir, { target });
+  buildArtifacts(spec, artDir, { target, computeDtype });
   return { config, params: countParameters(config), artDir, initial, rows: benchPairs(config.vocab_size, pairs, seqLen), padId: tok.padId, packed: sharePrompt };
 }
 
@@ -188,8 +191,9 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
   log(`llama ${o.preset}: building the model and its training artifacts`);
   const sharePrompt = o.sharePrompt ?? true;
   const device = o.runtime.ep ?? 'cpu';
-  await checkDevice(o.runtime);
-  const { config, params, artDir, initial, rows, padId } = prepareBench(dir, o.preset, o.pairs, o.seqLen, sharePrompt, device === 'webgpu' ? 'webgpu' : 'cpu');
+  const computeDtype = o.computeDtype ?? 'float32';
+  await checkDevice(o.runtime, { float16: computeDtype === 'float16' });
+  const { config, params, artDir, initial, rows, padId } = prepareBench(dir, o.preset, o.pairs, o.seqLen, sharePrompt, device === 'webgpu' ? 'webgpu' : 'cpu', computeDtype);
   let where: BenchPlacement | null = null;
   if (device !== 'cpu') {
     where = {};
@@ -256,6 +260,7 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
   return {
     preset: o.preset,
     device,
+    compute_dtype: computeDtype,
     placement: where,
     params,
     matmul_params: matmulParams,
@@ -295,13 +300,16 @@ export function register(program: Command): void {
     .option('--pairs <n>', 'preference pairs per batch (default 4)')
     .option('--seq <n>', 'tokens per sequence, half prompt and half completion (default 256)')
     .option('--device <device>', `${DEVICE_HELP}; on a device the JSON also says where each graph's nodes run`, 'cpu')
+    .option('--compute-dtype <dtype>', 'float32, or float16 matrix products with float32 weights and reductions (GPU only)', 'float32')
     .option('--threads <n>', 'intra-op threads (default: ONNX Runtime picks one per core)')
     .option('--opt-level <level>', 'graph optimisation level: disabled, basic, extended or all (default extended)')
     .option('--no-peak', 'skip the MatMul peak measurement')
     .option('--no-share-prompt', "one sequence per response, each computing its prompt (the trainer's share_prompt=false)")
     .option('--update <where>', 'where the AdamW update runs: host (in place, in this process), graph (in the fused step graph) or auto (default: host on the CPU)')
     .option('--json', 'print one JSON line')
-    .action(async (o: { preset: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string }) => {
+    .action(async (o: { preset: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
+      if (o.computeDtype !== 'float32' && o.computeDtype !== 'float16') throw new UserError(`--compute-dtype: "${o.computeDtype}" is not one of float32, float16`);
+      if (o.computeDtype === 'float16' && o.device === 'cpu') throw new UserError('--compute-dtype float16 is for the GPU (--device webgpu or cuda)');
       if (o.preset !== 'tiny' && o.preset !== 'small') throw new UserError(`--preset: "${o.preset}" is not one of tiny, small`);
       const levels = ['disabled', 'basic', 'extended', 'all'];
       if (o.optLevel !== undefined && !levels.includes(o.optLevel)) throw new UserError(`--opt-level: "${o.optLevel}" is not one of ${levels.join(', ')}`);
@@ -318,6 +326,7 @@ export function register(program: Command): void {
         skipPeak: !o.peak,
         sharePrompt: o.sharePrompt,
         update: o.update as BenchOptions['update'],
+        computeDtype: o.computeDtype,
         progress: true,
       });
       if (o.json) {
