@@ -272,6 +272,30 @@ describe.skipIf(!available && !required)('WebGPU execution provider', () => {
     });
   });
 
+  it('prefzoo logps --device webgpu prints the CPU\'s log-probs within 1e-4; doctor and bench --device say where things run', () => {
+    const dir = path.join(root, 'cli');
+    const cli = (...args: string[]) => spawnSync(process.execPath, ['bin/prefzoo.mjs', ...args], { encoding: 'utf8' });
+    expect(cli('init-model', '--arch', 'qwen2', '--preset', 'tiny', '-o', path.join(dir, 'm')).status).toBe(0);
+    const input = path.join(dir, 'x.jsonl');
+    fs.writeFileSync(input, [[5, 9, 14, 3, 77, 21], [8, 8, 100, 4]].map((ids) => JSON.stringify({ input_ids: ids, loss_mask: ids.map((_, i) => (i >= 2 ? 1 : 0)) })).join('\n') + '\n');
+    const run = (device: string) => {
+      const r = cli('logps', '--model', path.join(dir, 'm'), '--input', input, '--device', device);
+      expect(r.status, r.stderr).toBe(0);
+      return r.stdout.trim().split('\n').map((l) => JSON.parse(l) as { logp: number; tokens: number });
+    };
+    const [g, c] = [run('webgpu'), run('cpu')];
+    expect(g.map((r) => r.tokens)).toEqual([4, 2]);
+    expect(relErr(g.map((r) => r.logp), c.map((r) => r.logp))).toBeLessThan(1e-4);
+    const doctor = JSON.parse(cli('doctor', '--json').stdout) as { devices: { device: string; ok: boolean }[] };
+    expect(doctor.devices.find((d) => d.device === 'webgpu')!.ok).toBe(true);
+    const bench = cli('bench', '--device', 'webgpu', '--preset', 'tiny', '--steps', '1', '--warmup', '0', '--pairs', '1', '--seq', '8', '--no-peak', '--json');
+    expect(bench.status, bench.stderr).toBe(0);
+    const b = JSON.parse(bench.stdout.trim().split('\n').pop()!) as { device: string; placement: Record<string, { cpu_fallbacks: number }> };
+    expect(b.device).toBe('webgpu');
+    expect(Object.keys(b.placement).sort()).toEqual(['eval', 'optimizer', 'step', 'training']);
+    for (const p of Object.values(b.placement)) expect(p.cpu_fallbacks).toBe(0);
+  });
+
   it('greedy decoding picks the same tokens as on the CPU', async () => {
     for (const arch of ARCHS) {
       const c = testConfig(arch);
