@@ -5,7 +5,7 @@
 import * as arrow from 'apache-arrow';
 import { open, rename, rm, stat, type FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import { UserError } from '../src/cli/errors.ts';
+import { UserError } from '../src/errors.ts';
 import { BatchBuilder } from './columns.ts';
 import { ADAPTERS, type Adapter, type AdapterContext, type FormatName, type Row, detectFormat, expectedShapes } from './formats.ts';
 import { ParquetSink, type WriteOptions } from './parquet.ts';

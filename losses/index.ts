@@ -3,7 +3,7 @@
  * and `resolveLoss`, which binds parameters and gives the one object trainers and the CLI use.
  */
 import type { Graph, Tensor } from '../src/onnx/graph.ts';
-import { UserError } from '../src/cli/errors.ts';
+import { UserError } from '../src/errors.ts';
 import { parseParams, findSpec } from './params.ts';
 import { rows } from './batch.ts';
 import { mean } from './ops.ts';

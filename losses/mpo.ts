@@ -9,7 +9,7 @@
  * The stages are orchestrated by the trainer; this module is the per-step loss of a stage (DPO with
  * β and ε), the split, and the parameters the trainer reads (`delta`, `delta_quantile`, `stage2_loss`).
  */
-import { UserError } from '../src/cli/errors.ts';
+import { UserError } from '../src/errors.ts';
 import { spec } from './params.ts';
 import { logisticGraph, logisticRef, marginRef, pairwiseLoss } from './pairwise.ts';
 import type { Params } from './types.ts';

@@ -19,7 +19,7 @@
  *   training; that is the trainer's reference syncing, not a loss term.
  */
 import type { Graph, Tensor } from '../src/onnx/graph.ts';
-import { UserError } from '../src/cli/errors.ts';
+import { UserError } from '../src/errors.ts';
 import { col, rows } from './batch.ts';
 import { pairMetrics, pairMetricsRef } from './metrics.ts';
 import { logSigmoid as logSigmoidT, negLogSigmoid, softplus as softplusT } from './ops.ts';

@@ -2,7 +2,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { UserError } from '../src/cli/errors.ts';
+import { UserError } from '../src/errors.ts';
 import { readSafetensorsHeader, writeSafetensors } from '../src/artifacts/safetensors.ts';
 import { loadCheckpoint, saveCheckpoint, INDEX_FILE, SINGLE_FILE, type FloatTensor } from '../src/models/checkpoint.ts';
 import {

@@ -4,7 +4,7 @@
  * autodiff gradients, extreme log-ratios, and the published identities of LOSSES.md.
  */
 import { describe, it, expect } from 'vitest';
-import { UserError } from '../src/cli/errors.ts';
+import { UserError } from '../src/errors.ts';
 import { getLoss, listLosses, parseLossSpec, resolveLoss, mpoSplit, quantile, type BoundLoss } from '../losses/index.ts';
 import { parseBatch, detectKind } from '../losses/batch.ts';
 import { runLossOnnx, runLossReference, type LossRun } from '../losses/engine.ts';

@@ -23,7 +23,7 @@ import { isFloat } from '../onnx/dtype.ts';
 import { saveModel } from '../onnx/proto.ts';
 import { gradients } from '../autodiff/index.ts';
 import { zerosLike } from '../autodiff/shape.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { buildOptimizerGraph, defaultDecay, type OptimizerConfig, gradName, gradAccName, stateName } from '../optim/index.ts';
 import { pruneGraph } from './prune.ts';
 import { elideBroadcastExpands, foldOutputIdentities, foldScatterAddIntoSum, isZeroFill } from './simplify.ts';

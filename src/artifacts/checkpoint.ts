@@ -10,7 +10,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
 import { type Dtype, type RawTensor, type TensorData, readSafetensors, writeSafetensors, writeFileAtomic } from './safetensors.ts';
 

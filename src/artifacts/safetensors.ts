@@ -9,7 +9,7 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 
 // Typed-array views below reinterpret bytes in host order; the format is little-endian.
 if (os.endianness() !== 'LE') throw new Error('prefzoo safetensors I/O needs a little-endian host');

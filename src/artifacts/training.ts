@@ -5,7 +5,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { type Feeds, type RuntimeOptions, Session, ort, toOrt } from '../runtime/session.ts';
 import { TensorStore, type OutputMode } from '../runtime/store.ts';
 import { gradName, stateName, updatedName, OPTIM_IO } from '../optim/config.ts';

@@ -1,5 +1,5 @@
 /** Parsers shared by the commands' flags; errors name the flag and what it takes. */
-import { UserError } from './errors.ts';
+import { UserError } from '../errors.ts';
 
 /** Commander collector for a repeatable flag (`--param a=1 --param b=2`). */
 export function collect(v: string, prev: string[]): string[] {

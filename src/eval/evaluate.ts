@@ -3,7 +3,7 @@
  * reference on a dataset, summarised per kind (pairwise accuracy, listwise NDCG / Kendall τ / top-1,
  * single-trajectory ROC-AUC), overall and per `source`.
  */
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { loadModel } from '../models/load.ts';
 import { maxPositions } from '../models/config.ts';
 import { DEFAULT_CONFIG } from '../train/config.ts';

@@ -5,7 +5,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { writeFileAtomic } from '../artifacts/safetensors.ts';
 
 export type Arch = 'llama' | 'qwen2' | 'gpt2';

@@ -4,7 +4,7 @@
  * output projections (`c_proj`) by 1/√(2·n_layer) as its paper and HF do.
  */
 import fs from 'node:fs';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { writeTokenizer } from '../tokenize/index.ts';
 import { type FloatTensor, saveCheckpoint } from './checkpoint.ts';
 import { type Arch, type ModelConfig, countParameters, hiddenSize, parameterShapes, presetConfig } from './config.ts';

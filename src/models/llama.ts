@@ -5,7 +5,7 @@
  * down(act(gate(x)) · up(x)) → residual; a final RMSNorm. Parameters are looked up by their HF names.
  */
 import type { Graph, Tensor } from '../onnx/graph.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { type LlamaConfig, attentionBiases } from './config.ts';
 import { type BatchIndex, activation, attention, project, rmsNorm, splitHeads } from './layers.ts';
 import type { Params } from './params.ts';

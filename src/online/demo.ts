@@ -17,7 +17,7 @@ import { mkdirSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { makeMeta } from '../../datasets/schema.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { initModelFolder } from '../models/init.ts';
 import type { TrainConfig } from '../train/config.ts';
 import type { Example, LoadedData } from '../train/data.ts';

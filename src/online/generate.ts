@@ -11,7 +11,7 @@ import type { LoraConfig } from '../models/lora.ts';
 import { modelParameterShapes } from '../models/params.ts';
 import { serializeModel } from '../onnx/proto.ts';
 import { Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { SeededRandom } from '../train/random.ts';
 import { buildDecodeGraph, cacheShape, pastName, presentName } from './decode-graph.ts';
 import { mixLogits, sampleToken, samplingOptions, type SamplingOptions } from './sampling.ts';

@@ -12,7 +12,7 @@
  */
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { createInterface, type Interface } from 'node:readline';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
 import type { Text } from '../train/data.ts';
 import { DEMO_MODULUS } from '../train/demo-task.ts';

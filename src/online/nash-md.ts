@@ -16,7 +16,7 @@ import { existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { buildArtifacts, type ArtifactSpec } from '../artifacts/build.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { Progress } from '../cli/progress.ts';
 import { buildCausalLM, initLora, type LoraConfig } from '../models/index.ts';
 import { loadModel } from '../models/load.ts';

@@ -2,7 +2,7 @@
  * Command-line options shared by `generate`, `sppo` and `nash-md`: sampling flags parsed into
  * numbers, each bad value named by its flag.
  */
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { samplingOptions, type SamplingOptions } from './sampling.ts';
 
 export interface SamplingFlags {

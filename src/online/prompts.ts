@@ -5,7 +5,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { openSource, toPlain, where } from '../../datasets/readers.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { LoadedTokenizer, Message } from '../tokenize/index.ts';
 import type { Text } from '../train/data.ts';
 

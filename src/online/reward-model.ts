@@ -16,7 +16,7 @@ import { readCanonical, writeCanonical } from '../../datasets/parquet.ts';
 import { orderColumns } from '../../datasets/schema.ts';
 import { buildArtifacts, type ArtifactSpec } from '../artifacts/build.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { Progress } from '../cli/progress.ts';
 import { buildCausalLM, initLora, initValueHead, valueHead, type LoraConfig } from '../models/index.ts';
 import { loadModel } from '../models/load.ts';

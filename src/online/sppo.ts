@@ -18,7 +18,7 @@
 import { cpSync, existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { makeMeta } from '../../datasets/schema.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { resolveConfig, type TrainConfig } from '../train/config.ts';
 import type { Example, LoadedData, Text } from '../train/data.ts';
 import { train } from '../train/trainer.ts';

@@ -3,7 +3,7 @@
  * conversions between JS typed arrays and ort.Tensor.
  */
 import ort from 'onnxruntime-node';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
 
 export type ExecutionProvider = 'cpu' | 'cuda';

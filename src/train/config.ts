@@ -4,7 +4,7 @@
  * listed here are the loss's parameters, such as `beta`).
  */
 import { readFileSync } from 'node:fs';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 
 export interface TrainConfig {
   /** Peak learning rate of the optimizer. */

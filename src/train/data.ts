@@ -10,7 +10,7 @@ import { convert } from '../../datasets/convert.ts';
 import type { Kind, PrefzooMeta } from '../../datasets/schema.ts';
 import { META_KEY } from '../../datasets/schema.ts';
 import { readTokenColumns, type TokenRow } from '../../datasets/tokenized.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { type LoadedTokenizer, type Message, tokenizePromptResponse } from '../tokenize/index.ts';
 
 export type Text = string | Message[];

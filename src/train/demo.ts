@@ -15,7 +15,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { convert } from '../../datasets/convert.ts';
 import { getLoss } from '../../losses/index.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { initModelFolder } from '../models/init.ts';
 import { evaluateRows } from '../eval/evaluate.ts';
 import type { TrainConfig } from './config.ts';

@@ -10,7 +10,7 @@
 import { cpSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { mpoSplit } from '../../losses/mpo.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { resolveConfig } from './config.ts';
 import { loadData, type LoadedData } from './data.ts';
 import { getLoss, resolveLoss } from '../../losses/index.ts';

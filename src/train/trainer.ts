@@ -16,7 +16,7 @@
 import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Kind } from '../../datasets/schema.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { Progress } from '../cli/progress.ts';
 import { buildArtifacts } from '../artifacts/build.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';

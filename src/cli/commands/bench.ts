@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import type { Command } from 'commander';
-import { UserError } from '../errors.ts';
+import { UserError } from '../../errors.ts';
 import { Progress } from '../progress.ts';
 import { buildArtifacts } from '../../artifacts/build.ts';
 import { TrainingArtifacts } from '../../artifacts/training.ts';

@@ -1,7 +1,7 @@
 import type { Command } from 'commander';
 import { runDemo } from '../../train/demo.ts';
 import { onlineDemoCommand } from '../../online/demo.ts';
-import { UserError } from '../errors.ts';
+import { UserError } from '../../errors.ts';
 import { collect, positiveInt } from '../flags.ts';
 
 export function register(program: Command): void {

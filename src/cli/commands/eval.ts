@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { evaluateRows, formatEvalTable } from '../../eval/evaluate.ts';
 import { DEFAULT_CONFIG, parseParams } from '../../train/config.ts';
-import { UserError } from '../errors.ts';
+import { UserError } from '../../errors.ts';
 import { collect, positiveInt } from '../flags.ts';
 
 export function register(program: Command): void {

@@ -4,7 +4,7 @@
  */
 import fs from 'node:fs';
 import type { Command } from 'commander';
-import { UserError } from '../errors.ts';
+import { UserError } from '../../errors.ts';
 import { listLosses, resolveLoss } from '../../../losses/index.ts';
 import { detectKind, parseBatch } from '../../../losses/batch.ts';
 import { describeRange, parseParamArgs } from '../../../losses/params.ts';

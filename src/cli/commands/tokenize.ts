@@ -4,7 +4,7 @@ import { withTokenColumns, tokenColumnNames } from '../../../datasets/tokenized.
 import { loadTokenizer } from '../../tokenize/index.ts';
 import { tableExamples, tokenizeExamples } from '../../train/data.ts';
 import { DEFAULT_CONFIG } from '../../train/config.ts';
-import { UserError } from '../errors.ts';
+import { UserError } from '../../errors.ts';
 import { positiveInt } from '../flags.ts';
 
 export function register(program: Command): void {
