@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { buildArtifacts, TrainingArtifacts, readManifest } from '../src/artifacts/index.ts';
 import { prepareBench } from '../src/cli/commands/bench.ts';
-import { collate } from '../src/train/batch.ts';
+import { collate } from '../src/models/batch.ts';
 import { toOrt } from '../src/runtime/session.ts';
 import { mlpSpec, spirals, batchFeeds, range } from './mlp-spec.ts';
 

@@ -3,7 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { UserError } from '../src/errors.ts';
-import { readSafetensorsHeader, writeSafetensors } from '../src/artifacts/safetensors.ts';
+import { readSafetensorsHeader, writeSafetensors } from '../src/models/safetensors.ts';
 import { loadCheckpoint, saveCheckpoint, INDEX_FILE, SINGLE_FILE, type FloatTensor } from '../src/models/checkpoint.ts';
 import {
   attentionBiases,

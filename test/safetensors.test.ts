@@ -16,7 +16,7 @@ import {
   tensorToFloat64,
   writeSafetensors,
   type TensorToWrite,
-} from '../src/artifacts/safetensors.ts';
+} from '../src/models/safetensors.ts';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-st-'));
 afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));

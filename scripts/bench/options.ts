@@ -12,7 +12,7 @@ import { parseArgs } from 'node:util';
 import { prepareBench } from '../../src/cli/commands/bench.ts';
 import { TrainingArtifacts } from '../../src/artifacts/training.ts';
 import type { RuntimeOptions } from '../../src/runtime/session.ts';
-import { collate } from '../../src/train/batch.ts';
+import { collate } from '../../src/models/batch.ts';
 
 const SETTINGS: Record<string, RuntimeOptions> = {
   default: {},

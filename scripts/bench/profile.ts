@@ -13,7 +13,7 @@ import { parseArgs } from 'node:util';
 import { prepareBench } from '../../src/cli/commands/bench.ts';
 import { readManifest } from '../../src/artifacts/manifest.ts';
 import { type Feeds, type OptLevel, Session, toOrt } from '../../src/runtime/session.ts';
-import { collate } from '../../src/train/batch.ts';
+import { collate } from '../../src/models/batch.ts';
 import { OPTIM_IO, gradName, stateName } from '../../src/optim/config.ts';
 
 const { values: a } = parseArgs({

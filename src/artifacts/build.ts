@@ -29,7 +29,7 @@ import { pruneGraph } from './prune.ts';
 import { elideBroadcastExpands, foldOutputIdentities, foldScatterAddIntoSum, isZeroFill } from './simplify.ts';
 import { fuseOptimizer } from './fuse.ts';
 import { writeCheckpoint, type CheckpointTensor } from './checkpoint.ts';
-import { writeFileAtomic } from './safetensors.ts';
+import { writeFileAtomic } from '../io/atomic.ts';
 import { ARTIFACT_FILES, MANIFEST_VERSION, TRAIN_IO, type ArtifactsManifest, type GraphIO } from './manifest.ts';
 
 export interface ParamSpec {

@@ -12,11 +12,11 @@ import {
   numel,
   readSafetensors,
   tensorToFloat32,
-  writeFileAtomic,
   writeSafetensors,
   type Dtype,
   type TensorToWrite,
-} from '../artifacts/safetensors.ts';
+} from './safetensors.ts';
+import { writeFileAtomic } from '../io/atomic.ts';
 import { writeConfig, type ModelConfig } from './config.ts';
 
 export const SINGLE_FILE = 'model.safetensors';

@@ -6,7 +6,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { UserError } from '../errors.ts';
-import { writeFileAtomic } from '../artifacts/safetensors.ts';
+import { writeFileAtomic } from '../io/atomic.ts';
 
 export type Arch = 'llama' | 'qwen2' | 'gpt2';
 export const ARCHES: readonly Arch[] = ['llama', 'qwen2', 'gpt2'];

@@ -13,7 +13,7 @@ import { serializeModel } from '../onnx/proto.ts';
 import { Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
 import { UserError } from '../errors.ts';
 import type { SeededRandom } from '../train/random.ts';
-import { buildDecodeGraph, cacheShape, pastName, presentName } from './decode-graph.ts';
+import { buildDecodeGraph, cacheShape, pastName, presentName } from '../models/decode.ts';
 import { mixLogits, sampleToken, samplingOptions, type SamplingOptions } from './sampling.ts';
 
 /** The cache of a batch: `[B, KV, L, hd]` per layer and kind, as fed back under the past names. */

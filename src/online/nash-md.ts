@@ -17,7 +17,7 @@ import { join } from 'node:path';
 import { buildArtifacts, type ArtifactSpec } from '../artifacts/build.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
 import { UserError } from '../errors.ts';
-import { Progress } from '../cli/progress.ts';
+import { startProgress } from '../progress.ts';
 import { buildCausalLM, initLora, type LoraConfig } from '../models/index.ts';
 import { loadModel } from '../models/load.ts';
 import type { ModelConfig } from '../models/config.ts';
@@ -26,30 +26,24 @@ import { sequenceLogps } from '../models/logps.ts';
 import { lrAt } from '../optim/schedule.ts';
 import { toOrt } from '../runtime/session.ts';
 import { loadTokenizer } from '../tokenize/index.ts';
-import { collate } from '../train/batch.ts';
+import { collate } from '../models/batch.ts';
 import { resolveConfig, type TrainConfig } from '../train/config.ts';
-import type { Text, TokenizedExample } from '../train/data.ts';
+import type { Text, TokenizedExample } from '../../datasets/examples.ts';
 import { SeededRandom } from '../train/random.ts';
-import { Scorer } from '../train/scorer.ts';
+import { Scorer } from '../models/scorer.ts';
 import { resolveLoss, type BoundLoss } from '../../losses/index.ts';
 import { Decoder } from './generate.ts';
 import type { Judge } from './judges.ts';
 import { sampleWith } from './policy.ts';
 import type { SamplingOptions } from './sampling.ts';
-import { currentWeights, loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, writeJsonAtomic } from '../train/run.ts';
+import { currentWeights, loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, type LoopOptions } from '../train/run.ts';
+import { writeJsonAtomic } from '../io/atomic.ts';
 
-export interface NashMdOptions extends SamplingOptions {
-  model: string;
+/** `params`: trainer settings and the loss's `beta`, `mixture_coef`, as `key=value`. */
+export interface NashMdOptions extends SamplingOptions, LoopOptions {
   prompts: readonly Text[];
   judge: Judge;
-  out: string;
   maxNewTokens: number;
-  /** Trainer settings and the loss's `beta`, `mixture_coef`, as `key=value`. */
-  params?: string[];
-  configFile?: string;
-  base?: Partial<TrainConfig>;
-  quiet?: boolean;
-  log?: (line: string) => void;
 }
 
 export interface NashMdResult {
@@ -118,7 +112,7 @@ export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
   let epoch = 0;
   const metricsFile = join(o.out, 'metrics.jsonl');
   writeFileSync(metricsFile, '');
-  const progress = new Progress('nash-md', total, { quiet: o.quiet });
+  const progress = startProgress(o.progress, 'nash-md', total, o.quiet);
   let last: Record<string, number> = {};
   for (let step = 1; step <= total; step++) {
     if (cursor + B > order.length) {
@@ -133,7 +127,7 @@ export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
     const yps = await sampleWith(tok, policy, prompts, { ...sampling, seed: (config.seed * 7919 + step * 2 + 1) >>> 0, mixture: { decoder: ref, coef: m } });
     const P = await o.judge.compare(prompts.map((prompt, i) => ({ prompt, a: ys[i].response, b: yps[i].response })));
     const rows: TokenizedExample[] = ys.map((y) => ({ promptIds: y.promptIds, responseIds: [y.ids], src: { prompt: y.prompt, responses: [y.response] } }));
-    const refLogps = (await refScorer.score('single', rows, { batchSize: B, padTo: config.pad_to_multiple_of, quiet: true })).logps;
+    const refLogps = (await refScorer.score('single', rows, { batchSize: B, padTo: config.pad_to_multiple_of })).logps;
     const c = collate(rows, { kind: 'single', padTo: config.pad_to_multiple_of, padId: tok.padId ?? 0, dtype: 'float32', refLogps: (_, i) => refLogps[i] });
     const feeds = { input_ids: c.feeds.input_ids, attention_mask: c.feeds.attention_mask, loss_mask: c.feeds.loss_mask, ref_logps: c.feeds.ref_logps, probs: toOrt('float32', Float32Array.from(P), [rows.length]) };
     const metrics = await art.computeGradients(feeds);

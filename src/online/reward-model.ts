@@ -17,7 +17,7 @@ import { orderColumns } from '../../datasets/schema.ts';
 import { buildArtifacts, type ArtifactSpec } from '../artifacts/build.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
 import { UserError } from '../errors.ts';
-import { Progress } from '../cli/progress.ts';
+import { startProgress } from '../progress.ts';
 import { buildCausalLM, initLora, initValueHead, valueHead, type LoraConfig } from '../models/index.ts';
 import { loadModel } from '../models/load.ts';
 import type { ModelConfig } from '../models/config.ts';
@@ -29,10 +29,11 @@ import { lrAt } from '../optim/schedule.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import { loadTokenizer, tokenizePromptResponse, type LoadedTokenizer } from '../tokenize/index.ts';
 import { resolveConfig, type TrainConfig } from '../train/config.ts';
-import { loadData, tokenizeExamples, type LoadedData, type Text, type TokenizedExample } from '../train/data.ts';
+import { loadData, tokenizeExamples, type LoadedData, type Text, type TokenizedExample } from '../../datasets/examples.ts';
 import { SeededRandom } from '../train/random.ts';
 import { negLogSigmoid } from '../../losses/ops.ts';
-import { loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, writeJsonAtomic } from '../train/run.ts';
+import { loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, type LoopOptions } from '../train/run.ts';
+import { writeJsonAtomic } from '../io/atomic.ts';
 
 export const REWARD_MODEL_FILE = 'reward_model.json';
 
@@ -152,16 +153,9 @@ function rewardSpec(config: ModelConfig, init: Map<string, FloatTensor>, lora: L
   };
 }
 
-export interface RewardTrainOptions {
-  model: string;
+export interface RewardTrainOptions extends LoopOptions {
   data: string;
-  out: string;
-  params?: string[];
-  configFile?: string;
-  base?: Partial<TrainConfig>;
   rows?: LoadedData;
-  quiet?: boolean;
-  log?: (line: string) => void;
 }
 
 export interface RewardTrainResult {
@@ -230,7 +224,7 @@ export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainRes
   };
   const metricsFile = join(o.out, 'metrics.jsonl');
   writeFileSync(metricsFile, '');
-  const progress = new Progress('reward-train', total, { quiet: o.quiet });
+  const progress = startProgress(o.progress, 'reward-train', total, o.quiet);
   let last: Record<string, number> = {};
   for (let step = 1; step <= total; step++) {
     const sums: Record<string, number> = {};

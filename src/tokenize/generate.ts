@@ -7,7 +7,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { UserError } from '../errors.ts';
-import { writeFileAtomic } from '../artifacts/safetensors.ts';
+import { writeFileAtomic } from '../io/atomic.ts';
 
 export const GENERATED_SPECIAL_TOKENS = ['<|bos|>', '<|eos|>', '<|pad|>', '<|im_start|>', '<|im_end|>'] as const;
 

@@ -14,7 +14,7 @@ import type { FloatTensor } from '../models/checkpoint.ts';
 import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
 import { scoredLogps, sequenceLogps } from '../models/logps.ts';
 import { modelParamSpecs } from './run.ts';
-import { canPack } from './batch.ts';
+import { canPack } from '../models/batch.ts';
 
 export interface TrainProblem {
   config: ModelConfig;
@@ -28,7 +28,7 @@ export interface TrainProblem {
   dataKeys: Set<string>;
   /** KTO: the batch also holds each row's mismatched sequence for the KL estimate. */
   kl?: boolean;
-  /** Pairwise and listwise: each example's responses share one computed prompt (src/train/batch.ts). */
+  /** Pairwise and listwise: each example's responses share one computed prompt (src/models/batch.ts). */
   packed?: boolean;
 }
 

@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { mpoSplit } from '../../losses/mpo.ts';
 import { UserError } from '../errors.ts';
 import { resolveConfig } from './config.ts';
-import { loadData, type LoadedData } from './data.ts';
+import { loadData, type LoadedData } from '../../datasets/examples.ts';
 import { getLoss, resolveLoss } from '../../losses/index.ts';
 import { train, type TrainOptions, type TrainResult } from './trainer.ts';
 

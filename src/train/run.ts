@@ -1,9 +1,9 @@
 /**
  * Pieces every training loop shares (the offline trainer, SPPO, Nash-MD, reward training): the
- * optimizer, runtime and LoRA settings of a TrainConfig, artifact parameter specs, atomic JSON
- * writes, and saving a trained model in HF layout (LoRA merged, tokenizer files copied).
+ * optimizer, runtime and LoRA settings of a TrainConfig, artifact parameter specs, and saving a
+ * trained model in HF layout (LoRA merged, tokenizer files copied).
  */
-import { cpSync, readdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, readdirSync, renameSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { TrainConfig } from '../train/config.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
@@ -13,7 +13,27 @@ import { saveCheckpoint, type FloatTensor } from '../models/checkpoint.ts';
 import { mergeLora, type LoraConfig } from '../models/index.ts';
 import type { TrainingArtifacts } from '../artifacts/training.ts';
 import type { ParamSpec } from '../artifacts/build.ts';
+import type { ProgressFactory } from '../progress.ts';
 import { modelParameterShapes, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT } from '../models/params.ts';
+
+/** What every training loop takes besides its own inputs: the trainer, SPPO, Nash-MD, reward training. */
+export interface LoopOptions {
+  /** The starting model folder (HF layout). */
+  model: string;
+  /** The run folder. */
+  out: string;
+  /** Trainer settings and loss parameters, as `key=value`. */
+  params?: string[];
+  configFile?: string;
+  /** Settings applied under --config and --param (the demos' defaults). */
+  base?: Partial<TrainConfig>;
+  /** Draws the progress of long stages (the CLI passes a terminal bar); none without it. */
+  progress?: ProgressFactory;
+  /** No progress even when `progress` is given. */
+  quiet?: boolean;
+  /** Where plain progress and summary lines go (default stderr). */
+  log?: (line: string) => void;
+}
 
 export function optimizerOf(c: TrainConfig): OptimizerConfig {
   const clip = c.max_grad_norm > 0 ? c.max_grad_norm : null;
@@ -29,12 +49,6 @@ export function runtimeOf(c: TrainConfig): RuntimeOptions {
 export function loraOf(c: TrainConfig): LoraConfig | null {
   if (c.lora_r <= 0) return null;
   return { rank: c.lora_r, alpha: c.lora_alpha, targets: c.lora_target_modules.split(',').map((s) => s.trim()).filter(Boolean) };
-}
-
-export function writeJsonAtomic(file: string, value: unknown): void {
-  const tmp = `${file}.tmp-${process.pid}`;
-  writeFileSync(tmp, JSON.stringify(value, null, 2) + '\n');
-  renameSync(tmp, file);
 }
 
 /** Current parameter values of a training run as float tensors (copies). */

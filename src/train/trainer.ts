@@ -17,7 +17,7 @@ import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync, rmSync
 import { join } from 'node:path';
 import type { Kind } from '../../datasets/schema.ts';
 import { UserError } from '../errors.ts';
-import { Progress } from '../cli/progress.ts';
+import { startProgress } from '../progress.ts';
 import { buildArtifacts } from '../artifacts/build.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
 import { loadModel } from '../models/load.ts';
@@ -28,30 +28,22 @@ import { lrAt } from '../optim/schedule.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
-import { currentWeights as artifactWeights, loraOf, optimizerOf, runtimeOf, saveModelFolder, writeJsonAtomic } from './run.ts';
-import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from './data.ts';
-import { canPack, collate } from './batch.ts';
+import { currentWeights as artifactWeights, loraOf, optimizerOf, runtimeOf, saveModelFolder, type LoopOptions } from './run.ts';
+import { writeJsonAtomic } from '../io/atomic.ts';
+import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
+import { canPack, collate } from '../models/batch.ts';
 import { readManifest } from '../artifacts/manifest.ts';
 import { readRefColumns, writeRefColumns } from '../../datasets/tokenized.ts';
 import { buildSpec, type TrainProblem } from './graph.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { SeededRandom } from './random.ts';
-import { Scorer } from './scorer.ts';
+import { Scorer } from '../models/scorer.ts';
 import { Evaluator, type EvalSummary } from '../eval/evaluate.ts';
 
-export interface TrainOptions {
-  model: string;
+export interface TrainOptions extends LoopOptions {
   data: string;
   loss: string;
-  out: string;
-  params?: string[];
-  configFile?: string;
-  /** Settings applied under --config and --param (the demo's defaults). */
-  base?: Partial<TrainConfig>;
   resume?: boolean;
-  quiet?: boolean;
-  /** Where plain progress and summary lines go (default stderr). */
-  log?: (line: string) => void;
   /** Use this reference model folder instead of the starting weights. */
   refModel?: string;
   /** Train on these rows instead of reading `data` (MPO's stages train on subsets); `data` names them in messages. */
@@ -170,10 +162,10 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     if (ref.length !== rows.length) throw new UserError(`${refFile}: ${ref.length} rows cached, the data has ${rows.length}; remove the run folder to start over`);
   } else {
     const scorer = await Scorer.create(base.config, refWeights, runtimeOf(config), tok.padId ?? 0);
-    ref = (await scorer.score(kind, rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs', quiet: o.quiet })).logps;
+    ref = (await scorer.score(kind, rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs', progress: o.quiet ? undefined : o.progress })).logps;
     if (kl) {
       const mismatched = rows.map((r) => ({ ...r, responseIds: [r.klResponseIds!] }));
-      const refKl = (await scorer.score(kind, mismatched, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs (KL pairs)', quiet: o.quiet })).logps;
+      const refKl = (await scorer.score(kind, mismatched, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs (KL pairs)', progress: o.quiet ? undefined : o.progress })).logps;
       ref = ref.map((r, i) => [r[0], refKl[i][0]]);
     }
     await scorer.release();
@@ -251,7 +243,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   };
   const refOf = new Map(config.ref_on_the_fly ? [] : rows.map((r, i) => [r, ref[i]]));
   const fault = faultStep();
-  const progress = new Progress('train', totalSteps, { quiet: o.quiet });
+  const progress = startProgress(o.progress, 'train', totalSteps, o.quiet);
   let last: Record<string, number> = {};
   let tokensSeen = 0;
   const tStart = Date.now();
@@ -264,8 +256,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     for (let micro = 0; micro < config.gradient_accumulation_steps; micro++) {
       const batch = nextBatch();
       if (refScorer) {
-        const fresh = await refScorer.score(kind, batch, { batchSize: batch.length, padTo: config.pad_to_multiple_of, quiet: true });
-        const freshKl = kl ? await refScorer.score(kind, batch.map((r) => ({ ...r, responseIds: [r.klResponseIds!] })), { batchSize: batch.length, padTo: config.pad_to_multiple_of, quiet: true }) : null;
+        const fresh = await refScorer.score(kind, batch, { batchSize: batch.length, padTo: config.pad_to_multiple_of });
+        const freshKl = kl ? await refScorer.score(kind, batch.map((r) => ({ ...r, responseIds: [r.klResponseIds!] })), { batchSize: batch.length, padTo: config.pad_to_multiple_of }) : null;
         batch.forEach((ex, i) => refOf.set(ex, freshKl ? [fresh.logps[i][0], freshKl.logps[i][0]] : fresh.logps[i]));
       }
       const c = collate(batch, {

@@ -18,8 +18,8 @@ import { type LlamaConfig, countParameters, presetConfig } from '../../models/co
 import { initWeights } from '../../models/init.ts';
 import { measureMatmulPeak } from '../../runtime/peak.ts';
 import type { OptLevel, RuntimeOptions } from '../../runtime/session.ts';
-import { collate } from '../../train/batch.ts';
-import type { TokenizedExample } from '../../train/data.ts';
+import { collate } from '../../models/batch.ts';
+import type { TokenizedExample } from '../../../datasets/examples.ts';
 import { buildSpec } from '../../train/graph.ts';
 import { resolveLoss } from '../../../losses/index.ts';
 import { writeTokenizer } from '../../tokenize/generate.ts';

@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { readCanonical, writeCanonical } from '../../../datasets/parquet.ts';
 import { withTokenColumns, tokenColumnNames } from '../../../datasets/tokenized.ts';
 import { loadTokenizer } from '../../tokenize/index.ts';
-import { tableExamples, tokenizeExamples } from '../../train/data.ts';
+import { tableExamples, tokenizeExamples } from '../../../datasets/examples.ts';
 import { DEFAULT_CONFIG } from '../../train/config.ts';
 import { UserError } from '../../errors.ts';
 import { positiveInt } from '../flags.ts';

@@ -5,13 +5,13 @@
 import { existsSync, mkdirSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import type * as arrow from 'apache-arrow';
-import { readCanonical, parquetFooter } from '../../datasets/parquet.ts';
-import { convert } from '../../datasets/convert.ts';
-import type { Kind, PrefzooMeta } from '../../datasets/schema.ts';
-import { META_KEY } from '../../datasets/schema.ts';
-import { readTokenColumns, type TokenRow } from '../../datasets/tokenized.ts';
-import { UserError } from '../errors.ts';
-import { type LoadedTokenizer, type Message, tokenizePromptResponse } from '../tokenize/index.ts';
+import { readCanonical, parquetFooter } from './parquet.ts';
+import { convert } from './convert.ts';
+import type { Kind, PrefzooMeta } from './schema.ts';
+import { META_KEY } from './schema.ts';
+import { readTokenColumns, type TokenRow } from './tokenized.ts';
+import { UserError } from '../src/errors.ts';
+import { type LoadedTokenizer, type Message, tokenizePromptResponse } from '../src/tokenize/index.ts';
 
 export type Text = string | Message[];
 
@@ -138,11 +138,18 @@ export async function loadData(file: string, workDir: string, opts: { kind?: Kin
   return { kind: meta.kind, meta, examples: tableExamples(table, meta, file), files, tokens: readTokenColumns(table, meta.kind) ?? undefined, table };
 }
 
+/** How rows are cut to length (the trainer's settings of the same names, src/train/config.ts). */
 export interface TruncationConfig {
+  /** Longest prompt + response in tokens. */
   max_length: number;
+  /** Longest prompt in tokens. */
   max_prompt_length: number;
+  /** Which end of an over-long prompt to keep. */
   truncation: 'keep_start' | 'keep_end';
 }
+
+/** The defaults of training and evaluation alike. */
+export const DEFAULT_TRUNCATION: TruncationConfig = { max_length: 512, max_prompt_length: 256, truncation: 'keep_end' };
 
 /**
  * Tokenizes examples (or takes the ids a tokenized file already holds); rows that had to be
