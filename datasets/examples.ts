@@ -7,13 +7,10 @@ import { basename, join } from 'node:path';
 import type * as arrow from 'apache-arrow';
 import { readCanonical, parquetFooter } from './parquet.ts';
 import { convert } from './convert.ts';
-import type { Kind, PrefzooMeta } from './schema.ts';
-import { META_KEY } from './schema.ts';
+import { META_KEY, type Kind, type PrefzooMeta, type Role, type Text } from './schema.ts';
 import { readTokenColumns, type TokenRow } from './tokenized.ts';
 import { UserError } from '../src/errors.ts';
-import { type LoadedTokenizer, type Message, tokenizePromptResponse } from '../src/tokenize/index.ts';
-
-export type Text = string | Message[];
+import { type LoadedTokenizer, tokenizePromptResponse } from '../src/tokenize/index.ts';
 
 /** One row of any kind; `responses` holds [chosen, rejected] for pairs, the list for lists, [response] for singles. */
 export interface Example {
@@ -65,7 +62,8 @@ function textOf(v: unknown, where: string): Text {
   if (v && typeof (v as { toArray?: unknown }).toArray === 'function') {
     return Array.from((v as { toArray(): unknown[] }).toArray(), (m) => {
       const row = m as { role: string; content: string };
-      return { role: String(row.role), content: String(row.content) };
+      // Roles were checked when the file was converted (datasets/validate.ts).
+      return { role: String(row.role) as Role, content: String(row.content) };
     });
   }
   throw new UserError(`${where}: expected text or a message list`);

@@ -6,11 +6,11 @@
  * each response classified on its own (chosen → reward > 0, rejected → reward < 0). The paper's
  * running-mean reward shift δ is trainer state; here δ = 0, as TRL's pairwise variant does.
  */
-import { spec } from './params.ts';
-import { pairwiseLoss } from './pairwise.ts';
-import { negLogSigmoid } from './ops.ts';
-import { sigmoid, softplus } from './math.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { pairwiseLoss, perPairRef } from './core/pairwise.ts';
+import { negLogSigmoid } from './core/ops.ts';
+import { sigmoid, softplus } from './core/math.ts';
+import type { Params } from './core/types.ts';
 
 export interface BcoParams extends Params {
   beta: number;
@@ -27,17 +27,11 @@ export const bcoPair = pairwiseLoss<BcoParams>({
   options: ['f_divergence', 'wpo', 'rpo_alpha'],
   ref(h, p) {
     const b = p.beta;
-    const value = new Float64Array(h.B);
-    const dw = new Float64Array(h.B);
-    const dl = new Float64Array(h.B);
-    for (let i = 0; i < h.B; i++) {
+    return perPairRef(h.B, (i) => {
       const x = b * h.uw[i];
       const y = b * h.ul[i];
-      value[i] = softplus(-x) + softplus(y);
-      dw[i] = -b * h.duw[i] * sigmoid(-x);
-      dl[i] = b * h.dul[i] * sigmoid(y);
-    }
-    return { value, dw, dl };
+      return [softplus(-x) + softplus(y), -b * h.duw[i] * sigmoid(-x), b * h.dul[i] * sigmoid(y)];
+    });
   },
   emit(t, p) {
     const g = t.g;

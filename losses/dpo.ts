@@ -7,9 +7,9 @@
  * Relationship to IPO", 2023): L = −(1−ε) log σ(βh) − ε log σ(−βh), i.e. the expected loss when a
  * label is flipped with probability ε.
  */
-import { spec } from './params.ts';
-import { logisticGraph, logisticRef, marginRef, pairwiseLoss } from './pairwise.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { logisticGraph, logisticRef, marginRef, pairwiseLoss } from './core/pairwise.ts';
+import type { Params } from './core/types.ts';
 
 export interface DpoParams extends Params {
   beta: number;

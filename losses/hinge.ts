@@ -3,9 +3,9 @@
  *
  *   L = relu(1 − βh)   (β plays the role of 1/δ, the inverse margin)
  */
-import { spec } from './params.ts';
-import { marginRef, pairwiseLoss } from './pairwise.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { marginRef, pairwiseLoss } from './core/pairwise.ts';
+import type { Params } from './core/types.ts';
 
 export interface HingeParams extends Params {
   beta: number;

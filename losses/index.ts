@@ -4,9 +4,9 @@
  */
 import type { Graph, Tensor } from '../src/onnx/graph.ts';
 import { UserError } from '../src/errors.ts';
-import { parseParams, findSpec } from './params.ts';
-import { rows } from './batch.ts';
-import { mean } from './ops.ts';
+import { parseParams, findSpec } from './core/params.ts';
+import { rows } from './core/batch.ts';
+import { mean } from './core/ops.ts';
 import { dpo } from './dpo.ts';
 import { ipo } from './ipo.ts';
 import { rdpo } from './rdpo.ts';
@@ -27,9 +27,9 @@ import { sft } from './sft.ts';
 import { simpo } from './simpo.ts';
 import { orpo } from './orpo.ts';
 import { kto } from './kto.ts';
-import type { BatchTensors, HostBatch, Kind, KeySet, LossModule, Params } from './types.ts';
+import type { BatchTensors, HostBatch, Kind, KeySet, LossModule, Params } from './core/types.ts';
 
-export type { Kind, LossModule, Params, HostBatch, HostTensor, BatchTensors, ParamSpec, KeySet } from './types.ts';
+export type { Kind, LossModule, Params, HostBatch, HostTensor, BatchTensors, ParamSpec, KeySet } from './core/types.ts';
 export { mpoSplit, quantile } from './mpo.ts';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any

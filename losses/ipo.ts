@@ -7,10 +7,10 @@
  * β is the paper's τ. Length normalisation follows TRL, which confirmed it with the IPO authors: the
  * paper's results use per-token log-ratios. The loss is minimised at h̄ = 1/(2β).
  */
-import { spec } from './params.ts';
-import { marginRef, pairwiseLoss } from './pairwise.ts';
-import { square } from './ops.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { marginRef, pairwiseLoss } from './core/pairwise.ts';
+import { square } from './core/ops.ts';
+import type { Params } from './core/types.ts';
 
 export interface IpoParams extends Params {
   beta: number;

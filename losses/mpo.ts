@@ -10,9 +10,9 @@
  * β and ε), the split, and the parameters the trainer reads (`delta`, `delta_quantile`, `stage2_loss`).
  */
 import { UserError } from '../src/errors.ts';
-import { spec } from './params.ts';
-import { logisticGraph, logisticRef, marginRef, pairwiseLoss } from './pairwise.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { logisticGraph, logisticRef, marginRef, pairwiseLoss } from './core/pairwise.ts';
+import type { Params } from './core/types.ts';
 
 export interface MpoParams extends Params {
   beta: number;

@@ -5,11 +5,11 @@
  *
  * (absolute rewards: pushes the chosen reward up, not only the margin).
  */
-import { spec } from './params.ts';
-import { pairwiseLoss } from './pairwise.ts';
-import { negLogSigmoid } from './ops.ts';
-import { sigmoid, softplus } from './math.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { pairwiseLoss, perPairRef } from './core/pairwise.ts';
+import { negLogSigmoid } from './core/ops.ts';
+import { sigmoid, softplus } from './core/math.ts';
+import type { Params } from './core/types.ts';
 
 export interface NcaParams extends Params {
   beta: number;
@@ -26,17 +26,11 @@ export const ncaPair = pairwiseLoss<NcaParams>({
   options: ['f_divergence', 'wpo', 'rpo_alpha'],
   ref(h, p) {
     const b = p.beta;
-    const value = new Float64Array(h.B);
-    const dw = new Float64Array(h.B);
-    const dl = new Float64Array(h.B);
-    for (let i = 0; i < h.B; i++) {
+    return perPairRef(h.B, (i) => {
       const x = b * h.uw[i];
       const y = b * h.ul[i];
-      value[i] = softplus(-x) + 0.5 * softplus(x) + 0.5 * softplus(y);
-      dw[i] = b * h.duw[i] * (-sigmoid(-x) + 0.5 * sigmoid(x));
-      dl[i] = b * h.dul[i] * 0.5 * sigmoid(y);
-    }
-    return { value, dw, dl };
+      return [softplus(-x) + 0.5 * softplus(x) + 0.5 * softplus(y), b * h.duw[i] * (-sigmoid(-x) + 0.5 * sigmoid(x)), b * h.dul[i] * 0.5 * sigmoid(y)];
+    });
   },
   emit(t, p) {
     const g = t.g;

@@ -6,11 +6,11 @@
  * an unbiased estimate of the clean DPO loss when each label is flipped with probability ε (it can
  * be negative). ε = 0 is DPO.
  */
-import { spec } from './params.ts';
-import { marginRef, pairwiseLoss } from './pairwise.ts';
-import { negLogSigmoid } from './ops.ts';
-import { sigmoid, softplus } from './math.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { marginRef, pairwiseLoss } from './core/pairwise.ts';
+import { negLogSigmoid } from './core/ops.ts';
+import { sigmoid, softplus } from './core/math.ts';
+import type { Params } from './core/types.ts';
 
 export interface RdpoParams extends Params {
   beta: number;

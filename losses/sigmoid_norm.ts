@@ -4,10 +4,10 @@
  *
  *   L = −log σ(β (ℓ(w)/n(w) − ℓ(l)/n(l)))
  */
-import { spec } from './params.ts';
-import { logisticRef, marginRef, pairwiseLoss } from './pairwise.ts';
-import { negLogSigmoid } from './ops.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { logisticRef, marginRef, pairwiseLoss } from './core/pairwise.ts';
+import { negLogSigmoid } from './core/ops.ts';
+import type { Params } from './core/types.ts';
 
 export interface SigmoidNormParams extends Params {
   beta: number;

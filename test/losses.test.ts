@@ -6,10 +6,10 @@
 import { describe, it, expect } from 'vitest';
 import { UserError } from '../src/errors.ts';
 import { getLoss, listLosses, parseLossSpec, resolveLoss, mpoSplit, quantile, type BoundLoss } from '../losses/index.ts';
-import { parseBatch, detectKind } from '../losses/batch.ts';
-import { runLossOnnx, runLossReference, type LossRun } from '../losses/engine.ts';
+import { parseBatch, detectKind } from '../losses/core/batch.ts';
+import { runLossOnnx, runLossReference, type LossRun } from '../losses/core/engine.ts';
 import { MPO_STAGE2_LOSSES } from '../losses/mpo.ts';
-import type { HostBatch, Kind } from '../losses/types.ts';
+import type { HostBatch, Kind } from '../losses/core/types.ts';
 
 // ---- batches ----------------------------------------------------------------------------------
 

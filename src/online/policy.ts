@@ -8,7 +8,7 @@ import { loadTokenizer } from '../tokenize/index.ts';
 import { loadModel } from '../models/load.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
-import type { Text } from '../../datasets/examples.ts';
+import type { Text } from '../../datasets/schema.ts';
 import { Decoder, generateIds, type MixturePart } from './generate.ts';
 import { promptIds, responseText } from './prompts.ts';
 import { sampleRandom, type SamplingOptions } from './sampling.ts';

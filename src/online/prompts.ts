@@ -7,7 +7,7 @@ import { readFileSync } from 'node:fs';
 import { openSource, toPlain, where } from '../../datasets/readers.ts';
 import { UserError } from '../errors.ts';
 import type { LoadedTokenizer, Message } from '../tokenize/index.ts';
-import type { Text } from '../../datasets/examples.ts';
+import type { Text } from '../../datasets/schema.ts';
 
 function asText(v: unknown, at: string): Text {
   if (typeof v === 'string') {

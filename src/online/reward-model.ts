@@ -29,9 +29,10 @@ import { lrAt } from '../optim/schedule.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import { loadTokenizer, tokenizePromptResponse, type LoadedTokenizer } from '../tokenize/index.ts';
 import { resolveConfig, type TrainConfig } from '../train/config.ts';
-import { loadData, tokenizeExamples, type LoadedData, type Text, type TokenizedExample } from '../../datasets/examples.ts';
+import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
+import type { Text } from '../../datasets/schema.ts';
 import { SeededRandom } from '../train/random.ts';
-import { negLogSigmoid } from '../../losses/ops.ts';
+import { negLogSigmoid } from '../../losses/core/ops.ts';
 import { loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, type LoopOptions } from '../train/run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 

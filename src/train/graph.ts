@@ -4,7 +4,7 @@
  * The eval graph of the same spec outputs the per-sequence log-probs (and values, for DRO).
  */
 import type { Kind } from '../../datasets/schema.ts';
-import type { BatchTensors } from '../../losses/types.ts';
+import type { BatchTensors } from '../../losses/core/types.ts';
 import type { BoundLoss } from '../../losses/index.ts';
 import type { ArtifactSpec, BatchInputSpec } from '../artifacts/build.ts';
 import type { OptimizerConfig } from '../optim/config.ts';

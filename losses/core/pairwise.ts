@@ -18,8 +18,8 @@
  * - TR-DPO ("Learn Your Reference Model for Real Good Alignment", 2024) updates π_ref during
  *   training; that is the trainer's reference syncing, not a loss term.
  */
-import type { Graph, Tensor } from '../src/onnx/graph.ts';
-import { UserError } from '../src/errors.ts';
+import type { Graph, Tensor } from '../../src/onnx/graph.ts';
+import { UserError } from '../../src/errors.ts';
 import { col, rows } from './batch.ts';
 import { pairMetrics, pairMetricsRef } from './metrics.ts';
 import { logSigmoid as logSigmoidT, negLogSigmoid, softplus as softplusT } from './ops.ts';
@@ -121,6 +121,18 @@ export interface PairCoreRef {
   dl: Float64Array;
   /** Implicit rewards for the metrics (default β·ℓ). */
   rewards?: { chosen: Float64Array; rejected: Float64Array };
+}
+
+/**
+ * The reference of a loss whose value on pair i depends on pair i alone: `row(i)` gives
+ * [value, ∂value/∂(chosen log-prob), ∂value/∂(rejected log-prob)].
+ */
+export function perPairRef(B: number, row: (i: number) => readonly [number, number, number]): PairCoreRef {
+  const value = new Float64Array(B);
+  const dw = new Float64Array(B);
+  const dl = new Float64Array(B);
+  for (let i = 0; i < B; i++) [value[i], dw[i], dl[i]] = row(i);
+  return { value, dw, dl };
 }
 
 // ---- graph view --------------------------------------------------------------------------------

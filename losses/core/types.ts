@@ -3,10 +3,11 @@
  * token counts, scores), never on logits, so one module serves training (ONNX subgraph) and
  * evaluation (float64 TypeScript reference).
  */
-import type { Graph, Tensor } from '../src/onnx/graph.ts';
+import type { Graph, Tensor } from '../../src/onnx/graph.ts';
+import type { Kind as DataKind } from '../../datasets/names.ts';
 
 /** The data a loss consumes: pairs, ranked lists, single trajectories, or Nash-MD's on-policy pairs. */
-export type Kind = 'pairwise' | 'listwise' | 'single' | 'nash_md';
+export type Kind = DataKind | 'nash_md';
 
 /** A float64 batch tensor on the host, row-major: dims [B] or [B, K] ([] for a batch scalar such as `kl`). */
 export interface HostTensor {
