@@ -27,9 +27,9 @@ import { sft } from './sft.ts';
 import { simpo } from './simpo.ts';
 import { orpo } from './orpo.ts';
 import { kto } from './kto.ts';
-import type { BatchTensors, HostBatch, Kind, KeySet, LossModule, Params } from './core/types.ts';
+import type { BatchTensors, HostBatch, Kind, KeySet, LossModule, Params, Schedule } from './core/types.ts';
 
-export type { Kind, LossModule, Params, HostBatch, HostTensor, BatchTensors, ParamSpec, KeySet } from './core/types.ts';
+export type { Kind, LossModule, Schedule, Params, HostBatch, HostTensor, BatchTensors, ParamSpec, KeySet } from './core/types.ts';
 export { mpoSplit, quantile } from './mpo.ts';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -49,6 +49,14 @@ export function getLoss(name: string): LossModule {
   const l = REGISTRY.find((m) => m.name === name);
   if (!l) throw new UserError(`unknown loss "${name}"; available: ${REGISTRY.map((m) => m.name).join(', ')}`);
   return l as LossModule;
+}
+
+/**
+ * The schedule a loss spec trains under: a lone loss name's own (`LossModule.schedule`); a mixture,
+ * or a name the registry lacks (the run itself reports it), trains as one run.
+ */
+export function scheduleOf(spec: string): Schedule {
+  return REGISTRY.find((m) => m.name === spec.trim())?.schedule ?? 'single';
 }
 
 export interface LossTerm {

@@ -73,6 +73,7 @@ export function mpoSplit(
 
 export const mpo = pairwiseLoss<MpoParams>({
   name: 'mpo',
+  schedule: 'mpo_stages',
   paper: 'Mixed Preference Optimization: Reinforcement Learning with Data Selection and Better Reference Model',
   params: [
     spec.beta(),

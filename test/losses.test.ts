@@ -5,7 +5,7 @@
  */
 import { describe, it, expect } from 'vitest';
 import { UserError } from '../src/errors.ts';
-import { getLoss, listLosses, parseLossSpec, resolveLoss, mpoSplit, quantile, type BoundLoss } from '../losses/index.ts';
+import { getLoss, listLosses, parseLossSpec, resolveLoss, mpoSplit, quantile, scheduleOf, type BoundLoss } from '../losses/index.ts';
 import { parseBatch, detectKind } from '../losses/core/batch.ts';
 import { runLossOnnx, runLossReference, type LossRun } from '../losses/core/engine.ts';
 import { MPO_STAGE2_LOSSES } from '../losses/mpo.ts';
@@ -250,6 +250,15 @@ function caseBatch(c: Case, bound: BoundLoss, kind: Kind, json: Json): HostBatch
   }
   return b;
 }
+
+describe('schedules', () => {
+  it('a lone loss name runs under the schedule its module declares; mixtures and unknown names as one run', () => {
+    expect(listLosses().filter((l) => scheduleOf(l.name) !== 'single').map((l) => l.name)).toEqual(['mpo']);
+    expect(scheduleOf(' mpo ')).toBe('mpo_stages');
+    expect(scheduleOf('mpo:1,sft:0.1')).toBe('single');
+    expect(scheduleOf('no_such_loss')).toBe('single');
+  });
+});
 
 describe('every loss: reference vs ONNX vs finite differences', () => {
   it('covers every registered loss', () => {

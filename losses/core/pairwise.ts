@@ -24,7 +24,7 @@ import { col, rows } from './batch.ts';
 import { pairMetrics, pairMetricsRef } from './metrics.ts';
 import { logSigmoid as logSigmoidT, negLogSigmoid, softplus as softplusT } from './ops.ts';
 import { logSigmoid, sigmoid, softplus } from './math.ts';
-import type { BatchTensors, HostBatch, KeySet, LossModule, ParamSpec, Params, RefResult, EmitResult } from './types.ts';
+import type { BatchTensors, HostBatch, KeySet, LossModule, ParamSpec, Params, RefResult, EmitResult, Schedule } from './types.ts';
 
 /**
  * Caps of the exponents of the f-divergence scores, per dtype: squared losses (IPO, SPPO) of e^cap
@@ -195,6 +195,7 @@ export interface PairwiseDef<P extends Params> {
   keys?: (p: P) => string[];
   /** False when a pair's loss depends on other pairs (AOT). */
   rowwise?: boolean;
+  schedule?: Schedule;
   check?: (p: P) => void;
   ref: (h: PairHost, p: P) => PairCoreRef;
   emit: (t: PairGraph, p: P) => PairCoreEmit;
@@ -222,6 +223,7 @@ export function pairwiseLoss<P extends Params>(def: PairwiseDef<P>): LossModule<
     kinds: ['pairwise'],
     params,
     rowwise: def.rowwise ?? true,
+    schedule: def.schedule,
     check(p: P) {
       if (p.wpo && def.rowwise === false) throw new UserError(`loss ${def.name}: wpo weighting is not defined for a loss that sorts the batch`);
       def.check?.(p);

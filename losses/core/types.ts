@@ -64,6 +64,9 @@ export interface EmitResult {
   metrics?: Record<string, Tensor>;
 }
 
+/** See `LossModule.schedule`. */
+export type Schedule = 'single' | 'mpo_stages';
+
 export interface LossModule<P extends Params = Params> {
   name: string;
   /** Title of the paper the loss comes from. */
@@ -74,6 +77,11 @@ export interface LossModule<P extends Params = Params> {
   params: readonly ParamSpec[];
   /** False when a row's loss depends on other rows (AOT sorts the batch): no per-row weights then. */
   rowwise: boolean;
+  /**
+   * How the trainer runs the loss: one run over the data (`single`, the default), or MPO's split by
+   * reward margin into two runs (`mpo_stages`, src/train/mpo.ts).
+   */
+  schedule?: Schedule;
   /** Checks between parameters, after each was range-checked. */
   check?(p: P): void;
   keys(p: P, kind: Kind): KeySet;

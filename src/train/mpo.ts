@@ -13,12 +13,8 @@ import { mpoSplit } from '../../losses/mpo.ts';
 import { UserError } from '../errors.ts';
 import { resolveConfig } from './config.ts';
 import { loadData, type LoadedData } from '../../datasets/examples.ts';
-import { getLoss, resolveLoss } from '../../losses/index.ts';
+import { getLoss, resolveLoss, scheduleOf } from '../../losses/index.ts';
 import { train, type TrainOptions, type TrainResult } from './trainer.ts';
-
-export function isMpo(loss: string): boolean {
-  return loss.trim() === 'mpo';
-}
 
 export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
   const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
@@ -84,7 +80,7 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
   return { ...r2, steps: (r1?.steps ?? 0) + r2.steps, finalDir };
 }
 
-/** `prefzoo train`'s entry: MPO's schedule for `--loss mpo`, a single run otherwise. */
+/** `prefzoo train`'s entry: the schedule the loss declares (MPO's two stages for `--loss mpo`), else a single run. */
 export function trainAny(o: TrainOptions): Promise<TrainResult> {
-  return isMpo(o.loss) ? trainMpo(o) : train(o);
+  return scheduleOf(o.loss) === 'mpo_stages' ? trainMpo(o) : train(o);
 }
