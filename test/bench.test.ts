@@ -2,7 +2,7 @@ import { describe, it, expect } from 'vitest';
 import { execFile } from 'node:child_process';
 import { resolve } from 'node:path';
 import { promisify } from 'node:util';
-import { benchPairs, stepFlops } from '../src/cli/commands/bench.ts';
+import { benchPairs, stepFlops } from '../scripts/bench/step.ts';
 import { presetConfig, type LlamaConfig } from '../src/models/config.ts';
 
 const run = promisify(execFile);

@@ -17,7 +17,7 @@ import { scoredLogps, sequenceLogps } from '../src/models/logps.ts';
 import { Normal } from '../src/models/init.ts';
 import { canPack, collate } from '../src/models/batch.ts';
 import type { TokenizedExample } from '../datasets/examples.ts';
-import { prepareBench } from '../src/cli/commands/bench.ts';
+import { prepareBench } from '../scripts/bench/step.ts';
 import { TrainingArtifacts } from '../src/artifacts/index.ts';
 import { randomIds, randomWeights, testConfig } from './helpers/model-fixtures.ts';
 import type { Kind } from '../datasets/schema.ts';

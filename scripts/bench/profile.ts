@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { prepareBench } from '../../src/cli/commands/bench.ts';
+import { prepareBench } from './step.ts';
 import { readManifest } from '../../src/artifacts/manifest.ts';
 import { type Feeds, type OptLevel, Session, toOrt } from '../../src/runtime/session.ts';
 import { collate } from '../../src/models/batch.ts';
