@@ -7,7 +7,7 @@ import { open, rename, rm, stat, type FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { UserError } from '../src/errors.ts';
 import { BatchBuilder } from './columns.ts';
-import { ADAPTERS, type Adapter, type AdapterContext, type FormatName, type Row, detectFormat, expectedShapes } from './formats.ts';
+import { ADAPTERS, type Adapter, type AdapterContext, type FormatName, type Row, detectFormat, expectedShapes } from './formats/index.ts';
 import { ParquetSink, type WriteOptions } from './parquet.ts';
 import { type Source, openSource, where } from './readers.ts';
 import { KIND_SPECS, type Kind, type TextMode, canonicalSchema, makeMeta, orderColumns } from './schema.ts';

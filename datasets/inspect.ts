@@ -4,7 +4,7 @@
  */
 import * as arrow from 'apache-arrow';
 import { UserError } from '../src/errors.ts';
-import { detectFormat } from './formats.ts';
+import { detectFormat } from './formats/index.ts';
 import { parquetFooter, readParquetBatches } from './parquet.ts';
 import { openSource } from './readers.ts';
 import * as readers from './readers.ts';

@@ -3,7 +3,7 @@
  * on nothing or on noise — empty responses, identical pairs, NaN scores, lists that disagree — are
  * invalid unless a flag relaxes that rule.
  */
-import type { Row } from './formats.ts';
+import type { Row } from './formats/index.ts';
 import type { Kind, Message, Text, TextMode } from './schema.ts';
 import { RecordError } from './values.ts';
 
