@@ -18,7 +18,7 @@ import { buildArtifacts, type ArtifactSpec } from '../artifacts/build.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
 import { UserError } from '../errors.ts';
 import { startProgress } from '../progress.ts';
-import { buildCausalLM, initLora, type LoraConfig } from '../models/index.ts';
+import { buildCausalLM, type LoraConfig } from '../models/index.ts';
 import { loadModel } from '../models/load.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
@@ -37,7 +37,7 @@ import { Decoder } from './generate.ts';
 import type { Judge } from './judges.ts';
 import { sampleWith } from './policy.ts';
 import type { SamplingOptions } from './sampling.ts';
-import { currentWeights, loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, type LoopOptions } from '../train/run.ts';
+import { currentWeights, loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, startingParams, type LoopOptions } from '../train/run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 
 /** `params`: trainer settings and the loss's `beta`, `mixture_coef`, as `key=value`. */
@@ -91,8 +91,7 @@ export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
   const base = loadModel(o.model);
   const tok = loadTokenizer(o.model);
   const lora = loraOf(config);
-  const init = new Map(base.weights);
-  if (lora) for (const [k, v] of initLora(base.config, lora, config.seed)) init.set(k, v);
+  const init = startingParams(base.config, base.weights, { lora, seed: config.seed });
   const artDir = join(o.out, 'artifacts');
   rmSync(artDir, { recursive: true, force: true });
   buildArtifacts(nashMdSpec(base.config, init, lora, config, loss), artDir);

@@ -18,7 +18,7 @@ import { buildArtifacts, type ArtifactSpec } from '../artifacts/build.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
 import { UserError } from '../errors.ts';
 import { startProgress } from '../progress.ts';
-import { buildCausalLM, initLora, initValueHead, valueHead, type LoraConfig } from '../models/index.ts';
+import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
 import { loadModel } from '../models/load.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
@@ -33,7 +33,7 @@ import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } fr
 import type { Text } from '../../datasets/schema.ts';
 import { SeededRandom } from '../train/random.ts';
 import { negLogSigmoid } from '../../losses/core/ops.ts';
-import { loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, type LoopOptions } from '../train/run.ts';
+import { loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, startingParams, type LoopOptions } from '../train/run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 
 export const REWARD_MODEL_FILE = 'reward_model.json';
@@ -200,9 +200,7 @@ export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainRes
   log(`reward-train: ${rows.length} pairs from ${o.data}`);
 
   const lora = loraOf(config);
-  const init = new Map(base.weights);
-  for (const [k, v] of initValueHead(base.config, config.seed)) init.set(k, v);
-  if (lora) for (const [k, v] of initLora(base.config, lora, config.seed)) init.set(k, v);
+  const init = startingParams(base.config, base.weights, { lora, valueHead: true, seed: config.seed });
   const artDir = join(work, 'artifacts');
   buildArtifacts(rewardSpec(base.config, init, lora, config), artDir);
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config));

@@ -34,6 +34,9 @@ export interface TrainProblem {
 
 const F = 'float32' as const;
 
+/** Keys of a loss's batch that the model and the collation provide; the data must provide any other. */
+export const PROVIDED_KEYS: ReadonlySet<string> = new Set(['policy_chosen_logps', 'policy_rejected_logps', 'ref_chosen_logps', 'ref_rejected_logps', 'chosen_tokens', 'rejected_tokens', 'policy_logps', 'ref_logps', 'tokens', 'values', 'mask', 'scores', 'weight']);
+
 /** Names the loss reads that the batch (rather than the model) provides, by kind. */
 export function batchInputSpecs(p: TrainProblem): BatchInputSpec[] {
   const model: BatchInputSpec[] = p.packed

@@ -10,7 +10,7 @@ import type { OptimizerConfig } from '../optim/config.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
 import type { ModelConfig } from '../models/config.ts';
 import { saveCheckpoint, type FloatTensor } from '../models/checkpoint.ts';
-import { mergeLora, type LoraConfig } from '../models/index.ts';
+import { initLora, initValueHead, mergeLora, type LoraConfig } from '../models/index.ts';
 import type { TrainingArtifacts } from '../artifacts/training.ts';
 import type { ParamSpec } from '../artifacts/build.ts';
 import type { ProgressFactory } from '../progress.ts';
@@ -89,6 +89,14 @@ export function saveModelFolder(
  * Artifact parameters of a model: every weight trainable, or only LoRA adapters (and a value head)
  * under LoRA; weight decay on matrices only.
  */
+/** A loop's starting parameters: the model's weights plus fresh LoRA adapters and a value head where the loop has them. */
+export function startingParams(config: ModelConfig, weights: Map<string, FloatTensor>, o: { lora: LoraConfig | null; valueHead?: boolean; seed: number }): Map<string, FloatTensor> {
+  const init = new Map(weights);
+  if (o.lora) for (const [k, v] of initLora(config, o.lora, o.seed)) init.set(k, v);
+  if (o.valueHead) for (const [k, v] of initValueHead(config, o.seed)) init.set(k, v);
+  return init;
+}
+
 export function modelParamSpecs(config: ModelConfig, init: Map<string, FloatTensor>, lora: LoraConfig | null, valueHead: boolean): ParamSpec[] {
   const out: ParamSpec[] = [];
   for (const [name, shape] of modelParameterShapes(config, { lora, valueHead })) {

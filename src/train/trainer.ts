@@ -22,19 +22,19 @@ import { buildArtifacts } from '../artifacts/build.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
 import { loadModel } from '../models/load.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
-import { initLora, initValueHead, mergeLora, type LoraConfig } from '../models/index.ts';
+import { mergeLora, type LoraConfig } from '../models/index.ts';
 import { loadTokenizer } from '../tokenize/index.ts';
 import { lrAt } from '../optim/schedule.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
-import { currentWeights as artifactWeights, loraOf, optimizerOf, runtimeOf, saveModelFolder, type LoopOptions } from './run.ts';
+import { currentWeights as artifactWeights, loraOf, optimizerOf, runtimeOf, saveModelFolder, startingParams, type LoopOptions } from './run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
 import { canPack, collate } from '../models/batch.ts';
 import { readManifest } from '../artifacts/manifest.ts';
 import { readRefColumns, writeRefColumns } from '../../datasets/tokenized.ts';
-import { buildSpec, type TrainProblem } from './graph.ts';
+import { buildSpec, PROVIDED_KEYS, type TrainProblem } from './graph.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { SeededRandom } from './random.ts';
 import { Scorer } from '../models/scorer.ts';
@@ -133,7 +133,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   if (all((r) => r.src.reward !== undefined || r.src.label !== undefined)) dataKeys.add('rewards');
   if (all((r) => r.src.label !== undefined)) dataKeys.add('labels');
   {
-    const missing = loss.keys(kind).required.filter((k) => !['policy_chosen_logps', 'policy_rejected_logps', 'ref_chosen_logps', 'ref_rejected_logps', 'chosen_tokens', 'rejected_tokens', 'policy_logps', 'ref_logps', 'tokens', 'values', 'mask', 'scores', 'weight'].includes(k) && !dataKeys.has(k));
+    const missing = loss.keys(kind).required.filter((k) => !PROVIDED_KEYS.has(k) && !dataKeys.has(k));
     if (missing.length) throw new UserError(`${o.data}: loss ${o.loss} needs ${missing.join(', ')}, which the data does not provide for every row`);
   }
   // KTO's KL estimate: each row's prompt with the next row's response (fixed pairing, so cacheable).
@@ -183,9 +183,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   // Artifacts: built once per run (a resumed run reuses them).
   const artDir = join(run, 'artifacts');
   if (!resuming || !existsSync(join(artDir, 'artifacts.json'))) {
-    const init = new Map<string, FloatTensor>(base.weights);
-    if (lora) for (const [k, v] of initLora(base.config, lora, config.seed)) init.set(k, v);
-    if (valueHeadOn) for (const [k, v] of initValueHead(base.config, config.seed)) init.set(k, v);
+    const init = startingParams(base.config, base.weights, { lora, valueHead: valueHeadOn, seed: config.seed });
     rmSync(artDir, { recursive: true, force: true });
     buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir);
   }
