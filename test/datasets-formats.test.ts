@@ -3,7 +3,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { convert, seededRandom } from '../datasets/convert.ts';
+import { convert } from '../datasets/convert.ts';
+import { uniform } from '../src/random.ts';
 import { FORMATS, splitCommonPrefix } from '../datasets/formats/index.ts';
 import { readCanonical } from '../datasets/parquet.ts';
 
@@ -182,7 +183,7 @@ describe('ultrafeedback and listwise', () => {
     }
     expect(b.rows).toEqual(a.rows);
     // The draw is the documented generator's: index floor(u * 3) among the non-best, in order.
-    const rand = seededRandom(3);
+    const rand = uniform(3);
     const expected = a.rows.map(() => ['4', '9', '2'][Math.floor(rand() * 3)]);
     expect(a.rows.map((r) => r.rejected)).toEqual(expected);
     expect(c.rows.map((r) => r.rejected)).not.toEqual(expected);

@@ -5,6 +5,7 @@
  */
 import { describe, it, expect } from 'vitest';
 import { UserError } from '../src/errors.ts';
+import { uniform as rng } from '../src/random.ts';
 import { getLoss, listLosses, parseLossSpec, resolveLoss, mpoSplit, quantile, scheduleOf, type BoundLoss } from '../losses/index.ts';
 import { parseBatch, detectKind } from '../losses/core/batch.ts';
 import { runLossOnnx, runLossReference, type LossRun } from '../losses/core/engine.ts';
@@ -12,18 +13,6 @@ import { MPO_STAGE2_LOSSES } from '../losses/mpo.ts';
 import type { HostBatch, Kind } from '../losses/core/types.ts';
 
 // ---- batches ----------------------------------------------------------------------------------
-
-/** Seeded uniform [0, 1) (mulberry32). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 type Json = Record<string, unknown>;
 

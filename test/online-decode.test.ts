@@ -7,7 +7,7 @@
 import { describe, expect, it } from 'vitest';
 import { Decoder, generateIds } from '../src/online/generate.ts';
 import { mixLogits, sampleRandom, samplingDistribution, samplingOptions, sampleToken } from '../src/online/sampling.ts';
-import { SeededRandom } from '../src/train/random.ts';
+import { SeededRandom } from '../src/random.ts';
 import type { ModelConfig } from '../src/models/config.ts';
 import type { FloatTensor } from '../src/models/checkpoint.ts';
 import { pad, randomWeights, runModel, testConfig } from './helpers/model-fixtures.ts';

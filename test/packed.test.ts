@@ -14,7 +14,7 @@ import { Session, toOrt, type Feeds } from '../src/runtime/session.ts';
 import { gradients } from '../src/autodiff/index.ts';
 import { buildCausalLM, declareParameters } from '../src/models/index.ts';
 import { scoredLogps, sequenceLogps } from '../src/models/logps.ts';
-import { Normal } from '../src/models/init.ts';
+import { Normal } from '../src/random.ts';
 import { canPack, collate } from '../src/models/batch.ts';
 import type { TokenizedExample } from '../datasets/examples.ts';
 import { prepareBench } from '../scripts/bench/step.ts';

@@ -8,9 +8,8 @@ import { UserError } from '../errors.ts';
 import { writeTokenizer } from '../tokenize/index.ts';
 import { type FloatTensor, saveCheckpoint } from './checkpoint.ts';
 import { type Arch, type ModelConfig, countParameters, hiddenSize, parameterShapes, presetConfig } from './config.ts';
-import { Normal } from './random.ts';
+import { Normal } from '../random.ts';
 
-export { Normal };
 
 /** HF's `initializer_range` default. */
 export const INIT_STD = 0.02;

@@ -8,7 +8,7 @@
 import { UserError } from '../errors.ts';
 import type { FloatTensor } from './checkpoint.ts';
 import { type ModelConfig, gpt2Inner } from './config.ts';
-import { Normal } from './random.ts';
+import { Normal } from '../random.ts';
 
 export interface LoraConfig {
   /** Rank r of the update. */

@@ -23,7 +23,7 @@ import { initModelFolder } from '../models/init.ts';
 import type { TrainConfig } from '../train/config.ts';
 import type { Example, LoadedData } from '../../datasets/examples.ts';
 import { trainMpo } from '../train/mpo.ts';
-import { SeededRandom } from '../train/random.ts';
+import { SeededRandom } from '../random.ts';
 import { train } from '../train/trainer.ts';
 import { taskCorrect, TaskJudge, type Judge } from './judges.ts';
 import { runNashMd } from './nash-md.ts';

@@ -12,7 +12,7 @@ import { modelParameterShapes } from '../models/params.ts';
 import { serializeModel } from '../onnx/proto.ts';
 import { Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
 import { UserError } from '../errors.ts';
-import type { SeededRandom } from '../train/random.ts';
+import type { SeededRandom } from '../random.ts';
 import { buildDecodeGraph, cacheShape, pastName, presentName } from '../models/decode.ts';
 import { mixLogits, sampleToken, samplingOptions, type SamplingOptions } from './sampling.ts';
 

@@ -30,7 +30,7 @@ import { collate } from '../models/batch.ts';
 import { resolveConfig, type TrainConfig } from '../train/config.ts';
 import type { TokenizedExample } from '../../datasets/examples.ts';
 import type { Text } from '../../datasets/schema.ts';
-import { SeededRandom } from '../train/random.ts';
+import { SeededRandom } from '../random.ts';
 import { Scorer } from '../models/scorer.ts';
 import { resolveLoss, type BoundLoss } from '../../losses/index.ts';
 import { Decoder } from './generate.ts';

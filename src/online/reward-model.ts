@@ -31,7 +31,7 @@ import { loadTokenizer, tokenizePromptResponse, type LoadedTokenizer } from '../
 import { resolveConfig, type TrainConfig } from '../train/config.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
 import type { Text } from '../../datasets/schema.ts';
-import { SeededRandom } from '../train/random.ts';
+import { SeededRandom } from '../random.ts';
 import { negLogSigmoid } from '../../losses/core/ops.ts';
 import { loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, startingParams, type LoopOptions } from '../train/run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';

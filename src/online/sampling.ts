@@ -4,7 +4,7 @@
  * weights 1−m and m). Plain TypeScript on the host: a row is one vocabulary vector.
  */
 import { UserError } from '../errors.ts';
-import { SeededRandom } from '../train/random.ts';
+import { SeededRandom } from '../random.ts';
 
 export interface SamplingOptions {
   /** Divides the logits; 0 means greedy (argmax). Default 1. */

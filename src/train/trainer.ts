@@ -36,7 +36,7 @@ import { readManifest } from '../artifacts/manifest.ts';
 import { readRefColumns, writeRefColumns } from '../../datasets/tokenized.ts';
 import { buildSpec, PROVIDED_KEYS, type TrainProblem } from './graph.ts';
 import { resolveLoss } from '../../losses/index.ts';
-import { SeededRandom } from './random.ts';
+import { SeededRandom } from '../random.ts';
 import { Scorer } from '../models/scorer.ts';
 import { Evaluator, type EvalSummary } from '../eval/evaluate.ts';
 
