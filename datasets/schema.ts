@@ -1,5 +1,5 @@
 /**
- * The canonical preference-data schemas (shared/DATA.md): three kinds, each a set of named columns
+ * The canonical preference-data schemas (docs/data.md): three kinds, each a set of named columns
  * whose Arrow types depend only on the column name and on whether text is plain or conversational.
  */
 import * as arrow from 'apache-arrow';

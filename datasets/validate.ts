@@ -1,5 +1,5 @@
 /**
- * Rules a canonical row must pass (shared/DATA.md, "Bad input"): records that parse but would train
+ * Rules a canonical row must pass (docs/data.md, "Bad input"): records that parse but would train
  * on nothing or on noise — empty responses, identical pairs, NaN scores, lists that disagree — are
  * invalid unless a flag relaxes that rule.
  */

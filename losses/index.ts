@@ -35,7 +35,7 @@ export { mpoSplit, quantile } from './mpo.ts';
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type AnyLoss = LossModule<any>;
 
-/** Tier 1 first, then Tier 2, as in LOSSES.md. */
+/** Tier 1 first, then Tier 2, as in docs/losses.md. */
 const REGISTRY: readonly AnyLoss[] = [
   dpo, ipo, rdpo, dro, mpo, lipo, sppo, sppoHard, nashMd,
   hinge, exoPair, ncaPair, bcoPair, aot, aotUnpaired, apoZero, apoDown, discopop, sigmoidNorm, sft, simpo, orpo, kto,

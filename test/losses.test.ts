@@ -1,7 +1,7 @@
 /**
  * The loss zoo against independent computations: hand values from the formulas, central finite
  * differences of the float64 reference, the ONNX subgraph (float64 1e-9, float32 1e-5) with its
- * autodiff gradients, extreme log-ratios, and the published identities of LOSSES.md.
+ * autodiff gradients, extreme log-ratios, and the published identities of docs/losses.md.
  */
 import { describe, it, expect } from 'vitest';
 import { UserError } from '../src/errors.ts';
@@ -450,7 +450,7 @@ describe('hand values from the formulas', () => {
 
 // ---- identities -------------------------------------------------------------------------------
 
-describe('identities of LOSSES.md (reference and ONNX)', () => {
+describe('identities of docs/losses.md (reference and ONNX)', () => {
   const json = pairJson(11, 6);
 
   async function both(spec: string, params: Record<string, unknown>, j: Json): Promise<[LossRun, LossRun]> {
