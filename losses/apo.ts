@@ -22,11 +22,16 @@ export interface ApoParams extends Params {
 const dsig = (x: number) => sigmoid(x) * sigmoid(-x);
 const sig = (g: Graph, x: Tensor) => sigmoidT(g, x);
 
-export const apoZero = pairwiseLoss<ApoParams>({
-  name: 'apo_zero',
+/** What both variants share: the paper, β, and the options that apply (no f-divergence: written on ℓ). */
+const APO = {
   paper: 'Anchored Preference Optimization and Contrastive Revisions: Addressing Underspecification in Alignment',
   params: [spec.beta()],
-  options: ['wpo', 'rpo_alpha'],
+  options: ['wpo', 'rpo_alpha'] as const,
+};
+
+export const apoZero = pairwiseLoss<ApoParams>({
+  name: 'apo_zero',
+  ...APO,
   ref(h, p) {
     const b = p.beta;
     return perPairRef(h.B, (i) => {
@@ -43,9 +48,7 @@ export const apoZero = pairwiseLoss<ApoParams>({
 
 export const apoDown = pairwiseLoss<ApoParams>({
   name: 'apo_down',
-  paper: 'Anchored Preference Optimization and Contrastive Revisions: Addressing Underspecification in Alignment',
-  params: [spec.beta()],
-  options: ['wpo', 'rpo_alpha'],
+  ...APO,
   ref(h, p) {
     const b = p.beta;
     return perPairRef(h.B, (i) => {

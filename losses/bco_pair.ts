@@ -7,17 +7,12 @@
  * running-mean reward shift δ is trainer state; here δ = 0, as TRL's pairwise variant does.
  */
 import { spec } from './core/params.ts';
-import { pairwiseLoss, perPairRef } from './core/pairwise.ts';
+import { pairwiseLoss, perPairRef, type PairOptions } from './core/pairwise.ts';
 import { negLogSigmoid } from './core/ops.ts';
 import { sigmoid, softplus } from './core/math.ts';
-import type { Params } from './core/types.ts';
 
-export interface BcoParams extends Params {
+export interface BcoParams extends PairOptions {
   beta: number;
-  f_divergence: string;
-  f_alpha: number;
-  wpo: boolean;
-  rpo_alpha: number;
 }
 
 export const bcoPair = pairwiseLoss<BcoParams>({

@@ -8,18 +8,13 @@
  * τ ≤ 1 (e^(−z)·σ(z/τ) → 0 as z → −∞), hence τ ∈ (0, 1]; the paper's τ is 0.05.
  */
 import { spec } from './core/params.ts';
-import { marginRef, pairwiseLoss } from './core/pairwise.ts';
+import { marginRef, pairwiseLoss, type PairOptions } from './core/pairwise.ts';
 import { sigmoid as sigmoidT, softplus as softplusT } from './core/ops.ts';
 import { sigmoid, softplus } from './core/math.ts';
-import type { Params } from './core/types.ts';
 
-export interface DiscopopParams extends Params {
+export interface DiscopopParams extends PairOptions {
   beta: number;
   tau: number;
-  f_divergence: string;
-  f_alpha: number;
-  wpo: boolean;
-  rpo_alpha: number;
 }
 
 export const discopop = pairwiseLoss<DiscopopParams>({

@@ -8,16 +8,11 @@
  * label is flipped with probability ε.
  */
 import { spec } from './core/params.ts';
-import { logisticGraph, logisticRef, marginRef, pairwiseLoss } from './core/pairwise.ts';
-import type { Params } from './core/types.ts';
+import { logisticGraph, logisticRef, marginRef, pairwiseLoss, type PairOptions } from './core/pairwise.ts';
 
-export interface DpoParams extends Params {
+export interface DpoParams extends PairOptions {
   beta: number;
   label_smoothing: number;
-  f_divergence: string;
-  f_alpha: number;
-  wpo: boolean;
-  rpo_alpha: number;
 }
 
 export const dpo = pairwiseLoss<DpoParams>({

@@ -8,17 +8,12 @@
  * paper's results use per-token log-ratios. The loss is minimised at h̄ = 1/(2β).
  */
 import { spec } from './core/params.ts';
-import { marginRef, pairwiseLoss } from './core/pairwise.ts';
+import { marginRef, pairwiseLoss, type PairOptions } from './core/pairwise.ts';
 import { square } from './core/ops.ts';
-import type { Params } from './core/types.ts';
 
-export interface IpoParams extends Params {
+export interface IpoParams extends PairOptions {
   beta: number;
   length_normalize: boolean;
-  f_divergence: string;
-  f_alpha: number;
-  wpo: boolean;
-  rpo_alpha: number;
 }
 
 export const ipo = pairwiseLoss<IpoParams>({

@@ -6,17 +6,12 @@
  * (absolute rewards: pushes the chosen reward up, not only the margin).
  */
 import { spec } from './core/params.ts';
-import { pairwiseLoss, perPairRef } from './core/pairwise.ts';
+import { pairwiseLoss, perPairRef, type PairOptions } from './core/pairwise.ts';
 import { negLogSigmoid } from './core/ops.ts';
 import { sigmoid, softplus } from './core/math.ts';
-import type { Params } from './core/types.ts';
 
-export interface NcaParams extends Params {
+export interface NcaParams extends PairOptions {
   beta: number;
-  f_divergence: string;
-  f_alpha: number;
-  wpo: boolean;
-  rpo_alpha: number;
 }
 
 export const ncaPair = pairwiseLoss<NcaParams>({

@@ -7,18 +7,13 @@
  * be negative). ε = 0 is DPO.
  */
 import { spec } from './core/params.ts';
-import { marginRef, pairwiseLoss } from './core/pairwise.ts';
+import { marginRef, pairwiseLoss, type PairOptions } from './core/pairwise.ts';
 import { negLogSigmoid } from './core/ops.ts';
 import { sigmoid, softplus } from './core/math.ts';
-import type { Params } from './core/types.ts';
 
-export interface RdpoParams extends Params {
+export interface RdpoParams extends PairOptions {
   beta: number;
   epsilon: number;
-  f_divergence: string;
-  f_alpha: number;
-  wpo: boolean;
-  rpo_alpha: number;
 }
 
 export const rdpo = pairwiseLoss<RdpoParams>({

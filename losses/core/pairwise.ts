@@ -51,6 +51,14 @@ export const OPTION_SPECS = {
   },
 } satisfies Record<string, ParamSpec>;
 
+/** The option parameters of a loss that supports all of them (its Params interface extends this). */
+export interface PairOptions extends Params {
+  f_divergence: string;
+  f_alpha: number;
+  wpo: boolean;
+  rpo_alpha: number;
+}
+
 /** Parameters the pairwise options read (present when the loss supports them). */
 interface OptionParams {
   f_divergence?: string;

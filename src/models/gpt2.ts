@@ -11,15 +11,22 @@ import type { Gpt2Config } from './config.ts';
 import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, decodeHeads, extendCache, layerNorm, project, reshapeTo, splitHeads } from './layers.ts';
 import type { Params } from './params.ts';
 
-/** Final hidden states `[N, D]` (after `ln_f`). */
-export function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): Tensor {
+/**
+ * Sizes and the query scale of layer i: HF's scale_attn_weights (default on) divides the scores by
+ * √hd, scale_attn_by_inverse_layer_idx also by i + 1.
+ */
+function dims(c: Gpt2Config): { D: number; H: number; hd: number; eps: number; scale: (i: number) => number } {
   const D = c.n_embd;
   const H = c.n_head;
   const hd = D / H;
-  const eps = c.layer_norm_epsilon;
-  // HF options: scale_attn_weights (default on) divides scores by √hd; scale_attn_by_inverse_layer_idx also by layer + 1.
   const scaleWeights = c.scale_attn_weights !== false;
   const byLayer = c.scale_attn_by_inverse_layer_idx === true;
+  return { D, H, hd, eps: c.layer_norm_epsilon, scale: (i) => (scaleWeights ? 1 / Math.sqrt(hd) : 1) / (byLayer ? i + 1 : 1) };
+}
+
+/** Final hidden states `[N, D]` (after `ln_f`). */
+export function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): Tensor {
+  const { D, H, hd, eps, scale: scaleOf } = dims(c);
 
   let h = g.scope('embed', () => {
     const pos = reshapeTo(g, bi.positions, [-1], [bi.N]);
@@ -27,7 +34,7 @@ export function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): 
   });
   for (let i = 0; i < c.n_layer; i++) {
     const p = `transformer.h.${i}.`;
-    const scale = (scaleWeights ? 1 / Math.sqrt(hd) : 1) / (byLayer ? i + 1 : 1);
+    const scale = scaleOf(i);
     h = g.scope(`h.${i}`, () => {
       const proj = (name: string, x: Tensor) => project(g, x, P.get(p + name + '.weight'), P.get(p + name + '.bias'), 'conv1d', P.adapter(p + name));
       const attnOut = g.scope('attn', () => {
@@ -63,16 +70,11 @@ export function gpt2HeadWeight(c: Gpt2Config, P: Params): Tensor {
 
 /** Final hidden states `[B·S, D]` of S new tokens per row, reading and extending the key/value cache `past`. */
 export function gpt2Decode(g: Graph, c: Gpt2Config, P: Params, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor {
-  const D = c.n_embd;
-  const H = c.n_head;
-  const hd = D / H;
-  const eps = c.layer_norm_epsilon;
-  const scaleWeights = c.scale_attn_weights !== false;
-  const byLayer = c.scale_attn_by_inverse_layer_idx === true;
+  const { D, H, hd, eps, scale: scaleOf } = dims(c);
   let h = g.add(g.gather(P.get('transformer.wte.weight'), ix.flatIds, 0), g.gather(P.get('transformer.wpe.weight'), g.reshape(ix.positions, [-1]), 0));
   for (let i = 0; i < c.n_layer; i++) {
     const p = `transformer.h.${i}.`;
-    const scale = (scaleWeights ? 1 / Math.sqrt(hd) : 1) / (byLayer ? i + 1 : 1);
+    const scale = scaleOf(i);
     const proj = (name: string, x: Tensor) => project(g, x, P.get(p + name + '.weight'), P.get(p + name + '.bias'), 'conv1d', P.adapter(p + name));
     h = g.scope(`h.${i}`, () => {
       const x = layerNorm(g, h, P.get(p + 'ln_1.weight'), P.get(p + 'ln_1.bias'), eps);

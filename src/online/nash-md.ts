@@ -37,7 +37,7 @@ import { Decoder } from './generate.ts';
 import type { Judge } from './judges.ts';
 import { sampleWith } from './policy.ts';
 import type { SamplingOptions } from './sampling.ts';
-import { currentWeights, loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, startingParams, type LoopOptions } from '../train/run.ts';
+import { currentWeights, loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from '../train/run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 
 /** `params`: trainer settings and the loss's `beta`, `mixture_coef`, as `key=value`. */
@@ -104,9 +104,7 @@ export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
 
   const B = Math.min(config.batch_size, o.prompts.length);
   const perEpoch = Math.max(1, Math.floor(o.prompts.length / B));
-  const total = config.max_steps > 0 ? config.max_steps : Math.max(1, Math.round(perEpoch * config.num_epochs));
-  const warmup = Math.min(total, config.warmup_steps > 0 ? config.warmup_steps : Math.round(config.warmup_ratio * total));
-  const schedule = { type: config.lr_scheduler, lr: config.learning_rate, warmupSteps: warmup, totalSteps: total };
+  const { total, schedule } = stepPlan(config, perEpoch);
   let order: number[] = [];
   let cursor = 0;
   let epoch = 0;

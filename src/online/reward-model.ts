@@ -33,7 +33,7 @@ import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } fr
 import type { Text } from '../../datasets/schema.ts';
 import { SeededRandom } from '../random.ts';
 import { negLogSigmoid } from '../../losses/core/ops.ts';
-import { loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, startingParams, type LoopOptions } from '../train/run.ts';
+import { loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from '../train/run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 
 export const REWARD_MODEL_FILE = 'reward_model.json';
@@ -206,9 +206,7 @@ export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainRes
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
 
   const perEpoch = Math.max(1, Math.floor(Math.ceil(rows.length / config.batch_size) / config.gradient_accumulation_steps));
-  const total = config.max_steps > 0 ? config.max_steps : Math.max(1, Math.round(perEpoch * config.num_epochs));
-  const warmup = Math.min(total, config.warmup_steps > 0 ? config.warmup_steps : Math.round(config.warmup_ratio * total));
-  const schedule = { type: config.lr_scheduler, lr: config.learning_rate, warmupSteps: warmup, totalSteps: total };
+  const { total, schedule } = stepPlan(config, perEpoch);
   let order: number[] = [];
   let cursor = 0;
   let epoch = 0;

@@ -7,6 +7,7 @@ import { cpSync, readdirSync, renameSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { TrainConfig } from '../train/config.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
+import type { LrScheduleConfig } from '../optim/schedule.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
 import type { ModelConfig } from '../models/config.ts';
 import { saveCheckpoint, type FloatTensor } from '../models/checkpoint.ts';
@@ -40,6 +41,13 @@ export function optimizerOf(c: TrainConfig): OptimizerConfig {
   return c.optimizer === 'sgd'
     ? { type: 'sgd', momentum: c.momentum, weightDecay: c.weight_decay, maxGradNorm: clip }
     : { type: 'adamw', betas: [c.adam_beta1, c.adam_beta2], eps: c.adam_epsilon, weightDecay: c.weight_decay, maxGradNorm: clip };
+}
+
+/** A loop's step count (max_steps, else epochs × steps per epoch, at least 1) and its learning-rate schedule. */
+export function stepPlan(c: TrainConfig, stepsPerEpoch: number): { total: number; schedule: LrScheduleConfig } {
+  const total = c.max_steps > 0 ? c.max_steps : Math.max(1, Math.round(stepsPerEpoch * c.num_epochs));
+  const warmup = Math.min(total, c.warmup_steps > 0 ? c.warmup_steps : Math.round(c.warmup_ratio * total));
+  return { total, schedule: { type: c.lr_scheduler, lr: c.learning_rate, warmupSteps: warmup, totalSteps: total } };
 }
 
 export function runtimeOf(c: TrainConfig): RuntimeOptions {

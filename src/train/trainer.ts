@@ -28,7 +28,7 @@ import { lrAt } from '../optim/schedule.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
-import { currentWeights as artifactWeights, loraOf, optimizerOf, runtimeOf, saveModelFolder, startingParams, type LoopOptions } from './run.ts';
+import { currentWeights as artifactWeights, loraOf, optimizerOf, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from './run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
 import { canPack, collate } from '../models/batch.ts';
@@ -176,9 +176,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   // Steps.
   const perEpoch = Math.ceil(rows.length / config.batch_size);
   const stepsPerEpoch = Math.max(1, Math.floor(perEpoch / config.gradient_accumulation_steps));
-  const totalSteps = config.max_steps > 0 ? config.max_steps : Math.max(1, Math.round(stepsPerEpoch * config.num_epochs));
-  const warmup = config.warmup_steps > 0 ? config.warmup_steps : Math.round(config.warmup_ratio * totalSteps);
-  const schedule = { type: config.lr_scheduler, lr: config.learning_rate, warmupSteps: Math.min(warmup, totalSteps), totalSteps };
+  const { total: totalSteps, schedule } = stepPlan(config, stepsPerEpoch);
 
   // Artifacts: built once per run (a resumed run reuses them).
   const artDir = join(run, 'artifacts');
