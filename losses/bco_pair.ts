@@ -7,7 +7,7 @@
  * running-mean reward shift δ is trainer state; here δ = 0, as TRL's pairwise variant does.
  */
 import { spec } from './core/params.ts';
-import { pairwiseLoss, perPairRef, type PairOptions } from './core/pairwise.ts';
+import { pairwiseLoss, responseScoresRef, type PairOptions } from './core/pairwise.ts';
 import { negLogSigmoid } from './core/ops.ts';
 import { sigmoid, softplus } from './core/math.ts';
 
@@ -20,14 +20,7 @@ export const bcoPair = pairwiseLoss<BcoParams>({
   paper: 'Binary Classifier Optimization for Large Language Model Alignment',
   params: [spec.beta()],
   options: ['f_divergence', 'wpo', 'rpo_alpha'],
-  ref(h, p) {
-    const b = p.beta;
-    return perPairRef(h.B, (i) => {
-      const x = b * h.uw[i];
-      const y = b * h.ul[i];
-      return [softplus(-x) + softplus(y), -b * h.duw[i] * sigmoid(-x), b * h.dul[i] * sigmoid(y)];
-    });
-  },
+  ref: (h, p) => responseScoresRef(h, p.beta, (x, y) => [softplus(-x) + softplus(y), -sigmoid(-x), sigmoid(y)]),
   emit(t, p) {
     const g = t.g;
     const x = g.mul(t.uw, p.beta);

@@ -6,7 +6,7 @@
  * (absolute rewards: pushes the chosen reward up, not only the margin).
  */
 import { spec } from './core/params.ts';
-import { pairwiseLoss, perPairRef, type PairOptions } from './core/pairwise.ts';
+import { pairwiseLoss, responseScoresRef, type PairOptions } from './core/pairwise.ts';
 import { negLogSigmoid } from './core/ops.ts';
 import { sigmoid, softplus } from './core/math.ts';
 
@@ -19,14 +19,7 @@ export const ncaPair = pairwiseLoss<NcaParams>({
   paper: 'Noise Contrastive Alignment of Language Models with Explicit Rewards',
   params: [spec.beta()],
   options: ['f_divergence', 'wpo', 'rpo_alpha'],
-  ref(h, p) {
-    const b = p.beta;
-    return perPairRef(h.B, (i) => {
-      const x = b * h.uw[i];
-      const y = b * h.ul[i];
-      return [softplus(-x) + 0.5 * softplus(x) + 0.5 * softplus(y), b * h.duw[i] * (-sigmoid(-x) + 0.5 * sigmoid(x)), b * h.dul[i] * 0.5 * sigmoid(y)];
-    });
-  },
+  ref: (h, p) => responseScoresRef(h, p.beta, (x, y) => [softplus(-x) + 0.5 * softplus(x) + 0.5 * softplus(y), -sigmoid(-x) + 0.5 * sigmoid(x), 0.5 * sigmoid(y)]),
   emit(t, p) {
     const g = t.g;
     const x = g.mul(t.uw, p.beta);

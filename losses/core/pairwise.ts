@@ -143,6 +143,17 @@ export function perPairRef(B: number, row: (i: number) => readonly [number, numb
   return { value, dw, dl };
 }
 
+/**
+ * The reference of a loss f(x, y) of each response's own scaled score, x = βu_w and y = βu_l:
+ * `f` gives [value, ∂f/∂x, ∂f/∂y], and the chain rule through β and the scores is applied here.
+ */
+export function responseScoresRef(h: PairHost, beta: number, f: (x: number, y: number) => readonly [number, number, number]): PairCoreRef {
+  return perPairRef(h.B, (i) => {
+    const [value, dx, dy] = f(beta * h.uw[i], beta * h.ul[i]);
+    return [value, beta * h.duw[i] * dx, beta * h.dul[i] * dy];
+  });
+}
+
 // ---- graph view --------------------------------------------------------------------------------
 
 /** Batch tensors of a pairwise batch plus derived log-ratios and scores (emitted on first use). */
