@@ -5,8 +5,8 @@
  * softmax((1−m)·logits_A + m·logits_B) on a tiny vocabulary.
  */
 import { describe, expect, it } from 'vitest';
-import { Decoder, generateIds } from '../src/online/generate.ts';
-import { mixLogits, sampleRandom, samplingDistribution, samplingOptions, sampleToken } from '../src/online/sampling.ts';
+import { Decoder, generateIds } from '../src/models/generate.ts';
+import { mixLogits, sampleRandom, samplingDistribution, samplingOptions, sampleToken } from '../src/models/sampling.ts';
 import { SeededRandom } from '../src/random.ts';
 import type { ModelConfig } from '../src/models/config.ts';
 import type { FloatTensor } from '../src/models/checkpoint.ts';

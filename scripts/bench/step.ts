@@ -15,7 +15,9 @@ import { TrainingArtifacts } from '../../src/artifacts/training.ts';
 import { type LlamaConfig, countParameters, presetConfig } from '../../src/models/config.ts';
 import { initWeights } from '../../src/models/init.ts';
 import { measureMatmulPeak } from '../../src/runtime/peak.ts';
-import type { RuntimeOptions } from '../../src/runtime/session.ts';
+import { checkDevice, type RuntimeOptions } from '../../src/runtime/session.ts';
+import { describePlacement, placement } from '../../src/runtime/placement.ts';
+import { readManifest, type ArtifactTarget } from '../../src/artifacts/manifest.ts';
 import { collate } from '../../src/models/batch.ts';
 import type { TokenizedExample } from '../../datasets/examples.ts';
 import { buildSpec } from '../../src/train/graph.ts';
@@ -44,8 +46,15 @@ export interface BenchOptions {
   log?: (line: string) => void;
 }
 
+/** Per graph: nodes per execution provider and the op types that fell back to the CPU. */
+export type BenchPlacement = Record<string, { nodes: Record<string, number>; cpu_fallbacks: number; fallback_ops: Record<string, number> }>;
+
 export interface BenchResult {
   preset: string;
+  /** Execution provider the steps ran on. */
+  device: string;
+  /** Where each training graph's nodes run (device runs only; null on the CPU). */
+  placement: BenchPlacement | null;
   params: number;
   matmul_params: number;
   tokens_per_step: number;
@@ -160,7 +169,7 @@ export interface BenchSetup {
 }
 
 /** The bench's model, batch rows and DPO training artifacts, written under `dir`. */
-export function prepareBench(dir: string, preset: 'tiny' | 'small', pairs: number, seqLen: number, sharePrompt = true): BenchSetup {
+export function prepareBench(dir: string, preset: 'tiny' | 'small', pairs: number, seqLen: number, sharePrompt = true, target: ArtifactTarget = 'cpu'): BenchSetup {
   // The model init-model writes (same tokenizer, config and seed), kept in memory.
   const tok = writeTokenizer(path.join(dir, 'tokenizer'));
   const config = presetConfig('llama', preset, { vocabSize: preset === 'tiny' ? tok.vocabSize : undefined, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId }) as LlamaConfig;
@@ -171,14 +180,29 @@ export function prepareBench(dir: string, preset: 'tiny' | 'small', pairs: numbe
   const initial = new Map(spec.params.map((p) => [p.name, p.data!]));
   spec.params = spec.params.map((p) => ({ ...p, data: undefined }));
   const artDir = path.join(dir, 'artifacts');
-  buildArtifacts(spec, artDir);
+  buildArtifacts(spec, artDir, { target });
   return { config, params: countParameters(config), artDir, initial, rows: benchPairs(config.vocab_size, pairs, seqLen), padId: tok.padId, packed: sharePrompt };
 }
 
 async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void): Promise<BenchResult> {
   log(`llama ${o.preset}: building the model and its training artifacts`);
   const sharePrompt = o.sharePrompt ?? true;
-  const { config, params, artDir, initial, rows, padId } = prepareBench(dir, o.preset, o.pairs, o.seqLen, sharePrompt);
+  const device = o.runtime.ep ?? 'cpu';
+  await checkDevice(o.runtime);
+  const { config, params, artDir, initial, rows, padId } = prepareBench(dir, o.preset, o.pairs, o.seqLen, sharePrompt, device === 'webgpu' ? 'webgpu' : 'cpu');
+  let where: BenchPlacement | null = null;
+  if (device !== 'cpu') {
+    where = {};
+    const m = readManifest(artDir);
+    for (const [name, g] of Object.entries({ step: m.step, training: m.training, eval: m.eval, optimizer: m.optimizer })) {
+      if (!g) continue;
+      const p = await placement(path.join(artDir, g.file), o.runtime);
+      const ops: Record<string, number> = {};
+      for (const f of p.fallbacks) ops[f.op] = (ops[f.op] ?? 0) + 1;
+      where[name] = { nodes: p.nodes, cpu_fallbacks: p.fallbacks.length, fallback_ops: ops };
+      log(`${name} graph: ${describePlacement(p)}`);
+    }
+  }
   const art = await TrainingArtifacts.load(artDir, o.runtime, { checkpoint: false, update: o.update });
   for (const [name, data] of initial) art.setParam(name, data);
   initial.clear();
@@ -231,6 +255,8 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
   const executed = executedFlops(config, rowsRun, lengthRun, scoredPositions(batch.feeds));
   return {
     preset: o.preset,
+    device,
+    placement: where,
     params,
     matmul_params: matmulParams,
     tokens_per_step: tokens,

@@ -36,6 +36,8 @@ export interface EvalOptions {
   quiet?: boolean;
   truncation?: TruncationConfig;
   batchSize?: number;
+  /** Evaluate on the first N rows of the data only (0 or absent: all). */
+  maxRows?: number;
 }
 
 export interface EvalSummary {
@@ -110,7 +112,7 @@ export class Evaluator {
     const tokDir = o.tokenizer ?? (typeof o.policy === 'string' ? o.policy : typeof o.ref === 'string' ? o.ref : undefined);
     if (!tokDir) throw new Error('Evaluator: name the tokenizer folder');
     const tok = loadTokenizer(tokDir);
-    const data = await loadData(o.data, o.workDir);
+    const data = await loadData(o.data, o.workDir, { maxRows: o.maxRows });
     // Same truncation as training by default, capped by the model's positions.
     const maxLen = Math.min(o.truncation?.max_length ?? DEFAULT_TRUNCATION.max_length, maxPositions(ref.config));
     const trunc: TruncationConfig = {
@@ -124,6 +126,11 @@ export class Evaluator {
     const rl = (await rs.score(data.kind, rows, { batchSize: o.batchSize ?? 8, label: 'reference log-probs', progress: o.quiet ? undefined : o.progress })).logps;
     await rs.release();
     return new Evaluator({ ...o, policy: o.policy ?? o.ref } as EvalOptions, data.kind, rows, data.examples, rl, truncated, tok.padId ?? 0);
+  }
+
+  /** The prompts of the first `n` rows, as text and as the truncated ids scored (eval_generate's prompts). */
+  prompts(n: number): { prompt: Example['prompt']; ids: number[] }[] {
+    return this.rows.slice(0, n).map((r, i) => ({ prompt: this.examples[i].prompt, ids: r.promptIds }));
   }
 
   async evaluate(policySource: ModelSource = this.o.policy, opts: { quiet?: boolean } = {}): Promise<EvalSummary> {

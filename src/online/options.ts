@@ -3,7 +3,7 @@
  * numbers, each bad value named by its flag.
  */
 import { UserError } from '../errors.ts';
-import { samplingOptions, type SamplingOptions } from './sampling.ts';
+import { samplingOptions, type SamplingOptions } from '../models/sampling.ts';
 
 export interface SamplingFlags {
   maxNewTokens: string;

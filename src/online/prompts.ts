@@ -61,11 +61,6 @@ export function promptIds(tok: LoadedTokenizer, prompt: Text): number[] {
   return tok.encode(tok.applyChatTemplate(prompt as Message[], { addGenerationPrompt: true }), { addSpecialTokens: false });
 }
 
-/** The text of a sampled response: its ids without the final stop token. */
-export function responseText(tok: LoadedTokenizer, ids: readonly number[], stopped: boolean): string {
-  return tok.decode(stopped ? ids.slice(0, -1) : ids, { skipSpecialTokens: false });
-}
-
 export function promptKey(p: Text): string {
   return typeof p === 'string' ? p : JSON.stringify(p);
 }

@@ -27,7 +27,7 @@ import { winRates, type Judge } from './judges.ts';
 import { Policy } from './policy.ts';
 import { runtimeOf, type LoopOptions } from '../train/run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
-import type { SamplingOptions } from './sampling.ts';
+import type { SamplingOptions } from '../models/sampling.ts';
 
 /** `params`: trainer settings and the loss's `beta`, as `key=value`. */
 export interface SppoOptions extends SamplingOptions, LoopOptions {

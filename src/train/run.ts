@@ -97,10 +97,13 @@ export function saveModelFolder(
  * Artifact parameters of a model: every weight trainable, or only LoRA adapters (and a value head)
  * under LoRA; weight decay on matrices only.
  */
-/** A loop's starting parameters: the model's weights plus fresh LoRA adapters and a value head where the loop has them. */
-export function startingParams(config: ModelConfig, weights: Map<string, FloatTensor>, o: { lora: LoraConfig | null; valueHead?: boolean; seed: number }): Map<string, FloatTensor> {
+/**
+ * A loop's starting parameters: the model's weights plus LoRA adapters (loaded ones, `adapter`, or
+ * fresh) and a fresh value head where the loop has them.
+ */
+export function startingParams(config: ModelConfig, weights: Map<string, FloatTensor>, o: { lora: LoraConfig | null; adapter?: Map<string, FloatTensor>; valueHead?: boolean; seed: number }): Map<string, FloatTensor> {
   const init = new Map(weights);
-  if (o.lora) for (const [k, v] of initLora(config, o.lora, o.seed)) init.set(k, v);
+  if (o.lora) for (const [k, v] of o.adapter ?? initLora(config, o.lora, o.seed)) init.set(k, v);
   if (o.valueHead) for (const [k, v] of initValueHead(config, o.seed)) init.set(k, v);
   return init;
 }

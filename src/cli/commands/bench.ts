@@ -4,7 +4,7 @@ import { UserError } from '../../errors.ts';
 import { Progress } from '../progress.ts';
 import type { OptLevel } from '../../runtime/session.ts';
 import { type BenchOptions, runBench } from '../../../scripts/bench/step.ts';
-import { positiveInt } from '../flags.ts';
+import { DEVICE_HELP, device, positiveInt } from '../flags.ts';
 
 export function register(program: Command): void {
   program
@@ -15,13 +15,14 @@ export function register(program: Command): void {
     .option('--warmup <n>', "untimed steps first (default 5: ONNX Runtime's memory arena and the allocator settle over the first runs)")
     .option('--pairs <n>', 'preference pairs per batch (default 4)')
     .option('--seq <n>', 'tokens per sequence, half prompt and half completion (default 256)')
+    .option('--device <device>', `${DEVICE_HELP}; on a device the JSON also says where each graph's nodes run`, 'cpu')
     .option('--threads <n>', 'intra-op threads (default: ONNX Runtime picks one per core)')
     .option('--opt-level <level>', 'graph optimisation level: disabled, basic, extended or all (default extended)')
     .option('--no-peak', 'skip the MatMul peak measurement')
     .option('--no-share-prompt', "one sequence per response, each computing its prompt (the trainer's share_prompt=false)")
     .option('--update <where>', 'where the AdamW update runs: host (in place, in this process), graph (in the fused step graph) or auto (default: host on the CPU)')
     .option('--json', 'print one JSON line')
-    .action(async (o: { preset: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean }) => {
+    .action(async (o: { preset: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string }) => {
       if (o.preset !== 'tiny' && o.preset !== 'small') throw new UserError(`--preset: "${o.preset}" is not one of tiny, small`);
       const levels = ['disabled', 'basic', 'extended', 'all'];
       if (o.optLevel !== undefined && !levels.includes(o.optLevel)) throw new UserError(`--opt-level: "${o.optLevel}" is not one of ${levels.join(', ')}`);
@@ -34,7 +35,7 @@ export function register(program: Command): void {
         warmup: o.warmup === '0' ? 0 : positiveInt('--warmup', o.warmup, 5),
         pairs: positiveInt('--pairs', o.pairs, 4),
         seqLen,
-        runtime: { threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1), optLevel: o.optLevel as OptLevel | undefined },
+        runtime: { ep: device(o.device), threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1), optLevel: o.optLevel as OptLevel | undefined },
         skipPeak: !o.peak,
         sharePrompt: o.sharePrompt,
         update: o.update as BenchOptions['update'],
@@ -46,6 +47,7 @@ export function register(program: Command): void {
         return;
       }
       const lines: [string, string][] = [
+        ['device', r.placement ? `${r.device}: ${Object.entries(r.placement).map(([g, p]) => `${g} ${p.cpu_fallbacks} CPU fallbacks`).join(', ')}` : r.device],
         ['model', `llama ${r.preset}, ${r.params.toLocaleString('en-US')} parameters (${r.matmul_params.toLocaleString('en-US')} in matmuls)`],
         ['batch', `${r.tokens_per_step} tokens per step (${r.share_prompt ? `prompts shared: ${r.computed_tokens_per_step} computed` : 'one sequence per response'})`],
         ['optimizer_update', r.optimizer_update === 'host' ? 'host (AdamW in place, in this process)' : 'graph (AdamW inside the step graph)'],

@@ -5,15 +5,15 @@
  * stream. Finished rows leave the batch (their cache rows are dropped), so a long answer in the batch
  * does not make the short ones pay.
  */
-import type { ModelConfig } from '../models/config.ts';
-import type { FloatTensor } from '../models/checkpoint.ts';
-import type { LoraConfig } from '../models/lora.ts';
-import { modelParameterShapes } from '../models/params.ts';
-import { serializeModel } from '../onnx/proto.ts';
+import type { ModelConfig } from './config.ts';
+import type { FloatTensor } from './checkpoint.ts';
+import type { LoraConfig } from './lora.ts';
+import { modelParameterShapes } from './params.ts';
 import { Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
 import { UserError } from '../errors.ts';
 import type { SeededRandom } from '../random.ts';
-import { buildDecodeGraph, cacheShape, pastName, presentName } from '../models/decode.ts';
+import type { LoadedTokenizer } from '../tokenize/index.ts';
+import { buildDecodeGraph, cacheShape, pastName, presentName } from './decode.ts';
 import { mixLogits, sampleToken, samplingOptions, type SamplingOptions } from './sampling.ts';
 
 /** The cache of a batch: `[B, KV, L, hd]` per layer and kind, as fed back under the past names. */
@@ -47,8 +47,8 @@ export class Decoder {
   static async create(config: ModelConfig, weights: Map<string, FloatTensor>, o: DecoderOptions = {}): Promise<Decoder> {
     const bake = o.bake ?? false;
     const gw = bake ? weights : undefined;
-    const prefill = await Session.create(serializeModel(buildDecodeGraph(config, { past: false, weights: gw, lora: o.lora })), o.runtime);
-    const step = await Session.create(serializeModel(buildDecodeGraph(config, { past: true, weights: gw, lora: o.lora })), o.runtime);
+    const prefill = await Session.fromGraph(buildDecodeGraph(config, { past: false, weights: gw, lora: o.lora }), o.runtime);
+    const step = await Session.fromGraph(buildDecodeGraph(config, { past: true, weights: gw, lora: o.lora }), o.runtime);
     const d = new Decoder(config, prefill, step, modelParameterShapes(config, { lora: o.lora }), bake);
     if (!bake) d.setWeights((name) => weights.get(name)?.data);
     return d;
@@ -211,4 +211,9 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
     }
   }
   return out;
+}
+
+/** The text of a sampled response: its ids without the final stop token. */
+export function responseText(tok: LoadedTokenizer, ids: readonly number[], stopped: boolean): string {
+  return tok.decode(stopped ? ids.slice(0, -1) : ids, { skipSpecialTokens: false });
 }
