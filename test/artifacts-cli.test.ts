@@ -1,10 +1,8 @@
 // `prefzoo artifacts`: the folder a model and a loss give, loaded and stepped; the command's help and bad input.
 import { describe, it, expect, beforeAll, afterAll } from 'vitest';
-import { execFile } from 'node:child_process';
 import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
-import { promisify } from 'node:util';
+import { join } from 'node:path';
 import { exportArtifacts } from '../src/train/export.ts';
 import { initModelFolder } from '../src/models/init.ts';
 import { modelParameterShapes } from '../src/models/params.ts';
@@ -13,17 +11,7 @@ import { readManifest } from '../src/artifacts/manifest.ts';
 import { TrainingArtifacts } from '../src/artifacts/training.ts';
 import { collate } from '../src/models/batch.ts';
 import { benchPairs } from '../scripts/bench/step.ts';
-
-const BIN = resolve(__dirname, '..', 'bin', 'prefzoo.mjs');
-
-async function prefzoo(...args: string[]): Promise<{ stdout: string; stderr: string; code: number }> {
-  try {
-    return { ...(await promisify(execFile)(process.execPath, [BIN, ...args], { encoding: 'utf8' })), code: 0 };
-  } catch (e) {
-    const err = e as { stdout: string; stderr: string; code: number };
-    return { stdout: err.stdout, stderr: err.stderr, code: err.code };
-  }
-}
+import { prefzoo } from './helpers/cli.ts';
 
 let dir: string;
 let model: string;
