@@ -121,7 +121,7 @@ def sequence_logps(logits, ids, loss_mask):
 
 
 def bench_pairs(vocab, pairs, seq_len, seed=1):
-    """The same seeded tokens as src/cli/commands/bench.ts benchPairs (LCG, ids from 16)."""
+    """The same seeded tokens as scripts/bench/step.ts benchPairs (LCG, ids from 16)."""
     s = seed & 0xFFFFFFFF
 
     def tok():

@@ -25,13 +25,13 @@ import { lowerForWebGpu } from '../onnx/lower.ts';
 import { halfPrecisionMatmuls } from '../onnx/half.ts';
 import { gradients } from '../autodiff/index.ts';
 import { zerosLike } from '../autodiff/shape.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { buildOptimizerGraph, defaultDecay, type OptimizerConfig, gradName, gradAccName, stateName } from '../optim/index.ts';
 import { pruneGraph } from './prune.ts';
 import { elideBroadcastExpands, foldOutputIdentities, foldScatterAddIntoSum, isZeroFill } from './simplify.ts';
 import { fuseOptimizer } from './fuse.ts';
 import { writeCheckpoint, type CheckpointTensor } from './checkpoint.ts';
-import { writeFileAtomic } from './safetensors.ts';
+import { writeFileAtomic } from '../io/atomic.ts';
 import { ARTIFACT_FILES, MANIFEST_VERSION, TRAIN_IO, type ArtifactTarget, type ArtifactsManifest, type GraphIO } from './manifest.ts';
 
 export interface ParamSpec {

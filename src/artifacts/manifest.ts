@@ -5,7 +5,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { DType } from '../onnx/dtype.ts';
 import type { Shape } from '../onnx/graph.ts';
 import type { ResolvedOptimizerConfig } from '../optim/config.ts';

@@ -9,7 +9,7 @@ import path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
 import type { Graph } from '../onnx/graph.ts';
 import { serializeModel } from '../onnx/proto.ts';

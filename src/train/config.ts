@@ -4,7 +4,8 @@
  * listed here are the loss's parameters, such as `beta`).
  */
 import { readFileSync } from 'node:fs';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
+import { DEFAULT_TRUNCATION } from '../../datasets/examples.ts';
 
 export interface TrainConfig {
   /** Peak learning rate of the optimizer. */
@@ -143,9 +144,7 @@ export const DEFAULT_CONFIG: TrainConfig = {
   momentum: 0.9,
   weight_decay: 0,
   max_grad_norm: 1,
-  max_length: 512,
-  max_prompt_length: 256,
-  truncation: 'keep_end',
+  ...DEFAULT_TRUNCATION,
   pad_to_multiple_of: 64,
   seed: 42,
   eval_data: '',

@@ -6,12 +6,12 @@
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import type { ModelConfig } from '../models/config.ts';
 import { loadModel } from '../models/load.ts';
 import { modelParameterShapes } from '../models/params.ts';
-import { writeJsonAtomic } from './run.ts';
+import { writeJsonAtomic } from '../io/atomic.ts';
 
 export interface ReferenceModel {
   config: ModelConfig;

@@ -4,7 +4,7 @@
  */
 import { existsSync, readFileSync, writeFileSync, renameSync } from 'node:fs';
 import { join } from 'node:path';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { readSamples } from './samples.ts';
 
 export type MetricRow = Record<string, number | string>;

@@ -4,9 +4,9 @@ import { ParquetSink, readCanonicalBatches } from '../../../datasets/parquet.ts'
 import { META_KEY, type Kind } from '../../../datasets/schema.ts';
 import { withTokenColumns, tokenColumnNames } from '../../../datasets/tokenized.ts';
 import { loadTokenizer } from '../../tokenize/index.ts';
-import { tableExamples, tokenizeExamples } from '../../train/data.ts';
+import { tableExamples, tokenizeExamples } from '../../../datasets/examples.ts';
 import { DEFAULT_CONFIG } from '../../train/config.ts';
-import { UserError } from '../errors.ts';
+import { UserError } from '../../errors.ts';
 import { positiveInt } from '../flags.ts';
 
 export function register(program: Command): void {

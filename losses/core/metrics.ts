@@ -2,7 +2,7 @@
  * The metrics every pairwise loss reports, under the names the best-known peer (TRL) logs, so
  * dashboards work unchanged: means over the batch of the implicit rewards and policy log-probs.
  */
-import type { Graph, Tensor } from '../src/onnx/graph.ts';
+import type { Graph, Tensor } from '../../src/onnx/graph.ts';
 import { mean } from './ops.ts';
 
 export const PAIR_METRICS = [

@@ -20,7 +20,7 @@
  */
 import type { Kind } from '../../datasets/schema.ts';
 import { toOrt, type Feeds } from '../runtime/session.ts';
-import type { TokenizedExample } from './data.ts';
+import type { TokenizedExample } from '../../datasets/examples.ts';
 
 export interface CollateOptions {
   kind: Kind;

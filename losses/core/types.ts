@@ -3,10 +3,11 @@
  * token counts, scores), never on logits, so one module serves training (ONNX subgraph) and
  * evaluation (float64 TypeScript reference).
  */
-import type { Graph, Tensor } from '../src/onnx/graph.ts';
+import type { Graph, Tensor } from '../../src/onnx/graph.ts';
+import type { Kind as DataKind } from '../../datasets/names.ts';
 
 /** The data a loss consumes: pairs, ranked lists, single trajectories, or Nash-MD's on-policy pairs. */
-export type Kind = 'pairwise' | 'listwise' | 'single' | 'nash_md';
+export type Kind = DataKind | 'nash_md';
 
 /** A float64 batch tensor on the host, row-major: dims [B] or [B, K] ([] for a batch scalar such as `kl`). */
 export interface HostTensor {
@@ -63,6 +64,9 @@ export interface EmitResult {
   metrics?: Record<string, Tensor>;
 }
 
+/** See `LossModule.schedule`. */
+export type Schedule = 'single' | 'mpo_stages';
+
 export interface LossModule<P extends Params = Params> {
   name: string;
   /** Title of the paper the loss comes from. */
@@ -73,6 +77,11 @@ export interface LossModule<P extends Params = Params> {
   params: readonly ParamSpec[];
   /** False when a row's loss depends on other rows (AOT sorts the batch): no per-row weights then. */
   rowwise: boolean;
+  /**
+   * How the trainer runs the loss: one run over the data (`single`, the default), or MPO's split by
+   * reward margin into two runs (`mpo_stages`, src/train/mpo.ts).
+   */
+  schedule?: Schedule;
   /** Checks between parameters, after each was range-checked. */
   check?(p: P): void;
   keys(p: P, kind: Kind): KeySet;

@@ -14,7 +14,7 @@
  * nash_md   [B]:    policy_logps, ref_logps, probs (preference P(y ≻ y'))
  * every kind:       weight [B] (row weights of the batch mean)
  */
-import { UserError } from '../src/cli/errors.ts';
+import { UserError } from '../../src/errors.ts';
 import type { HostBatch, HostTensor, Kind, KeySet } from './types.ts';
 
 export const PAIR_KEYS = [

@@ -2,7 +2,7 @@
  * Loss parameters: typed specs with defaults, parsing from CLI strings or config values, and
  * range checks whose messages name the parameter and its valid range.
  */
-import { UserError } from '../src/cli/errors.ts';
+import { UserError } from '../../src/errors.ts';
 import type { ParamSpec, ParamValue, Params } from './types.ts';
 
 /** A human-readable valid range, e.g. "(0, ∞)" or "[0, 0.5)" or "one of lambda, list_mle". */

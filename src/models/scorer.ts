@@ -4,14 +4,14 @@
  * reference models). Parameters are graph inputs fed from the weight arrays, so no copy is made.
  */
 import type { Kind } from '../../datasets/schema.ts';
-import type { ModelConfig } from '../models/config.ts';
-import type { FloatTensor } from '../models/checkpoint.ts';
-import { buildLogpsGraph } from '../models/logps.ts';
-import { modelParameterShapes } from '../models/params.ts';
+import type { ModelConfig } from './config.ts';
+import type { FloatTensor } from './checkpoint.ts';
+import { buildLogpsGraph } from './logps.ts';
+import { modelParameterShapes } from './params.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import { collate, sequenceIndex } from './batch.ts';
-import type { TokenizedExample } from './data.ts';
-import { Progress } from '../cli/progress.ts';
+import type { TokenizedExample } from '../../datasets/examples.ts';
+import { type ProgressFactory, startProgress } from '../progress.ts';
 
 export interface ScoreResult {
   /** Per example, per response: Σ log p over the response tokens. */
@@ -38,14 +38,14 @@ export class Scorer {
   }
 
   /** Scores every example, `batchSize` examples per forward pass, in sorted-by-length order. */
-  async score(kind: Kind, rows: TokenizedExample[], o: { batchSize?: number; padTo?: number; label?: string; quiet?: boolean } = {}): Promise<ScoreResult> {
+  async score(kind: Kind, rows: TokenizedExample[], o: { batchSize?: number; padTo?: number; label?: string; progress?: ProgressFactory } = {}): Promise<ScoreResult> {
     const batchSize = o.batchSize ?? 8;
     const logps: number[][] = new Array(rows.length);
     const tokens: number[][] = new Array(rows.length);
     // Length-sorted batches waste less padding; results go back to their original positions.
     const len = (r: TokenizedExample) => r.promptIds.length + Math.max(...r.responseIds.map((x) => x.length));
     const order = rows.map((_, i) => i).sort((a, b) => len(rows[a]) - len(rows[b]));
-    const progress = new Progress(o.label ?? 'scoring', rows.length, { quiet: o.quiet });
+    const progress = startProgress(o.progress, o.label ?? 'scoring', rows.length);
     for (let s = 0; s < order.length; s += batchSize) {
       const idx = order.slice(s, s + batchSize);
       const batch = idx.map((i) => rows[i]);

@@ -7,7 +7,7 @@
  * through `withSlope`, so autodiff sees one multiply by an exact slope instead of differentiating
  * through rounding tricks.
  */
-import type { Graph, Tensor } from '../src/onnx/graph.ts';
+import type { Graph, Tensor } from '../../src/onnx/graph.ts';
 
 /** Stands in for −∞ in masked reductions (finite, so no NaN from ∞ − ∞ or 0·∞). */
 export const MASKED = -1e30;

@@ -3,8 +3,8 @@
  * mixture of several models' logits, softmax(Σ_i w_i·logits_i) (Nash-MD's opponent policy with
  * weights 1−m and m). Plain TypeScript on the host: a row is one vocabulary vector.
  */
-import { UserError } from '../cli/errors.ts';
-import { SeededRandom } from '../train/random.ts';
+import { UserError } from '../errors.ts';
+import { SeededRandom } from '../random.ts';
 
 export interface SamplingOptions {
   /** Divides the logits; 0 means greedy (argmax). Default 1. */

@@ -1,5 +1,5 @@
 /** Views of a listwise batch ([B, K] columns, `mask` optional: 1 = real entry, 0 = padding). */
-import type { Graph, Tensor } from '../src/onnx/graph.ts';
+import type { Graph, Tensor } from '../../src/onnx/graph.ts';
 import { col } from './batch.ts';
 import type { BatchTensors, HostBatch } from './types.ts';
 

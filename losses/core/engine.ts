@@ -2,11 +2,11 @@
  * Runs a bound loss on a host batch: the float64 reference, or the ONNX subgraph (plus autodiff
  * gradients) through ONNX Runtime in float64 or float32. Used by `prefzoo loss` and the tests.
  */
-import { Graph, type Shape } from '../src/onnx/graph.ts';
-import { serializeModel } from '../src/onnx/proto.ts';
-import { Session, toOrt } from '../src/runtime/session.ts';
-import { gradients } from '../src/autodiff/index.ts';
-import type { BoundLoss } from './index.ts';
+import { Graph, type Shape } from '../../src/onnx/graph.ts';
+import { serializeModel } from '../../src/onnx/proto.ts';
+import { Session, toOrt } from '../../src/runtime/session.ts';
+import { gradients } from '../../src/autodiff/index.ts';
+import type { BoundLoss } from '../index.ts';
 import type { BatchTensors, HostBatch, Kind } from './types.ts';
 
 export type FloatDType = 'float32' | 'float64';

@@ -6,14 +6,12 @@ import { mkdirSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import { Table } from 'apache-arrow';
 import type * as arrow from 'apache-arrow';
-import { canonicalMeta, readCanonicalBatches, resolveDataset } from '../../datasets/parquet.ts';
-import { convert } from '../../datasets/convert.ts';
-import type { Kind, PrefzooMeta } from '../../datasets/schema.ts';
-import { readTokenColumns, type TokenRow } from '../../datasets/tokenized.ts';
-import { UserError } from '../cli/errors.ts';
-import { type LoadedTokenizer, type Message, tokenizePromptResponse } from '../tokenize/index.ts';
-
-export type Text = string | Message[];
+import { canonicalMeta, readCanonicalBatches, resolveDataset } from './parquet.ts';
+import { convert } from './convert.ts';
+import type { Kind, PrefzooMeta, Role, Text } from './schema.ts';
+import { readTokenColumns, type TokenRow } from './tokenized.ts';
+import { UserError } from '../src/errors.ts';
+import { type LoadedTokenizer, tokenizePromptResponse } from '../src/tokenize/index.ts';
 
 /** One row of any kind; `responses` holds [chosen, rejected] for pairs, the list for lists, [response] for singles. */
 export interface Example {
@@ -59,7 +57,8 @@ function textOf(v: unknown, where: string): Text {
   if (v && typeof (v as { toArray?: unknown }).toArray === 'function') {
     return Array.from((v as { toArray(): unknown[] }).toArray(), (m) => {
       const row = m as { role: string; content: string };
-      return { role: String(row.role), content: String(row.content) };
+      // Roles were checked when the file was converted (datasets/validate.ts).
+      return { role: String(row.role) as Role, content: String(row.content) };
     });
   }
   throw new UserError(`${where}: expected text or a message list`);
@@ -151,11 +150,18 @@ export async function loadData(file: string, workDir: string, opts: { kind?: Kin
   return { kind: meta.kind, meta, examples, files, tokens, table };
 }
 
+/** How rows are cut to length (the trainer's settings of the same names, src/train/config.ts). */
 export interface TruncationConfig {
+  /** Longest prompt + response in tokens. */
   max_length: number;
+  /** Longest prompt in tokens. */
   max_prompt_length: number;
+  /** Which end of an over-long prompt to keep. */
   truncation: 'keep_start' | 'keep_end';
 }
+
+/** The defaults of training and evaluation alike. */
+export const DEFAULT_TRUNCATION: TruncationConfig = { max_length: 512, max_prompt_length: 256, truncation: 'keep_end' };
 
 /**
  * Tokenizes examples (or takes the ids a tokenized file already holds); rows that had to be

@@ -5,14 +5,15 @@
  * stream. Finished rows leave the batch (their cache rows are dropped), so a long answer in the batch
  * does not make the short ones pay.
  */
-import type { ModelConfig } from '../models/config.ts';
-import type { FloatTensor } from '../models/checkpoint.ts';
-import type { LoraConfig } from '../models/lora.ts';
-import { modelParameterShapes } from '../models/params.ts';
+import type { ModelConfig } from './config.ts';
+import type { FloatTensor } from './checkpoint.ts';
+import type { LoraConfig } from './lora.ts';
+import { modelParameterShapes } from './params.ts';
 import { Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
-import { UserError } from '../cli/errors.ts';
-import type { SeededRandom } from '../train/random.ts';
-import { buildDecodeGraph, cacheShape, pastName, presentName } from './decode-graph.ts';
+import { UserError } from '../errors.ts';
+import type { SeededRandom } from '../random.ts';
+import type { LoadedTokenizer } from '../tokenize/index.ts';
+import { buildDecodeGraph, cacheShape, pastName, presentName } from './decode.ts';
 import { mixLogits, sampleToken, samplingOptions, type SamplingOptions } from './sampling.ts';
 
 /** The cache of a batch: `[B, KV, L, hd]` per layer and kind, as fed back under the past names. */
@@ -210,4 +211,9 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
     }
   }
   return out;
+}
+
+/** The text of a sampled response: its ids without the final stop token. */
+export function responseText(tok: LoadedTokenizer, ids: readonly number[], stopped: boolean): string {
+  return tok.decode(stopped ? ids.slice(0, -1) : ids, { skipSpecialTokens: false });
 }

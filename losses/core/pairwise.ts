@@ -22,15 +22,15 @@
  * - TR-DPO ("Learn Your Reference Model for Real Good Alignment", 2024) updates π_ref during
  *   training; that is the trainer's reference syncing (`sync_ref_model`), not a loss term.
  * - LD-DPO's `ld_alpha` changes how the policy log-probs are summed over tokens, so it is a trainer
- *   setting too (src/train/batch.ts), not a loss term.
+ *   setting too (src/models/batch.ts), not a loss term.
  */
-import type { Graph, Tensor } from '../src/onnx/graph.ts';
-import { UserError } from '../src/cli/errors.ts';
+import type { Graph, Tensor } from '../../src/onnx/graph.ts';
+import { UserError } from '../../src/errors.ts';
 import { col, rows } from './batch.ts';
 import { pairMetrics, pairMetricsRef } from './metrics.ts';
 import { logSigmoid as logSigmoidT, negLogSigmoid, softplus as softplusT } from './ops.ts';
 import { logSigmoid, sigmoid, softplus } from './math.ts';
-import type { BatchTensors, HostBatch, KeySet, LossModule, ParamSpec, Params, RefResult, EmitResult } from './types.ts';
+import type { BatchTensors, HostBatch, KeySet, LossModule, ParamSpec, Params, RefResult, EmitResult, Schedule } from './types.ts';
 
 /**
  * Caps of the exponents of the f-divergence scores, per dtype: squared losses (IPO, SPPO) of e^cap
@@ -60,6 +60,14 @@ export const OPTION_SPECS = {
     doc: 'adds γ·(−log π(rationale | prompt, chosen, rejected)) on rows that have a rationale',
   },
 } satisfies Record<string, ParamSpec>;
+
+/** The option parameters of a loss that supports all of them (its Params interface extends this). */
+export interface PairOptions extends Params {
+  f_divergence: string;
+  f_alpha: number;
+  wpo: boolean;
+  rpo_alpha: number;
+}
 
 /** Batch keys of the rationale term: the policy's summed log-prob of each row's rationale, and 1 where a row has one. */
 export const RATIONALE_KEYS = ['policy_rationale_logps', 'rationale_mask'] as const;
@@ -137,6 +145,29 @@ export interface PairCoreRef {
   rewards?: { chosen: Float64Array; rejected: Float64Array };
 }
 
+/**
+ * The reference of a loss whose value on pair i depends on pair i alone: `row(i)` gives
+ * [value, ∂value/∂(chosen log-prob), ∂value/∂(rejected log-prob)].
+ */
+export function perPairRef(B: number, row: (i: number) => readonly [number, number, number]): PairCoreRef {
+  const value = new Float64Array(B);
+  const dw = new Float64Array(B);
+  const dl = new Float64Array(B);
+  for (let i = 0; i < B; i++) [value[i], dw[i], dl[i]] = row(i);
+  return { value, dw, dl };
+}
+
+/**
+ * The reference of a loss f(x, y) of each response's own scaled score, x = βu_w and y = βu_l:
+ * `f` gives [value, ∂f/∂x, ∂f/∂y], and the chain rule through β and the scores is applied here.
+ */
+export function responseScoresRef(h: PairHost, beta: number, f: (x: number, y: number) => readonly [number, number, number]): PairCoreRef {
+  return perPairRef(h.B, (i) => {
+    const [value, dx, dy] = f(beta * h.uw[i], beta * h.ul[i]);
+    return [value, beta * h.duw[i] * dx, beta * h.dul[i] * dy];
+  });
+}
+
 // ---- graph view --------------------------------------------------------------------------------
 
 /** Batch tensors of a pairwise batch plus derived log-ratios and scores (emitted on first use). */
@@ -197,6 +228,7 @@ export interface PairwiseDef<P extends Params> {
   keys?: (p: P) => string[];
   /** False when a pair's loss depends on other pairs (AOT). */
   rowwise?: boolean;
+  schedule?: Schedule;
   check?: (p: P) => void;
   ref: (h: PairHost, p: P) => PairCoreRef;
   emit: (t: PairGraph, p: P) => PairCoreEmit;
@@ -226,6 +258,7 @@ export function pairwiseLoss<P extends Params>(def: PairwiseDef<P>): LossModule<
     kinds: ['pairwise'],
     params,
     rowwise: def.rowwise ?? true,
+    schedule: def.schedule,
     check(p: P) {
       if (p.wpo && def.rowwise === false) throw new UserError(`loss ${def.name}: wpo weighting is not defined for a loss that sorts the batch`);
       def.check?.(p);
