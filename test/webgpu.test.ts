@@ -28,7 +28,9 @@ import { checkDevice, type RuntimeOptions } from '../src/runtime/session.ts';
 import { Decoder, generateIds } from '../src/models/generate.ts';
 import { Graph } from '../src/onnx/graph.ts';
 import { lowerForWebGpu } from '../src/onnx/lower.ts';
-import { serializeModel } from '../src/onnx/proto.ts';
+import { saveModel, serializeModel } from '../src/onnx/proto.ts';
+import { buildLogpsGraph } from '../src/models/logps.ts';
+import { buildDecodeGraph } from '../src/models/decode.ts';
 import { Session, toOrt } from '../src/runtime/session.ts';
 import { randomWeights, testConfig } from './helpers/model-fixtures.ts';
 
@@ -212,6 +214,20 @@ describe.skipIf(!available && !required)('WebGPU execution provider', () => {
       }
     });
   }
+
+  it('every node of the scoring (logps) and KV-cached decode (prefill, step) graphs runs on WebGPU', async () => {
+    for (const arch of ARCHS) {
+      const c = testConfig(arch);
+      const w = randomWeights(c, 2);
+      const graphs = { logps: buildLogpsGraph(c, { weights: w, dense: true }), prefill: buildDecodeGraph(c, { past: false, weights: w }), step: buildDecodeGraph(c, { past: true, weights: w }) };
+      for (const [name, g] of Object.entries(graphs)) {
+        const file = path.join(root, `${arch}-${name}.onnx`);
+        saveModel(lowerForWebGpu(g), file);
+        const p = await placement(file, GPU);
+        expect(p.fallbacks, `${arch} ${name}`).toEqual([]);
+      }
+    }
+  });
 
   for (const [arch, packed] of [['llama', true], ['qwen2', true], ['gpt2', true], ['llama', false]] as const) {
     it(`${arch}${packed ? '' : ' (one sequence per response)'}: log-probs on WebGPU equal the CPU's within 1e-4`, async () => {

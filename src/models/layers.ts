@@ -222,14 +222,22 @@ export interface DecodeIndex {
  */
 export function decodeIndex(g: Graph, ids: Tensor, attn: Tensor): DecodeIndex {
   return g.scope('index', () => {
-    const S = g.dim(ids, 1); // [1]
-    const L = g.dim(attn, 1);
-    const all = g.cumSum(attn, 1, { exclusive: true }); // [B, L]
-    const start = g.sub(L, S);
-    const positions = g.slice(all, start, L, [1]); // [B, S]
-    const keys = g.range(g.scalar(0, 'int64'), g.squeeze(L, [0]), g.scalar(1, 'int64')); // [L]
-    const queries = g.add(g.range(g.scalar(0, 'int64'), g.squeeze(S, [0]), g.scalar(1, 'int64')), g.squeeze(start, [0])); // [S]
-    const causal = g.lessOrEqual(g.unsqueeze(keys, [0]), g.unsqueeze(queries, [1])); // [S, L]
+    // No arithmetic on shapes (every provider, WebGPU included, runs this on the device): each key's
+    // and each new query's distance from the end, by running counts over a row of ones. Key l of L is
+    // L−1−l from the end and new query s of S sits at key L−S+s, S−1−s from the end, so
+    // key ≤ query ⟺ the key's distance ≥ the query's.
+    const fromEnd = (x: Tensor, n: Dim) => {
+      const ones = g.slice(g.expand(g.scalar(1, 'float32'), g.shapeOf(x)), [0], [1], [0]); // [1, n]
+      return reshapeTo(g, g.cumSum(ones, 1, { exclusive: true, reverse: true }), [-1], [n]);
+    };
+    const keys = fromEnd(attn, attn.shape?.[1] ?? '?'); // [L]
+    const queries = fromEnd(ids, ids.shape?.[1] ?? '?'); // [S]
+    const causal = g.greaterOrEqual(g.unsqueeze(keys, [0]), g.unsqueeze(queries, [1])); // [S, L]
+    // A new token's position is the count of real tokens before it: the exclusive running count at
+    // its own key, picked by a 0/1 [S, L] matrix (exact: small integers in float32).
+    const pick = g.cast(g.equal(g.unsqueeze(queries, [1]), g.unsqueeze(keys, [0])), 'float32'); // [S, L]
+    const before = g.cast(g.cumSum(attn, 1, { exclusive: true }), 'float32'); // [B, L]
+    const positions = g.cast(g.matmul(before, g.transpose(pick, [1, 0])), 'int64'); // [B, S]
     const real = g.unsqueeze(g.cast(attn, 'bool'), [1, 2]); // [B, 1, 1, L]
     const mask = g.where(g.and(causal, real), g.scalar(0, 'float32'), g.scalar(MASK_VALUE, 'float32'));
     const flatIds = g.reshape(ids, [-1]);
