@@ -1,5 +1,5 @@
 /**
- * Model-ready token columns (DATA.md): `prompt_ids` and `chosen_ids`/`rejected_ids` (pairwise),
+ * Model-ready token columns (docs/data.md): `prompt_ids` and `chosen_ids`/`rejected_ids` (pairwise),
  * `responses_ids` (listwise, one list per response) or `response_ids` (single), all List<Int32>,
  * built straight into Arrow offset/value buffers. Reading them back lets the trainer skip
  * tokenization for a file `prefzoo tokenize` wrote.
@@ -89,7 +89,7 @@ export function readTokenColumns(table: arrow.Table, kind: Kind): TokenRow[] | n
 }
 
 /**
- * Reference log-prob columns (DATA.md: computed once per dataset, not once per epoch): pairwise
+ * Reference log-prob columns (docs/data.md: computed once per dataset, not once per epoch): pairwise
  * `ref_chosen_logp`, `ref_rejected_logp`; listwise `ref_logps` (List<Float64>); single `ref_logp`.
  */
 export function refColumnNames(kind: Kind): string[] {

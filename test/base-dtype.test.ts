@@ -7,10 +7,10 @@
 import { describe, expect, it } from 'vitest';
 import { gradients } from '../src/autodiff/index.ts';
 import { recomputeSegments } from '../src/autodiff/recompute.ts';
-import { f16BitsToFloat, float32ToF16 } from '../src/artifacts/safetensors.ts';
+import { f16BitsToFloat, float32ToF16 } from '../src/models/safetensors.ts';
 import { buildCausalLM, initLora, modelParameterShapes } from '../src/models/index.ts';
 import { sequenceLogps } from '../src/models/logps.ts';
-import { Normal } from '../src/models/init.ts';
+import { Normal } from '../src/random.ts';
 import { Graph, type Tensor } from '../src/onnx/graph.ts';
 import { serializeModel } from '../src/onnx/proto.ts';
 import { Session, toOrt, type Feeds } from '../src/runtime/session.ts';

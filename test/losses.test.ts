@@ -1,29 +1,18 @@
 /**
  * The loss zoo against independent computations: hand values from the formulas, central finite
  * differences of the float64 reference, the ONNX subgraph (float64 1e-9, float32 1e-5) with its
- * autodiff gradients, extreme log-ratios, and the published identities of LOSSES.md.
+ * autodiff gradients, extreme log-ratios, and the published identities of docs/losses.md.
  */
 import { describe, it, expect } from 'vitest';
-import { UserError } from '../src/cli/errors.ts';
-import { getLoss, listLosses, parseLossSpec, resolveLoss, mpoSplit, quantile, type BoundLoss } from '../losses/index.ts';
-import { parseBatch, detectKind } from '../losses/batch.ts';
-import { runLossOnnx, runLossReference, type LossRun } from '../losses/engine.ts';
+import { UserError } from '../src/errors.ts';
+import { uniform as rng } from '../src/random.ts';
+import { getLoss, listLosses, parseLossSpec, resolveLoss, mpoSplit, quantile, scheduleOf, type BoundLoss } from '../losses/index.ts';
+import { parseBatch, detectKind } from '../losses/core/batch.ts';
+import { runLossOnnx, runLossReference, type LossRun } from '../losses/core/engine.ts';
 import { MPO_STAGE2_LOSSES } from '../losses/mpo.ts';
-import type { HostBatch, Kind } from '../losses/types.ts';
+import type { HostBatch, Kind } from '../losses/core/types.ts';
 
 // ---- batches ----------------------------------------------------------------------------------
-
-/** Seeded uniform [0, 1) (mulberry32). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 type Json = Record<string, unknown>;
 
@@ -202,6 +191,9 @@ const CASES: Case[] = [
   { spec: 'dpo', params: { f_divergence: 'js' } },
   { spec: 'dpo', params: { f_divergence: 'alpha_divergence', f_alpha: 0.3 } },
   { spec: 'dpo', params: { wpo: true, rpo_alpha: 0.5 } },
+  // Rationale NLL on rows 0, 2, 3 only (rows 1 and 4 have none: their rationale log-probs must not matter).
+  { spec: 'dpo', params: { rationale_weight: 0.7 }, weighted: true, extra: { policy_rationale_logps: [-12.5, -3.25, -30, -7.75, -1e4], rationale_mask: [1, 0, 1, 1, 0] } },
+  { spec: 'simpo', params: { rationale_weight: 2 }, weighted: true, extra: { policy_rationale_logps: [-2, -4, -6, -8, -10], rationale_mask: [0, 1, 0, 1, 1] } },
   { spec: 'dpo', params: { wpo: true }, drop: ['chosen_wpo_logps', 'rejected_wpo_logps'], stopsGradient: true },
   { spec: 'ipo' },
   { spec: 'ipo', params: { length_normalize: false, f_divergence: 'js' } },
@@ -250,6 +242,15 @@ function caseBatch(c: Case, bound: BoundLoss, kind: Kind, json: Json): HostBatch
   }
   return b;
 }
+
+describe('schedules', () => {
+  it('a lone loss name runs under the schedule its module declares; mixtures and unknown names as one run', () => {
+    expect(listLosses().filter((l) => scheduleOf(l.name) !== 'single').map((l) => l.name)).toEqual(['mpo']);
+    expect(scheduleOf(' mpo ')).toBe('mpo_stages');
+    expect(scheduleOf('mpo:1,sft:0.1')).toBe('single');
+    expect(scheduleOf('no_such_loss')).toBe('single');
+  });
+});
 
 describe('every loss: reference vs ONNX vs finite differences', () => {
   it('covers every registered loss', () => {
@@ -448,11 +449,22 @@ describe('hand values from the formulas', () => {
     expect(refOf('dpo', { wpo: true }, b).loss).toBeCloseTo(w * sp(-0.1 * 1.2), 14);
     expect(refOf('dpo', { rpo_alpha: 2 }, b).loss).toBeCloseTo(sp(-0.1 * 1.2) + 2 * (9.5 / 2), 13);
   });
+
+  it('the rationale term: γ·(−log π(r)) on rows with a rationale, nothing on rows without', () => {
+    const b = pairBatch([0.5, -0.2, 1], [-0.7, 0.3, 0], { policy_rationale_logps: [-6, -1e3, -2], rationale_mask: [1, 0, 1] });
+    const dpo = (sp(-0.1 * 1.2) + sp(-0.1 * -0.5) + sp(-0.1 * 1)) / 3;
+    const r = refOf('dpo', { rationale_weight: 0.5 }, b);
+    expect(r.loss).toBeCloseTo(dpo + (0.5 * (6 + 2)) / 3, 13);
+    expect(r.metrics['nll/rationale']).toBeCloseTo(4, 13);
+    expect(Array.from(r.grad.policy_rationale_logps, (v) => v + 0)).toEqual([-0.5 / 3, 0, -0.5 / 3]);
+    // Weight 0 (the default) reads no rationale columns at all.
+    expect(resolveLoss('dpo', {}).keys('pairwise').required).not.toContain('policy_rationale_logps');
+  });
 });
 
 // ---- identities -------------------------------------------------------------------------------
 
-describe('identities of LOSSES.md (reference and ONNX)', () => {
+describe('identities of docs/losses.md (reference and ONNX)', () => {
   const json = pairJson(11, 6);
 
   async function both(spec: string, params: Record<string, unknown>, j: Json): Promise<[LossRun, LossRun]> {

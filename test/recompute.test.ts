@@ -12,7 +12,7 @@ import { Graph } from '../src/onnx/graph.ts';
 import { serializeModel } from '../src/onnx/proto.ts';
 import { Session, toOrt, type Feeds } from '../src/runtime/session.ts';
 import { modelSegment } from '../src/train/graph.ts';
-import { Normal } from '../src/models/init.ts';
+import { Normal } from '../src/random.ts';
 import { pad, randomIds, randomWeights, testConfig } from './helpers/model-fixtures.ts';
 
 async function gradsOf(arch: 'llama' | 'qwen3' | 'phi3' | 'gpt2', recompute: boolean, headChunks = 1) {

@@ -11,6 +11,9 @@ adapters on every projection, as PEFT's `all-linear` does.
 Needs Debian's python3-torch (PyTorch 1.13 with OpenBLAS):
   apt-get install -y python3-torch libopenblas0-pthread
   /usr/bin/python3 scripts/bench/peer-pytorch.py [--preset small|tiny|qwen2.5-0.5b|…] [--steps N] [--threads N] [--lora R]
+On a GPU (the peer of `prefzoo bench --device webgpu`, see scripts/bench/gpu):
+  python3 scripts/bench/peer-pytorch.py --device cuda [--dtype float32|bfloat16]
+bfloat16 runs the step under torch.autocast (float32 master weights and AdamW), as TRL's bf16=True does.
 """
 import argparse
 import json
@@ -57,8 +60,8 @@ class LoRALinear(nn.Module):
         base.weight.requires_grad_(False)
         if base.bias is not None:
             base.bias.requires_grad_(False)
-        self.lora_A = nn.Parameter(torch.empty(r, base.in_features).uniform_(-1 / math.sqrt(base.in_features), 1 / math.sqrt(base.in_features)))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, r))
+        self.lora_A = nn.Parameter(torch.empty(r, base.in_features, device=base.weight.device).uniform_(-1 / math.sqrt(base.in_features), 1 / math.sqrt(base.in_features)))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, r, device=base.weight.device))
         self.scale = alpha / r
 
     def forward(self, x):
@@ -129,9 +132,9 @@ class Llama(nn.Module):
         freqs = pos[:, :, None] * self.inv_freq
         emb = torch.cat((freqs, freqs), -1)[:, None]  # [B, 1, T, hd]
         cos, sin = emb.cos(), emb.sin()
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
         allowed = causal[None, None] & attn.bool()[:, None, None, :]
-        mask = torch.zeros(B, 1, T, T).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        mask = torch.zeros(B, 1, T, T, device=ids.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
         x = self.embed_tokens(ids)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
@@ -147,7 +150,7 @@ def sequence_logps(logits, ids, loss_mask):
 
 
 def bench_pairs(vocab, pairs, seq_len, seed=1):
-    """The same seeded tokens as src/cli/commands/bench.ts benchPairs (LCG, ids from 16)."""
+    """The same seeded tokens as scripts/bench/step.ts benchPairs (LCG, ids from 16)."""
     s = seed & 0xFFFFFFFF
 
     def tok():
@@ -168,14 +171,16 @@ def bench_pairs(vocab, pairs, seq_len, seed=1):
     return ids, torch.ones_like(ids), loss_mask
 
 
-def matmul_peak(n=2048, runs=10):
-    a = torch.rand(n, n) - 0.5
-    b = torch.rand(n, n) - 0.5
+def matmul_peak(n=2048, runs=10, device='cpu', sync=lambda: None):
+    a = torch.rand(n, n, device=device) - 0.5
+    b = torch.rand(n, n, device=device) - 0.5
     a @ b
+    sync()
     rates = []
     for _ in range(runs):
         t0 = time.perf_counter()
         a @ b
+        sync()
         rates.append(2 * n ** 3 / (time.perf_counter() - t0) / 1e9)
     # The fastest run, as prefzoo bench reports: other work on the machine only slows a run.
     return max(rates)
@@ -192,13 +197,19 @@ def main():
     ap.add_argument('--vocab', type=int, default=0, help='override the preset vocabulary')
     ap.add_argument('--no-peak', action='store_true')
     ap.add_argument('--lora', type=int, default=0, help='rank of LoRA adapters on every projection (alpha = 2 r); 0: full fine-tune')
+    ap.add_argument('--device', default='cpu', help='cpu or cuda')
+    ap.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'], help='bfloat16: autocast around the step')
     a = ap.parse_args()
+    dev = torch.device(a.device)
+    # GPU work is asynchronous: each timed region ends by waiting for it.
+    sync = torch.cuda.synchronize if dev.type == 'cuda' else (lambda: None)
+    autocast = (lambda: torch.autocast(device_type=dev.type, dtype=torch.bfloat16)) if a.dtype == 'bfloat16' else (lambda: torch.autocast(device_type=dev.type, enabled=False))
     torch.set_num_threads(a.threads or os.cpu_count())
     torch.manual_seed(0)
     c = dict(PRESETS[a.preset])
     if a.vocab:
         c['vocab'] = a.vocab
-    model = Llama(c)
+    model = Llama(c).to(dev)
     params = sum(p.numel() for p in model.parameters())
     if a.lora:
         for p in model.parameters():
@@ -206,7 +217,7 @@ def main():
         for block in model.layers:
             for name in ('q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'):
                 setattr(block, name, LoRALinear(getattr(block, name), a.lora, 2 * a.lora))
-    ids, attn, loss_mask = bench_pairs(c['vocab'], a.pairs, a.seq)
+    ids, attn, loss_mask = (t.to(dev) for t in bench_pairs(c['vocab'], a.pairs, a.seq))
     tokens = ids.numel()
     log = lambda s: print(f'peer: {s}', file=sys.stderr, flush=True)
     log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {params:,} parameters")
@@ -215,7 +226,9 @@ def main():
     with torch.no_grad():
         for i in range(max(2, min(a.steps, 5)) + 1):
             t0 = time.perf_counter()
-            ref = sequence_logps(model(ids, attn), ids, loss_mask)
+            with autocast():
+                ref = sequence_logps(model(ids, attn), ids, loss_mask)
+            sync()
             if i > 0:
                 eval_times.append(time.perf_counter() - t0)
     ref_c, ref_r = ref[:a.pairs], ref[a.pairs:]
@@ -229,13 +242,15 @@ def main():
         if i == a.warmup:
             cpu0 = time.process_time()
         t0 = time.perf_counter()
-        lp = sequence_logps(model(ids, attn), ids, loss_mask)
-        logits = beta * ((lp[:a.pairs] - ref_c) - (lp[a.pairs:] - ref_r))
-        loss = -F.logsigmoid(logits).mean()
+        with autocast():
+            lp = sequence_logps(model(ids, attn), ids, loss_mask)
+            logits = beta * ((lp[:a.pairs] - ref_c) - (lp[a.pairs:] - ref_r))
+            loss = -F.logsigmoid(logits.float()).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         opt.step()
+        sync()
         dt = time.perf_counter() - t0
         if i >= a.warmup:
             times.append(dt)
@@ -247,7 +262,7 @@ def main():
     matmul_params = params - (0 if c['tied'] else embed)
     flops = tokens * (6 * matmul_params + 12 * c['layers'] * c['heads'] * c['head_dim'] * a.seq)
     achieved = flops / per_step / 1e9
-    peak = None if a.no_peak else matmul_peak()
+    peak = None if a.no_peak else matmul_peak(n=8192 if dev.type == 'cuda' else 2048, device=dev, sync=sync)
     out = {
         'preset': a.preset,
         'lora_rank': a.lora or None,
@@ -267,6 +282,8 @@ def main():
         'cpu_seconds_per_step': round(cpu, 3),
         'load_average': round(load, 2),
         'engine': f'pytorch {torch.__version__} eager',
+        'device': a.device,
+        'dtype': a.dtype,
     }
     print(json.dumps(out))
 

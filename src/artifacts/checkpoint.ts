@@ -10,9 +10,10 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
-import { type Dtype, type RawTensor, type TensorData, readSafetensors, writeSafetensors, writeFileAtomic } from './safetensors.ts';
+import { type Dtype, type RawTensor, type TensorData, readSafetensors, writeSafetensors } from '../models/safetensors.ts';
+import { writeFileAtomic } from '../io/atomic.ts';
 
 export const CHECKPOINT_FILES = { params: 'params.safetensors', optimizer: 'optimizer.safetensors', state: 'state.json' } as const;
 
@@ -63,8 +64,17 @@ function toWrite(tensors: Map<string, CheckpointTensor>) {
   return out;
 }
 
-/** Writes a checkpoint folder atomically (see the module comment). */
-export function writeCheckpoint(dir: string, params: Map<string, CheckpointTensor>, optimizer: Map<string, CheckpointTensor>, state: CheckpointState): void {
+/**
+ * Writes a checkpoint folder atomically (see the module comment). `files` adds more safetensors files
+ * to the same folder (by file name), e.g. the trainer's moving reference model under TR-DPO.
+ */
+export function writeCheckpoint(
+  dir: string,
+  params: Map<string, CheckpointTensor>,
+  optimizer: Map<string, CheckpointTensor>,
+  state: CheckpointState,
+  files: Record<string, Map<string, CheckpointTensor>> = {},
+): void {
   const target = path.resolve(dir);
   const tmp = `${target}.tmp`;
   const old = `${target}.old`;
@@ -72,6 +82,7 @@ export function writeCheckpoint(dir: string, params: Map<string, CheckpointTenso
   fs.mkdirSync(tmp, { recursive: true });
   writeSafetensors(path.join(tmp, CHECKPOINT_FILES.params), toWrite(params), { format: 'pt' });
   writeSafetensors(path.join(tmp, CHECKPOINT_FILES.optimizer), toWrite(optimizer));
+  for (const [name, tensors] of Object.entries(files)) writeSafetensors(path.join(tmp, name), toWrite(tensors), { format: 'pt' });
   writeFileAtomic(path.join(tmp, CHECKPOINT_FILES.state), [Buffer.from(JSON.stringify(state, null, 2) + '\n')]);
   fs.rmSync(old, { recursive: true, force: true });
   if (fs.existsSync(target)) fs.renameSync(target, old);

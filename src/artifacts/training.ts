@@ -5,11 +5,11 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { type Feeds, type RuntimeOptions, Session, ort, toOrt } from '../runtime/session.ts';
 import { TensorStore, type OutputMode } from '../runtime/store.ts';
 import { gradName, stateName, updatedName, OPTIM_IO } from '../optim/config.ts';
-import type { RawTensor } from './safetensors.ts';
+import type { RawTensor } from '../models/safetensors.ts';
 import { safetensorsDtype, readCheckpoint, writeCheckpoint, type CheckpointState, type CheckpointTensor } from './checkpoint.ts';
 import { ARTIFACT_FILES, readManifest, type ArtifactsManifest } from './manifest.ts';
 import type { TypedArray } from '../onnx/dtype.ts';
@@ -279,14 +279,17 @@ export class TrainingArtifacts {
     return (await this.session(this.manifest.eval.file)).run(feeds);
   }
 
-  /** Writes params, optimizer state and `state` (step is filled in) to `dir` atomically (on the GPU: after `await toHost()`). */
-  saveCheckpoint(dir: string, extra: Omit<CheckpointState, 'step'> = {}): void {
+  /**
+   * Writes params, optimizer state and `state` (step is filled in) to `dir` atomically (on the GPU:
+   * after `await toHost()`); `files` adds more safetensors files to the same folder.
+   */
+  saveCheckpoint(dir: string, extra: Omit<CheckpointState, 'step'> = {}, files: Record<string, Map<string, CheckpointTensor>> = {}): void {
     if (this.pending > 0) throw new Error('saveCheckpoint: gradients of an unfinished accumulation would be lost; save after optimizerStep');
     const tensor = (name: string): CheckpointTensor => ({ dtype: this.store.dtype(name), shape: this.store.dims(name), data: this.store.data(name) });
     const params = new Map(this.manifest.params.map((p) => [p.name, tensor(p.name)]));
     const optimizer = new Map<string, CheckpointTensor>();
     for (const p of this.trainable) for (const s of this.manifest.optimizer.stateSlots) optimizer.set(stateName(s, p), tensor(stateName(s, p)));
-    writeCheckpoint(dir, params, optimizer, { ...extra, step: this.step });
+    writeCheckpoint(dir, params, optimizer, { ...extra, step: this.step }, files);
   }
 
   /** Restores params, optimizer state and the step counter; returns the saved state. */

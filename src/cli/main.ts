@@ -1,5 +1,5 @@
 import { Command, CommanderError } from 'commander';
-import { UserError } from './errors.ts';
+import { UserError } from '../errors.ts';
 import { commands } from './commands/index.ts';
 
 /** Builds the `prefzoo` program; every command module adds itself through `commands`. */

@@ -6,8 +6,8 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { UserError } from '../cli/errors.ts';
-import { writeFileAtomic } from '../artifacts/safetensors.ts';
+import { UserError } from '../errors.ts';
+import { writeFileAtomic } from '../io/atomic.ts';
 import { GEMMA } from './gemma.ts';
 import { LLAMA, QWEN2, type LlamaFamily } from './llama.ts';
 import { MISTRAL } from './mistral.ts';

@@ -7,13 +7,13 @@
  * `llama` and `qwen2` live here; `qwen3`, `mistral`, `gemma` and `phi3` each have a file beside this
  * one holding a {@link LlamaFamily}: the pieces of this decoder they change (config fields, tensor
  * names, norms, projections, MLP, rotary width, sliding window), each written once and used by both
- * the training forward and the KV-cache decode (src/online/decode-graph.ts), which run the same
+ * the training forward and the KV-cache decode (llamaDecode below), which run the same
  * {@link llamaStack} and differ only in how a layer attends.
  */
 import type { Graph, Tensor } from '../onnx/graph.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { type Activation, type FieldReader, type LlamaConfig, type LlamaType, attentionBiases, familyOf } from './config.ts';
-import { type BatchIndex, activation, attention, project, rmsNorm, splitHeads } from './layers.ts';
+import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, extendCache, project, reshapeRt, rmsNorm, splitHeads } from './layers.ts';
 import type { LoraModule } from './lora.ts';
 import type { Params } from './params.ts';
 
@@ -306,4 +306,25 @@ export function llamaHidden(g: Graph, c: LlamaConfig, P: Params, bi: BatchIndex)
 /** The output head's weight `[V, D]`: the embedding when tied. */
 export function llamaHeadWeight(c: LlamaConfig, P: Params): Tensor {
   return P.get(c.tie_word_embeddings ? 'model.embed_tokens.weight' : 'lm_head.weight');
+}
+
+/** Final hidden states `[B·S, D]` of S new tokens per row: the same layers, attending over the key/value cache `past`. */
+export function llamaDecode(g: Graph, c: LlamaConfig, P: Params, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor {
+  const H = c.num_attention_heads;
+  const KV = c.num_key_value_heads;
+  const hd = c.head_dim;
+  const byToken = (x: Tensor, n: number) => reshapeRt(g, x, g.concat([ix.shapeBS, g.ints([n, hd])], 0), ['B', 'S', n, hd]); // [B, S, n, hd]
+  return llamaStack(g, c, P, ix.flatIds, {
+    heads: byToken,
+    rope: ropeTables(g, c, ix.positions, 'float32'),
+    attend(i, q, k, v) {
+      const [kc, vc] = extendCache(g, i, g.transpose(k, [0, 2, 1, 3]), g.transpose(v, [0, 2, 1, 3]), past);
+      return cachedAttention(g, ix, g.transpose(q, [0, 2, 1, 3]), kc, vc, H, KV, hd);
+    },
+  });
+}
+
+/** Cache geometry: layers, key/value heads, head size. */
+export function llamaCacheShape(c: LlamaConfig): { layers: number; kvHeads: number; headDim: number } {
+  return { layers: c.num_hidden_layers, kvHeads: c.num_key_value_heads, headDim: c.head_dim };
 }

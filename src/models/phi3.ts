@@ -5,7 +5,7 @@
  * rest pass unrotated), and `sliding_window` when set (Phi-3-mini-4k: 2047), as in Mistral. LoRA
  * adapts the fused modules as PEFT does (`qkv_proj`, `o_proj`, `gate_up_proj`, `down_proj`).
  */
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { LlamaConfig } from './config.ts';
 import { activation } from './layers.ts';
 import type { LlamaFamily } from './llama.ts';

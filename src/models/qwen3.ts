@@ -4,7 +4,7 @@
  * explicit `head_dim` (Qwen3-0.6B: 16 heads × 128 = 2048 ≠ hidden 1024), no q/k/v biases by default,
  * tied or untied head. Everything else is llama's (src/models/llama.ts), in training and decoding.
  */
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { LlamaConfig } from './config.ts';
 import { type LlamaFamily, LLAMA } from './llama.ts';
 import { rmsNorm } from './layers.ts';

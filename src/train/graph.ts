@@ -4,7 +4,7 @@
  * The eval graph of the same spec outputs the per-sequence log-probs (and values, for DRO).
  */
 import type { Kind } from '../../datasets/schema.ts';
-import type { BatchTensors } from '../../losses/types.ts';
+import type { BatchTensors } from '../../losses/core/types.ts';
 import type { BoundLoss } from '../../losses/index.ts';
 import type { ArtifactSpec, BatchInputSpec } from '../artifacts/build.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
@@ -12,9 +12,9 @@ import { attr, type Graph, type Node, type Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
-import { scoredLogps, sequenceLogps } from '../models/logps.ts';
+import { scoredLogps, sequenceLogps, type SequenceLogps } from '../models/logps.ts';
 import { modelParamSpecs } from './run.ts';
-import { canPack } from './batch.ts';
+import { canPack } from '../models/batch.ts';
 
 export interface TrainProblem {
   config: ModelConfig;
@@ -28,7 +28,7 @@ export interface TrainProblem {
   dataKeys: Set<string>;
   /** KTO: the batch also holds each row's mismatched sequence for the KL estimate. */
   kl?: boolean;
-  /** Pairwise and listwise: each example's responses share one computed prompt (src/train/batch.ts). */
+  /** Pairwise and listwise: each example's responses share one computed prompt (src/models/batch.ts). */
   packed?: boolean;
   /** Recompute each layer's activations in the backward pass (src/autodiff/recompute.ts). */
   recompute?: boolean;
@@ -36,9 +36,16 @@ export interface TrainProblem {
   baseDtype?: 'float32' | 'float16';
   /** Unpacked batches: the head over every position, no data-dependent ops (for WebGPU; see sequenceLogps). */
   dense?: boolean;
+  /** LD-DPO: the log-prob sums are token-weighted, so the batch carries the token counts (`sequence_tokens`). */
+  lengthWeighted?: boolean;
+  /** Pairwise: the batch ends with one rationale sequence per row, and `rationale_mask [B]`. */
+  rationale?: boolean;
 }
 
 const F = 'float32' as const;
+
+/** Keys of a loss's batch that the model and the collation provide; the data must provide any other. */
+export const PROVIDED_KEYS: ReadonlySet<string> = new Set(['policy_chosen_logps', 'policy_rejected_logps', 'ref_chosen_logps', 'ref_rejected_logps', 'chosen_tokens', 'rejected_tokens', 'policy_logps', 'ref_logps', 'tokens', 'values', 'mask', 'scores', 'weight', 'policy_rationale_logps', 'rationale_mask']);
 
 /** Names the loss reads that the batch (rather than the model) provides, by kind. */
 export function batchInputSpecs(p: TrainProblem): BatchInputSpec[] {
@@ -56,10 +63,13 @@ export function batchInputSpecs(p: TrainProblem): BatchInputSpec[] {
         { name: 'attention_mask', dtype: 'int64', shape: ['seqs', 'len'] },
         { name: 'loss_mask', dtype: F, shape: ['seqs', 'len'] },
       ];
-  const specs: BatchInputSpec[] = [...model, { name: 'ref_logps', dtype: F, shape: ['seqs'] }, { name: 'weight', dtype: F, shape: ['rows'] }];
+  // Rationale sequences have no reference log-prob: ref_logps is then shorter than the sequence list.
+  const specs: BatchInputSpec[] = [...model, { name: 'ref_logps', dtype: F, shape: [p.rationale ? 'ref_seqs' : 'seqs'] }, { name: 'weight', dtype: F, shape: ['rows'] }];
+  if (p.lengthWeighted) specs.push({ name: 'sequence_tokens', dtype: F, shape: ['seqs'] });
   const perRow = (name: string) => specs.push({ name, dtype: F, shape: ['rows'] });
   if (p.kind === 'pairwise') {
     for (const k of ['chosen_scores', 'rejected_scores', 'chosen_probs', 'rejected_probs']) if (p.dataKeys.has(k)) perRow(k);
+    if (p.rationale) perRow('rationale_mask');
   } else if (p.kind === 'listwise') {
     specs.push({ name: 'scores', dtype: F, shape: ['rows', 'k'] }, { name: 'mask', dtype: F, shape: ['rows', 'k'] });
     if (p.dataKeys.has('win_probs')) specs.push({ name: 'win_probs', dtype: F, shape: ['rows', 'k'] });
@@ -71,12 +81,17 @@ export function batchInputSpecs(p: TrainProblem): BatchInputSpec[] {
 }
 
 
-/** [2B] response-major → ([B] first half, [B] second half): chosen/rejected, or KTO's own/mismatched. */
+/** [nB] response-major → n tensors [B]: chosen/rejected (/rationale), or KTO's own/mismatched. */
+function splitN(g: Graph, x: Tensor, n: number): Tensor[] {
+  const parts = g.reshape(x, [n, -1]);
+  // Every part carries the per-example dim 'rows' (as weights and scores do), so gradients of the loss's elementwise ops unbroadcast statically.
+  const part = (i: number) => g.op('Gather', [parts, g.constant(i, 'int64')], { axis: attr.int(0) }, [{ dtype: x.dtype, shape: ['rows'] }])[0];
+  return Array.from({ length: n }, (_, k) => part(k));
+}
+
 function splitPairs(g: Graph, x: Tensor): [Tensor, Tensor] {
-  const two = g.reshape(x, [2, -1]);
-  // Both halves carry the per-example dim 'rows' (as weights and scores do), so gradients of the loss's elementwise ops unbroadcast statically.
-  const half = (i: number) => g.op('Gather', [two, g.constant(i, 'int64')], { axis: attr.int(0) }, [{ dtype: x.dtype, shape: ['rows'] }])[0];
-  return [half(0), half(1)];
+  const [a, b] = splitN(g, x, 2);
+  return [a, b];
 }
 
 /** Batch tensors by the loss zoo's key names, from the model's statistics and the batch inputs. */
@@ -84,9 +99,12 @@ function lossInputs(g: Graph, p: TrainProblem, logp: Tensor, tokens: Tensor, bat
   // Losses that sort the batch (AOT) take no row weights.
   const ins: BatchTensors = p.loss.rowwise ? { weight: batch.weight } : {};
   if (p.kind === 'pairwise') {
-    [ins.policy_chosen_logps, ins.policy_rejected_logps] = splitPairs(g, logp);
+    const n = p.rationale ? 3 : 2;
+    [ins.policy_chosen_logps, ins.policy_rejected_logps, ins.policy_rationale_logps] = splitN(g, logp, n);
     [ins.ref_chosen_logps, ins.ref_rejected_logps] = splitPairs(g, batch.ref_logps);
-    [ins.chosen_tokens, ins.rejected_tokens] = splitPairs(g, tokens);
+    [ins.chosen_tokens, ins.rejected_tokens] = splitN(g, tokens, n);
+    if (p.rationale) ins.rationale_mask = batch.rationale_mask;
+    else delete ins.policy_rationale_logps;
     for (const k of ['chosen_scores', 'rejected_scores', 'chosen_probs', 'rejected_probs']) if (batch[k]) ins[k] = batch[k];
   } else if (p.kind === 'listwise') {
     const shape = g.shapeOf(batch.mask);
@@ -127,6 +145,27 @@ export function widenSegment(n: Node): string | null {
   return n.op === 'Cast' && /(^|\/)widen\//.test(n.name) ? n.outputs[0] : null;
 }
 
+/**
+ * TRL's monitoring metrics over the counted response tokens (token-weighted means, no gradient):
+ * `logits/chosen` and `logits/rejected` (pairwise: the mean logit over the vocabulary, averaged
+ * over the chosen or rejected tokens of the batch) and `entropy` (mean entropy in nats of the
+ * predicted next-token distribution; KTO's mismatched KL sequences are left out).
+ */
+function tokenStatMetrics(g: Graph, p: TrainProblem, seq: SequenceLogps): Record<string, Tensor> {
+  if (!seq.logitSum || !seq.entropySum) return {};
+  return g.scope('token_stats', (): Record<string, Tensor> => {
+    const tokens = g.stopGradient(seq.tokens);
+    const ratio = (num: Tensor, den: Tensor) => g.div(g.reduceSum(num, undefined, false), g.max(g.reduceSum(den, undefined, false), g.constant(1, den.dtype)));
+    if (p.kind === 'pairwise') {
+      const [lc, lr] = splitPairs(g, seq.logitSum!);
+      const [tc, tr] = splitPairs(g, tokens);
+      return { 'logits/chosen': ratio(lc, tc), 'logits/rejected': ratio(lr, tr), entropy: ratio(seq.entropySum!, tokens) };
+    }
+    if (p.kl) return { entropy: ratio(splitPairs(g, seq.entropySum!)[0], splitPairs(g, tokens)[0]) };
+    return { entropy: ratio(seq.entropySum!, tokens) };
+  });
+}
+
 export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, optimizer: OptimizerConfig): ArtifactSpec {
   if (p.packed && (!canPack(p.kind, p.kl) || p.valueHead)) throw new Error(`buildSpec: ${p.kind} batches${p.kl ? ' with KL pairs' : ''}${p.valueHead ? ' with a value head' : ''} cannot share prompts`);
   return {
@@ -142,12 +181,15 @@ export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, op
         ? { inputIds: batch.input_ids, packed: { positionIds: batch.position_ids, segmentIds: batch.segment_ids } }
         : { inputIds: batch.input_ids, attentionMask: batch.attention_mask };
       const model = buildCausalLM(g, p.config, paramMap, inputs, { lora: p.lora });
+      const stats = mode === 'train';
       // Under recomputation the output head runs in slices too, each a segment (src/models/logps.ts);
       // the eval graph's forward then holds one slice's logits at a time as well.
       const headChunks = p.recompute ? headChunksOf(p.config) : 1;
-      const { logp, tokens } = p.packed
-        ? scoredLogps(g, model, batch.score_index, batch.score_target, batch.score_select, { headChunks })
-        : sequenceLogps(g, model, batch.loss_mask, { dense: p.dense, headChunks });
+      const seq = p.packed
+        ? scoredLogps(g, model, batch.score_index, batch.score_target, batch.score_select, { stats, headChunks })
+        : sequenceLogps(g, model, batch.loss_mask, { stats, dense: p.dense, headChunks });
+      const logp = seq.logp;
+      const tokens = p.lengthWeighted ? batch.sequence_tokens : seq.tokens;
       const values = p.valueHead && batch.value_index ? valueHead(g, model, paramMap, batch.value_index) : null;
       if (mode === 'eval') {
         const outputs: Record<string, Tensor> = { logp, tokens };
@@ -156,7 +198,7 @@ export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, op
       }
       const ins = lossInputs(g, p, logp, tokens, batch, values);
       const r = g.scope('loss', () => p.loss.emit(g, ins, p.kind));
-      return { loss: r.loss, metrics: r.metrics };
+      return { loss: r.loss, metrics: { ...r.metrics, ...tokenStatMetrics(g, p, seq) } };
     },
   };
 }

@@ -10,21 +10,18 @@
 import { cpSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { mpoSplit } from '../../losses/mpo.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { resolveConfig } from './config.ts';
-import { loadData, type LoadedData } from './data.ts';
-import { getLoss, resolveLoss } from '../../losses/index.ts';
+import { loadData, type LoadedData } from '../../datasets/examples.ts';
+import { getLoss, resolveLoss, scheduleOf } from '../../losses/index.ts';
 import { train, type TrainOptions, type TrainResult } from './trainer.ts';
-
-export function isMpo(loss: string): boolean {
-  return loss.trim() === 'mpo';
-}
 
 export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
   const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const [term] = resolveLoss('mpo', lossParams).terms;
   const p = term.params as { beta: number; label_smoothing: number; delta: number | null; delta_quantile: number; stage2_loss: string };
+  if (!config.save_merged) throw new UserError('mpo: stage 2 starts from stage 1\'s merged model, so save_merged=false cannot be used');
   mkdirSync(o.out, { recursive: true });
   const data = o.rows ?? (await loadData(o.data, join(o.out, 'data'), { seed: config.seed }));
   if (data.kind !== 'pairwise') throw new UserError(`${o.data}: mpo trains on pairwise data, this is ${data.kind}`);
@@ -65,7 +62,9 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
     out: join(o.out, 'stage2'),
     params: [...settings, ...params2.map(([k, v]) => `${k}=${v}`)],
     rows: subset(split.hard),
+    // Stage 1's merged model is both the start and the reference of stage 2 (an --adapter is in it).
     refModel: undefined,
+    adapter: undefined,
   });
   // Both stages' metrics in one file; stage 2's steps continue after stage 1's.
   const rows1 = readFileSync(join(stage1Dir, 'metrics.jsonl'), 'utf8').split('\n').filter(Boolean).map((l) => ({ ...JSON.parse(l), stage: 1 }));
@@ -84,7 +83,7 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
   return { ...r2, steps: (r1?.steps ?? 0) + r2.steps, finalDir };
 }
 
-/** `prefzoo train`'s entry: MPO's schedule for `--loss mpo`, a single run otherwise. */
+/** `prefzoo train`'s entry: the schedule the loss declares (MPO's two stages for `--loss mpo`), else a single run. */
 export function trainAny(o: TrainOptions): Promise<TrainResult> {
-  return isMpo(o.loss) ? trainMpo(o) : train(o);
+  return scheduleOf(o.loss) === 'mpo_stages' ? trainMpo(o) : train(o);
 }

@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import fs from 'node:fs';
-import { UserError } from '../errors.ts';
+import { UserError } from '../../errors.ts';
 import { ARCHES, PRESETS, type Arch, type Preset, presetArch } from '../../models/config.ts';
 import { initModelFolder, initModelFromConfig } from '../../models/init.ts';
 

@@ -1,7 +1,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { Command } from 'commander';
-import { UserError } from '../errors.ts';
+import { UserError } from '../../errors.ts';
 import { maxPositions } from '../../models/config.ts';
 import { loadModel } from '../../models/load.ts';
 import { buildLogpsGraph } from '../../models/logps.ts';
