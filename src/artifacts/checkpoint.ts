@@ -5,13 +5,14 @@
  *   optimizer.safetensors  optimizer state, named `<slot>.<param>` (m.w, v.w, momentum.w)
  *   state.json             { step, epoch, rng, dataCursor, config, ... } — the trainer's own state
  *
- * A checkpoint is written to `<dir>.tmp` and renamed into place (the previous one is moved aside to
+ * A checkpoint is written to a temporary `.step-N.tmp-PID-RAND` and renamed into place (the previous one is moved aside to
  * `<dir>.old` first and removed last), so a crash leaves either the old or the new checkpoint whole.
  */
 import fs from 'node:fs';
 import path from 'node:path';
 import { UserError } from '../cli/errors.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
+import { fileError, releaseTemp, removeTemp, tempPath } from '../files.ts';
 import { type Dtype, type RawTensor, type TensorData, readSafetensors, writeSafetensors, writeFileAtomic } from './safetensors.ts';
 
 export const CHECKPOINT_FILES = { params: 'params.safetensors', optimizer: 'optimizer.safetensors', state: 'state.json' } as const;
@@ -66,16 +67,21 @@ function toWrite(tensors: Map<string, CheckpointTensor>) {
 /** Writes a checkpoint folder atomically (see the module comment). */
 export function writeCheckpoint(dir: string, params: Map<string, CheckpointTensor>, optimizer: Map<string, CheckpointTensor>, state: CheckpointState): void {
   const target = path.resolve(dir);
-  const tmp = `${target}.tmp`;
+  const tmp = tempPath(target);
   const old = `${target}.old`;
-  fs.rmSync(tmp, { recursive: true, force: true });
-  fs.mkdirSync(tmp, { recursive: true });
-  writeSafetensors(path.join(tmp, CHECKPOINT_FILES.params), toWrite(params), { format: 'pt' });
-  writeSafetensors(path.join(tmp, CHECKPOINT_FILES.optimizer), toWrite(optimizer));
-  writeFileAtomic(path.join(tmp, CHECKPOINT_FILES.state), [Buffer.from(JSON.stringify(state, null, 2) + '\n')]);
+  try {
+    fs.mkdirSync(tmp, { recursive: true });
+    writeSafetensors(path.join(tmp, CHECKPOINT_FILES.params), toWrite(params), { format: 'pt' });
+    writeSafetensors(path.join(tmp, CHECKPOINT_FILES.optimizer), toWrite(optimizer));
+    writeFileAtomic(path.join(tmp, CHECKPOINT_FILES.state), [Buffer.from(JSON.stringify(state, null, 2) + '\n')]);
+  } catch (e) {
+    removeTemp(tmp);
+    throw fileError(e, target);
+  }
   fs.rmSync(old, { recursive: true, force: true });
   if (fs.existsSync(target)) fs.renameSync(target, old);
   fs.renameSync(tmp, target);
+  releaseTemp(tmp);
   fs.rmSync(old, { recursive: true, force: true });
 }
 

@@ -10,6 +10,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { UserError } from '../cli/errors.ts';
+import { writeFileAtomic } from '../files.ts';
 
 // Typed-array views below reinterpret bytes in host order; the format is little-endian.
 if (os.endianness() !== 'LE') throw new Error('prefzoo safetensors I/O needs a little-endian host');
@@ -452,30 +453,5 @@ export function writeSafetensors(
   writeFileAtomic(file, [headerBuf, ...blobs]);
 }
 
-/** Writes `chunks` to a temp file next to `file`, flushes it, and renames it over `file`. */
-export function writeFileAtomic(file: string, chunks: readonly Uint8Array[]): void {
-  const tmp = path.join(path.dirname(file), `.${path.basename(file)}.tmp-${process.pid}-${Math.random().toString(36).slice(2)}`);
-  let fd: number;
-  try {
-    fd = fs.openSync(tmp, 'wx');
-  } catch (e) {
-    throw new UserError(`${file}: cannot write (${(e as Error).message})`);
-  }
-  try {
-    for (const c of chunks) {
-      let done = 0;
-      while (done < c.byteLength) done += fs.writeSync(fd, c, done, c.byteLength - done);
-    }
-    fs.fsyncSync(fd);
-    fs.closeSync(fd);
-    fs.renameSync(tmp, file);
-  } catch (e) {
-    try {
-      fs.closeSync(fd);
-    } catch {
-      // already closed
-    }
-    fs.rmSync(tmp, { force: true });
-    throw e;
-  }
-}
+/** Atomic writes live in src/files.ts; re-exported for the artifact and model writers. */
+export { writeFileAtomic };

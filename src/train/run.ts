@@ -3,7 +3,8 @@
  * optimizer, runtime and LoRA settings of a TrainConfig, artifact parameter specs, atomic JSON
  * writes, and saving a trained model in HF layout (LoRA merged, tokenizer files copied).
  */
-import { cpSync, readdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, readdirSync, renameSync, rmSync } from 'node:fs';
+import { fileError, releaseTemp, removeTemp, tempPath } from '../files.ts';
 import { join } from 'node:path';
 import type { TrainConfig } from '../train/config.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
@@ -31,11 +32,7 @@ export function loraOf(c: TrainConfig): LoraConfig | null {
   return { rank: c.lora_r, alpha: c.lora_alpha, targets: c.lora_target_modules.split(',').map((s) => s.trim()).filter(Boolean) };
 }
 
-export function writeJsonAtomic(file: string, value: unknown): void {
-  const tmp = `${file}.tmp-${process.pid}`;
-  writeFileSync(tmp, JSON.stringify(value, null, 2) + '\n');
-  renameSync(tmp, file);
-}
+export { writeJsonAtomic } from '../files.ts';
 
 /** Current parameter values of a training run as float tensors (copies). */
 export function currentWeights(art: TrainingArtifacts): Map<string, FloatTensor> {
@@ -56,19 +53,24 @@ export function saveModelFolder(
 ): void {
   // mergeLora keeps every non-adapter tensor, the value head included.
   const out = o.lora ? mergeLora(weights, o.config, o.lora) : weights;
-  const tmp = `${dir}.tmp-${process.pid}`;
-  rmSync(tmp, { recursive: true, force: true });
-  saveCheckpoint(tmp, out, { dtype: o.dtype, config: o.config });
-  for (const f of readdirSync(o.sourceDir)) {
-    if (/^(tokenizer.*|special_tokens_map\.json|generation_config\.json|chat_template\.jinja|vocab\.json|merges\.txt)$/.test(f)) cpSync(join(o.sourceDir, f), join(tmp, f));
+  const tmp = tempPath(dir);
+  try {
+    saveCheckpoint(tmp, out, { dtype: o.dtype, config: o.config });
+    for (const f of readdirSync(o.sourceDir)) {
+      if (/^(tokenizer.*|special_tokens_map\.json|generation_config\.json|chat_template\.jinja|vocab\.json|merges\.txt)$/.test(f)) cpSync(join(o.sourceDir, f), join(tmp, f));
+    }
+    if (o.into) {
+      for (const f of readdirSync(tmp)) renameSync(join(tmp, f), join(dir, f));
+      removeTemp(tmp);
+      return;
+    }
+    rmSync(dir, { recursive: true, force: true });
+    renameSync(tmp, dir);
+    releaseTemp(tmp);
+  } catch (e) {
+    removeTemp(tmp);
+    throw fileError(e, dir);
   }
-  if (o.into) {
-    for (const f of readdirSync(tmp)) renameSync(join(tmp, f), join(dir, f));
-    rmSync(tmp, { recursive: true, force: true });
-    return;
-  }
-  rmSync(dir, { recursive: true, force: true });
-  renameSync(tmp, dir);
 }
 
 /**
