@@ -95,7 +95,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   const before = await evaluateRows({ policy: model, ref: model, data: testParquet, workDir: dir, quiet: true });
   const run = join(dir, `run-${o.loss.replace(/[^a-z0-9_]+/gi, '_')}`);
   const base = { ...DEMO_CONFIG, seed: o.seed, ...(o.steps ? { max_steps: o.steps } : {}) };
-  const r = await trainAny({ model, data: trainParquet, loss: o.loss, out: run, base, params: o.params, quiet, log });
+  const r = await trainAny({ model, data: trainParquet, loss: o.loss, out: run, base, params: o.params, quiet, log, overwrite: true });
   const after = await evaluateRows({ policy: r.finalDir, ref: model, data: testParquet, workDir: dir, quiet: true });
   return {
     loss: o.loss,

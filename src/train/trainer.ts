@@ -13,8 +13,9 @@
  *   metrics.jsonl          one row per logging step (and `split: "eval"` rows)
  *   final/                 the trained model in HF layout (LoRA merged)
  */
-import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync, rmSync } from 'node:fs';
-import { join } from 'node:path';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { appendLine, sweepStaleTemps, writeFileAtomic } from '../files.ts';
 import type { Kind } from '../../datasets/schema.ts';
 import { UserError } from '../cli/errors.ts';
 import { Progress } from '../cli/progress.ts';
@@ -37,6 +38,7 @@ import { buildSpec, type TrainProblem } from './graph.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { SeededRandom } from './random.ts';
 import { Scorer } from './scorer.ts';
+import { identityDiff, readIdentity, refCacheIdentity, writeIdentity } from './identity.ts';
 import { Evaluator, type EvalSummary } from '../eval/evaluate.ts';
 
 export interface TrainOptions {
@@ -52,6 +54,8 @@ export interface TrainOptions {
   quiet?: boolean;
   /** Where plain progress and summary lines go (default stderr). */
   log?: (line: string) => void;
+  /** Replace the contents of a non-empty run folder (otherwise it is refused unless resuming). */
+  overwrite?: boolean;
   /** Use this reference model folder instead of the starting weights. */
   refModel?: string;
   /** Train on these rows instead of reading `data` (MPO's stages train on subsets); `data` names them in messages. */
@@ -98,36 +102,88 @@ function faultStep(): number {
   return v ? Number(v) : -1;
 }
 
+/** What a run folder may hold (what `train` and MPO's stages write); --overwrite removes only these. */
+const RUN_ENTRIES = /^(config\.json|data|artifacts|checkpoints|metrics\.jsonl|final|eval\.json|report\.html|stage[12])$/;
+
+/**
+ * Makes `run` ready for a run: created when missing; a folder holding an earlier run is refused
+ * unless the call resumes it or `overwrite` clears it (only a run's own entries are removed).
+ * Temporaries a killed process left are swept first. Returns whether the folder is new (empty).
+ */
+export function prepareRunFolder(run: string, o: { resume?: boolean; overwrite?: boolean }): boolean {
+  if (!existsSync(run)) {
+    mkdirSync(run, { recursive: true });
+    return true;
+  }
+  sweepStaleTemps(run, true);
+  const entries = readdirSync(run);
+  if (entries.length === 0) return true;
+  if (o.resume) return false;
+  if (!o.overwrite) {
+    throw new UserError(`${run}: not empty (holds ${entries.slice(0, 4).join(', ')}${entries.length > 4 ? ', …' : ''}); continue that run with --resume, replace it with --overwrite, or choose another -o`);
+  }
+  const foreign = entries.filter((e) => !RUN_ENTRIES.test(e));
+  if (foreign.length) throw new UserError(`${run}: --overwrite removes only a run's own files, and this folder also holds ${foreign.slice(0, 4).join(', ')}; choose another -o`);
+  for (const e of entries) rmSync(join(run, e), { recursive: true, force: true });
+  return true;
+}
+
+/** --resume continues a run only with the model, data and loss it was started with. */
+function checkSameRun(run: string, o: TrainOptions): void {
+  const file = join(run, 'config.json');
+  if (!existsSync(file)) return;
+  let was: { model?: string; data?: string; loss?: string };
+  try {
+    was = JSON.parse(readFileSync(file, 'utf8'));
+  } catch {
+    throw new UserError(`${file}: not valid JSON; the run cannot be resumed (start it again with --overwrite)`);
+  }
+  const same = (a: string | undefined, b: string) => a !== undefined && resolve(a) === resolve(b);
+  const diff = [
+    !same(was.model, o.model) ? `--model ${was.model}` : null,
+    !o.rows && !same(was.data, o.data) ? `--data ${was.data}` : null,
+    (was.loss ?? '').trim() !== o.loss.trim() ? `--loss ${was.loss}` : null,
+  ].filter(Boolean);
+  if (diff.length) throw new UserError(`--resume: ${run} was started with ${diff.join(', ')}; resume it with those, or start a new run (another -o, or --overwrite)`);
+}
+
 export async function train(o: TrainOptions): Promise<TrainResult> {
-  const t0 = Date.now();
-  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
   const run = o.out;
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const loss = resolveLoss(o.loss, lossParams);
-  const resuming = !!o.resume && lastCheckpoint(run) !== null;
-  if (o.resume && !resuming) log(`no checkpoint in ${run}; starting from the beginning`);
-  if (!resuming && existsSync(join(run, 'metrics.jsonl'))) {
-    throw new UserError(`${run} already holds a training run; use --resume to continue it or choose another -o`);
-  }
-  // Model, tokenizer, data; a run folder this call created is removed again if they cannot be read.
+  // Model and tokenizer first: a bad model folder leaves no run folder behind.
   const base = loadModel(o.model);
   const tok = loadTokenizer(o.model);
-  const kinds = new Set(loss.kinds);
-  const created = !existsSync(run);
-  mkdirSync(run, { recursive: true });
-  let data: LoadedData;
+  const fresh = prepareRunFolder(run, o);
+  if (o.resume && !fresh) checkSameRun(run, o);
   try {
-    data = o.rows ?? (await loadData(o.data, join(run, 'data'), { seed: config.seed }));
+    return await trainIn(o, { config, lossParams, loss, base, tok });
   } catch (e) {
-    if (created) rmSync(run, { recursive: true, force: true });
+    // A run that failed before its first checkpoint holds nothing to resume: leave no folder behind.
+    if (fresh && lastCheckpoint(run) === null) rmSync(run, { recursive: true, force: true });
     throw e;
   }
+}
+
+async function trainIn(
+  o: TrainOptions,
+  c0: { config: TrainConfig; lossParams: Record<string, string | number | boolean>; loss: ReturnType<typeof resolveLoss>; base: ReturnType<typeof loadModel>; tok: ReturnType<typeof loadTokenizer> },
+): Promise<TrainResult> {
+  const t0 = Date.now();
+  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const info = o.quiet ? () => {} : log;
+  const run = o.out;
+  const { config, lossParams, loss, base, tok } = c0;
+  const resuming = !!o.resume && lastCheckpoint(run) !== null;
+  if (o.resume && !resuming) log(`no checkpoint in ${run}; starting from the beginning`);
+  const kinds = new Set(loss.kinds);
+  const data: LoadedData = o.rows ?? (await loadData(o.data, join(run, 'data'), { seed: config.seed }));
   if (!kinds.has(data.kind)) {
     throw new UserError(`${o.data}: is ${data.kind} data; loss ${o.loss} needs ${[...kinds].join(' or ')} data`);
   }
   const kind: Kind = data.kind;
   const { rows, truncated } = tokenizeExamples(data.examples, tok, config, data.tokens);
-  log(`data: ${rows.length} ${kind} rows from ${o.data}${truncated ? `, ${truncated} truncated to max_length ${config.max_length} / max_prompt_length ${config.max_prompt_length}` : ''}`);
+  info(`data: ${rows.length} ${kind} rows from ${o.data}${truncated ? `, ${truncated} truncated to max_length ${config.max_length} / max_prompt_length ${config.max_prompt_length}` : ''}`);
   if (rows.some((r) => r.responseIds.some((x) => x.length === 0))) {
     throw new UserError(`${o.data}: a response is empty after tokenization and truncation (max_length ${config.max_length} leaves no room); raise max_length or lower max_prompt_length`);
   }
@@ -142,7 +198,10 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   if (all((r) => r.src.label !== undefined)) dataKeys.add('labels');
   {
     const missing = loss.keys(kind).required.filter((k) => !['policy_chosen_logps', 'policy_rejected_logps', 'ref_chosen_logps', 'ref_rejected_logps', 'chosen_tokens', 'rejected_tokens', 'policy_logps', 'ref_logps', 'tokens', 'values', 'mask', 'scores', 'weight'].includes(k) && !dataKeys.has(k));
-    if (missing.length) throw new UserError(`${o.data}: loss ${o.loss} needs ${missing.join(', ')}, which the data does not provide for every row`);
+    // Name the data's columns (DATA.md), not the batch keys the loss reads.
+    const column: Record<string, string> = { chosen_probs: 'chosen_prob', rejected_probs: 'rejected_prob', chosen_scores: 'chosen_score', rejected_scores: 'rejected_score', rewards: 'reward', labels: 'label' };
+    const cols = [...new Set(missing.map((k) => column[k] ?? k))];
+    if (missing.length) throw new UserError(`${o.data}: loss ${o.loss} needs column${cols.length > 1 ? 's' : ''} ${cols.join(', ')}, which the data does not have in every row`);
   }
   // KTO's KL estimate: each row's prompt with the next row's response (fixed pairing, so cacheable).
   const kl = kind === 'single' && (loss.keys(kind).oneOf ?? []).some((set) => set.includes('policy_kl_logps'));
@@ -158,17 +217,29 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const packed = builtWith ?? (config.share_prompt && canPack(kind, kl) && !valueHeadOn);
   const problem: TrainProblem = { config: base.config, kind, loss, lora, kl, valueHead: valueHeadOn, dataKeys, packed };
 
-  // Reference log-probs: computed once from the reference weights (LoRA off) and cached in the run.
+  writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ...config, loss_params: lossParams });
+
+  // Reference log-probs: computed once from the reference weights (LoRA off) and cached in the run,
+  // with a record of what made them (identity.ts): reused only when all of it is the same.
   const refFile = join(run, 'data', 'reference.parquet');
+  const idFile = join(run, 'data', 'reference.json');
+  const identity = refCacheIdentity({ model: o.model, refModel: o.refModel, data: o.data, truncation: config, rows, loss: o.loss, kind, kl });
+  const cached = !config.ref_on_the_fly && existsSync(refFile) ? readIdentity(idFile) : null;
   const refWeights = o.refModel ? loadModel(o.refModel).weights : base.weights;
   let ref: number[][] = [];
   let refScorer: Scorer | null = null;
   if (config.ref_on_the_fly) {
     refScorer = await Scorer.create(base.config, refWeights, runtimeOf(config), tok.padId ?? 0);
-  } else if (existsSync(refFile)) {
+  } else if (cached) {
+    const diff = identityDiff(cached, identity);
+    if (diff.length) {
+      throw new UserError(`${refFile}: cached by a run with different ${diff.join(', ')}; a run keeps its reference: resume with the inputs it was started with, or start again with --overwrite`);
+    }
     ref = (await readRefColumns(refFile, kind)) ?? [];
-    if (ref.length !== rows.length) throw new UserError(`${refFile}: ${ref.length} rows cached, the data has ${rows.length}; remove the run folder to start over`);
+    if (ref.length !== rows.length) throw new UserError(`${refFile}: ${ref.length} rows cached, the data has ${rows.length}; start again with --overwrite`);
   } else {
+    // No cache, or one without its record (the run stopped between the two writes): compute it.
+    rmSync(idFile, { force: true });
     const scorer = await Scorer.create(base.config, refWeights, runtimeOf(config), tok.padId ?? 0);
     ref = (await scorer.score(kind, rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs', quiet: o.quiet })).logps;
     if (kl) {
@@ -179,6 +250,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     await scorer.release();
     mkdirSync(join(run, 'data'), { recursive: true });
     await writeRefColumns(refFile, kind, ref);
+    writeIdentity(idFile, identity);
   }
 
   // Steps.
@@ -197,9 +269,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     rmSync(artDir, { recursive: true, force: true });
     buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir);
   }
-  writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ...config, loss_params: lossParams });
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
-  log(`steps: ${packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
+  info(`steps: ${packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
 
   let epoch = 0;
   let cursor = 0;
@@ -236,7 +307,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   if (resuming && existsSync(metricsFile)) {
     // Drop rows logged after the checkpoint we resume from: they will be logged again.
     const kept = readFileSync(metricsFile, 'utf8').split('\n').filter((l) => l.trim() && JSON.parse(l).step <= art.step);
-    writeFileSync(metricsFile, kept.map((l) => l + '\n').join(''));
+    writeFileAtomic(metricsFile, kept.map((l) => l + '\n').join(''));
   }
   let order = epochOrder(rows.length, config.seed, epoch);
   const nextBatch = (): TokenizedExample[] => {
@@ -300,10 +371,14 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       progress.stop();
       await art.release();
       const good = lastCheckpoint(run);
-      throw new UserError(
-        `loss is ${metrics.loss} at step ${step}: stopping without applying the update. ` +
-          (good ? `The last good checkpoint is ${good} (resume with --resume after lowering learning_rate).` : 'No checkpoint was written yet (lower learning_rate and start again).'),
-      );
+      // Before any update the learning rate cannot be the cause: the inputs to the first step are.
+      const advice =
+        art.step === 0
+          ? 'No update had been applied yet, so the learning rate is not the cause: the starting weights, the reference log-probs or a loss parameter give a non-finite loss.'
+          : good
+            ? `The last good checkpoint is ${good} (resume with --resume after lowering learning_rate).`
+            : 'No checkpoint was written yet (lower learning_rate and start again).';
+      throw new UserError(`loss is ${metrics.loss} at step ${step}: stopping without applying the update. ${advice}`);
     }
     tokensSeen += tokens;
     const row = {
@@ -317,13 +392,13 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     };
     last = row;
     if (step % config.logging_steps === 0 || step === totalSteps) {
-      writeFileSync(metricsFile, JSON.stringify(row) + '\n', { flag: 'a' });
+      appendLine(metricsFile, JSON.stringify(row));
     }
     const acc = metrics['rewards/accuracies'];
     progress.update(step, { loss: metrics.loss, ...(acc !== undefined ? { acc } : {}), 'tok/s': row['tokens/s'] });
     if (evaluator && config.eval_steps > 0 && step % config.eval_steps === 0 && step !== totalSteps) {
       const ev = await evaluator.evaluate({ config: base.config, weights: currentWeights() }, { quiet: true });
-      writeFileSync(metricsFile, JSON.stringify({ step, split: 'eval', ...ev.overall }) + '\n', { flag: 'a' });
+      appendLine(metricsFile, JSON.stringify({ step, split: 'eval', ...ev.overall }));
     }
     if ((config.save_steps > 0 && step % config.save_steps === 0) || step === totalSteps) {
       const dir = stepDir(run, step);
@@ -343,7 +418,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   if (evaluator) {
     evalSummary = await evaluator.evaluate(finalDir, { quiet: true });
     writeJsonAtomic(join(run, 'eval.json'), evalSummary.overall);
-    writeFileSync(metricsFile, JSON.stringify({ step: totalSteps, split: 'eval', ...evalSummary.overall }) + '\n', { flag: 'a' });
+    appendLine(metricsFile, JSON.stringify({ step: totalSteps, split: 'eval', ...evalSummary.overall }));
   }
   return { steps: totalSteps, seconds: (Date.now() - t0) / 1000, finalDir, config, last, eval: evalSummary };
 }
