@@ -88,8 +88,20 @@ export class Session {
 
   static async create(model: Uint8Array | string, o: RuntimeOptions = {}): Promise<Session> {
     const opts = sessionOptions(o);
-    const s = typeof model === 'string' ? await ort.InferenceSession.create(model, opts) : await ort.InferenceSession.create(model, opts);
-    return new Session(s);
+    try {
+      const s = typeof model === 'string' ? await ort.InferenceSession.create(model, opts) : await ort.InferenceSession.create(model, opts);
+      return new Session(s);
+    } catch (e) {
+      // The binding lists CUDA, but its libraries (or a GPU) are missing: the user's setup, one line.
+      const ep = o.ep ?? 'cpu';
+      if (ep !== 'cpu' && /shared library|cuda|provider/i.test(String((e as Error)?.message))) {
+        throw new UserError(
+          `execution provider "${ep}" could not start (${String((e as Error).message).split('\n')[0]}); ` +
+            'use device=cpu, or install the CUDA build: ONNXRUNTIME_NODE_INSTALL=cuda12 npm install onnxruntime-node',
+        );
+      }
+      throw e;
+    }
   }
 
   get inputNames(): readonly string[] {

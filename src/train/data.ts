@@ -35,6 +35,8 @@ export interface TokenizedExample {
   responseIds: number[][];
   /** KTO: the response of another row, scored after this row's prompt for the KL estimate. */
   klResponseIds?: number[];
+  /** Cut to the length limits, here or when `prefzoo tokenize` stored the ids. */
+  truncated?: boolean;
   src: Example;
 }
 
@@ -146,11 +148,18 @@ export interface TruncationConfig {
 
 /**
  * Tokenizes examples (or takes the ids a tokenized file already holds); rows that had to be
- * truncated are counted, never dropped.
+ * truncated (here, or by `prefzoo tokenize` before) are counted, never dropped.
  */
-export function tokenizeExamples(examples: Example[], tok: LoadedTokenizer, cfg: TruncationConfig, stored?: TokenRow[]): { rows: TokenizedExample[]; truncated: number } {
+export function tokenizeExamples(
+  examples: Example[],
+  tok: LoadedTokenizer,
+  cfg: TruncationConfig,
+  stored?: TokenRow[],
+  onProgress?: (done: number) => void,
+): { rows: TokenizedExample[]; truncated: number } {
   let truncated = 0;
   const rows = examples.map((ex, i) => {
+    if (onProgress && i % 256 === 0) onProgress(i);
     let promptIds: number[] = stored ? stored[i].promptIds : [];
     const responseIds = stored
       ? stored[i].responseIds
@@ -159,7 +168,7 @@ export function tokenizeExamples(examples: Example[], tok: LoadedTokenizer, cfg:
           if (k === 0) promptIds = ids.promptIds;
           return ids.responseIds;
         });
-    let cut = false;
+    let cut = stored?.[i].truncated ?? false;
     if (promptIds.length > cfg.max_prompt_length) {
       promptIds = cfg.truncation === 'keep_end' ? promptIds.slice(-cfg.max_prompt_length) : promptIds.slice(0, cfg.max_prompt_length);
       cut = true;
@@ -173,7 +182,8 @@ export function tokenizeExamples(examples: Example[], tok: LoadedTokenizer, cfg:
       return r;
     });
     if (cut) truncated++;
-    return { promptIds, responseIds: resp, src: ex };
+    return { promptIds, responseIds: resp, truncated: cut, src: ex };
   });
+  onProgress?.(examples.length);
   return { rows, truncated };
 }

@@ -28,7 +28,7 @@ export function register(program: Command): void {
       const max_prompt_length = positiveInt('--max-prompt-length', o.maxPromptLength, Math.min(DEFAULT_CONFIG.max_prompt_length, max_length - 1));
       if (max_prompt_length >= max_length) throw new UserError(`--max-prompt-length (${max_prompt_length}) must be smaller than --max-length (${max_length})`);
       const work = join(tmpdir(), `prefzoo-eval-${process.pid}`);
-      const s = await evaluateRows({ policy: o.model, ref: o.ref, data: o.data, workDir: work, params, quiet: o.quiet || o.json, batchSize: bs, truncation: { max_length, max_prompt_length, truncation: 'keep_end' } }).finally(() => rmSync(work, { recursive: true, force: true }));
+      const s = await evaluateRows({ policy: o.model, ref: o.ref, data: o.data, workDir: work, params, quiet: o.quiet, batchSize: bs, truncation: { max_length, max_prompt_length, truncation: 'keep_end' } }).finally(() => rmSync(work, { recursive: true, force: true }));
       if (o.json) process.stdout.write(JSON.stringify({ kind: s.kind, ...s.overall, by_source: s.bySource }) + '\n');
       else process.stdout.write(formatEvalTable(s) + '\n');
     });

@@ -6,6 +6,8 @@ import { tableExamples, tokenizeExamples } from '../../train/data.ts';
 import { DEFAULT_CONFIG } from '../../train/config.ts';
 import { UserError } from '../errors.ts';
 import { positiveInt } from '../flags.ts';
+import { Progress } from '../progress.ts';
+import { checkOutputFolder } from '../../files.ts';
 
 export function register(program: Command): void {
   program
@@ -17,15 +19,19 @@ export function register(program: Command): void {
     .option('--max-length <n>', 'longest prompt + response in tokens', String(DEFAULT_CONFIG.max_length))
     .option('--max-prompt-length <n>', 'longest prompt in tokens', String(DEFAULT_CONFIG.max_prompt_length))
     .option('--truncation <side>', 'which end of an over-long prompt to keep: keep_start or keep_end', DEFAULT_CONFIG.truncation)
-    .action(async (input: string, o: { model: string; out: string; maxLength: string; maxPromptLength: string; truncation: string }) => {
+    .option('--quiet', 'no progress output')
+    .action(async (input: string, o: { model: string; out: string; maxLength: string; maxPromptLength: string; truncation: string; quiet?: boolean }) => {
       const max_length = positiveInt('--max-length', o.maxLength, DEFAULT_CONFIG.max_length);
       const max_prompt_length = positiveInt('--max-prompt-length', o.maxPromptLength, DEFAULT_CONFIG.max_prompt_length);
       if (max_prompt_length >= max_length) throw new UserError(`--max-prompt-length (${max_prompt_length}) must be smaller than --max-length (${max_length})`);
       if (o.truncation !== 'keep_start' && o.truncation !== 'keep_end') throw new UserError(`--truncation must be keep_start or keep_end, got "${o.truncation}"`);
+      checkOutputFolder(o.out, '-o');
       const tok = loadTokenizer(o.model);
       const { table, meta } = await readCanonical(input);
       const examples = tableExamples(table, meta, input);
-      const { rows, truncated } = tokenizeExamples(examples, tok, { max_length, max_prompt_length, truncation: o.truncation });
+      const progress = new Progress('tokenize', examples.length, { quiet: o.quiet });
+      const { rows, truncated } = tokenizeExamples(examples, tok, { max_length, max_prompt_length, truncation: o.truncation }, undefined, (n) => progress.update(n));
+      progress.stop();
       const out = withTokenColumns(table, meta.kind, rows);
       const files = await writeCanonical(out, meta, o.out);
       const lens = rows.map((r) => r.promptIds.length + Math.max(...r.responseIds.map((x) => x.length)));
