@@ -190,6 +190,26 @@ const sharegpt: Adapter = {
   },
 };
 
+/**
+ * LLaMA-Factory's newer pair samples: `chosen_messages` and `rejected_messages`, each the whole
+ * conversation with content parts `[{type: "text", value}]`; their shared leading turns are the prompt.
+ */
+const llamafactory: Adapter = {
+  name: 'llamafactory',
+  kind: 'pairwise',
+  shape: '{chosen_messages: [{role, content: [{type: "text", value}]}...], rejected_messages: [...]} (shared leading turns are the prompt)',
+  detect: (r) => r.chosen_messages !== undefined || r.rejected_messages !== undefined,
+  toRow(rec, ctx) {
+    const chosen = asMessages(need(rec, 'chosen_messages', ctx), 'chosen_messages');
+    const rejected = asMessages(need(rec, 'rejected_messages', ctx), 'rejected_messages');
+    const n = commonMessages(chosen, rejected);
+    if (n === 0) throw new RecordError('fields "chosen_messages" and "rejected_messages" share no leading turn to take the prompt from', 'chosen_messages');
+    const row: Row = { prompt: chosen.slice(0, n), chosen: chosen.slice(n), rejected: rejected.slice(n) };
+    addOptional(rec, row, 'pairwise', ctx);
+    return row;
+  },
+};
+
 const openai: Adapter = {
   name: 'openai',
   kind: 'pairwise',
@@ -330,7 +350,7 @@ const rewards: Adapter = {
 };
 
 /** Detection order: the most specific signatures first, trl (any chosen/rejected) last. */
-const DETECT_ORDER: readonly Adapter[] = [openai, sharegpt, ultrafeedback, listwise, kto, rewards, hh, trl];
+const DETECT_ORDER: readonly Adapter[] = [openai, sharegpt, llamafactory, ultrafeedback, listwise, kto, rewards, hh, trl];
 
 /** CSV: columns named as any of the other formats (after --map); the kind follows from the columns. */
 const csv: Adapter = {
@@ -345,7 +365,7 @@ const csv: Adapter = {
   },
 };
 
-export const ADAPTERS: Readonly<Record<FormatName, Adapter>> = { trl, sharegpt, hh, ultrafeedback, openai, kto, rewards, listwise, csv };
+export const ADAPTERS: Readonly<Record<FormatName, Adapter>> = { trl, sharegpt, llamafactory, hh, ultrafeedback, openai, kto, rewards, listwise, csv };
 
 /** The adapter whose signature the record has, or null when it looks like no preference format. */
 export function detectFormat(rec: Rec): Adapter | null {

@@ -5,5 +5,5 @@
 export type Kind = 'pairwise' | 'listwise' | 'single';
 export const KINDS: readonly Kind[] = ['pairwise', 'listwise', 'single'];
 
-export const FORMAT_NAMES = ['trl', 'sharegpt', 'hh', 'ultrafeedback', 'openai', 'kto', 'rewards', 'listwise', 'csv'] as const;
+export const FORMAT_NAMES = ['trl', 'sharegpt', 'llamafactory', 'hh', 'ultrafeedback', 'openai', 'kto', 'rewards', 'listwise', 'csv'] as const;
 export type FormatName = (typeof FORMAT_NAMES)[number];

@@ -6,6 +6,7 @@ import { evaluateRows, formatEvalTable } from '../../eval/evaluate.ts';
 import { DEFAULT_CONFIG, parseParams } from '../../train/config.ts';
 import { UserError } from '../errors.ts';
 import { collect, positiveInt } from '../flags.ts';
+import { TIES } from './train.ts';
 
 export function register(program: Command): void {
   program
@@ -19,7 +20,8 @@ export function register(program: Command): void {
     .option('--max-length <n>', 'truncate prompt + response to this many tokens (default 512, at most the model\'s positions)')
     .option('--max-prompt-length <n>', 'truncate prompts to this many tokens, keeping their end (default 256)')
     .option('--json', 'print one JSON line')
-    .option('--quiet', 'no progress output')
+    .option('--quiet', 'no progress output (with --json, progress still goes to stderr unless --quiet)')
+    .addHelpText('after', `\naccuracy, preference_accuracy: ${TIES} The ties column counts them.`)
     .action(async (o: { model: string; ref: string; data: string; param: string[]; batchSize: string; maxLength?: string; maxPromptLength?: string; json?: boolean; quiet?: boolean }) => {
       const params = parseParams(o.param);
       for (const k of Object.keys(params)) if (k !== 'beta') throw new UserError(`--param ${k}: eval takes only beta`);

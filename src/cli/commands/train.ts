@@ -7,6 +7,8 @@ const SETTINGS = Object.entries(DEFAULT_CONFIG)
   .map(([k, v]) => `  ${k}=${JSON.stringify(v)}`)
   .join('\n');
 
+export const TIES = 'Ties: a pair counts as correct only when r(chosen) - r(rejected) exceeds float32 rounding of its log-probs (1e-6 x beta x the sum of their magnitudes); ties count as wrong, as in TRL, so a policy equal to its reference scores 0.';
+
 export function register(program: Command): void {
   program
     .command('train')
@@ -22,7 +24,7 @@ export function register(program: Command): void {
     .option('--ref-on-the-fly', 'compute reference log-probs for every batch instead of caching them once')
     .option('--quiet', 'no progress output')
     .option('--json', 'print a one-line JSON summary when done')
-    .addHelpText('after', `\nSettings (--param key=value or --config), with defaults:\n${SETTINGS}\nAny other key is passed to the loss (e.g. beta, label_smoothing, epsilon, tau).`)
+    .addHelpText('after', `\nSettings (--param key=value or --config), with defaults:\n${SETTINGS}\nAny other key is passed to the loss (e.g. beta, label_smoothing, epsilon, tau).\n\nrewards/accuracies: ${TIES}`)
     .action(async (o: { model: string; data: string; loss: string; out: string; param: string[]; config?: string; resume?: boolean; overwrite?: boolean; refOnTheFly?: boolean; quiet?: boolean; json?: boolean }) => {
       const r = await trainAny({ model: o.model, data: o.data, loss: o.loss, out: o.out, params: o.refOnTheFly ? [...o.param, 'ref_on_the_fly=true'] : o.param, configFile: o.config, resume: o.resume, overwrite: o.overwrite, quiet: o.quiet });
       const summary = { steps: r.steps, seconds: Math.round(r.seconds * 10) / 10, final: r.finalDir, loss: r.last.loss, 'rewards/accuracies': r.last['rewards/accuracies'], ...(r.eval ? { eval: r.eval.overall } : {}) };
