@@ -4,6 +4,9 @@
  */
 import ort from 'onnxruntime-node';
 import { UserError } from '../cli/errors.ts';
+import { existsSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { dirname, join } from 'node:path';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
 
 export type ExecutionProvider = 'cpu' | 'cuda';
@@ -48,15 +51,22 @@ export function toOrt(dtype: DType, data: TypedArray, dims: readonly number[]): 
   return new ort.Tensor(t, data as never, dims);
 }
 
+/**
+ * Whether CUDA can start: the binding lists it, and its provider libraries were installed beside it
+ * (the default install skips them; without them ONNX Runtime logs its own error before failing).
+ */
 export function cudaAvailable(): boolean {
-  return ort.listSupportedBackends().some((b) => b.name === 'cuda');
+  if (!ort.listSupportedBackends().some((b) => b.name === 'cuda')) return false;
+  const binding = createRequire(import.meta.url).resolve('onnxruntime-node');
+  const binDir = join(dirname(binding), '..', 'bin', 'napi-v6', process.platform, process.arch);
+  return !existsSync(binDir) || existsSync(join(binDir, process.platform === 'win32' ? 'onnxruntime_providers_cuda.dll' : 'libonnxruntime_providers_cuda.so'));
 }
 
 function sessionOptions(o: RuntimeOptions): ort.InferenceSession.SessionOptions {
   const ep = o.ep ?? 'cpu';
   if (ep === 'cuda' && !cudaAvailable()) {
     throw new UserError(
-      'execution provider "cuda" is not available: this onnxruntime-node build is CPU-only. ' +
+      'execution provider "cuda" is not available: this onnxruntime-node install has no CUDA libraries. ' +
         'Reinstall it with CUDA binaries: ONNXRUNTIME_NODE_INSTALL=cuda12 npm install onnxruntime-node',
     );
   }

@@ -304,8 +304,9 @@ async function trainIn(
   };
 
   const metricsFile = join(run, 'metrics.jsonl');
-  if (resuming && existsSync(metricsFile)) {
-    // Drop rows logged after the checkpoint we resume from: they will be logged again.
+  if (existsSync(metricsFile)) {
+    // Drop rows logged after the checkpoint we resume from (all of them when a --resume found no
+    // complete checkpoint and starts over): they will be logged again.
     const kept = readFileSync(metricsFile, 'utf8').split('\n').filter((l) => l.trim() && JSON.parse(l).step <= art.step);
     writeFileAtomic(metricsFile, kept.map((l) => l + '\n').join(''));
   }
