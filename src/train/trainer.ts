@@ -4,10 +4,11 @@
  * final model in HF layout.
  *
  * Run folder:
- *   config.json            the resolved TrainConfig + loss + model (written first)
+ *   config.json            the resolved TrainConfig + loss + model (written before the reference)
  *   data/                  the converted input (when it was not canonical Parquet) and the
  *                          reference cache `reference.parquet` (ref_chosen_logp, ref_rejected_logp, …
- *                          one row per training example, in data order)
+ *                          one row per training example, in data order), with `reference.json`,
+ *                          the record of what made it (identity.ts)
  *   artifacts/             training_model.onnx, eval_model.onnx, optimizer_model.onnx, artifacts.json
  *   checkpoints/step-N/    params + optimizer state + state.json, every save_steps
  *   metrics.jsonl          one row per logging step (and `split: "eval"` rows)
