@@ -13,7 +13,7 @@ import * as pw from 'parquet-wasm';
 import * as arrow from 'apache-arrow';
 import { initModelFolder } from '../src/models/init.ts';
 import { readCanonical, writeCanonical } from '../datasets/parquet.ts';
-import { cli, expectOneLineError, holds, killWhen, smallDisk, temporaries, type SmallDisk } from './helpers/faults.ts';
+import { cli, expectOneLineError, holds, killWhen, signalWhen, smallDisk, temporaries, type SmallDisk } from './helpers/faults.ts';
 
 const SHAREGPT = '/work/shared/data/dpo_en_demo.json';
 let dir: string;
@@ -82,7 +82,7 @@ describe('a disk that fills up (tmpfs of 3 MB, or a file-size limit where mounti
   it('tokenize: exit 1, one line, the input untouched and no output or temporaries', () => {
     const sub = join(disk.dir, 't1');
     mkdirSync(sub);
-    const r = disk.run(['tokenize', small, '--model', model, '-o', join(sub, 'd.tok.parquet'), '--quiet'], { room: 64 * 1024 });
+    const r = disk.run(['tokenize', small, '--model', model, '-o', join(sub, 'd.tok.parquet')], { room: 64 * 1024 });
     expectOneLineError(r, disk.expected);
     expect(readdirSync(sub)).toEqual([]);
     rmSync(sub, { recursive: true });
@@ -102,13 +102,22 @@ describe('kill -9 in the middle of a write', () => {
     expect((await readCanonical(out)).table.numRows).toBe(400);
   });
 
+  it('Ctrl-C (SIGINT) instead: exit 130 and the temporaries are gone at once', async () => {
+    const sub = join(dir, 'k3');
+    mkdirSync(sub);
+    const r = await signalWhen(['convert', bigJsonl, '-o', join(sub, 'big.parquet')], () => temporaries(sub).length > 0, 'SIGINT');
+    expect(r.code).toBe(130);
+    expect(r.stderr.trim()).toBe('prefzoo: stopped by SIGINT; temporary files removed');
+    expect(readdirSync(sub)).toEqual([]);
+  });
+
   it('tokenize: the same for its output', async () => {
     const sub = join(dir, 'k2');
     mkdirSync(sub);
     const out = join(sub, 'd.tok.parquet');
-    await killWhen(['tokenize', small, '--model', model, '-o', out, '--quiet'], () => temporaries(sub).length > 0);
+    await killWhen(['tokenize', small, '--model', model, '-o', out], () => temporaries(sub).length > 0);
     expect(existsSync(out)).toBe(false);
-    const r = cli(['tokenize', small, '--model', model, '-o', out, '--quiet']);
+    const r = cli(['tokenize', small, '--model', model, '-o', out]);
     expect(r.status, r.stderr).toBe(0);
     expect(temporaries(sub)).toEqual([]);
     expect((await readCanonical(out)).table.numRows).toBe(100);

@@ -138,7 +138,7 @@ describe('numbers that must not mislead', () => {
     const canonical = join(dir, 'pairs.parquet');
     expect(cli(['convert', pairs, '-o', canonical]).status).toBe(0);
     const tok = join(dir, 'pairs.tok.parquet');
-    const t = cli(['tokenize', canonical, '--model', m1, '-o', tok, '--max-length', '6', '--max-prompt-length', '4', '--quiet']);
+    const t = cli(['tokenize', canonical, '--model', m1, '-o', tok, '--max-length', '6', '--max-prompt-length', '4']);
     expect(t.status, t.stderr).toBe(0);
     const cut = Number(/(\d+) truncated/.exec(t.stdout)![1]);
     expect(cut).toBeGreaterThan(0);

@@ -67,6 +67,28 @@ export function killWhen(args: string[], when: () => boolean, env: Record<string
   });
 }
 
+/** Like killWhen with a catchable signal (Ctrl-C is SIGINT): resolves with the exit code and stderr. */
+export function signalWhen(args: string[], when: () => boolean, signal: NodeJS.Signals): Promise<{ code: number | null; stderr: string }> {
+  return new Promise((done, fail) => {
+    const child = spawn(process.execPath, [bin, ...args], { stdio: ['ignore', 'ignore', 'pipe'] });
+    let err = '';
+    let sent = false;
+    child.stderr.on('data', (d) => (err += d));
+    const timer = setInterval(() => {
+      if (when()) {
+        child.kill(signal);
+        sent = true;
+        clearInterval(timer);
+      }
+    }, 3);
+    child.on('exit', (code) => {
+      clearInterval(timer);
+      if (sent) done({ code, stderr: err });
+      else fail(new Error(`prefzoo ${args[0]} ended (code ${code}) before the signal; stderr: ${err}`));
+    });
+  });
+}
+
 /** Whether `dir` (searched to any depth) holds a file or folder whose name matches `re`. */
 export function holds(dir: string, re: RegExp): boolean {
   if (!existsSync(dir)) return false;
