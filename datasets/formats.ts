@@ -45,6 +45,8 @@ export interface Adapter {
 export { type FormatName, FORMAT_NAMES };
 
 const ID_KEYS = ['id', 'prompt_id'];
+/** Names rationale columns go by in published rationale-enriched preference sets; --map covers others. */
+const RATIONALE_KEYS = ['rationale', 'rationales', 'explanation', 'preference_rationale'];
 
 /** Optional canonical columns any record may carry, under their canonical names or common aliases. */
 function addOptional(rec: Rec, row: Row, kind: Kind, ctx: FieldContext): void {
@@ -61,6 +63,12 @@ function addOptional(rec: Rec, row: Row, kind: Kind, ctx: FieldContext): void {
     num('chosen_prob', ['chosen_prob']);
     num('rejected_prob', ['rejected_prob']);
     num('weight', ['weight']);
+    const rk = firstKey(rec, RATIONALE_KEYS);
+    if (rk && rec[rk] !== null && rec[rk] !== undefined) {
+      if (typeof rec[rk] !== 'string') throw new RecordError(`field "${rk}" must be text (a rationale), found ${describe(rec[rk])}`, rk);
+      // An empty rationale is no rationale: the row adds nothing to the rationale term.
+      if ((rec[rk] as string).trim() !== '') row.rationale = rec[rk];
+    }
   } else if (kind === 'listwise') {
     if (rec.win_probs !== undefined) row.win_probs = asNumbers(rec.win_probs, 'win_probs', ctx);
   } else {

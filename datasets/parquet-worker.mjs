@@ -17,9 +17,18 @@ function properties() {
     // Min/max of long texts prune nothing and cost ~10% of encoding time.
     .setStatisticsEnabled(pw.EnabledStatistics.None)
     .setMaxRowGroupSize(1 << 20)
-    .setMaxRowGroupBytes(rowGroupBytes)
+    // The writer checks this after each batch it is handed: 1 makes every slice (below) its own
+    // row group, flushed to disk at once, so the shard's size on disk is known as it grows.
+    .setMaxRowGroupBytes(1)
     .build();
 }
+
+/**
+ * A shard is closed once its bytes on disk come within one slice of shardBytes; a slice is about
+ * 1/SLICES_PER_SHARD of a shard once compressed (and at most rowGroupBytes uncompressed), so a
+ * shard ends within a few percent of --shard-size (the last one may be smaller).
+ */
+const SLICES_PER_SHARD = 40;
 
 /** One Parquet file: a pull-driven stream of batches into parquet-wasm's streaming writer. */
 class Shard {
@@ -27,6 +36,8 @@ class Shard {
     this.path = path;
     this.fh = fh;
     this.bytes = 0;
+    /** Arrow bytes handed to the writer (for the compression ratio). */
+    this.arrowBytes = 0;
     this.failure = null;
     this.wake = null;
     const src = new ReadableStream(
@@ -89,19 +100,54 @@ class Shard {
 
 let current = null;
 const done = [];
+/**
+ * Bytes on disk per Arrow byte: measured on the first slice alone (encoded once more, into memory)
+ * until a shard is done, then that shard's own ratio.
+ */
+let ratio = null;
+
+/** Encoded bytes of `batch` alone, less those of an empty file with the same schema. */
+function trialRatio(batch, arrowBytes) {
+  const encode = (b) => {
+    // writeParquet takes ownership of the table (and frees it).
+    return pw.writeParquet(pw.Table.fromIPCStream(b.intoIPCStream()), properties()).byteLength;
+  };
+  return Math.max(1e-3, (encode(batch.slice(0, batch.numRows)) - encode(batch.slice(0, 0))) / Math.max(1, arrowBytes));
+}
 
 async function write(ipc) {
   const table = pw.Table.fromIPCStream(ipc);
   const batches = table.recordBatches();
   // Free now: left to the garbage collector, whose heap here is tiny, wasm memory only grows.
   table.free();
-  if (current && current.bytes >= shardBytes) {
-    await current.close();
-    done.push(current.path);
-    current = null;
+  // Arrow bytes per row, from the IPC message (getArrayMemorySize counts whole shared buffers).
+  const perRow = ipc.byteLength / Math.max(1, batches.reduce((n, b) => n + b.numRows, 0));
+  for (const b of batches) {
+    if (ratio === null && b.numRows > 0) {
+      const probe = Math.max(1, Math.min(b.numRows, Math.floor(shardBytes / SLICES_PER_SHARD / Math.max(1, perRow))));
+      ratio = trialRatio(b.slice(0, probe), perRow * probe);
+    }
+    const sliceArrow = Math.min(rowGroupBytes, shardBytes / SLICES_PER_SHARD / (ratio ?? 1));
+    const rows = Math.max(1, Math.floor(sliceArrow / Math.max(1, perRow)));
+    let at = 0;
+    do {
+      // Bytes reach the disk some slices after they are handed over: the slices in flight are
+      // counted at the compression ratio.
+      const size = current ? Math.max(current.bytes, current.arrowBytes * (ratio ?? 0)) : 0;
+      if (current && size >= shardBytes - shardBytes / SLICES_PER_SHARD) {
+        await current.close();
+        if (current.arrowBytes > 0) ratio = current.bytes / current.arrowBytes;
+        done.push(current.path);
+        current = null;
+      }
+      current ??= await Shard.create(`${tmpStem}.${done.length}`);
+      const n = Math.min(rows, b.numRows - at);
+      const piece = n === b.numRows ? b : b.slice(at, n);
+      current.arrowBytes += perRow * n;
+      await current.push(piece);
+      at += n;
+    } while (at < b.numRows);
   }
-  current ??= await Shard.create(`${tmpStem}.${done.length}`);
-  for (const b of batches) await current.push(b);
 }
 
 async function close() {

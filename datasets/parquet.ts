@@ -6,7 +6,7 @@
  */
 import * as arrow from 'apache-arrow';
 import type * as PW from 'parquet-wasm';
-import { existsSync, openAsBlob, readdirSync } from 'node:fs';
+import { existsSync, openAsBlob, readdirSync, statSync } from 'node:fs';
 import { readFile, rename, rm } from 'node:fs/promises';
 import { Worker } from 'node:worker_threads';
 import { basename, dirname, join } from 'node:path';
@@ -342,6 +342,109 @@ export function datasetFiles(path: string): string[] {
   return shards.map((f) => join(dir, f));
 }
 
+/** Glob characters in a file-name pattern (`*`, `?`, `[…]`). */
+const GLOB = /[*?[]/;
+
+function globRegex(pattern: string): RegExp {
+  let re = '';
+  for (let i = 0; i < pattern.length; i++) {
+    const c = pattern[i];
+    if (c === '*') re += '[^/]*';
+    else if (c === '?') re += '[^/]';
+    else if (c === '[') {
+      const end = pattern.indexOf(']', i + 1);
+      if (end < 0) throw new UserError(`${pattern}: unclosed "[" in the file pattern`);
+      const body = pattern.slice(i + 1, end).replace(/\\/g, '\\\\');
+      re += `[${body.startsWith('!') ? '^' + body.slice(1) : body}]`;
+      i = end;
+    } else re += c.replace(/[.+^${}()|\\]/g, '\\$&');
+  }
+  return new RegExp(`^${re}$`);
+}
+
+/**
+ * The files a dataset argument names, in order: a file; the `NAME-0000i-of-0000N.parquet` shards of
+ * NAME.parquet; every `*.parquet` file of a directory (what `convert --shard-size` writes, or a
+ * dataset downloaded as Parquet shards); or a glob in the file name (`data/train-*.parquet`).
+ */
+export function resolveDataset(spec: string): string[] {
+  if (existsSync(spec) && statSync(spec).isDirectory()) {
+    const files = readdirSync(spec).filter((f) => f.endsWith('.parquet') && !f.startsWith('.')).sort();
+    if (files.length === 0) throw new UserError(`${spec}: directory holds no .parquet files`);
+    return files.map((f) => join(spec, f));
+  }
+  const dir = dirname(spec);
+  const name = basename(spec);
+  if (!existsSync(spec) && GLOB.test(dir)) throw new UserError(`${spec}: a pattern may only use *, ? and [...] in the file name, not in the folders`);
+  if (!existsSync(spec) && GLOB.test(name)) {
+    const re = globRegex(name);
+    const files = existsSync(dir) ? readdirSync(dir).filter((f) => re.test(f) && !f.startsWith('.')).sort() : [];
+    if (files.length === 0) throw new UserError(`${spec}: no file matches`);
+    return files.map((f) => join(dir, f));
+  }
+  if (!existsSync(spec) && !spec.endsWith('.parquet')) throw new UserError(`${spec}: no such file`);
+  return datasetFiles(spec);
+}
+
+/** The `prefzoo` metadata of a Parquet file (null: none, or not a readable Parquet file). */
+export async function canonicalMeta(file: string): Promise<PrefzooMeta | null> {
+  if (!/\.parquet(\.gz)?$/.test(file)) return null;
+  let md: Map<string, string>;
+  try {
+    md = (await parquetFooter(file)).metadata;
+  } catch {
+    return null;
+  }
+  try {
+    return parseMeta(md.get(META_KEY));
+  } catch (e) {
+    throw new UserError(`${file}: ${errorText(e)}`);
+  }
+}
+
+export interface CanonicalBatch {
+  batch: arrow.RecordBatch;
+  meta: PrefzooMeta;
+  file: string;
+  /** Index of the batch's first row within its file. */
+  fileRow: number;
+}
+
+/**
+ * Streams the rows of a canonical dataset (one file, shards, a directory or a glob: resolveDataset),
+ * file after file and batch after batch, so that no file is held whole; each file's metadata and
+ * columns are checked, and every file must hold the kind and text mode of the first. Stops after
+ * `maxRows` rows (0: all).
+ */
+export async function* readCanonicalBatches(spec: string | string[], o: { maxRows?: number; batchRows?: number } = {}): AsyncGenerator<CanonicalBatch> {
+  const files = Array.isArray(spec) ? spec : resolveDataset(spec);
+  let left = o.maxRows && o.maxRows > 0 ? o.maxRows : Infinity;
+  let first: PrefzooMeta | null = null;
+  for (const f of files) {
+    if (left <= 0) return;
+    const m = await canonicalMeta(f);
+    if (!m) throw new UserError(`${f}: no "${META_KEY}" metadata; convert it first with \`prefzoo convert\``);
+    if (first && (first.kind !== m.kind || first.text !== m.text)) {
+      throw new UserError(`${f}: holds ${m.kind}/${m.text} data, ${files[0]} holds ${first.kind}/${first.text}`);
+    }
+    first ??= m;
+    let fileRow = 0;
+    let checked = false;
+    for await (const b of readParquetBatches(f, o.batchRows)) {
+      if (!checked) {
+        const problems = schemaProblems(b.schema, m);
+        if (problems.length) throw new UserError(`${f}: not a canonical ${m.kind} dataset: ${problems.join('; ')}`);
+        checked = true;
+      }
+      const batch = b.numRows > left ? b.slice(0, left) : b;
+      yield { batch, meta: m, file: f, fileRow };
+      fileRow += batch.numRows;
+      left -= batch.numRows;
+      if (left <= 0) return;
+    }
+  }
+}
+
 export interface Canonical {
   table: arrow.Table;
   meta: PrefzooMeta;
@@ -349,11 +452,11 @@ export interface Canonical {
 }
 
 /**
- * Reads a canonical dataset (one file or all its shards) back into one Arrow Table, checking its
+ * Reads a canonical dataset (a file, its shards, a directory or a glob: resolveDataset; or a list of files) back into one Arrow Table, checking its
  * `prefzoo` metadata and required columns.
  */
-export async function readCanonical(path: string): Promise<Canonical> {
-  const files = datasetFiles(path);
+export async function readCanonical(path: string | string[]): Promise<Canonical> {
+  const files = Array.isArray(path) ? path : resolveDataset(path);
   const pw = await parquetWasm();
   const tables: arrow.Table[] = [];
   let meta: PrefzooMeta | null = null;

@@ -59,6 +59,9 @@ export const COLUMN_CLASS: Readonly<Record<string, ColumnClass>> = {
   weight: 'float',
   id: 'string',
   source: 'string',
+  // Free text explaining why chosen beats rejected ("Data-Centric Human Preference Optimization with
+  // Rationales", 2024); null on rows that have none.
+  rationale: 'string',
 };
 
 export interface KindSpec {
@@ -71,7 +74,7 @@ export interface KindSpec {
 export const KIND_SPECS: Readonly<Record<Kind, KindSpec>> = {
   pairwise: {
     required: ['prompt', 'chosen', 'rejected'],
-    optional: ['id', 'chosen_score', 'rejected_score', 'chosen_prob', 'rejected_prob', 'weight', 'source'],
+    optional: ['id', 'chosen_score', 'rejected_score', 'chosen_prob', 'rejected_prob', 'weight', 'source', 'rationale'],
   },
   listwise: { required: ['prompt', 'responses', 'scores'], optional: ['id', 'win_probs', 'source'] },
   // `reward` or `label` (at least one) is checked by validation, so both sit in optional here.

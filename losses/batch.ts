@@ -4,7 +4,9 @@
  * pairwise  [B]:    policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps,
  *                   chosen_tokens, rejected_tokens, chosen_probs, rejected_probs (SPPO win-rates),
  *                   chosen_scores, rejected_scores (reward-model scores, MPO's split),
- *                   chosen_wpo_logps, rejected_wpo_logps (WPO's sampling-aligned log-probs)
+ *                   chosen_wpo_logps, rejected_wpo_logps (WPO's sampling-aligned log-probs),
+ *                   policy_rationale_logps, rationale_mask (the rationale term: summed log-prob of
+ *                   each row's rationale, 1 where the row has one)
  * listwise  [B, K]: policy_logps, ref_logps, scores (labels ψ, higher is better), mask (1 = real entry),
  *                   win_probs (SPPO)
  * single    [B]:    policy_logps, ref_logps, rewards, values (DRO), labels (KTO: 1 desirable, 0 not),
@@ -18,7 +20,7 @@ import type { HostBatch, HostTensor, Kind, KeySet } from './types.ts';
 export const PAIR_KEYS = [
   'policy_chosen_logps', 'policy_rejected_logps', 'ref_chosen_logps', 'ref_rejected_logps',
   'chosen_tokens', 'rejected_tokens', 'chosen_probs', 'rejected_probs', 'chosen_scores', 'rejected_scores',
-  'chosen_wpo_logps', 'rejected_wpo_logps', 'weight',
+  'chosen_wpo_logps', 'rejected_wpo_logps', 'policy_rationale_logps', 'rationale_mask', 'weight',
 ] as const;
 export const LIST_KEYS = ['policy_logps', 'ref_logps', 'scores', 'mask', 'win_probs', 'weight'] as const;
 export const SINGLE_KEYS = [
@@ -44,7 +46,7 @@ type Domain = 'real' | 'positive' | 'prob' | 'binary' | 'nonneg';
 function domainOf(key: string): Domain {
   if (key.endsWith('_tokens')) return 'positive';
   if (key.endsWith('_probs') || key === 'probs' || key === 'win_probs') return 'prob';
-  if (key === 'mask' || key === 'labels') return 'binary';
+  if (key === 'mask' || key === 'labels' || key === 'rationale_mask') return 'binary';
   if (key === 'weight') return 'nonneg';
   return 'real';
 }

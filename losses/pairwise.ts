@@ -15,8 +15,14 @@
  *   logits), else the policy log-probs (the paper's length-normalised sequence probability).
  * - `rpo_alpha` — "Iterative Reasoning Preference Optimization" (2024): adds α·(−logp(w)/n(w)),
  *   the per-token NLL of the chosen response.
+ * - `rationale_weight` — "Data-Centric Human Preference Optimization with Rationales" (2024): adds
+ *   γ·(−log π(r | x, y_w, y_l)), the summed NLL of the pair's rationale r (`policy_rationale_logps`),
+ *   on rows whose `rationale_mask` is 1; rows without a rationale add nothing. Every loss built here
+ *   takes it; the trainer lays out the rationale's prompt (src/train/rationale.ts).
  * - TR-DPO ("Learn Your Reference Model for Real Good Alignment", 2024) updates π_ref during
- *   training; that is the trainer's reference syncing, not a loss term.
+ *   training; that is the trainer's reference syncing (`sync_ref_model`), not a loss term.
+ * - LD-DPO's `ld_alpha` changes how the policy log-probs are summed over tokens, so it is a trainer
+ *   setting too (src/train/batch.ts), not a loss term.
  */
 import type { Graph, Tensor } from '../src/onnx/graph.ts';
 import { UserError } from '../src/cli/errors.ts';
@@ -49,7 +55,14 @@ export const OPTION_SPECS = {
   rpo_alpha: {
     name: 'rpo_alpha', type: 'number', default: 0, min: 0, doc: 'adds α·(−logp(w)/n(w)), the NLL of the chosen response (RPO)',
   },
+  rationale_weight: {
+    name: 'rationale_weight', type: 'number', default: 0, min: 0,
+    doc: 'adds γ·(−log π(rationale | prompt, chosen, rejected)) on rows that have a rationale',
+  },
 } satisfies Record<string, ParamSpec>;
+
+/** Batch keys of the rationale term: the policy's summed log-prob of each row's rationale, and 1 where a row has one. */
+export const RATIONALE_KEYS = ['policy_rationale_logps', 'rationale_mask'] as const;
 
 /** Parameters the pairwise options read (present when the loss supports them). */
 interface OptionParams {
@@ -57,6 +70,7 @@ interface OptionParams {
   f_alpha?: number;
   wpo?: boolean;
   rpo_alpha?: number;
+  rationale_weight?: number;
   beta?: number;
 }
 
@@ -194,6 +208,7 @@ function requiredKeys(def: PairwiseDef<Params>, p: Params): string[] {
   const extra: string[] = [];
   if (p.wpo) extra.push(...LOGP_KEYS, 'chosen_tokens', 'rejected_tokens');
   if (((p.rpo_alpha as number | undefined) ?? 0) > 0) extra.push('policy_chosen_logps', 'chosen_tokens');
+  if (((p.rationale_weight as number | undefined) ?? 0) > 0) extra.push(...RATIONALE_KEYS);
   return [...new Set([...base, ...extra])];
 }
 
@@ -202,6 +217,7 @@ export function pairwiseLoss<P extends Params>(def: PairwiseDef<P>): LossModule<
   const params: ParamSpec[] = [
     ...def.params,
     ...def.options.flatMap((o): ParamSpec[] => (o === 'f_divergence' ? [OPTION_SPECS.f_divergence, OPTION_SPECS.f_alpha] : [OPTION_SPECS[o]])),
+    OPTION_SPECS.rationale_weight,
   ];
   const d = def as unknown as PairwiseDef<Params>;
   return {
@@ -221,7 +237,7 @@ export function pairwiseLoss<P extends Params>(def: PairwiseDef<P>): LossModule<
       return { required: requiredKeys(d, p), optional };
     },
     grads(p: P): string[] {
-      return LOGP_KEYS.filter((k) => requiredKeys(d, p).includes(k));
+      return [...LOGP_KEYS, 'policy_rationale_logps'].filter((k) => requiredKeys(d, p).includes(k));
     },
     ref(batch: HostBatch, p: P, coef: Float64Array): RefResult {
       const h = new PairHost(batch, p);
@@ -250,11 +266,21 @@ export function pairwiseLoss<P extends Params>(def: PairwiseDef<P>): LossModule<
       const keys = requiredKeys(d, p);
       if (keys.includes('policy_chosen_logps')) grad.policy_chosen_logps = dw.map((v, i) => v * coef[i]);
       if (keys.includes('policy_rejected_logps')) grad.policy_rejected_logps = dl.map((v, i) => v * coef[i]);
+      const gamma = (p.rationale_weight as number | undefined) ?? 0;
+      let rationaleNll: number | undefined;
+      if (gamma > 0) {
+        const lr = h.key('policy_rationale_logps');
+        const m = h.key('rationale_mask');
+        for (let i = 0; i < h.B; i++) value[i] += gamma * m[i] * -lr[i];
+        grad.policy_rationale_logps = m.map((v, i) => -gamma * v * coef[i]);
+        const n = m.reduce((a, v) => a + v, 0);
+        rationaleNll = m.reduce((a, v, i) => a + v * -lr[i], 0) / Math.max(n, 1);
+      }
       const rewards = core.rewards ?? defaultRewardsRef(h, p);
       const metrics = rewards
         ? pairMetricsRef(rewards.chosen, rewards.rejected, h.has('policy_chosen_logps') ? h.pw : undefined, h.has('policy_rejected_logps') ? h.pl : undefined, rewards.tol)
         : undefined;
-      return { perExample: Array.from(value), grad, metrics };
+      return { perExample: Array.from(value), grad, metrics: rationaleNll !== undefined ? { ...metrics, 'nll/rationale': rationaleNll } : metrics };
     },
     emit(g: Graph, inputs: BatchTensors, p: P): EmitResult {
       return g.scope(def.name, () => {
@@ -269,11 +295,20 @@ export function pairwiseLoss<P extends Params>(def: PairwiseDef<P>): LossModule<
         }
         const alpha = (p.rpo_alpha as number | undefined) ?? 0;
         if (alpha > 0) per = g.add(per, g.mul(g.div(t.pw, t.nw), -alpha));
+        const gamma = (p.rationale_weight as number | undefined) ?? 0;
+        let rationaleNll: Tensor | undefined;
+        if (gamma > 0) {
+          // mask · (−logp(r)); masked rows read a log-prob of 0 but are multiplied out anyway.
+          const nll = g.mul(t.key('rationale_mask'), g.neg(t.key('policy_rationale_logps')));
+          per = g.add(per, g.mul(nll, gamma));
+          const n = g.max(g.reduceSum(t.key('rationale_mask'), undefined, false), g.constant(1, nll.dtype));
+          rationaleNll = g.stopGradient(g.div(g.reduceSum(nll, undefined, false), n));
+        }
         const rewards = core.rewards ?? defaultRewardsGraph(t, p);
         const metrics = rewards
           ? pairMetrics(g, rewards.chosen, rewards.rejected, t.has('policy_chosen_logps') ? t.pw : undefined, t.has('policy_rejected_logps') ? t.pl : undefined, rewards.tol)
           : undefined;
-        return { perExample: per, metrics };
+        return { perExample: per, metrics: rationaleNll ? { ...metrics, 'nll/rationale': rationaleNll } : metrics };
       });
     },
   };

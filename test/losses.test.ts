@@ -202,6 +202,9 @@ const CASES: Case[] = [
   { spec: 'dpo', params: { f_divergence: 'js' } },
   { spec: 'dpo', params: { f_divergence: 'alpha_divergence', f_alpha: 0.3 } },
   { spec: 'dpo', params: { wpo: true, rpo_alpha: 0.5 } },
+  // Rationale NLL on rows 0, 2, 3 only (rows 1 and 4 have none: their rationale log-probs must not matter).
+  { spec: 'dpo', params: { rationale_weight: 0.7 }, weighted: true, extra: { policy_rationale_logps: [-12.5, -3.25, -30, -7.75, -1e4], rationale_mask: [1, 0, 1, 1, 0] } },
+  { spec: 'simpo', params: { rationale_weight: 2 }, weighted: true, extra: { policy_rationale_logps: [-2, -4, -6, -8, -10], rationale_mask: [0, 1, 0, 1, 1] } },
   { spec: 'dpo', params: { wpo: true }, drop: ['chosen_wpo_logps', 'rejected_wpo_logps'], stopsGradient: true },
   { spec: 'ipo' },
   { spec: 'ipo', params: { length_normalize: false, f_divergence: 'js' } },
@@ -447,6 +450,17 @@ describe('hand values from the formulas', () => {
     const w = Math.exp((0.5 - 10) / 2 + (-0.7 - 10) / 4);
     expect(refOf('dpo', { wpo: true }, b).loss).toBeCloseTo(w * sp(-0.1 * 1.2), 14);
     expect(refOf('dpo', { rpo_alpha: 2 }, b).loss).toBeCloseTo(sp(-0.1 * 1.2) + 2 * (9.5 / 2), 13);
+  });
+
+  it('the rationale term: γ·(−log π(r)) on rows with a rationale, nothing on rows without', () => {
+    const b = pairBatch([0.5, -0.2, 1], [-0.7, 0.3, 0], { policy_rationale_logps: [-6, -1e3, -2], rationale_mask: [1, 0, 1] });
+    const dpo = (sp(-0.1 * 1.2) + sp(-0.1 * -0.5) + sp(-0.1 * 1)) / 3;
+    const r = refOf('dpo', { rationale_weight: 0.5 }, b);
+    expect(r.loss).toBeCloseTo(dpo + (0.5 * (6 + 2)) / 3, 13);
+    expect(r.metrics['nll/rationale']).toBeCloseTo(4, 13);
+    expect(Array.from(r.grad.policy_rationale_logps, (v) => v + 0)).toEqual([-0.5 / 3, 0, -0.5 / 3]);
+    // Weight 0 (the default) reads no rationale columns at all.
+    expect(resolveLoss('dpo', {}).keys('pairwise').required).not.toContain('policy_rationale_logps');
   });
 });
 

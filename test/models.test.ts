@@ -319,7 +319,9 @@ describe('policy and adapters-off reference in one graph', () => {
     g.output(sequenceLogps(g, policy, lossMask).logp, 'policy');
     g.output(sequenceLogps(g, reference, lossMask).logp, 'reference');
     expect(g.inputs.length).toBe(3 + params.size);
-    expect(g.nodes.filter((n) => n.op === 'CumSum')).toHaveLength(1);
+    // One batch index: its positions and its causal key/query index are one running count each (a
+    // second, unshared index would make four).
+    expect(g.nodes.filter((n) => n.op === 'CumSum')).toHaveLength(2);
     const s = await Session.create(serializeModel(g));
     const B = 2;
     const T = 6;

@@ -21,6 +21,7 @@ import { Graph, OPSET, attr, type Node, type Shape, type Tensor } from '../onnx/
 import type { DType, TypedArray } from '../onnx/dtype.ts';
 import { isFloat } from '../onnx/dtype.ts';
 import { saveModel } from '../onnx/proto.ts';
+import { lowerForWebGpu } from '../onnx/lower.ts';
 import { gradients } from '../autodiff/index.ts';
 import { zerosLike } from '../autodiff/shape.ts';
 import { UserError } from '../cli/errors.ts';
@@ -30,7 +31,7 @@ import { elideBroadcastExpands, foldOutputIdentities, foldScatterAddIntoSum, isZ
 import { fuseOptimizer } from './fuse.ts';
 import { writeCheckpoint, type CheckpointTensor } from './checkpoint.ts';
 import { writeFileAtomic } from './safetensors.ts';
-import { ARTIFACT_FILES, MANIFEST_VERSION, TRAIN_IO, type ArtifactsManifest, type GraphIO } from './manifest.ts';
+import { ARTIFACT_FILES, MANIFEST_VERSION, TRAIN_IO, type ArtifactTarget, type ArtifactsManifest, type GraphIO } from './manifest.ts';
 
 export interface ParamSpec {
   /** The checkpoint name (e.g. `model.layers.0.mlp.up_proj.weight`); also the graph input name. */
@@ -194,7 +195,8 @@ export function buildEvalGraph(spec: ArtifactSpec): Graph {
 }
 
 /** Writes the artifacts folder `outDir` (created if needed) and returns its manifest. */
-export function buildArtifacts(spec: ArtifactSpec, outDir: string): ArtifactsManifest {
+export function buildArtifacts(spec: ArtifactSpec, outDir: string, opts: { target?: ArtifactTarget } = {}): ArtifactsManifest {
+  const target = opts.target ?? 'cpu';
   checkSpec(spec);
   const trainable = spec.params.filter((p) => p.trainable);
   const dtype = trainable[0].dtype as 'float32' | 'float64';
@@ -210,6 +212,7 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string): ArtifactsMan
     elideBroadcastExpands(g);
     foldScatterAddIntoSum(g);
     foldOutputIdentities(g);
+    if (target === 'webgpu') lowerForWebGpu(g);
   }
   fs.mkdirSync(outDir, { recursive: true });
   saveModel(training.graph, path.join(outDir, ARTIFACT_FILES.training));
@@ -223,7 +226,9 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string): ArtifactsMan
     version: MANIFEST_VERSION,
     opset: OPSET,
     params: spec.params.map((p) => ({ name: p.name, dtype: p.dtype, shape: p.shape, trainable: p.trainable, decay: p.decay ?? defaultDecay(p.name, p.shape) })),
-    batchInputs: spec.batchInputs.map((b) => ({ name: b.name, dtype: b.dtype, shape: b.shape })),
+    target,
+    // Lowered graphs take int32 where the spec says int64 (see src/onnx/lower.ts).
+    batchInputs: spec.batchInputs.map((b) => ({ name: b.name, dtype: [...training.graph.inputs, ...evalGraph.inputs].find((i) => i.name === b.name)?.dtype ?? b.dtype, shape: b.shape })),
     training: {
       file: ARTIFACT_FILES.training,
       ...graphIO(training.graph),

@@ -64,8 +64,17 @@ function toWrite(tensors: Map<string, CheckpointTensor>) {
   return out;
 }
 
-/** Writes a checkpoint folder atomically (see the module comment). */
-export function writeCheckpoint(dir: string, params: Map<string, CheckpointTensor>, optimizer: Map<string, CheckpointTensor>, state: CheckpointState): void {
+/**
+ * Writes a checkpoint folder atomically (see the module comment). `files` adds more safetensors files
+ * to the same folder (by file name), e.g. the trainer's moving reference model under TR-DPO.
+ */
+export function writeCheckpoint(
+  dir: string,
+  params: Map<string, CheckpointTensor>,
+  optimizer: Map<string, CheckpointTensor>,
+  state: CheckpointState,
+  files: Record<string, Map<string, CheckpointTensor>> = {},
+): void {
   const target = path.resolve(dir);
   const tmp = tempPath(target);
   const old = `${target}.old`;
@@ -73,6 +82,7 @@ export function writeCheckpoint(dir: string, params: Map<string, CheckpointTenso
     fs.mkdirSync(tmp, { recursive: true });
     writeSafetensors(path.join(tmp, CHECKPOINT_FILES.params), toWrite(params), { format: 'pt' });
     writeSafetensors(path.join(tmp, CHECKPOINT_FILES.optimizer), toWrite(optimizer));
+    for (const [name, tensors] of Object.entries(files)) writeSafetensors(path.join(tmp, name), toWrite(tensors), { format: 'pt' });
     writeFileAtomic(path.join(tmp, CHECKPOINT_FILES.state), [Buffer.from(JSON.stringify(state, null, 2) + '\n')]);
   } catch (e) {
     removeTemp(tmp);

@@ -29,10 +29,18 @@ export interface GraphIO {
   outputs: string[];
 }
 
+/**
+ * Which execution provider the graphs were written for. 'webgpu' graphs are lowered (src/onnx/lower.ts:
+ * int32 integers, no ops the WebGPU provider lacks); they run on the CPU as well, with the same values.
+ */
+export type ArtifactTarget = 'cpu' | 'webgpu';
+
 export interface ArtifactsManifest {
   format: 'prefzoo-training-artifacts';
   version: number;
   opset: number;
+  /** Absent in folders written before it existed: 'cpu'. */
+  target?: ArtifactTarget;
   params: { name: string; dtype: DType; shape: number[]; trainable: boolean; decay: boolean }[];
   batchInputs: { name: string; dtype: DType; shape: Shape }[];
   training: GraphIO & {

@@ -14,6 +14,8 @@ import { safetensorsDtype, readCheckpoint, writeCheckpoint, type CheckpointState
 import { ARTIFACT_FILES, readManifest, type ArtifactsManifest } from './manifest.ts';
 import type { TypedArray } from '../onnx/dtype.ts';
 import { HostAdamW } from '../optim/host.ts';
+import { WebGpuTransfer } from '../runtime/transfer.ts';
+import type { OutputLocation } from '../runtime/session.ts';
 
 export interface LoadOptions {
   /** How graph outputs become the next parameter/state values (see runtime/store.ts); default 'adopt'. */
@@ -59,6 +61,8 @@ export class TrainingArtifacts {
     private readonly runtime: RuntimeOptions,
     /** The in-process optimizer, when updates run on the host. */
     private readonly host: HostAdamW | null,
+    /** Host ↔ device copies when the store lives on the GPU (WebGPU), else null. */
+    private readonly transfer: WebGpuTransfer | null,
   ) {
     const dtype = manifest.optimizer.dtype;
     const F = dtype === 'float32' ? Float32Array : Float64Array;
@@ -76,7 +80,9 @@ export class TrainingArtifacts {
   /** Opens an artifacts folder and (by default) its checkpoint. */
   static async load(dir: string, runtime: RuntimeOptions = {}, opts: LoadOptions = {}): Promise<TrainingArtifacts> {
     const manifest = readManifest(dir);
-    const store = new TensorStore(opts.outputMode ?? 'adopt');
+    // On the GPU, parameters, optimizer state and gradients stay in GPU buffers from step to step.
+    const transfer = runtime.ep === 'webgpu' ? new WebGpuTransfer(runtime) : null;
+    const store = new TensorStore(opts.outputMode ?? 'adopt', transfer);
     const host = hostOptimizer(manifest, runtime, opts.update ?? 'auto');
     // With the host optimizer the parameters and moments live in its memory, updated in place.
     for (const p of manifest.params) store.define(p.name, p.dtype, p.shape, undefined, host && p.trainable ? host.param(p.name) : undefined);
@@ -87,7 +93,7 @@ export class TrainingArtifacts {
     for (const g of [manifest.training, manifest.optimizer, manifest.eval, ...(manifest.step ? [manifest.step] : [])]) {
       if (!fs.existsSync(path.join(dir, g.file))) throw new UserError(`${path.join(dir, g.file)}: not found (the artifacts folder is incomplete; rebuild it)`);
     }
-    const t = new TrainingArtifacts(dir, manifest, store, runtime, host);
+    const t = new TrainingArtifacts(dir, manifest, store, runtime, host, transfer);
     // The graph every step needs fails early here, not at the first step, if it cannot be loaded.
     await t.session(manifest.step && !host ? manifest.step.file : manifest.training.file);
     const ckpt = opts.checkpoint ?? path.join(dir, ARTIFACT_FILES.checkpoint);
@@ -98,14 +104,32 @@ export class TrainingArtifacts {
   private session(file: string): Promise<Session> {
     let s = this.sessions.get(file);
     if (!s) {
-      s = Session.create(path.join(this.dir, file), this.runtime);
+      s = Session.create(path.join(this.dir, file), this.runtime, this.outputLocations(file));
       this.sessions.set(file, s);
     }
     return s;
   }
 
-  /** A read-only zero tensor shaped like parameter `name`, one per distinct dtype and shape. */
-  private zerosLike(name: string): ort.Tensor {
+  /** On the GPU: the outputs that become store entries stay on the device; loss and metrics come back. */
+  private outputLocations(file: string): Record<string, OutputLocation> | undefined {
+    if (!this.transfer) return undefined;
+    const graph = [this.manifest.training, this.manifest.optimizer, this.manifest.eval, this.manifest.step].find((g) => g?.file === file);
+    const kept = new Set([...this.optUpdates, ...this.gradUpdates].map(([out]) => out));
+    return Object.fromEntries((graph?.outputs ?? []).map((o) => [o, kept.has(o) ? 'gpu-buffer' : 'cpu']));
+  }
+
+  /** Device runs: host values (just loaded or written) go to the GPU before a graph reads them. */
+  private async ready(): Promise<void> {
+    if (this.transfer) await this.store.toDevice();
+  }
+
+  /** Makes `param()` and `saveCheckpoint()` valid on the GPU by copying the state to the host; a no-op on the CPU. */
+  async toHost(): Promise<void> {
+    await this.store.toHost();
+  }
+
+  /** A read-only zero tensor shaped like parameter `name`, one per distinct dtype and shape (on the GPU there). */
+  private async zerosLike(name: string): Promise<ort.Tensor> {
     const dtype = this.store.dtype(name);
     const dims = this.store.dims(name);
     const key = `${dtype}[${dims.join(',')}]`;
@@ -113,6 +137,7 @@ export class TrainingArtifacts {
     if (!t) {
       const n = dims.reduce((a, b) => a * b, 1);
       t = toOrt(dtype, dtype === 'float64' ? new Float64Array(n) : new Float32Array(n), dims);
+      if (this.transfer) t = await this.transfer.toDevice(t);
       this.zeros.set(key, t);
     }
     return t;
@@ -166,10 +191,11 @@ export class TrainingArtifacts {
         extra[m.accumulation.flag] = this.flagT;
       }
       // A fresh accumulation starts from zeros (the flag of older folders ignores what it is fed).
-      for (const p of this.trainable) extra[m.accumulation.inputs[p]] = this.pending > 0 || m.accumulation.flag ? this.store.tensor(gradName(p)) : this.zerosLike(p);
+      for (const p of this.trainable) extra[m.accumulation.inputs[p]] = this.pending > 0 || m.accumulation.flag ? this.store.tensor(gradName(p)) : await this.zerosLike(p);
     } else if (this.pending > 0) {
       throw new UserError('these artifacts were built without gradient accumulation; apply an optimizer step after each batch');
     }
+    await this.ready();
     const feeds = this.feedsFor(m.inputs, batch, extra, m.file);
     const fetch = [m.loss, ...m.metrics];
     const out = await this.store.run(await this.session(m.file), feeds, this.gradUpdates, fetch);
@@ -196,6 +222,7 @@ export class TrainingArtifacts {
     const o = this.manifest.optimizer;
     this.setScalars(lr, opts.gradScale ?? 1 / this.pending);
     const extra: Feeds = { [OPTIM_IO.step]: this.stepT, [OPTIM_IO.lr]: this.lrT, [OPTIM_IO.gradScale]: this.scaleT };
+    await this.ready();
     const feeds = this.feedsFor(o.inputs, {}, extra, o.file);
     const out = await this.store.run(await this.session(o.file), feeds, this.optUpdates, [OPTIM_IO.gradNorm]);
     this.step++;
@@ -235,6 +262,7 @@ export class TrainingArtifacts {
     const t = this.manifest.training;
     this.setScalars(lr, 1);
     const extra: Feeds = { [OPTIM_IO.step]: this.stepT, [OPTIM_IO.lr]: this.lrT, [OPTIM_IO.gradScale]: this.scaleT };
+    await this.ready();
     const feeds = this.feedsFor(m.inputs, batch, extra, m.file);
     const fetch = [t.loss, ...t.metrics, OPTIM_IO.gradNorm];
     const out = await this.store.run(await this.session(m.file), feeds, this.optUpdates, fetch, (r) => Number.isFinite(scalarOf(r[t.loss], t.loss)));
@@ -246,18 +274,22 @@ export class TrainingArtifacts {
 
   /** Runs the eval graph on a batch with the current parameters; returns every eval output. */
   async evaluate(batch: Feeds): Promise<Record<string, ort.Tensor>> {
+    await this.ready();
     const feeds = this.feedsFor(this.manifest.eval.inputs, batch, {}, this.manifest.eval.file);
     return (await this.session(this.manifest.eval.file)).run(feeds);
   }
 
-  /** Writes params, optimizer state and `state` (step is filled in) to `dir` atomically. */
-  saveCheckpoint(dir: string, extra: Omit<CheckpointState, 'step'> = {}): void {
+  /**
+   * Writes params, optimizer state and `state` (step is filled in) to `dir` atomically (on the GPU:
+   * after `await toHost()`); `files` adds more safetensors files to the same folder.
+   */
+  saveCheckpoint(dir: string, extra: Omit<CheckpointState, 'step'> = {}, files: Record<string, Map<string, CheckpointTensor>> = {}): void {
     if (this.pending > 0) throw new Error('saveCheckpoint: gradients of an unfinished accumulation would be lost; save after optimizerStep');
     const tensor = (name: string): CheckpointTensor => ({ dtype: this.store.dtype(name), shape: this.store.dims(name), data: this.store.data(name) });
     const params = new Map(this.manifest.params.map((p) => [p.name, tensor(p.name)]));
     const optimizer = new Map<string, CheckpointTensor>();
     for (const p of this.trainable) for (const s of this.manifest.optimizer.stateSlots) optimizer.set(stateName(s, p), tensor(stateName(s, p)));
-    writeCheckpoint(dir, params, optimizer, { ...extra, step: this.step });
+    writeCheckpoint(dir, params, optimizer, { ...extra, step: this.step }, files);
   }
 
   /** Restores params, optimizer state and the step counter; returns the saved state. */
@@ -270,8 +302,14 @@ export class TrainingArtifacts {
       if (t.dtype !== want.dtype || t.shape.length !== want.shape.length || t.shape.some((d, i) => d !== want.shape[i])) {
         throw new UserError(`${path.join(c.dir, file)}: tensor "${name}" is ${t.dtype}[${t.shape}], the artifacts expect ${want.dtype}[${want.shape}]`);
       }
-      const dst = this.store.data(name);
-      new Uint8Array(dst.buffer, dst.byteOffset, dst.byteLength).set(t.data);
+      const bytes = new Uint8Array(t.data.byteLength);
+      bytes.set(t.data);
+      const F = this.store.dtype(name) === 'float64' ? Float64Array : Float32Array;
+      if (this.store.onDevice(name)) this.store.write(name, new F(bytes.buffer));
+      else {
+        const dst = this.store.data(name);
+        new Uint8Array(dst.buffer, dst.byteOffset, dst.byteLength).set(t.data);
+      }
     };
     for (const p of this.manifest.params) copyIn('params.safetensors', c.params, p.name);
     for (const p of this.trainable) for (const s of this.manifest.optimizer.stateSlots) copyIn('optimizer.safetensors', c.optimizer, stateName(s, p));
@@ -284,6 +322,7 @@ export class TrainingArtifacts {
     const open = [...this.sessions.values()];
     this.sessions.clear();
     for (const s of open) await (await s).release();
+    await this.transfer?.release();
   }
 }
 
@@ -292,8 +331,8 @@ function hostOptimizer(manifest: ArtifactsManifest, runtime: RuntimeOptions, upd
   if (update === 'graph') return null;
   const params = manifest.params.filter((p) => p.trainable).map((p) => ({ name: p.name, numel: p.shape.reduce((a, b) => a * b, 1), decay: p.decay }));
   const why =
-    runtime.ep === 'cuda'
-      ? 'the CUDA provider keeps tensors on the GPU'
+    runtime.ep === 'cuda' || runtime.ep === 'webgpu'
+      ? `the ${runtime.ep === 'cuda' ? 'CUDA' : 'WebGPU'} provider keeps parameters and moments on the GPU`
       : manifest.optimizer.dtype !== 'float32' || manifest.params.some((p) => p.trainable && p.dtype !== 'float32')
         ? 'the parameters are not float32'
         : HostAdamW.unsupported(params, manifest.optimizer.config);

@@ -34,6 +34,8 @@ export interface EvalOptions {
   quiet?: boolean;
   truncation?: TruncationConfig;
   batchSize?: number;
+  /** Evaluate on the first N rows of the data only (0 or absent: all). */
+  maxRows?: number;
 }
 
 export interface EvalSummary {
@@ -119,7 +121,7 @@ export class Evaluator {
     const tokDir = o.tokenizer ?? (typeof o.policy === 'string' ? o.policy : typeof o.ref === 'string' ? o.ref : undefined);
     if (!tokDir) throw new Error('Evaluator: name the tokenizer folder');
     const tok = loadTokenizer(tokDir);
-    const data = await loadData(o.data, o.workDir);
+    const data = await loadData(o.data, o.workDir, { maxRows: o.maxRows });
     // Same truncation as training by default, capped by the model's positions.
     const maxLen = Math.min(o.truncation?.max_length ?? DEFAULT_CONFIG.max_length, maxPositions(ref.config));
     const trunc: TruncationConfig = {
@@ -134,6 +136,11 @@ export class Evaluator {
     await rs.release();
     checkFinite(rl, 'reference', o.ref, o.data);
     return new Evaluator({ ...o, policy: o.policy ?? o.ref } as EvalOptions, data.kind, rows, data.examples, rl, truncated, tok.padId ?? 0);
+  }
+
+  /** The prompts of the first `n` rows, as text and as the truncated ids scored (eval_generate's prompts). */
+  prompts(n: number): { prompt: Example['prompt']; ids: number[] }[] {
+    return this.rows.slice(0, n).map((r, i) => ({ prompt: this.examples[i].prompt, ids: r.promptIds }));
   }
 
   async evaluate(policySource: ModelSource = this.o.policy, opts: { quiet?: boolean } = {}): Promise<EvalSummary> {

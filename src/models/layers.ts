@@ -90,8 +90,10 @@ function indexTensors(g: Graph, inputIds: Tensor, dtype: FloatDType, rule: (caus
   const [B, T] = inputIds.shape;
   const N = mulDims(B, T);
   return g.scope('batch', () => {
-    const seqLen = g.squeeze(g.dim(inputIds, 1), [0]);
-    const idx = g.op('Range', [g.scalar(0, 'int64'), seqLen, g.scalar(1, 'int64')], {}, [{ dtype: 'int64', shape: [T] }])[0];
+    // 1..T along the sequence as a running count over one row: no arithmetic on shapes, so every
+    // provider runs it on the device (WebGPU has no 64-bit integers for Range's int64 form).
+    const row = g.slice(g.expand(g.scalar(1, dtype), g.shapeOf(inputIds)), [0], [1], [0]); // [1, T]
+    const idx = reshapeTo(g, g.cumSum(row, 1), [-1], [T]);
     const causal = g.lessOrEqual(g.unsqueeze(idx, [0]), g.unsqueeze(idx, [1])); // [T, T]: key ≤ query
     const { positions, allowed } = rule(causal);
     const mask = g.where(allowed, g.scalar(0, dtype), g.scalar(MASK_VALUE, dtype));

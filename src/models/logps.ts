@@ -23,6 +23,13 @@ export interface SequenceLogps {
   tokens: Tensor;
   /** `[B, T]` log p(ids[t] | ids[<t]) · loss_mask[t] at each token's own position (0 at t = 0). */
   tokenLogps?: Tensor;
+  /**
+   * With `stats` (monitoring only, no gradient): per sequence, the sums over its counted tokens of
+   * the mean logit over the vocabulary (`logitSum [B]`, TRL's `logits/chosen` numerator) and of the
+   * entropy of the predicted distribution in nats (`entropySum [B]`).
+   */
+  logitSum?: Tensor;
+  entropySum?: Tensor;
 }
 
 /** Large enough for any Slice end. */
@@ -38,7 +45,7 @@ function shiftLeft(g: Graph, x: Tensor, fill: Tensor, shape: (string | number)[]
  * Only the M positions whose next token is counted go through the output head: a prompt's
  * positions predict nothing the loss reads, so their `[·, V]` logits are never formed.
  */
-export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts: { perToken?: boolean } = {}): SequenceLogps {
+export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts: { perToken?: boolean; stats?: boolean; dense?: boolean } = {}): SequenceLogps {
   const bi = model.batch;
   return g.scope('logps', () => {
     const shape = [bi.B, bi.T];
@@ -48,17 +55,32 @@ export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts:
     const targets = reshapeTo(g, shiftLeft(g, bi.ids, firstCol(bi.ids), shape), [-1], [bi.N]);
     const counted = shiftLeft(g, mask, g.mul(firstCol(mask), 0), shape);
     const flatCounted = reshapeTo(g, counted, [-1], [bi.N]);
-    const scored = g.not(g.equal(flatCounted, 0)); // [N]
-    const M = 'scored';
-    const rowsIdx = reshapeTo(g, g.op('NonZero', [scored], {}, [{ dtype: 'int64', shape: [1, M] }])[0], [-1], [M]);
-    const lp = rowLogps(g, model, rowsIdx, g.gather(targets, rowsIdx, 0), M);
-    // Back to [N]: slot 0 holds a zero for unscored positions, a scored one reads its rank 1..M.
-    const padded = g.concat([g.constant([0], bi.dtype, [1]), lp], 0); // [M + 1]
-    const ranks = g.range(1, g.add(g.squeeze(g.shapeOf(rowsIdx), [0]), 1), 1); // [M]: 1..M
-    const slot = g.scatterND(g.cast(g.mul(flatCounted, 0), 'int64'), g.unsqueeze(rowsIdx, [1]), ranks); // [N]
-    const lpFull = g.gather(padded, slot, 0); // [N]
-    const weighted = g.mul(reshapeRt(g, lpFull, bi.shapeBT, shape), counted); // [B, T]
+    let rl: RowLogps;
+    let spread: (perRow: Tensor) => Tensor; // per head row → `[B, T]` at the rows' positions, masked
+    if (opts.dense) {
+      // Every position through the head: no data-dependent ops, which WebGPU cannot run on the device.
+      rl = rowLogps(g, model, model.hidden, targets, bi.N as string, opts.stats);
+      spread = (perRow) => g.mul(reshapeRt(g, perRow, bi.shapeBT, shape), counted);
+    } else {
+      // Only the counted positions: NonZero lists them, ScatterND puts their values back.
+      const scored = g.not(g.equal(flatCounted, 0)); // [N]
+      const M = 'scored';
+      const rowsIdx = reshapeTo(g, g.op('NonZero', [scored], {}, [{ dtype: 'int64', shape: [1, M] }])[0], [-1], [M]);
+      rl = rowLogps(g, model, g.gather(model.hidden, rowsIdx, 0), g.gather(targets, rowsIdx, 0), M, opts.stats);
+      // Back to [N]: slot 0 holds a zero for unscored positions, a scored one reads its rank 1..M.
+      const ranks = g.range(1, g.add(g.squeeze(g.shapeOf(rowsIdx), [0]), 1), 1); // [M]: 1..M
+      const slot = g.scatterND(g.cast(g.mul(flatCounted, 0), 'int64'), g.unsqueeze(rowsIdx, [1]), ranks); // [N]
+      spread = (perRow) => {
+        const padded = g.concat([g.constant([0], bi.dtype, [1]), perRow], 0); // [M + 1]
+        return g.mul(reshapeRt(g, g.gather(padded, slot, 0), bi.shapeBT, shape), counted);
+      };
+    }
+    const weighted = spread(rl.lp); // [B, T]
     const out: SequenceLogps = { logp: g.reduceSum(weighted, [1], false), tokens: g.reduceSum(counted, [1], false) };
+    if (rl.meanLogit && rl.entropy) {
+      out.logitSum = g.reduceSum(spread(rl.meanLogit), [1], false);
+      out.entropySum = g.reduceSum(spread(rl.entropy), [1], false);
+    }
     if (opts.perToken) {
       const zeros = g.mul(firstCol(weighted), 0);
       const body = g.slice(weighted, [0], [-1], [1]);
@@ -69,17 +91,30 @@ export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts:
 }
 
 /**
- * `[M]` log p(target[m] | hidden row index[m]): the head over the M gathered rows only, the target
+ * `[M]` log p(target[m] | hidden row h[m]) for hidden rows `h [M, D]`: the head over those rows only, the target
  * logit from gathered head rows, and the log-sum-exp with the row max held constant (module comment).
  */
-function rowLogps(g: Graph, model: CausalLM, index: Tensor, target: Tensor, M: string): Tensor {
-  const h = g.gather(model.hidden, index, 0); // [M, D]
+interface RowLogps {
+  lp: Tensor;
+  meanLogit?: Tensor;
+  entropy?: Tensor;
+}
+
+function rowLogps(g: Graph, model: CausalLM, h: Tensor, target: Tensor, M: string, stats = false): RowLogps {
   const logits = lmHead(g, h, model.headWeight); // [M, V]
   const rows = g.gather(model.headWeight, target, 0); // [M, D]
   const picked = g.reduceSum(g.mul(h, rows), [1], false); // [M]
   const m = g.stopGradient(g.reduceMax(logits, [1], true)); // [M, 1]
-  const lse = g.add(reshapeTo(g, m, [-1], [M]), g.log(g.reduceSum(g.exp(g.sub(logits, m)), [1], false)));
-  return g.sub(picked, lse);
+  const e = g.exp(g.sub(logits, m)); // [M, V]
+  const z = g.reduceSum(e, [1], false); // [M]
+  const lse = g.add(reshapeTo(g, m, [-1], [M]), g.log(z));
+  const lp = g.sub(picked, lse);
+  if (!stats) return { lp };
+  // Monitoring only: H = lse − Σ_v p_v·x_v with p = e / z, reusing e (two more [M, V] passes).
+  const x = g.stopGradient(logits);
+  const ex = g.reduceSum(g.mul(g.stopGradient(e), x), [1], false);
+  const entropy = g.sub(g.stopGradient(lse), g.div(ex, g.stopGradient(z)));
+  return { lp, meanLogit: g.reduceMean(x, [1], false), entropy };
 }
 
 /**
@@ -88,11 +123,17 @@ function rowLogps(g: Graph, model: CausalLM, index: Tensor, target: Tensor, M: s
  * `scoreSelect [S, M]` (0/1) sums them into the S sequences. Same results as `sequenceLogps` on the
  * unpacked sequences.
  */
-export function scoredLogps(g: Graph, model: CausalLM, scoreIndex: Tensor, scoreTarget: Tensor, scoreSelect: Tensor): SequenceLogps {
+export function scoredLogps(g: Graph, model: CausalLM, scoreIndex: Tensor, scoreTarget: Tensor, scoreSelect: Tensor, opts: { stats?: boolean } = {}): SequenceLogps {
   return g.scope('logps', () => {
-    const lp = rowLogps(g, model, scoreIndex, scoreTarget, 'scored');
-    const logp = g.matmul(scoreSelect, g.unsqueeze(lp, [1])); // [S, 1]
-    return { logp: g.squeeze(logp, [1]), tokens: g.reduceSum(scoreSelect, [1], false) };
+    const rl = rowLogps(g, model, g.gather(model.hidden, scoreIndex, 0), scoreTarget, 'scored', opts.stats);
+    const perSeq = (x: Tensor) => g.squeeze(g.matmul(scoreSelect, g.unsqueeze(x, [1])), [1]); // [S]
+    const out: SequenceLogps = { logp: perSeq(rl.lp), tokens: g.reduceSum(scoreSelect, [1], false) };
+    if (rl.meanLogit && rl.entropy) {
+      const sel = g.stopGradient(scoreSelect);
+      out.logitSum = g.squeeze(g.matmul(sel, g.unsqueeze(rl.meanLogit, [1])), [1]);
+      out.entropySum = g.squeeze(g.matmul(sel, g.unsqueeze(rl.entropy, [1])), [1]);
+    }
+    return out;
   });
 }
 
@@ -101,6 +142,11 @@ export interface LogpsGraphOptions extends CausalLMOptions {
   /** Bake these weights in as initializers; otherwise every parameter is a graph input. */
   weights?: Map<string, FloatTensor>;
   perToken?: boolean;
+  /**
+   * Run the head over every position rather than only the counted ones: no data-dependent ops
+   * (NonZero, ScatterND), which the WebGPU provider cannot run on the device. Same values.
+   */
+  dense?: boolean;
 }
 
 /**
@@ -117,7 +163,7 @@ export function buildLogpsGraph(config: ModelConfig, opts: LogpsGraphOptions = {
     ? parameterInitializers(g, opts.weights, modelParameterShapes(config, { lora: opts.lora }).keys())
     : declareParameters(g, config, { dtype, lora: opts.lora });
   const model = buildCausalLM(g, config, params, { inputIds, attentionMask }, { lora: opts.lora });
-  const r = sequenceLogps(g, model, lossMask, { perToken: opts.perToken });
+  const r = sequenceLogps(g, model, lossMask, { perToken: opts.perToken, dense: opts.dense });
   g.output(r.logp, 'logp');
   g.output(r.tokens, 'tokens');
   if (r.tokenLogps) g.output(r.tokenLogps, 'token_logps');

@@ -9,7 +9,6 @@ import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import type { LoraConfig } from '../models/lora.ts';
 import { modelParameterShapes } from '../models/params.ts';
-import { serializeModel } from '../onnx/proto.ts';
 import { Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
 import { UserError } from '../cli/errors.ts';
 import type { SeededRandom } from '../train/random.ts';
@@ -47,8 +46,8 @@ export class Decoder {
   static async create(config: ModelConfig, weights: Map<string, FloatTensor>, o: DecoderOptions = {}): Promise<Decoder> {
     const bake = o.bake ?? false;
     const gw = bake ? weights : undefined;
-    const prefill = await Session.create(serializeModel(buildDecodeGraph(config, { past: false, weights: gw, lora: o.lora })), o.runtime);
-    const step = await Session.create(serializeModel(buildDecodeGraph(config, { past: true, weights: gw, lora: o.lora })), o.runtime);
+    const prefill = await Session.fromGraph(buildDecodeGraph(config, { past: false, weights: gw, lora: o.lora }), o.runtime);
+    const step = await Session.fromGraph(buildDecodeGraph(config, { past: true, weights: gw, lora: o.lora }), o.runtime);
     const d = new Decoder(config, prefill, step, modelParameterShapes(config, { lora: o.lora }), bake);
     if (!bake) d.setWeights((name) => weights.get(name)?.data);
     return d;

@@ -100,7 +100,7 @@ export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
   if (lora) for (const [k, v] of initLora(base.config, lora, config.seed)) init.set(k, v);
   const artDir = join(o.out, 'artifacts');
   rmSync(artDir, { recursive: true, force: true });
-  buildArtifacts(nashMdSpec(base.config, init, lora, config, loss), artDir);
+  buildArtifacts(nashMdSpec(base.config, init, lora, config, loss), artDir, { target: config.device === 'webgpu' ? 'webgpu' : 'cpu' });
   const art = await TrainingArtifacts.load(artDir, runtime);
   // π_θ decodes from the live parameters (re-pointed after every update); π_ref is fixed.
   const policy = await Decoder.create(base.config, init, { runtime, lora });
@@ -127,6 +127,7 @@ export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
     }
     const prompts = order.slice(cursor, cursor + B).map((i) => o.prompts[i]);
     cursor += B;
+    await art.toHost(); // on the GPU: the sampler reads this step's weights on the host
     policy.setWeights((name) => art.param(name) as Float32Array);
     const sampling = { ...o, n: 1 };
     const ys = await sampleWith(tok, policy, prompts, { ...sampling, seed: (config.seed * 7919 + step * 2) >>> 0 });
@@ -159,6 +160,7 @@ export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
   }
   progress.stop();
   const finalDir = join(o.out, 'final');
+  await art.toHost();
   saveModelFolder(finalDir, currentWeights(art), { config: base.config, lora, sourceDir: o.model, dtype: config.save_dtype });
   await Promise.all([art.release(), policy.release(), ref.release(), refScorer.release()]);
   return { finalDir, steps: total, seconds: Math.round((Date.now() - t0) / 100) / 10, last };

@@ -24,7 +24,6 @@ import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { modelParameterShapes, parameterInitializers, VALUE_HEAD_WEIGHT } from '../models/params.ts';
 import { Graph, type Tensor } from '../onnx/graph.ts';
-import { serializeModel } from '../onnx/proto.ts';
 import { lrAt } from '../optim/schedule.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import { loadTokenizer, tokenizePromptResponse, type LoadedTokenizer } from '../tokenize/index.ts';
@@ -92,7 +91,7 @@ export class RewardModel {
     };
     const params = parameterInitializers(g, m.weights, modelParameterShapes(m.config, { valueHead: true }).keys());
     g.output(rewardOf(g, m.config, params, batch, null), 'reward');
-    return new RewardModel(dir, loadTokenizer(dir), await Session.create(serializeModel(g), runtime), 16);
+    return new RewardModel(dir, loadTokenizer(dir), await Session.fromGraph(g, runtime), 16);
   }
 
   /** r(prompt, response) per item, `batchSize` sequences per forward pass. */
@@ -209,7 +208,7 @@ export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainRes
   for (const [k, v] of initValueHead(base.config, config.seed)) init.set(k, v);
   if (lora) for (const [k, v] of initLora(base.config, lora, config.seed)) init.set(k, v);
   const artDir = join(work, 'artifacts');
-  buildArtifacts(rewardSpec(base.config, init, lora, config), artDir);
+  buildArtifacts(rewardSpec(base.config, init, lora, config), artDir, { target: config.device === 'webgpu' ? 'webgpu' : 'cpu' });
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
 
   const perEpoch = Math.max(1, Math.floor(Math.ceil(rows.length / config.batch_size) / config.gradient_accumulation_steps));
@@ -253,6 +252,7 @@ export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainRes
   }
   progress.stop();
   const weights = new Map<string, FloatTensor>();
+  await art.toHost();
   for (const p of art.manifest.params) weights.set(p.name, { shape: p.shape, data: Float32Array.from(art.param(p.name) as Float32Array) });
   await art.release();
   saveModelFolder(o.out, weights, { config: base.config, lora, sourceDir: o.model, dtype: config.save_dtype, into: true });
@@ -297,7 +297,7 @@ export async function scorePairs(o: { rewardModel: string; data: string; out: st
     const n = data.examples.length;
     const chosen = Float64Array.from({ length: n }, (_, i) => r[2 * i]);
     const rejected = Float64Array.from({ length: n }, (_, i) => r[2 * i + 1]);
-    const table = data.table ?? (await readCanonical(data.files[0])).table;
+    const table = data.table ?? (await readCanonical(data.files)).table;
     const cols: Record<string, arrow.Vector> = {};
     for (const f of table.schema.fields) if (f.name !== 'chosen_score' && f.name !== 'rejected_score') cols[f.name] = table.getChild(f.name)!;
     cols.chosen_score = arrow.makeVector(chosen);

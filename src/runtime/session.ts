@@ -3,17 +3,27 @@
  * conversions between JS typed arrays and ort.Tensor.
  */
 import ort from 'onnxruntime-node';
-import { UserError } from '../cli/errors.ts';
-import { existsSync } from 'node:fs';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { spawnSync } from 'node:child_process';
 import { createRequire } from 'node:module';
-import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { UserError } from '../cli/errors.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
+import type { Graph } from '../onnx/graph.ts';
+import { serializeModel } from '../onnx/proto.ts';
+import { lowerForWebGpu } from '../onnx/lower.ts';
 
-export type ExecutionProvider = 'cpu' | 'cuda';
+export type ExecutionProvider = 'cpu' | 'webgpu' | 'cuda';
+export const EXECUTION_PROVIDERS: readonly ExecutionProvider[] = ['cpu', 'webgpu', 'cuda'];
 export type OptLevel = 'disabled' | 'basic' | 'extended' | 'all';
 
 export interface RuntimeOptions {
-  /** Execution provider; 'cuda' needs the CUDA build of onnxruntime-node. */
+  /**
+   * Execution provider. 'webgpu' is bundled with onnxruntime-node (any Vulkan GPU on Linux, nothing to
+   * install); 'cuda' needs the CUDA build of onnxruntime-node.
+   */
   ep?: ExecutionProvider;
   /** Intra-op threads (default: ONNX Runtime's choice, one per core). */
   threads?: number;
@@ -29,6 +39,9 @@ export interface RuntimeOptions {
   /** Write ONNX Runtime's per-node profile (Chrome trace JSON) to `<prefix>_<date>.json`; see `Session.endProfiling`. */
   profilePrefix?: string;
 }
+
+/** Where a session leaves an output: in host memory ('cpu') or on the device ('gpu-buffer', webgpu). */
+export type OutputLocation = 'cpu' | 'gpu-buffer';
 
 export type OrtTensor = ort.Tensor;
 export type Feeds = Record<string, ort.Tensor>;
@@ -52,33 +65,64 @@ export function toOrt(dtype: DType, data: TypedArray, dims: readonly number[]): 
 }
 
 /**
- * Whether CUDA can start: the binding lists it, and its provider libraries were installed beside it
- * (the default install skips them; without them ONNX Runtime logs its own error before failing).
+ * Whether ONNX Runtime's CUDA provider library is installed beside the binding: the CPU build lists
+ * 'cuda' among its backends (not bundled) but lacks the library, and would fail deep in session creation.
  */
 export function cudaAvailable(): boolean {
   if (!ort.listSupportedBackends().some((b) => b.name === 'cuda')) return false;
-  const binding = createRequire(import.meta.url).resolve('onnxruntime-node');
-  const binDir = join(dirname(binding), '..', 'bin', 'napi-v6', process.platform, process.arch);
-  return !existsSync(binDir) || existsSync(join(binDir, process.platform === 'win32' ? 'onnxruntime_providers_cuda.dll' : 'libonnxruntime_providers_cuda.so'));
+  const root = path.dirname(createRequire(import.meta.url).resolve('onnxruntime-node/package.json'));
+  const bin = path.join(root, 'bin');
+  if (!fs.existsSync(bin)) return false;
+  return fs.readdirSync(bin).some((napi) => fs.existsSync(path.join(bin, napi, process.platform, process.arch, 'libonnxruntime_providers_cuda.so')));
 }
 
-function sessionOptions(o: RuntimeOptions): ort.InferenceSession.SessionOptions {
-  const ep = o.ep ?? 'cpu';
-  if (ep === 'cuda' && !cudaAvailable()) {
-    throw new UserError(
-      'execution provider "cuda" is not available: this onnxruntime-node install has no CUDA libraries. ' +
-        'Reinstall it with CUDA binaries: ONNXRUNTIME_NODE_INSTALL=cuda12 npm install onnxruntime-node',
+/** The message for a provider that cannot run here, with what to do about it. */
+function unavailable(ep: ExecutionProvider, detail: string): UserError {
+  if (ep === 'cuda') {
+    return new UserError(
+      'execution provider "cuda" is not available: this onnxruntime-node build is CPU-only. ' +
+        'Reinstall it with CUDA binaries (ONNXRUNTIME_NODE_INSTALL=cuda12 npm install onnxruntime-node), or use --device webgpu, which needs no install',
     );
   }
-  if (ep !== 'cpu' && ep !== 'cuda') throw new UserError(`--device must be cpu or cuda, got "${ep}"`);
+  return new UserError(
+    `execution provider "webgpu" found no usable GPU adapter (${detail}). It needs a Vulkan driver for the GPU ` +
+      '(libvulkan1 and the vendor\'s ICD); without a GPU, Debian\'s chromium package ships SwiftShader: ' +
+      'VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json. Run `prefzoo doctor` to check',
+  );
+}
+
+/** ONNX Runtime's message for a failed WebGPU start, mapped to a UserError; other errors pass. */
+export function explainRuntimeError(e: unknown, ep: ExecutionProvider | undefined): unknown {
+  const msg = String((e as Error)?.message ?? e);
+  if (ep === 'webgpu' && /WebGPU adapter|WebGpuContext|Dawn|Vulkan|webgpu_context/i.test(msg)) {
+    const detail = /Failed to get a WebGPU adapter: ?([^\n]*)/.exec(msg)?.[1]?.trim() || msg.split('\n')[0].slice(0, 160);
+    return unavailable('webgpu', detail);
+  }
+  return e;
+}
+
+export function sessionOptions(o: RuntimeOptions, outputs?: Record<string, OutputLocation>): ort.InferenceSession.SessionOptions {
+  const ep = o.ep ?? 'cpu';
+  if (!EXECUTION_PROVIDERS.includes(ep)) throw new UserError(`--device must be ${EXECUTION_PROVIDERS.join(', ')}; got "${ep}"`);
+  if (ep === 'cuda' && !cudaAvailable()) throw unavailable('cuda', 'not installed');
   const opts: ort.InferenceSession.SessionOptions = {
     executionProviders: [ep],
     graphOptimizationLevel: o.optLevel ?? 'extended',
     logSeverityLevel: 3,
   };
+  if (ep === 'webgpu') {
+    // The transpose optimizer rewrites Shape(Transpose(x)) as a Gather over x's int64 shape, which
+    // WebGPU has no kernel for (a CPU fallback per attention gradient); our graphs need none of its
+    // layout changes.
+    opts.extra = { ...opts.extra, optimization: { disable_specified_optimizers: 'TransposeOptimizer' } };
+  }
+  if (ep === 'webgpu' && outputs) {
+    // Outputs that are fed back (parameters, optimizer state, gradients) stay in GPU buffers.
+    (opts as { preferredOutputLocation?: Record<string, OutputLocation> }).preferredOutputLocation = outputs;
+  }
   if (o.arena === false) opts.enableCpuMemArena = false;
   if (o.spin === false) {
-    opts.extra = { session: { intra_op: { allow_spinning: '0' }, inter_op: { allow_spinning: '0' } } };
+    opts.extra = { ...opts.extra, session: { intra_op: { allow_spinning: '0' }, inter_op: { allow_spinning: '0' } } };
   }
   if (o.profilePrefix !== undefined) {
     opts.enableProfiling = true;
@@ -94,24 +138,32 @@ function sessionOptions(o: RuntimeOptions): ort.InferenceSession.SessionOptions 
 
 /** A session plus names; `run` accepts pre-allocated outputs so a step can reuse its buffers. */
 export class Session {
-  private constructor(readonly inner: ort.InferenceSession) {}
+  /** Inputs the graph takes as int32 (lowered for WebGPU): int64 feeds are narrowed for them. */
+  private readonly int32Inputs: Set<string>;
 
-  static async create(model: Uint8Array | string, o: RuntimeOptions = {}): Promise<Session> {
-    const opts = sessionOptions(o);
+  private constructor(
+    readonly inner: ort.InferenceSession,
+    readonly ep: ExecutionProvider,
+  ) {
+    const meta = (inner as unknown as { inputMetadata?: { name: string; isTensor: boolean; type?: string }[] }).inputMetadata ?? [];
+    this.int32Inputs = new Set(meta.filter((m) => m.isTensor && m.type === 'int32').map((m) => m.name));
+  }
+
+  /** `outputs`: per output, where it is left (webgpu only; default: host memory). */
+  static async create(model: Uint8Array | string, o: RuntimeOptions = {}, outputs?: Record<string, OutputLocation>): Promise<Session> {
+    const opts = sessionOptions(o, outputs);
     try {
       const s = typeof model === 'string' ? await ort.InferenceSession.create(model, opts) : await ort.InferenceSession.create(model, opts);
-      return new Session(s);
+      return new Session(s, o.ep ?? 'cpu');
     } catch (e) {
-      // The binding lists CUDA, but its libraries (or a GPU) are missing: the user's setup, one line.
-      const ep = o.ep ?? 'cpu';
-      if (ep !== 'cpu' && /shared library|cuda|provider/i.test(String((e as Error)?.message))) {
-        throw new UserError(
-          `execution provider "${ep}" could not start (${String((e as Error).message).split('\n')[0]}); ` +
-            'use device=cpu, or install the CUDA build: ONNXRUNTIME_NODE_INSTALL=cuda12 npm install onnxruntime-node',
-        );
-      }
-      throw e;
+      throw explainRuntimeError(e, o.ep);
     }
+  }
+
+  /** A session for a graph built in this process, lowered first when it runs on WebGPU (src/onnx/lower.ts). */
+  static fromGraph(g: Graph, o: RuntimeOptions = {}, outputs?: Record<string, OutputLocation>): Promise<Session> {
+    if (o.ep === 'webgpu') lowerForWebGpu(g);
+    return Session.create(serializeModel(g), o, outputs);
   }
 
   get inputNames(): readonly string[] {
@@ -127,6 +179,7 @@ export class Session {
    * pre-allocated tensors that ONNX Runtime writes into.
    */
   async run(feeds: Feeds, fetches?: readonly string[] | Record<string, ort.Tensor | null>): Promise<Record<string, ort.Tensor>> {
+    if (this.int32Inputs.size) feeds = narrowInt64(feeds, this.int32Inputs);
     if (fetches === undefined) return this.inner.run(feeds);
     return this.inner.run(feeds, fetches as never);
   }
@@ -139,6 +192,60 @@ export class Session {
   async release(): Promise<void> {
     await this.inner.release();
   }
+}
+
+let webgpuChecked: Promise<void> | null = null;
+
+/**
+ * Fails early, with the one-line explanation, when the device cannot run here: no CUDA build, or no
+ * WebGPU adapter (opens a one-node session once per process). A no-op for the CPU.
+ */
+export async function checkDevice(o: RuntimeOptions): Promise<void> {
+  const ep = o.ep ?? 'cpu';
+  if (ep === 'cpu') return;
+  if (ep === 'cuda') {
+    sessionOptions(o);
+    return;
+  }
+  webgpuChecked ??= (async () => {
+    // In a child process: Dawn prints its adapter search to the native stderr, which would bury the
+    // one line this check exists to give.
+    const { Graph } = await import('../onnx/graph.ts');
+    const g = new Graph('probe');
+    g.output(g.identity(g.input('x', 'float32', [1])), 'y');
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-probe-'));
+    try {
+      const file = path.join(dir, 'probe.onnx');
+      fs.writeFileSync(file, serializeModel(g));
+      const probe = fileURLToPath(new URL('./placement-probe.mjs', import.meta.url));
+      const r = spawnSync(process.execPath, [probe, file, JSON.stringify(sessionOptions({ ep: 'webgpu' })), 'quiet'], { encoding: 'utf8' });
+      const err = (r.stderr ?? '').split('\n').find((l) => l.startsWith('placement-probe-error: '));
+      if (err || r.status !== 0) throw explainRuntimeError(new Error(err ? err.slice('placement-probe-error: '.length) : `exit ${r.status}`), 'webgpu');
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  })();
+  try {
+    await webgpuChecked;
+  } catch (e) {
+    webgpuChecked = null;
+    throw e;
+  }
+}
+
+/** int64 host feeds of the inputs `int32` narrowed to int32 (ids, positions, indices: all < 2³¹). */
+function narrowInt64(feeds: Feeds, int32: Set<string>): Feeds {
+  let out: Feeds | null = null;
+  for (const name of int32) {
+    const t = feeds[name];
+    if (!t || t.type !== 'int64' || t.location !== 'cpu') continue;
+    out ??= { ...feeds };
+    const src = t.data as BigInt64Array;
+    const dst = new Int32Array(src.length);
+    for (let i = 0; i < src.length; i++) dst[i] = Number(src[i]);
+    out[name] = new ort.Tensor('int32', dst, t.dims);
+  }
+  return out ?? feeds;
 }
 
 export { ort };

@@ -17,6 +17,17 @@ import type { DType, TypedArray } from '../onnx/dtype.ts';
 import { BYTES_PER_ELEMENT } from '../onnx/dtype.ts';
 import { type Feeds, type Session, ort, toOrt } from './session.ts';
 
+/**
+ * Moves tensors between host memory and the device (WebGPU): `toDevice` returns a GPU-buffer copy of
+ * a host tensor, `toHost` a host copy of a GPU-buffer tensor. See src/runtime/transfer.ts.
+ */
+export interface DeviceTransfer {
+  toDevice(t: ort.Tensor): Promise<ort.Tensor>;
+  toHost(t: ort.Tensor): Promise<ort.Tensor>;
+}
+
+const onDevice = (t: ort.Tensor) => t.location === 'gpu-buffer';
+
 export type OutputMode = 'adopt' | 'preallocated';
 
 interface Entry {
@@ -51,8 +62,45 @@ const numel = (dims: readonly number[]) => dims.reduce((a, b) => a * b, 1);
 
 export class TensorStore {
   private entries = new Map<string, Entry>();
+  /** Host copies of device entries, valid until the entry is next replaced (see `toHost`). */
+  private hostCopies = new Map<string, ort.Tensor>();
 
-  constructor(readonly mode: OutputMode = 'adopt') {}
+  /** `device`: entries live on the device between runs (WebGPU); host copies only on request. */
+  constructor(
+    readonly mode: OutputMode = 'adopt',
+    readonly device: DeviceTransfer | null = null,
+  ) {
+    if (device && mode !== 'adopt') throw new Error('tensor store: device tensors are adopted from outputs, not preallocated');
+  }
+
+  /** Copies every host entry to the device (parameters as loaded, values written with `write`). */
+  async toDevice(): Promise<void> {
+    if (!this.device) return;
+    for (const e of this.entries.values()) {
+      if (onDevice(e.front)) continue;
+      e.front = await this.device.toDevice(e.front);
+    }
+  }
+
+  /** Makes `data()` valid for every device entry by copying it to the host (for checkpoints). */
+  async toHost(): Promise<void> {
+    if (!this.device) return;
+    for (const [name, e] of this.entries) {
+      if (onDevice(e.front) && !this.hostCopies.has(name)) this.hostCopies.set(name, await this.device.toHost(e.front));
+    }
+  }
+
+  /** Whether `name` currently lives on the device. */
+  onDevice(name: string): boolean {
+    return onDevice(this.entry(name).front);
+  }
+
+  /** Replaces an entry's value, freeing the device buffer it held. */
+  private replace(name: string, e: Entry, t: ort.Tensor): void {
+    if (onDevice(e.front) && e.front !== t) e.front.dispose();
+    e.front = t;
+    this.hostCopies.delete(name);
+  }
 
   /**
    * Declares an entry of zeros (or a copy of `init`). `storage`: an array the entry lives in instead
@@ -94,9 +142,16 @@ export class TensorStore {
     return this.entry(name).front;
   }
 
-  /** The current values (a live view: do not keep it across runs that update the entry). */
+  /**
+   * The current values (a live view: do not keep it across runs that update the entry). A device
+   * entry needs `await toHost()` first, and its view is a copy: `write` to change it.
+   */
   data(name: string): TypedArray {
-    return this.entry(name).front.data as TypedArray;
+    const e = this.entry(name);
+    if (!onDevice(e.front)) return e.front.data as TypedArray;
+    const copy = this.hostCopies.get(name);
+    if (!copy) throw new Error(`tensor store: ${name} is on the device; await toHost() before reading it`);
+    return copy.data as TypedArray;
   }
 
   dims(name: string): number[] {
@@ -107,9 +162,11 @@ export class TensorStore {
     return this.entry(name).dtype;
   }
 
-  /** Overwrites the current values in place. */
+  /** Overwrites the current values (in place on the host; a device entry moves to the host until `toDevice`). */
   write(name: string, values: ArrayLike<number> | TypedArray): void {
-    const d = this.data(name);
+    const e = this.entry(name);
+    if (onDevice(e.front)) this.replace(name, e, toOrt(e.dtype, alloc(e.dtype, numel(e.dims)), e.dims));
+    const d = e.front.data as TypedArray;
     if (values.length !== d.length) throw new Error(`tensor store: ${name} has ${d.length} elements, got ${values.length} values`);
     (d as Float32Array).set(values as ArrayLike<number>);
   }
@@ -147,7 +204,10 @@ export class TensorStore {
       fetches[out] = e.back; // null in 'adopt' mode: ORT allocates
     }
     const result = await session.run(feeds, fetches);
-    if (accept && !accept(result)) return result;
+    if (accept && !accept(result)) {
+      for (const [out] of updates) if (onDevice(result[out])) result[out].dispose();
+      return result;
+    }
     for (const [out, name] of updates) {
       const e = this.entry(name);
       if (e.back) {
@@ -159,7 +219,7 @@ export class TensorStore {
         if (r.type !== e.front.type || r.dims.length !== e.dims.length || r.dims.some((d, i) => d !== e.dims[i])) {
           throw new Error(`tensor store: output ${out} is ${r.type}[${r.dims}], entry ${name} is ${e.front.type}[${e.dims}]`);
         }
-        e.front = r;
+        this.replace(name, e, r);
       }
     }
     return result;

@@ -36,6 +36,17 @@ export interface CollateOptions {
   kl?: boolean;
   /** Pairwise and listwise: one row per example, its prompt shared by its responses (see above). */
   packed?: boolean;
+  /**
+   * LD-DPO (pairwise): response tokens past the shorter response's length count with this weight in
+   * the log-prob sums (loss_mask / score_select hold the weights); `sequence_tokens [N]` then carries
+   * the plain token counts.
+   */
+  ldAlpha?: number;
+  /**
+   * Pairwise: append one sequence per row for its rationale (src/train/rationale.ts), after the 2B
+   * response sequences, and `rationale_mask [B]` (1 where the row has one).
+   */
+  rationale?: boolean;
 }
 
 export interface Collated {
@@ -61,21 +72,40 @@ export function sequenceIndex(kind: Kind, B: number, K: number, i: number, k: nu
   return kind === 'listwise' ? i * K + k : k * B + i;
 }
 
-/** Sequences of a batch in the layout described above, with each sequence's prompt length. */
-function sequences(kind: Kind, rows: TokenizedExample[], kl = false): { prompt: number[]; response: number[] }[] {
-  if (kind === 'pairwise') {
-    return [0, 1].flatMap((k) => rows.map((r) => ({ prompt: r.promptIds, response: r.responseIds[k] })));
+/** One sequence of a batch: its prompt, its response, and LD-DPO's token weights (1 up to `front`, then `tail`). */
+interface Sequence {
+  prompt: number[];
+  response: number[];
+  front: number;
+  tail: number;
+}
+
+/** Response tokens counted at full weight in both responses of a pair under LD-DPO: the shorter one's length. */
+function ldWeights(rows: TokenizedExample[], i: number, o: CollateOptions): { front: number; tail: number } {
+  if (o.ldAlpha === undefined || o.kind !== 'pairwise') return { front: Infinity, tail: 1 };
+  const r = rows[i].responseIds;
+  return { front: Math.min(r[0].length, r[1].length), tail: o.ldAlpha };
+}
+
+/** Sequences of a batch in the layout described above, then the rationale sequences (pairwise, `rationale`). */
+function sequences(rows: TokenizedExample[], o: CollateOptions): Sequence[] {
+  const full = { front: Infinity, tail: 1 };
+  if (o.kind === 'pairwise') {
+    const pairs = [0, 1].flatMap((k) => rows.map((r, i) => ({ prompt: r.promptIds, response: r.responseIds[k], ...ldWeights(rows, i, o) })));
+    if (!o.rationale) return pairs;
+    // A row without a rationale gets a one-token placeholder that scores nothing (log-prob 0, masked out).
+    return [...pairs, ...rows.map((r) => (r.rationale ? { prompt: r.rationale.promptIds, response: r.rationale.responseIds, ...full } : { prompt: r.promptIds.slice(0, 1), response: [], ...full }))];
   }
-  if (kind === 'listwise') {
+  if (o.kind === 'listwise') {
     const K = Math.max(...rows.map((r) => r.responseIds.length));
     // Missing list entries become prompt-only sequences whose loss mask is empty (log-prob 0, masked).
-    return rows.flatMap((r) => Array.from({ length: K }, (_, k) => ({ prompt: r.promptIds, response: r.responseIds[k] ?? [] })));
+    return rows.flatMap((r) => Array.from({ length: K }, (_, k) => ({ prompt: r.promptIds, response: r.responseIds[k] ?? [], ...full })));
   }
-  const own = rows.map((r) => ({ prompt: r.promptIds, response: r.responseIds[0] }));
-  if (!kl) return own;
+  const own = rows.map((r) => ({ prompt: r.promptIds, response: r.responseIds[0], ...full }));
+  if (!o.kl) return own;
   return [...own, ...rows.map((r) => {
     if (!r.klResponseIds) throw new Error('collate: kl rows need klResponseIds');
-    return { prompt: r.promptIds, response: r.klResponseIds };
+    return { prompt: r.promptIds, response: r.klResponseIds, ...full };
   })];
 }
 
@@ -84,10 +114,16 @@ export function canPack(kind: Kind, kl = false): boolean {
   return (kind === 'pairwise' || kind === 'listwise') && !kl;
 }
 
-/** The model tensors of a packed batch (see the module comment); `seqIndex(i, k)` places response k of row i. */
-function packRows(rows: TokenizedExample[], K: number, seqIndex: (i: number, k: number) => number, o: CollateOptions): { feeds: Feeds; length: number; computed: number } {
-  const G = rows.length;
-  const maxLen = Math.max(2, ...rows.map((r) => r.promptIds.length + r.responseIds.reduce((n, x) => n + x.length, 0)));
+/** Prompt tokens computed once and the responses that follow it, each with its place among the S sequences. */
+interface PackGroup {
+  prompt: number[];
+  responses: { ids: number[]; seq: number; front: number; tail: number }[];
+}
+
+/** The model tensors of a packed batch (see the module comment) over the S sequences of `groups`. */
+function packRows(groups: PackGroup[], S: number, o: CollateOptions): { feeds: Feeds; length: number; computed: number } {
+  const G = groups.length;
+  const maxLen = Math.max(2, ...groups.map((r) => r.prompt.length + r.responses.reduce((n, x) => n + x.ids.length, 0)));
   const L = roundUp(maxLen, o.padTo);
   const ids = new BigInt64Array(G * L).fill(BigInt(o.padId));
   const pos = new BigInt64Array(G * L);
@@ -95,18 +131,19 @@ function packRows(rows: TokenizedExample[], K: number, seqIndex: (i: number, k: 
   const scoreIndex: number[] = [];
   const scoreTarget: number[] = [];
   const scoreSeq: number[] = [];
+  const scoreWeight: number[] = [];
   let computed = 0;
-  rows.forEach((r, i) => {
+  groups.forEach((r, i) => {
     const base = i * L;
-    const P = r.promptIds.length;
-    r.promptIds.forEach((id, t) => {
+    const P = r.prompt.length;
+    r.prompt.forEach((id, t) => {
       ids[base + t] = BigInt(id);
       pos[base + t] = BigInt(t);
       seg[base + t] = 1n;
     });
     let at = P;
-    r.responseIds.forEach((resp, k) => {
-      resp.forEach((id, j) => {
+    r.responses.forEach((resp, k) => {
+      resp.ids.forEach((id, j) => {
         ids[base + at + j] = BigInt(id);
         pos[base + at + j] = BigInt(P + j);
         seg[base + at + j] = BigInt(2 + k);
@@ -115,17 +152,17 @@ function packRows(rows: TokenizedExample[], K: number, seqIndex: (i: number, k: 
         if (from < 0) return;
         scoreIndex.push(base + from);
         scoreTarget.push(id);
-        scoreSeq.push(seqIndex(i, k));
+        scoreSeq.push(resp.seq);
+        scoreWeight.push(j < resp.front ? 1 : resp.tail);
       });
-      at += resp.length;
+      at += resp.ids.length;
     });
     computed += at;
   });
-  const S = rows.length * K;
   const M = scoreIndex.length;
   const F = o.dtype === 'float32' ? Float32Array : Float64Array;
   const select = new F(S * M);
-  scoreSeq.forEach((s, m) => (select[s * M + m] = 1));
+  scoreSeq.forEach((s, m) => (select[s * M + m] = scoreWeight[m]));
   const feeds: Feeds = {
     input_ids: toOrt('int64', ids, [G, L]),
     position_ids: toOrt('int64', pos, [G, L]),
@@ -137,20 +174,41 @@ function packRows(rows: TokenizedExample[], K: number, seqIndex: (i: number, k: 
   return { feeds, length: L, computed };
 }
 
+/** The packed groups of a batch: one per example (its responses), then one per rationale. */
+function packGroups(rows: TokenizedExample[], K: number, o: CollateOptions): PackGroup[] {
+  const B = rows.length;
+  const groups: PackGroup[] = rows.map((r, i) => ({
+    prompt: r.promptIds,
+    responses: r.responseIds.map((ids, k) => ({ ids, seq: sequenceIndex(o.kind, B, K, i, k), ...ldWeights(rows, i, o) })),
+  }));
+  if (o.rationale) {
+    rows.forEach((r, i) => {
+      if (r.rationale) groups.push({ prompt: r.rationale.promptIds, responses: [{ ids: r.rationale.responseIds, seq: K * B + i, front: Infinity, tail: 1 }] });
+    });
+  }
+  return groups;
+}
+
 export function collate(rows: TokenizedExample[], o: CollateOptions): Collated {
   if (o.packed && !canPack(o.kind, o.kl)) throw new Error(`collate: ${o.kind}${o.kl ? ' (with KL pairs)' : ''} batches cannot share prompts`);
-  const seqs = sequences(o.kind, rows, o.kl);
+  if (o.rationale && o.kind !== 'pairwise') throw new Error('collate: rationales belong to pairwise batches');
+  const seqs = sequences(rows, o);
   const N = seqs.length;
   const B = rows.length;
-  const K = o.kind === 'listwise' ? N / B : o.kind === 'pairwise' ? 2 : o.kl ? 2 : 1;
+  const K = o.kind === 'listwise' ? Math.max(...rows.map((r) => r.responseIds.length)) : o.kind === 'pairwise' ? 2 : o.kl ? 2 : 1;
   const tokens = seqs.reduce((n, s) => n + s.prompt.length + s.response.length, 0);
-  const packed = o.packed ? packRows(rows, K, (i, k) => sequenceIndex(o.kind, B, K, i, k), o) : null;
+  const packed = o.packed ? packRows(packGroups(rows, K, o), N, o) : null;
   const { feeds, length: T } = packed ?? padSequences(seqs, o);
-  return { ...finish(rows, feeds, N, K, o), sequences: N, length: T, tokens, computed: packed?.computed ?? tokens, k: K };
+  if (o.ldAlpha !== undefined) {
+    // Token counts stay counts when LD-DPO weights the log-prob sums (length-normalised losses read them).
+    const F = o.dtype === 'float32' ? Float32Array : Float64Array;
+    feeds.sequence_tokens = toOrt(o.dtype, F.from(seqs.map((s) => Math.max(0, s.response.length - (s.prompt.length === 0 ? 1 : 0)))), [N]);
+  }
+  return { ...finish(rows, feeds, K, o), sequences: N, length: T, tokens, computed: packed?.computed ?? tokens, k: K };
 }
 
 /** The model tensors of an unpacked batch: one right-padded row per sequence. */
-function padSequences(seqs: { prompt: number[]; response: number[] }[], o: CollateOptions): { feeds: Feeds; length: number } {
+function padSequences(seqs: Sequence[], o: CollateOptions): { feeds: Feeds; length: number } {
   const N = seqs.length;
   const maxLen = Math.max(2, ...seqs.map((s) => s.prompt.length + s.response.length));
   const T = roundUp(maxLen, o.padTo);
@@ -165,7 +223,7 @@ function padSequences(seqs: { prompt: number[]; response: number[] }[], o: Colla
       ids[base + t] = BigInt(all[t]);
       attn[base + t] = 1n;
     }
-    for (let t = s.prompt.length; t < all.length; t++) lossMask[base + t] = 1;
+    for (let t = s.prompt.length; t < all.length; t++) lossMask[base + t] = t - s.prompt.length < s.front ? 1 : s.tail;
   });
   const feeds: Feeds = {
     input_ids: toOrt('int64', ids, [N, T]),
@@ -176,14 +234,16 @@ function padSequences(seqs: { prompt: number[]; response: number[] }[], o: Colla
 }
 
 /** The per-row and per-sequence inputs of the losses, the same in both layouts. */
-function finish(rows: TokenizedExample[], feeds: Feeds, N: number, K: number, o: CollateOptions): { feeds: Feeds } {
+function finish(rows: TokenizedExample[], feeds: Feeds, K: number, o: CollateOptions): { feeds: Feeds } {
   const B = rows.length;
   const F = o.dtype === 'float32' ? Float32Array : Float64Array;
+  const N = B * K;
   const perRow = (f: (ex: TokenizedExample, i: number) => number) => toOrt(o.dtype, F.from(rows.map(f)), [B]);
   feeds.weight = perRow((r) => r.src.weight ?? 1);
   if (o.refLogps) {
-    // ref_logps follows the sequence layout: [2B] response-major for pairs, [B, K] for lists, [B].
-    const ref = new F(N);
+    // ref_logps follows the sequence layout: [2B] response-major for pairs, [B, K] for lists, [B]
+    // (rationale sequences have no reference).
+    const ref = new F(B * K);
     rows.forEach((r, i) => {
       const v = o.refLogps!(r, i);
       for (let k = 0; k < K; k++) ref[sequenceIndex(o.kind, B, K, i, k)] = v[k] ?? 0;
@@ -199,6 +259,7 @@ function finish(rows: TokenizedExample[], feeds: Feeds, N: number, K: number, o:
       feeds.chosen_probs = perRow((r) => r.src.winProbs![0]);
       feeds.rejected_probs = perRow((r) => r.src.winProbs![1]);
     }
+    if (o.rationale) feeds.rationale_mask = perRow((r) => (r.rationale ? 1 : 0));
   } else if (o.kind === 'listwise') {
     const scores = new F(N);
     const mask = new F(N);

@@ -57,15 +57,68 @@ export interface TrainConfig {
   /** Recompute reference log-probs every step instead of caching them once. */
   ref_on_the_fly: boolean;
   /**
+   * TR-DPO ("Learn Your Reference Model for Real Good Alignment", Gorbatovski et al. 2024): every
+   * ref_model_sync_steps optimizer steps the reference becomes ref ← α·policy + (1 − α)·ref with
+   * α = ref_model_mixup_alpha (LoRA merged into the policy first). Reference log-probs are then
+   * computed for every batch, never read from a cache. The reference needs the policy's shapes.
+   */
+  sync_ref_model: boolean;
+  /** α of the TR-DPO soft update (1: the reference becomes the policy). */
+  ref_model_mixup_alpha: number;
+  /** Optimizer steps between two TR-DPO reference updates. */
+  ref_model_sync_steps: number;
+  /**
+   * LD-DPO ("Length Desensitization in Direct Preference Optimization", 2024), pairwise data: the
+   * policy's log-prob of a response counts its first min(n_w, n_l) tokens fully and the tokens past
+   * that weighted by ld_alpha (reference log-probs and token counts are unchanged, as in TRL and
+   * LLaMA-Factory). 1 turns it off.
+   */
+  ld_alpha: number;
+  /**
+   * With LoRA: also write the trained adapter to RUN/adapter/ in PEFT's layout
+   * (adapter_model.safetensors with `base_model.model.<module>.lora_A.weight` names, adapter_config.json).
+   */
+  save_adapter: boolean;
+  /** Write the merged model to RUN/final/ (false together with save_adapter: the adapter only). */
+  save_merged: boolean;
+  /**
    * Pairwise and listwise data: run each prompt once per example, shared by its responses (same
    * log-probs and gradients as one sequence per response, less work). false: one sequence per response.
    */
   share_prompt: boolean;
   /** Save the final weights as F32 or BF16. */
   save_dtype: 'F32' | 'BF16';
-  device: 'cpu' | 'cuda';
+  /**
+   * Where the model runs: 'cpu'; 'webgpu' (any Vulkan GPU through the WebGPU provider bundled with
+   * onnxruntime-node, nothing to install); 'cuda' (needs onnxruntime-node's CUDA binaries).
+   */
+  device: 'cpu' | 'webgpu' | 'cuda';
   /** ONNX Runtime intra-op threads; 0 lets the runtime choose. */
   threads: number;
+
+  // --- Logging, checkpoints kept, eval samples, data size (issue 17, items 6–8) ---
+  /** Where metrics go besides metrics.jsonl: 'tensorboard' also writes event files to RUN/runs/. */
+  report_to: 'none' | 'tensorboard';
+  /** Keep at most this many checkpoints (the oldest are removed; the best one is kept); 0 keeps all. */
+  save_total_limit: number;
+  /**
+   * Save the checkpoint with the best metric_for_best_model as RUN/final instead of the last one
+   * (needs eval_data and eval_steps; a checkpoint is written at every evaluation).
+   */
+  load_best_model_at_end: boolean;
+  /**
+   * Eval metric that picks the best checkpoint ('' : accuracy for pairwise data, ndcg for listwise,
+   * roc_auc for single). Higher is better unless its name ends in "loss".
+   */
+  metric_for_best_model: string;
+  /** At every evaluation, write N eval prompts' greedy completions of policy and reference to RUN/samples/step-K.jsonl. */
+  eval_generate: number;
+  /** Longest eval_generate completion in tokens. */
+  eval_generate_max_new_tokens: number;
+  /** Train on the first N rows of the data only (0: all); the reference scores only those. */
+  max_samples: number;
+  /** Evaluate on the first N rows of eval_data only (0: all). */
+  eval_samples: number;
 }
 
 export const DEFAULT_CONFIG: TrainConfig = {
@@ -97,10 +150,25 @@ export const DEFAULT_CONFIG: TrainConfig = {
   lora_alpha: 16,
   lora_target_modules: 'q_proj,v_proj',
   ref_on_the_fly: false,
+  sync_ref_model: false,
+  ref_model_mixup_alpha: 0.6,
+  ref_model_sync_steps: 512,
+  ld_alpha: 1,
+  save_adapter: false,
+  save_merged: true,
   share_prompt: true,
   save_dtype: 'F32',
   device: 'cpu',
   threads: 0,
+
+  report_to: 'none',
+  save_total_limit: 0,
+  load_best_model_at_end: false,
+  metric_for_best_model: '',
+  eval_generate: 0,
+  eval_generate_max_new_tokens: 32,
+  max_samples: 0,
+  eval_samples: 0,
 };
 
 const CHOICES: Partial<Record<keyof TrainConfig, readonly string[]>> = {
@@ -108,7 +176,8 @@ const CHOICES: Partial<Record<keyof TrainConfig, readonly string[]>> = {
   optimizer: ['adamw', 'sgd'],
   truncation: ['keep_start', 'keep_end'],
   save_dtype: ['F32', 'BF16'],
-  device: ['cpu', 'cuda'],
+  device: ['cpu', 'webgpu', 'cuda'],
+  report_to: ['none', 'tensorboard'],
 };
 
 /** Range checks: [min, max, integer?]. */
@@ -135,7 +204,15 @@ const RANGES: Partial<Record<keyof TrainConfig, [number, number, boolean]>> = {
   logging_steps: [1, 1e12, true],
   lora_r: [0, 4096, true],
   lora_alpha: [0, 1e6, false],
+  ref_model_mixup_alpha: [0, 1, false],
+  ref_model_sync_steps: [1, 1e12, true],
+  ld_alpha: [0, 1, false],
   threads: [0, 1024, true],
+  save_total_limit: [0, 1e9, true],
+  eval_generate: [0, 1e6, true],
+  eval_generate_max_new_tokens: [1, 1 << 20, true],
+  max_samples: [0, 1e12, true],
+  eval_samples: [0, 1e12, true],
 };
 
 function coerce(key: keyof TrainConfig, raw: unknown, where: string): TrainConfig[keyof TrainConfig] {
@@ -207,8 +284,15 @@ export function resolveConfig(opts: { configFile?: string; params?: readonly str
     apply(parsed as Record<string, unknown>, opts.configFile);
   }
   apply(parseParams(opts.params ?? []), '--param');
+  if (!config.save_merged && !config.save_adapter) {
+    throw new UserError('save_merged=false needs save_adapter=true (otherwise the run would save no model)');
+  }
   if (config.max_prompt_length >= config.max_length) {
     throw new UserError(`max_prompt_length (${config.max_prompt_length}) must be smaller than max_length (${config.max_length})`);
   }
+  if (config.load_best_model_at_end && !(config.eval_data && config.eval_steps > 0)) {
+    throw new UserError('load_best_model_at_end needs eval_data and eval_steps > 0 (the best checkpoint is chosen by evaluation)');
+  }
+  if (config.eval_generate > 0 && !config.eval_data) throw new UserError('eval_generate needs eval_data (its prompts are generated from)');
   return { config, lossParams };
 }

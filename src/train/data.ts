@@ -2,13 +2,13 @@
  * Training data: any input `convert` accepts (or canonical Parquet) → typed examples → token ids
  * under the model's tokenizer and chat template, truncated to the configured lengths.
  */
-import { existsSync, mkdirSync } from 'node:fs';
+import { mkdirSync } from 'node:fs';
 import { basename, join } from 'node:path';
+import { Table } from 'apache-arrow';
 import type * as arrow from 'apache-arrow';
-import { readCanonical, parquetFooter } from '../../datasets/parquet.ts';
+import { canonicalMeta, readCanonicalBatches, resolveDataset } from '../../datasets/parquet.ts';
 import { convert } from '../../datasets/convert.ts';
 import type { Kind, PrefzooMeta } from '../../datasets/schema.ts';
-import { META_KEY } from '../../datasets/schema.ts';
 import { readTokenColumns, type TokenRow } from '../../datasets/tokenized.ts';
 import { UserError } from '../cli/errors.ts';
 import { type LoadedTokenizer, type Message, tokenizePromptResponse } from '../tokenize/index.ts';
@@ -28,6 +28,8 @@ export interface Example {
   label?: boolean;
   weight?: number;
   source?: string;
+  /** Pairwise: why chosen beats rejected (absent on rows without one). */
+  rationale?: string;
 }
 
 export interface TokenizedExample {
@@ -37,6 +39,8 @@ export interface TokenizedExample {
   klResponseIds?: number[];
   /** Cut to the length limits, here or when `prefzoo tokenize` stored the ids. */
   truncated?: boolean;
+  /** The rationale as a sequence of its own (src/train/rationale.ts), when the row has one and the loss reads it. */
+  rationale?: { promptIds: number[]; responseIds: number[] };
   src: Example;
 }
 
@@ -48,18 +52,8 @@ export interface LoadedData {
   files: string[];
   /** Token ids stored by `prefzoo tokenize`, when the file has them. */
   tokens?: TokenRow[];
-  /** The Arrow table itself (for writing derived columns). */
+  /** The Arrow table itself (for writing derived columns), when the data is one file. */
   table?: arrow.Table;
-}
-
-async function isCanonicalParquet(file: string): Promise<boolean> {
-  if (!file.endsWith('.parquet')) return false;
-  try {
-    const { metadata } = await parquetFooter(file);
-    return metadata.has(META_KEY);
-  } catch {
-    return false;
-  }
 }
 
 function textOf(v: unknown, where: string): Text {
@@ -78,7 +72,7 @@ function numbersOf(v: unknown): number[] {
 }
 
 /** Turns a canonical Arrow table into examples (small per-row objects; the trainer batches from these). */
-export function tableExamples(table: arrow.Table, meta: PrefzooMeta, file: string): Example[] {
+export function tableExamples(table: arrow.Table | arrow.RecordBatch, meta: PrefzooMeta, file: string, firstRow = 0): Example[] {
   const col = (name: string) => table.getChild(name);
   const prompt = col('prompt')!;
   const out: Example[] = [];
@@ -88,7 +82,7 @@ export function tableExamples(table: arrow.Table, meta: PrefzooMeta, file: strin
     return v === null || v === undefined ? undefined : v;
   };
   for (let i = 0; i < table.numRows; i++) {
-    const where = `${file}: row ${i + 1}`;
+    const where = `${file}: row ${firstRow + i + 1}`;
     const ex: Example = { prompt: textOf(prompt.get(i), where), responses: [] };
     if (meta.kind === 'pairwise') {
       ex.responses = [textOf(col('chosen')!.get(i), where), textOf(col('rejected')!.get(i), where)];
@@ -100,6 +94,8 @@ export function tableExamples(table: arrow.Table, meta: PrefzooMeta, file: strin
       if (cp !== undefined && rp !== undefined) ex.winProbs = [Number(cp), Number(rp)];
       const w = opt('weight', i);
       if (w !== undefined) ex.weight = Number(w);
+      const why = opt('rationale', i);
+      if (why !== undefined && String(why).trim() !== '') ex.rationale = String(why);
     } else if (meta.kind === 'listwise') {
       const rs = col('responses')!.get(i) as { toArray(): unknown[] };
       ex.responses = Array.from(rs.toArray(), (r) => textOf(r, where));
@@ -121,23 +117,40 @@ export function tableExamples(table: arrow.Table, meta: PrefzooMeta, file: strin
 }
 
 /**
- * Loads a dataset for training or evaluation. Canonical Parquet is read as is; anything else is
- * converted first (into `workDir`, kept so the user can see what was trained on).
+ * Loads a dataset for training or evaluation: a file, shards, a directory of Parquet shards or a
+ * glob (resolveDataset). Canonical Parquet is streamed batch by batch (no file is held whole);
+ * anything else is converted first (into `workDir`, kept so the user can see what was trained on).
+ * With `maxRows`, only the first rows (in file order) are read.
  */
-export async function loadData(file: string, workDir: string, opts: { kind?: Kind; binarize?: boolean; seed?: number } = {}): Promise<LoadedData> {
-  if (!existsSync(file)) throw new UserError(`${file}: no such file`);
-  let path = file;
-  if (!(await isCanonicalParquet(file))) {
+export async function loadData(file: string, workDir: string, opts: { kind?: Kind; binarize?: boolean; seed?: number; maxRows?: number } = {}): Promise<LoadedData> {
+  let files = resolveDataset(file);
+  const metas = await Promise.all(files.map(canonicalMeta));
+  if (metas.some((m) => !m)) {
     mkdirSync(workDir, { recursive: true });
-    path = join(workDir, `${basename(file).replace(/(\.gz)?$/, '').replace(/\.[^.]*$/, '')}.parquet`);
-    await convert([file], path, { kind: opts.kind, binarize: opts.binarize, seed: opts.seed });
+    const base = files.length === 1 ? basename(files[0]).replace(/(\.gz)?$/, '').replace(/\.[^.]*$/, '') : 'data';
+    const out = join(workDir, `${base}.parquet`);
+    files = (await convert(files, out, { kind: opts.kind, binarize: opts.binarize, seed: opts.seed })).outputs;
   }
-  const { table, meta, files } = await readCanonical(path);
+  let meta: PrefzooMeta | null = null;
+  const examples: Example[] = [];
+  let tokens: TokenRow[] | undefined = [];
+  const tables: arrow.Table[] = [];
+  for await (const b of readCanonicalBatches(files, { maxRows: opts.maxRows })) {
+    meta ??= b.meta;
+    const t = new Table([b.batch]);
+    examples.push(...tableExamples(t, b.meta, b.file, b.fileRow));
+    const tk = readTokenColumns(t, b.meta.kind);
+    // Token ids count only when every row has them.
+    if (tokens && tk) tokens.push(...tk);
+    else tokens = undefined;
+    if (files.length === 1) tables.push(t);
+  }
+  if (!meta || examples.length === 0) throw new UserError(`${file}: has no rows`);
   if (opts.kind && meta.kind !== opts.kind) {
     throw new UserError(`${file}: is ${meta.kind} data, this needs ${opts.kind}`);
   }
-  if (table.numRows === 0) throw new UserError(`${file}: has no rows`);
-  return { kind: meta.kind, meta, examples: tableExamples(table, meta, file), files, tokens: readTokenColumns(table, meta.kind) ?? undefined, table };
+  const table = tables.length ? new Table(tables.flatMap((t) => t.batches)) : undefined;
+  return { kind: meta.kind, meta, examples, files, tokens, table };
 }
 
 export interface TruncationConfig {

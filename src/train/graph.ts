@@ -8,11 +8,11 @@ import type { BatchTensors } from '../../losses/types.ts';
 import type { BoundLoss } from '../../losses/index.ts';
 import type { ArtifactSpec, BatchInputSpec } from '../artifacts/build.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
-import type { Graph, Tensor } from '../onnx/graph.ts';
+import { attr, type Graph, type Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
-import { scoredLogps, sequenceLogps } from '../models/logps.ts';
+import { scoredLogps, sequenceLogps, type SequenceLogps } from '../models/logps.ts';
 import { modelParamSpecs } from './run.ts';
 import { canPack } from './batch.ts';
 
@@ -30,6 +30,12 @@ export interface TrainProblem {
   kl?: boolean;
   /** Pairwise and listwise: each example's responses share one computed prompt (src/train/batch.ts). */
   packed?: boolean;
+  /** Unpacked batches: the head over every position, no data-dependent ops (for WebGPU; see sequenceLogps). */
+  dense?: boolean;
+  /** LD-DPO: the log-prob sums are token-weighted, so the batch carries the token counts (`sequence_tokens`). */
+  lengthWeighted?: boolean;
+  /** Pairwise: the batch ends with one rationale sequence per row, and `rationale_mask [B]`. */
+  rationale?: boolean;
 }
 
 const F = 'float32' as const;
@@ -50,10 +56,13 @@ export function batchInputSpecs(p: TrainProblem): BatchInputSpec[] {
         { name: 'attention_mask', dtype: 'int64', shape: ['seqs', 'len'] },
         { name: 'loss_mask', dtype: F, shape: ['seqs', 'len'] },
       ];
-  const specs: BatchInputSpec[] = [...model, { name: 'ref_logps', dtype: F, shape: ['seqs'] }, { name: 'weight', dtype: F, shape: ['rows'] }];
+  // Rationale sequences have no reference log-prob: ref_logps is then shorter than the sequence list.
+  const specs: BatchInputSpec[] = [...model, { name: 'ref_logps', dtype: F, shape: [p.rationale ? 'ref_seqs' : 'seqs'] }, { name: 'weight', dtype: F, shape: ['rows'] }];
+  if (p.lengthWeighted) specs.push({ name: 'sequence_tokens', dtype: F, shape: ['seqs'] });
   const perRow = (name: string) => specs.push({ name, dtype: F, shape: ['rows'] });
   if (p.kind === 'pairwise') {
     for (const k of ['chosen_scores', 'rejected_scores', 'chosen_probs', 'rejected_probs']) if (p.dataKeys.has(k)) perRow(k);
+    if (p.rationale) perRow('rationale_mask');
   } else if (p.kind === 'listwise') {
     specs.push({ name: 'scores', dtype: F, shape: ['rows', 'k'] }, { name: 'mask', dtype: F, shape: ['rows', 'k'] });
     if (p.dataKeys.has('win_probs')) specs.push({ name: 'win_probs', dtype: F, shape: ['rows', 'k'] });
@@ -65,10 +74,17 @@ export function batchInputSpecs(p: TrainProblem): BatchInputSpec[] {
 }
 
 
-/** [2B] response-major → ([B] first half, [B] second half): chosen/rejected, or KTO's own/mismatched. */
+/** [nB] response-major → n tensors [B]: chosen/rejected (/rationale), or KTO's own/mismatched. */
+function splitN(g: Graph, x: Tensor, n: number): Tensor[] {
+  const parts = g.reshape(x, [n, -1]);
+  // Every part carries the per-example dim 'rows' (as weights and scores do), so gradients of the loss's elementwise ops unbroadcast statically.
+  const part = (i: number) => g.op('Gather', [parts, g.constant(i, 'int64')], { axis: attr.int(0) }, [{ dtype: x.dtype, shape: ['rows'] }])[0];
+  return Array.from({ length: n }, (_, k) => part(k));
+}
+
 function splitPairs(g: Graph, x: Tensor): [Tensor, Tensor] {
-  const two = g.reshape(x, [2, -1]);
-  return [g.gather(two, g.constant(0, 'int64'), 0), g.gather(two, g.constant(1, 'int64'), 0)];
+  const [a, b] = splitN(g, x, 2);
+  return [a, b];
 }
 
 /** Batch tensors by the loss zoo's key names, from the model's statistics and the batch inputs. */
@@ -76,9 +92,12 @@ function lossInputs(g: Graph, p: TrainProblem, logp: Tensor, tokens: Tensor, bat
   // Losses that sort the batch (AOT) take no row weights.
   const ins: BatchTensors = p.loss.rowwise ? { weight: batch.weight } : {};
   if (p.kind === 'pairwise') {
-    [ins.policy_chosen_logps, ins.policy_rejected_logps] = splitPairs(g, logp);
+    const n = p.rationale ? 3 : 2;
+    [ins.policy_chosen_logps, ins.policy_rejected_logps, ins.policy_rationale_logps] = splitN(g, logp, n);
     [ins.ref_chosen_logps, ins.ref_rejected_logps] = splitPairs(g, batch.ref_logps);
-    [ins.chosen_tokens, ins.rejected_tokens] = splitPairs(g, tokens);
+    [ins.chosen_tokens, ins.rejected_tokens] = splitN(g, tokens, n);
+    if (p.rationale) ins.rationale_mask = batch.rationale_mask;
+    else delete ins.policy_rationale_logps;
     for (const k of ['chosen_scores', 'rejected_scores', 'chosen_probs', 'rejected_probs']) if (batch[k]) ins[k] = batch[k];
   } else if (p.kind === 'listwise') {
     const shape = g.shapeOf(batch.mask);
@@ -104,6 +123,27 @@ function lossInputs(g: Graph, p: TrainProblem, logp: Tensor, tokens: Tensor, bat
   return ins;
 }
 
+/**
+ * TRL's monitoring metrics over the counted response tokens (token-weighted means, no gradient):
+ * `logits/chosen` and `logits/rejected` (pairwise: the mean logit over the vocabulary, averaged
+ * over the chosen or rejected tokens of the batch) and `entropy` (mean entropy in nats of the
+ * predicted next-token distribution; KTO's mismatched KL sequences are left out).
+ */
+function tokenStatMetrics(g: Graph, p: TrainProblem, seq: SequenceLogps): Record<string, Tensor> {
+  if (!seq.logitSum || !seq.entropySum) return {};
+  return g.scope('token_stats', (): Record<string, Tensor> => {
+    const tokens = g.stopGradient(seq.tokens);
+    const ratio = (num: Tensor, den: Tensor) => g.div(g.reduceSum(num, undefined, false), g.max(g.reduceSum(den, undefined, false), g.constant(1, den.dtype)));
+    if (p.kind === 'pairwise') {
+      const [lc, lr] = splitPairs(g, seq.logitSum!);
+      const [tc, tr] = splitPairs(g, tokens);
+      return { 'logits/chosen': ratio(lc, tc), 'logits/rejected': ratio(lr, tr), entropy: ratio(seq.entropySum!, tokens) };
+    }
+    if (p.kl) return { entropy: ratio(splitPairs(g, seq.entropySum!)[0], splitPairs(g, tokens)[0]) };
+    return { entropy: ratio(seq.entropySum!, tokens) };
+  });
+}
+
 export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, optimizer: OptimizerConfig): ArtifactSpec {
   if (p.packed && (!canPack(p.kind, p.kl) || p.valueHead)) throw new Error(`buildSpec: ${p.kind} batches${p.kl ? ' with KL pairs' : ''}${p.valueHead ? ' with a value head' : ''} cannot share prompts`);
   return {
@@ -118,9 +158,12 @@ export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, op
         ? { inputIds: batch.input_ids, packed: { positionIds: batch.position_ids, segmentIds: batch.segment_ids } }
         : { inputIds: batch.input_ids, attentionMask: batch.attention_mask };
       const model = buildCausalLM(g, p.config, paramMap, inputs, { lora: p.lora });
-      const { logp, tokens } = p.packed
-        ? scoredLogps(g, model, batch.score_index, batch.score_target, batch.score_select)
-        : sequenceLogps(g, model, batch.loss_mask);
+      const stats = mode === 'train';
+      const seq = p.packed
+        ? scoredLogps(g, model, batch.score_index, batch.score_target, batch.score_select, { stats })
+        : sequenceLogps(g, model, batch.loss_mask, { stats, dense: p.dense });
+      const logp = seq.logp;
+      const tokens = p.lengthWeighted ? batch.sequence_tokens : seq.tokens;
       const values = p.valueHead && batch.value_index ? valueHead(g, model, paramMap, batch.value_index) : null;
       if (mode === 'eval') {
         const outputs: Record<string, Tensor> = { logp, tokens };
@@ -129,7 +172,7 @@ export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, op
       }
       const ins = lossInputs(g, p, logp, tokens, batch, values);
       const r = g.scope('loss', () => p.loss.emit(g, ins, p.kind));
-      return { loss: r.loss, metrics: r.metrics };
+      return { loss: r.loss, metrics: { ...r.metrics, ...tokenStatMetrics(g, p, seq) } };
     },
   };
 }

@@ -19,10 +19,14 @@ export interface FileStamp {
 }
 
 export interface RefCacheIdentity {
+  /** Which weights score the reference (reference.ts): `model:DIR`, or `model:DIR+adapter:DIR`. */
+  reference: string;
   /** Files of the starting (policy) model folder: config, weights, tokenizer. */
   model: FileStamp[];
-  /** Files of a separate reference model folder, or null when the reference is the starting model. */
+  /** Files of a separate reference model folder (`train --ref`), or null when the reference is the starting model. */
   ref_model: FileStamp[] | null;
+  /** Files of the PEFT adapter folder the run starts from (`train --adapter`), or null. */
+  adapter: FileStamp[] | null;
   /** The data file(s) as given (null stamp fields when rows came from memory). */
   data: FileStamp[];
   /** Tokenization settings the rows were cut with. */
@@ -37,8 +41,10 @@ export interface RefCacheIdentity {
 
 /** Human names of the fields, for the one-line refusal. */
 const FIELD_NAMES: Record<keyof RefCacheIdentity, string> = {
+  reference: 'reference',
   model: 'model files',
-  ref_model: 'reference model',
+  ref_model: 'reference model files',
+  adapter: 'adapter files',
   data: 'data file',
   tokenization: 'tokenization settings',
   tokens: 'token ids',
@@ -56,7 +62,7 @@ function stamp(file: string): FileStamp {
 
 /** The files of a model folder that define it (config, weights, tokenizer and template), sorted. */
 export function modelStamps(dir: string): FileStamp[] {
-  const keep = /^(config\.json|.*\.safetensors(\.index\.json)?|tokenizer.*\.json|special_tokens_map\.json|chat_template\.jinja|vocab\.json|merges\.txt)$/;
+  const keep = /^(config\.json|adapter_config\.json|.*\.safetensors(\.index\.json)?|tokenizer.*\.json|special_tokens_map\.json|chat_template\.jinja|vocab\.json|merges\.txt)$/;
   return readdirSync(dir).filter((f) => keep.test(f)).sort().map((f) => stamp(join(dir, f)));
 }
 
@@ -77,8 +83,10 @@ export function tokenDigest(rows: readonly TokenizedExample[]): string {
 }
 
 export function refCacheIdentity(o: {
+  reference: string;
   model: string;
   refModel?: string;
+  adapter?: string;
   data: string;
   dataFiles?: readonly string[];
   truncation: TruncationConfig;
@@ -89,8 +97,10 @@ export function refCacheIdentity(o: {
 }): RefCacheIdentity {
   const files = o.dataFiles?.length ? o.dataFiles : [o.data];
   return {
+    reference: o.reference,
     model: modelStamps(o.model),
     ref_model: o.refModel ? modelStamps(o.refModel) : null,
+    adapter: o.adapter ? modelStamps(o.adapter) : null,
     data: files.map(stamp),
     tokenization: { max_length: o.truncation.max_length, max_prompt_length: o.truncation.max_prompt_length, truncation: o.truncation.truncation },
     tokens: tokenDigest(o.rows),

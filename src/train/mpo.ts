@@ -26,6 +26,7 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const [term] = resolveLoss('mpo', lossParams).terms;
   const p = term.params as { beta: number; label_smoothing: number; delta: number | null; delta_quantile: number; stage2_loss: string };
+  if (!config.save_merged) throw new UserError('mpo: stage 2 starts from stage 1\'s merged model, so save_merged=false cannot be used');
   prepareRunFolder(o.out, o);
   const data = o.rows ?? (await loadData(o.data, join(o.out, 'data'), { seed: config.seed }));
   if (data.kind !== 'pairwise') throw new UserError(`${o.data}: mpo trains on pairwise data, this is ${data.kind}`);
@@ -67,7 +68,9 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
     out: join(o.out, 'stage2'),
     params: [...settings, ...params2.map(([k, v]) => `${k}=${v}`)],
     rows: subset(split.hard),
+    // Stage 1's merged model is both the start and the reference of stage 2 (an --adapter is in it).
     refModel: undefined,
+    adapter: undefined,
     overwrite: false,
   });
   // Both stages' metrics in one file; stage 2's steps continue after stage 1's.

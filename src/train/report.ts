@@ -6,6 +6,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { writeFileAtomic } from '../files.ts';
 import { join } from 'node:path';
 import { UserError } from '../cli/errors.ts';
+import { readSamples } from './samples.ts';
 
 export type MetricRow = Record<string, number | string>;
 
@@ -107,6 +108,19 @@ export function renderReport(runDir: string): string {
         .join('') +
       '</table>';
   }
+  const sampleSets = readSamples(runDir);
+  const promptText = (p: unknown) => (typeof p === 'string' ? p : Array.isArray(p) ? p.map((m: { role: string; content: string }) => `${m.role}: ${m.content}`).join('\n') : JSON.stringify(p));
+  const samples = sampleSets.length
+    ? sampleSets
+        .map(
+          (set, i) =>
+            `<details${i === sampleSets.length - 1 ? ' open' : ''}><summary>step ${set.step} (${set.rows.length} prompts)</summary>` +
+            '<table><tr><th>#</th><th>prompt</th><th>reference</th><th>policy</th></tr>' +
+            set.rows.map((r) => `<tr><td>${r.index}</td><td><pre>${esc(promptText(r.prompt))}</pre></td><td><pre>${esc(r.reference)}</pre></td><td><pre>${esc(r.policy)}</pre></td></tr>`).join('') +
+            '</table></details>',
+        )
+        .join('\n')
+    : '<p>No sample generations (set eval_generate=N to record them).</p>';
   const cfgFile = join(runDir, 'config.json');
   const cfg = existsSync(cfgFile) ? readFileSync(cfgFile, 'utf8') : '{}';
   return `<!doctype html><html><head><meta charset="utf-8"><title>prefzoo run report</title>
@@ -118,6 +132,8 @@ pre{background:#f6f6f6;padding:1em;overflow:auto}</style></head><body>
 ${charts}
 <h2>Final evaluation</h2>
 ${evalTable}
+<h2>Sample generations (greedy, eval prompts)</h2>
+${samples}
 <h2>Configuration</h2>
 <pre>${esc(cfg)}</pre>
 </body></html>

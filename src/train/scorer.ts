@@ -8,7 +8,6 @@ import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { buildLogpsGraph } from '../models/logps.ts';
 import { modelParameterShapes } from '../models/params.ts';
-import { serializeModel } from '../onnx/proto.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import { collate, sequenceIndex } from './batch.ts';
 import type { TokenizedExample } from './data.ts';
@@ -28,14 +27,14 @@ export class Scorer {
   ) {}
 
   static async create(config: ModelConfig, weights: Map<string, FloatTensor>, runtime: RuntimeOptions, padId: number): Promise<Scorer> {
-    const g = buildLogpsGraph(config, { dtype: 'float32' });
+    const g = buildLogpsGraph(config, { dtype: 'float32', dense: runtime.ep === 'webgpu' });
     const params: Feeds = {};
     for (const [name, shape] of modelParameterShapes(config)) {
       const w = weights.get(name);
       if (!w) throw new Error(`weights lack ${name}`);
       params[name] = toOrt('float32', w.data, shape);
     }
-    return new Scorer(await Session.create(serializeModel(g), runtime), params, padId);
+    return new Scorer(await Session.fromGraph(g, runtime), params, padId);
   }
 
   /** Scores every example, `batchSize` examples per forward pass, in sorted-by-length order. */

@@ -4,18 +4,30 @@
  * final model in HF layout.
  *
  * Run folder:
- *   config.json            the resolved TrainConfig + loss + model (written before the reference)
+ *   config.json            the resolved TrainConfig + loss + model (written first)
  *   data/                  the converted input (when it was not canonical Parquet) and the
  *                          reference cache `reference.parquet` (ref_chosen_logp, ref_rejected_logp, …
- *                          one row per training example, in data order), with `reference.json`,
- *                          the record of what made it (identity.ts)
+ *                          one row per training example, in data order) with `reference.json`
+ *                          beside it: what made it (identity.ts: the reference, `model:DIR` or with
+ *                          --adapter `model:DIR+adapter:DIR`, its files, the data, the token ids,
+ *                          the loss); a cache made by anything else is refused
  *   artifacts/             training_model.onnx, eval_model.onnx, optimizer_model.onnx, artifacts.json
- *   checkpoints/step-N/    params + optimizer state + state.json, every save_steps
+ *   checkpoints/step-N/    params + optimizer state + state.json, every save_steps (and
+ *                          `reference.safetensors` under TR-DPO: the moving reference)
  *   metrics.jsonl          one row per logging step (and `split: "eval"` rows)
- *   final/                 the trained model in HF layout (LoRA merged)
+ *   runs/                  TensorBoard event files (report_to=tensorboard)
+ *   samples/step-K.jsonl   greedy completions of policy and reference at each evaluation (eval_generate)
+ *   best.json              the best checkpoint by metric_for_best_model (load_best_model_at_end)
+ *   final/                 the trained model in HF layout (LoRA merged; not with save_merged=false;
+ *                          with load_best_model_at_end, the best checkpoint's weights)
+ *   adapter/               with LoRA and save_adapter=true: the adapter in PEFT's layout (src/models/peft.ts)
+ *
+ * The reference is the starting policy (the base model, merged with --adapter's adapter when one is
+ * given), or `--ref DIR`. Under TR-DPO (sync_ref_model) it moves toward the policy every
+ * ref_model_sync_steps steps and its log-probs are computed for every batch.
  */
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { join, relative, resolve } from 'node:path';
 import { appendLine, sweepStaleTemps, writeFileAtomic } from '../files.ts';
 import type { Kind } from '../../datasets/schema.ts';
 import { UserError } from '../cli/errors.ts';
@@ -25,10 +37,17 @@ import { TrainingArtifacts } from '../artifacts/training.ts';
 import { loadModel } from '../models/load.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { initLora, initValueHead, mergeLora, type LoraConfig } from '../models/index.ts';
+import { loadAdapter, saveAdapter } from '../models/peft.ts';
+import { readSafetensors, tensorToFloat32 } from '../artifacts/safetensors.ts';
+import type { CheckpointTensor } from '../artifacts/checkpoint.ts';
+import { copyWeights, loadReferenceModel, sameParameters, softUpdate, type ReferenceModel } from './reference.ts';
+import { identityDiff, readIdentity, refCacheIdentity, writeIdentity } from './identity.ts';
+import { tokenizeRationales } from './rationale.ts';
 import { loadTokenizer } from '../tokenize/index.ts';
 import { lrAt } from '../optim/schedule.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
-import type { RuntimeOptions } from '../runtime/session.ts';
+import { checkDevice, type RuntimeOptions } from '../runtime/session.ts';
+import { describePlacement, placement } from '../runtime/placement.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
 import { currentWeights as artifactWeights, loraOf, optimizerOf, runtimeOf, saveModelFolder, writeJsonAtomic } from './run.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from './data.ts';
@@ -39,8 +58,10 @@ import { buildSpec, type TrainProblem } from './graph.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { SeededRandom } from './random.ts';
 import { Scorer } from './scorer.ts';
-import { identityDiff, readIdentity, refCacheIdentity, writeIdentity } from './identity.ts';
 import { Evaluator, type EvalSummary } from '../eval/evaluate.ts';
+import { CKPT_DIR, bestMetricName, completeCheckpoints, improves, metricValue, pruneCheckpoints, stepDir, type Best } from './checkpoints.ts';
+import { TensorBoardWriter } from './tensorboard.ts';
+import { EvalSampler } from './samples.ts';
 
 export interface TrainOptions {
   model: string;
@@ -57,8 +78,10 @@ export interface TrainOptions {
   log?: (line: string) => void;
   /** Replace the contents of a non-empty run folder (otherwise it is refused unless resuming). */
   overwrite?: boolean;
-  /** Use this reference model folder instead of the starting weights. */
+  /** Use this reference model folder instead of the starting weights (`train --ref DIR`). */
   refModel?: string;
+  /** Start the LoRA adapters from this PEFT adapter folder (`train --adapter DIR`). */
+  adapter?: string;
   /** Train on these rows instead of reading `data` (MPO's stages train on subsets); `data` names them in messages. */
   rows?: LoadedData;
 }
@@ -72,25 +95,14 @@ export interface TrainResult {
   eval?: EvalSummary;
 }
 
-const CKPT_DIR = 'checkpoints';
-
-function stepDir(run: string, step: number): string {
-  return join(run, CKPT_DIR, `step-${String(step).padStart(8, '0')}`);
-}
+/** TR-DPO's moving reference, saved with each checkpoint so a resumed run continues it. */
+const REFERENCE_FILE = 'reference.safetensors';
 
 /** The newest complete checkpoint (state.json present: it is written last, then the folder renamed). */
 export function lastCheckpoint(run: string): string | null {
-  const dir = join(run, CKPT_DIR);
-  if (!existsSync(dir)) return null;
-  const done = readdirSync(dir)
-    .filter((d) => /^step-\d{8}$/.test(d) && existsSync(join(dir, d, 'state.json')))
-    .sort();
-  return done.length ? join(dir, done[done.length - 1]) : null;
+  const all = completeCheckpoints(run);
+  return all.length ? all[all.length - 1] : null;
 }
-
-
-
-
 
 /** Order of examples in an epoch: a seeded shuffle, the same on resume. */
 function epochOrder(n: number, seed: number, epoch: number): number[] {
@@ -104,7 +116,7 @@ function faultStep(): number {
 }
 
 /** What a run folder may hold (what `train` and MPO's stages write); --overwrite removes only these. */
-const RUN_ENTRIES = /^(config\.json|data|artifacts|checkpoints|metrics\.jsonl|final|eval\.json|report\.html|stage[12])$/;
+const RUN_ENTRIES = /^(config\.json|data|artifacts|checkpoints|metrics\.jsonl|runs|samples|best\.json|final|adapter|eval\.json|report\.html|stage[12])$/;
 
 /**
  * Makes `run` ready for a run: created when missing; a folder holding an earlier run is refused
@@ -129,21 +141,22 @@ export function prepareRunFolder(run: string, o: { resume?: boolean; overwrite?:
   return true;
 }
 
-/** --resume continues a run only with the model, data and loss it was started with. */
+/** --resume continues a run only with the model, data, loss and reference it was started with. */
 function checkSameRun(run: string, o: TrainOptions): void {
   const file = join(run, 'config.json');
   if (!existsSync(file)) return;
-  let was: { model?: string; data?: string; loss?: string };
+  let was: { model?: string; data?: string; loss?: string; ref?: string | null };
   try {
     was = JSON.parse(readFileSync(file, 'utf8'));
   } catch {
     throw new UserError(`${file}: not valid JSON; the run cannot be resumed (start it again with --overwrite)`);
   }
-  const same = (a: string | undefined, b: string) => a !== undefined && resolve(a) === resolve(b);
+  const same = (a: string | null | undefined, b: string | null | undefined) => (a ?? null) === (b ?? null) || (!!a && !!b && resolve(a) === resolve(b));
   const diff = [
     !same(was.model, o.model) ? `--model ${was.model}` : null,
     !o.rows && !same(was.data, o.data) ? `--data ${was.data}` : null,
     (was.loss ?? '').trim() !== o.loss.trim() ? `--loss ${was.loss}` : null,
+    'ref' in was && !same(was.ref, o.refModel) ? (was.ref ? `--ref ${was.ref}` : 'no --ref') : null,
   ].filter(Boolean);
   if (diff.length) throw new UserError(`--resume: ${run} was started with ${diff.join(', ')}; resume it with those, or start a new run (another -o, or --overwrite)`);
 }
@@ -152,6 +165,8 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const run = o.out;
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const loss = resolveLoss(o.loss, lossParams);
+  // A device that cannot run here stops the run before anything is read or written.
+  await checkDevice(runtimeOf(config));
   // Model and tokenizer first: a bad model folder leaves no run folder behind.
   const base = loadModel(o.model);
   const tok = loadTokenizer(o.model);
@@ -172,13 +187,14 @@ async function trainIn(
 ): Promise<TrainResult> {
   const t0 = Date.now();
   const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  // Progress notes go only where progress does: --quiet silences them, errors still speak.
   const info = o.quiet ? () => {} : log;
   const run = o.out;
   const { config, lossParams, loss, base, tok } = c0;
   const resuming = !!o.resume && lastCheckpoint(run) !== null;
-  if (o.resume && !resuming) log(`no checkpoint in ${run}; starting from the beginning`);
+  if (o.resume && !resuming) info(`no checkpoint in ${run}; starting from the beginning`);
   const kinds = new Set(loss.kinds);
-  const data: LoadedData = o.rows ?? (await loadData(o.data, join(run, 'data'), { seed: config.seed }));
+  const data: LoadedData = o.rows ?? (await loadData(o.data, join(run, 'data'), { seed: config.seed, maxRows: config.max_samples }));
   if (!kinds.has(data.kind)) {
     throw new UserError(`${o.data}: is ${data.kind} data; loss ${o.loss} needs ${[...kinds].join(' or ')} data`);
   }
@@ -189,7 +205,21 @@ async function trainIn(
     throw new UserError(`${o.data}: a response is empty after tokenization and truncation (max_length ${config.max_length} leaves no room); raise max_length or lower max_prompt_length`);
   }
 
-  const lora = loraOf(config);
+  const adapter = o.adapter ? loadAdapter(o.adapter, base.config) : null;
+  if (adapter && config.lora_r > 0 && config.lora_r !== adapter.lora.rank) {
+    throw new UserError(`--adapter ${o.adapter} has r=${adapter.lora.rank}; lora_r=${config.lora_r} contradicts it (leave lora_r unset)`);
+  }
+  const lora = adapter ? adapter.lora : loraOf(config);
+  if (config.save_adapter && !lora) throw new UserError('save_adapter=true needs LoRA (set lora_r, or continue an adapter with --adapter)');
+  const gamma = Math.max(0, ...loss.terms.map((t) => Number(t.params.rationale_weight ?? 0)));
+  const rationale = kind === 'pairwise' && gamma > 0;
+  if (rationale) {
+    const r = tokenizeRationales(rows, tok, config);
+    if (r.withRationale === 0) throw new UserError(`${o.data}: rationale_weight is ${gamma}, but no row has a rationale (column "rationale"; convert maps rationale/explanation fields, or --map rationale=FIELD)`);
+    info(`rationales: ${r.withRationale} of ${rows.length} rows have one (the others add nothing to the rationale term)${r.truncated ? `, ${r.truncated} truncated` : ''}`);
+  }
+  const lengthWeighted = config.ld_alpha !== 1;
+  if (lengthWeighted && kind !== 'pairwise') throw new UserError(`ld_alpha weights the tokens past the shorter response of a pair; ${o.data} is ${kind} data`);
   const valueHeadOn = loss.keys(kind).required.includes('values');
   const dataKeys = new Set<string>();
   const all = (f: (r: TokenizedExample) => boolean) => rows.every(f);
@@ -198,7 +228,7 @@ async function trainIn(
   if (all((r) => r.src.reward !== undefined || r.src.label !== undefined)) dataKeys.add('rewards');
   if (all((r) => r.src.label !== undefined)) dataKeys.add('labels');
   {
-    const missing = loss.keys(kind).required.filter((k) => !['policy_chosen_logps', 'policy_rejected_logps', 'ref_chosen_logps', 'ref_rejected_logps', 'chosen_tokens', 'rejected_tokens', 'policy_logps', 'ref_logps', 'tokens', 'values', 'mask', 'scores', 'weight'].includes(k) && !dataKeys.has(k));
+    const missing = loss.keys(kind).required.filter((k) => !['policy_chosen_logps', 'policy_rejected_logps', 'ref_chosen_logps', 'ref_rejected_logps', 'chosen_tokens', 'rejected_tokens', 'policy_logps', 'ref_logps', 'tokens', 'values', 'mask', 'scores', 'weight', 'policy_rationale_logps', 'rationale_mask'].includes(k) && !dataKeys.has(k));
     // Name the data's columns (DATA.md), not the batch keys the loss reads.
     const column: Record<string, string> = { chosen_probs: 'chosen_prob', rejected_probs: 'rejected_prob', chosen_scores: 'chosen_score', rejected_scores: 'rejected_score', rewards: 'reward', labels: 'label' };
     const cols = [...new Set(missing.map((k) => column[k] ?? k))];
@@ -216,21 +246,43 @@ async function trainIn(
   // A resumed run keeps the batch layout its artifacts were built with.
   const builtWith = resuming ? readBuiltLayout(join(run, 'artifacts')) : null;
   const packed = builtWith ?? (config.share_prompt && canPack(kind, kl) && !valueHeadOn);
-  const problem: TrainProblem = { config: base.config, kind, loss, lora, kl, valueHead: valueHeadOn, dataKeys, packed };
+  const problem: TrainProblem = { config: base.config, kind, loss, lora, kl, valueHead: valueHeadOn, dataKeys, packed, lengthWeighted, rationale, dense: config.device === 'webgpu' };
 
-  writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ...config, loss_params: lossParams });
-
-  // Reference log-probs: computed once from the reference weights (LoRA off) and cached in the run,
-  // with a record of what made them (identity.ts): reused only when all of it is the same.
+  // The reference: --ref's model, else the starting policy (the base model with --adapter's adapter
+  // merged in, LoRA's fresh adapters being zero). Its log-probs are scored once and cached in the run,
+  // or for every batch (ref_on_the_fly, and always under TR-DPO, whose reference moves).
+  const reference: ReferenceModel = o.refModel
+    ? loadReferenceModel(o.refModel, o.model, base.config)
+    : adapter
+      ? { config: base.config, weights: mergeLora(new Map([...base.weights, ...adapter.weights]), base.config, adapter.lora), identity: `model:${resolve(o.model)}+adapter:${resolve(o.adapter!)}` }
+      : { config: base.config, weights: base.weights, identity: `model:${resolve(o.model)}` };
+  const sync = config.sync_ref_model;
+  if (sync) {
+    if (!sameParameters(reference.config, base.config)) {
+      throw new UserError(`sync_ref_model: the reference ${o.refModel} and the policy ${o.model} have different parameters, so ref ← α·policy + (1 − α)·ref is undefined; use a reference of the policy's architecture and size`);
+    }
+    reference.weights = copyWeights(reference.weights);
+    const ck = resuming ? lastCheckpoint(run) : null;
+    if (ck) {
+      const f = join(ck, REFERENCE_FILE);
+      if (!existsSync(f)) throw new UserError(`${ck}: no ${REFERENCE_FILE}; this run was checkpointed without sync_ref_model, so it cannot resume with it`);
+      for (const [name, t] of readSafetensors(f).tensors) {
+        const w = reference.weights.get(name);
+        if (!w || w.data.length !== t.shape.reduce((a, b) => a * b, 1)) throw new UserError(`${f}: tensor "${name}" is not a parameter of the reference`);
+        w.data.set(tensorToFloat32(t));
+      }
+    }
+  }
+  writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ref: o.refModel ?? null, adapter: o.adapter ?? null, ...config, loss_params: lossParams });
+  // The cache records what made it (identity.ts) and is reused only when all of it is the same.
   const refFile = join(run, 'data', 'reference.parquet');
   const idFile = join(run, 'data', 'reference.json');
-  const identity = refCacheIdentity({ model: o.model, refModel: o.refModel, data: o.data, truncation: config, rows, loss: o.loss, kind, kl });
-  const cached = !config.ref_on_the_fly && existsSync(refFile) ? readIdentity(idFile) : null;
-  const refWeights = o.refModel ? loadModel(o.refModel).weights : base.weights;
+  const identity = refCacheIdentity({ reference: reference.identity, model: o.model, refModel: o.refModel, adapter: o.adapter, data: o.data, truncation: config, rows, loss: o.loss, kind, kl });
+  const cached = !(config.ref_on_the_fly || sync) && existsSync(refFile) ? readIdentity(idFile) : null;
   let ref: number[][] = [];
   let refScorer: Scorer | null = null;
-  if (config.ref_on_the_fly) {
-    refScorer = await Scorer.create(base.config, refWeights, runtimeOf(config), tok.padId ?? 0);
+  if (config.ref_on_the_fly || sync) {
+    refScorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config), tok.padId ?? 0);
   } else if (cached) {
     const diff = identityDiff(cached, identity);
     if (diff.length) {
@@ -241,7 +293,7 @@ async function trainIn(
   } else {
     // No cache, or one without its record (the run stopped between the two writes): compute it.
     rmSync(idFile, { force: true });
-    const scorer = await Scorer.create(base.config, refWeights, runtimeOf(config), tok.padId ?? 0);
+    const scorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config), tok.padId ?? 0);
     ref = (await scorer.score(kind, rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs', quiet: o.quiet })).logps;
     if (kl) {
       const mismatched = rows.map((r) => ({ ...r, responseIds: [r.klResponseIds!] }));
@@ -263,31 +315,45 @@ async function trainIn(
 
   // Artifacts: built once per run (a resumed run reuses them).
   const artDir = join(run, 'artifacts');
-  if (!resuming || !existsSync(join(artDir, 'artifacts.json'))) {
+  // Graphs are written for the device (WebGPU's are lowered; they run on the CPU too). A resumed run
+  // on another device gets graphs for it; its checkpoints carry over, being stored by name.
+  const target = config.device === 'webgpu' ? 'webgpu' : 'cpu';
+  if (!resuming || !existsSync(join(artDir, 'artifacts.json')) || (readManifest(artDir).target ?? 'cpu') !== target) {
     const init = new Map<string, FloatTensor>(base.weights);
-    if (lora) for (const [k, v] of initLora(base.config, lora, config.seed)) init.set(k, v);
+    if (lora) for (const [k, v] of adapter ? adapter.weights : initLora(base.config, lora, config.seed)) init.set(k, v);
     if (valueHeadOn) for (const [k, v] of initValueHead(base.config, config.seed)) init.set(k, v);
     rmSync(artDir, { recursive: true, force: true });
-    buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir);
+    buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir, { target });
   }
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
   info(`steps: ${packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
+  if (config.device !== 'cpu') {
+    const graph = join(artDir, (art.manifest.step ?? art.manifest.training).file);
+    info(`device ${config.device}: step graph nodes ${describePlacement(await placement(graph, runtimeOf(config)))}; parameters, optimizer state and gradients stay on the device`);
+  }
 
   let epoch = 0;
   let cursor = 0;
+  // Issue 17 (items 6, 7): cumulative tokens, the best checkpoint so far, TensorBoard, eval samples.
+  let numTokens = 0;
+  let best: Best | null = null;
+  const bestMetric = bestMetricName(kind, config.metric_for_best_model);
   if (resuming) {
     const ck = lastCheckpoint(run)!;
     const state = art.loadCheckpoint(ck);
     const c = state.dataCursor as { epoch: number; index: number };
     epoch = c.epoch;
     cursor = c.index;
-    log(`resuming from ${ck} (step ${state.step})`);
+    numTokens = typeof state.num_tokens === 'number' ? state.num_tokens : 0;
+    best = (state.best as Best | undefined) ?? null;
+    info(`resuming from ${ck} (step ${state.step})`);
   }
+  const tb = config.report_to === 'tensorboard' ? TensorBoardWriter.open(join(run, 'runs'), resuming ? { resumeStep: art.step } : {}) : null;
 
   // Held-out evaluation: data and reference scores prepared once, the policy scored every eval_steps.
   const evaluator = config.eval_data
     ? await Evaluator.create({
-        ref: { config: base.config, weights: refWeights },
+        ref: { config: reference.config, weights: reference.weights },
         tokenizer: o.model,
         data: config.eval_data,
         workDir: join(run, 'data'),
@@ -296,6 +362,7 @@ async function trainIn(
         quiet: true,
         truncation: config,
         batchSize: config.batch_size * 2,
+        maxRows: config.eval_samples,
       })
     : null;
   /** The current weights as an HF model: adapters merged. */
@@ -304,7 +371,29 @@ async function trainIn(
     return lora ? mergeLora(w, base.config, lora) : w;
   };
 
+  const sampler =
+    evaluator && config.eval_generate > 0
+      ? new EvalSampler({ run, prompts: evaluator.prompts(config.eval_generate), tok, ref: { config: reference.config, weights: reference.weights }, maxNewTokens: config.eval_generate_max_new_tokens, runtime: runtimeOf(config) })
+      : null;
   const metricsFile = join(run, 'metrics.jsonl');
+  /** One metrics.jsonl row (and the same scalars under train/ or eval/ in TensorBoard). */
+  const logRow = (row: Record<string, unknown>) => {
+    appendLine(metricsFile, JSON.stringify(row));
+    const { step: at, split, ...values } = row;
+    tb?.scalars(at as number, Object.fromEntries(Object.entries(values).map(([k, v]) => [`${split === 'eval' ? 'eval' : 'train'}/${k}`, v])));
+  };
+  /** Evaluates the current weights at `step`: a metrics row, samples, and the best checkpoint so far. */
+  const evaluateAt = async (step: number): Promise<void> => {
+    await art.toHost();
+    const weights = { config: base.config, weights: currentWeights() };
+    const ev = await evaluator!.evaluate(weights, { quiet: true });
+    logRow({ step, split: 'eval', ...ev.overall });
+    if (sampler) await sampler.write(step, weights);
+    if (config.load_best_model_at_end) {
+      const value = metricValue(ev.overall, bestMetric);
+      if (improves(value, best, bestMetric)) best = { step, metric: bestMetric, value, checkpoint: relative(run, stepDir(run, step)) };
+    }
+  };
   if (existsSync(metricsFile)) {
     // Drop rows logged after the checkpoint we resume from (all of them when a --resume found no
     // complete checkpoint and starts over): they will be logged again.
@@ -350,6 +439,8 @@ async function trainIn(
         valueIndex: valueHeadOn,
         kl,
         packed,
+        ldAlpha: lengthWeighted ? config.ld_alpha : undefined,
+        rationale,
       });
       if (step === fault) (c.feeds.ref_logps.data as Float32Array).fill(NaN);
       // The last micro-batch applies the update (one fused graph run when nothing was accumulated);
@@ -383,6 +474,7 @@ async function trainIn(
       throw new UserError(`loss is ${metrics.loss} at step ${step}: stopping without applying the update. ${advice}`);
     }
     tokensSeen += tokens;
+    numTokens += tokens;
     const row = {
       step,
       epoch: Math.round((epoch + cursor / rows.length) * 1e4) / 1e4,
@@ -390,37 +482,67 @@ async function trainIn(
       grad_norm: gradNorm,
       learning_rate: lr,
       tokens: tokens,
+      num_tokens: numTokens,
       'tokens/s': Math.round(tokensSeen / ((Date.now() - tStart) / 1000)),
     };
     last = row;
-    if (step % config.logging_steps === 0 || step === totalSteps) {
-      appendLine(metricsFile, JSON.stringify(row));
-    }
+    if (step % config.logging_steps === 0 || step === totalSteps) logRow(row);
     const acc = metrics['rewards/accuracies'];
     progress.update(step, { loss: metrics.loss, ...(acc !== undefined ? { acc } : {}), 'tok/s': row['tokens/s'] });
-    if (evaluator && config.eval_steps > 0 && step % config.eval_steps === 0 && step !== totalSteps) {
-      const ev = await evaluator.evaluate({ config: base.config, weights: currentWeights() }, { quiet: true });
-      appendLine(metricsFile, JSON.stringify({ step, split: 'eval', ...ev.overall }));
+    if (sync && step % config.ref_model_sync_steps === 0) {
+      // In place: the reference scorer's parameter feeds are views of these arrays, so its next batch
+      // already sees the updated reference.
+      await art.toHost();
+      softUpdate(reference.weights, currentWeights(), config.ref_model_mixup_alpha);
     }
-    if ((config.save_steps > 0 && step % config.save_steps === 0) || step === totalSteps) {
+    // The last step is evaluated after the final model is saved, unless the best checkpoint is
+    // being tracked: then it is a candidate like any other evaluation.
+    const evalNow = evaluator && config.eval_steps > 0 && step % config.eval_steps === 0 && (step !== totalSteps || config.load_best_model_at_end);
+    if (evalNow) await evaluateAt(step);
+    if ((config.save_steps > 0 && step % config.save_steps === 0) || step === totalSteps || (evalNow && config.load_best_model_at_end)) {
       const dir = stepDir(run, step);
       mkdirSync(join(run, CKPT_DIR), { recursive: true });
-      art.saveCheckpoint(dir, { epoch, dataCursor: { epoch, index: cursor }, rng: { seed: config.seed }, config });
+      await art.toHost();
+      const bestNow = best as Best | null;
+      const files: Record<string, Map<string, CheckpointTensor>> = sync ? { [REFERENCE_FILE]: new Map([...reference.weights].map(([k, t]) => [k, { dtype: 'float32' as const, shape: t.shape, data: t.data }])) } : {};
+      art.saveCheckpoint(dir, { epoch, dataCursor: { epoch, index: cursor }, rng: { seed: config.seed }, config, num_tokens: numTokens, ...(bestNow ? { best: bestNow } : {}) }, files);
+      if (bestNow) writeJsonAtomic(join(run, 'best.json'), bestNow);
+      pruneCheckpoints(run, config.save_total_limit, bestNow ? stepDir(run, bestNow.step) : null);
     }
   }
   progress.stop();
   await refScorer?.release();
 
-  // Final model in HF layout: base weights with adapters merged (the value head saved beside).
-  const finalDir = join(run, 'final');
-  saveModelFolder(finalDir, artifactWeights(art), { config: base.config, lora, sourceDir: o.model, dtype: config.save_dtype });
+  // Final model in HF layout: base weights with adapters merged (the value head saved beside), with
+  // load_best_model_at_end the weights of the best checkpoint; the adapter alone in PEFT's layout on request.
+  await art.toHost();
+  const chosen = config.load_best_model_at_end ? (best as Best | null) : null;
+  if (chosen && chosen.step !== art.step) {
+    const dir = stepDir(run, chosen.step);
+    if (!completeCheckpoints(run).includes(dir)) throw new UserError(`${dir}: the best checkpoint is missing; cannot load it`);
+    art.loadCheckpoint(dir);
+    info(`final model: the best checkpoint (step ${chosen.step}, ${chosen.metric} ${chosen.value})`);
+  }
+  const weightsNow = artifactWeights(art);
+  let finalDir = join(run, 'final');
+  if (config.save_merged) saveModelFolder(finalDir, weightsNow, { config: base.config, lora, sourceDir: o.model, dtype: config.save_dtype });
+  if (config.save_adapter && lora) {
+    const adapterDir = join(run, 'adapter');
+    saveAdapter(adapterDir, weightsNow, { config: base.config, lora, baseModel: o.model });
+    if (!config.save_merged) finalDir = adapterDir;
+  }
   await art.release();
 
   let evalSummary: EvalSummary | undefined;
   if (evaluator) {
-    evalSummary = await evaluator.evaluate(finalDir, { quiet: true });
-    writeJsonAtomic(join(run, 'eval.json'), evalSummary.overall);
-    appendLine(metricsFile, JSON.stringify({ step: totalSteps, split: 'eval', ...evalSummary.overall }));
+    const finalModel = { config: base.config, weights: lora ? mergeLora(weightsNow, base.config, lora) : weightsNow };
+    evalSummary = await evaluator.evaluate(finalModel, { quiet: true });
+    writeJsonAtomic(join(run, 'eval.json'), { ...evalSummary.overall, ...(chosen ? { best_step: chosen.step } : {}) });
+    // With load_best_model_at_end the last step was evaluated in the loop (when it is an eval step).
+    if (!config.load_best_model_at_end) {
+      logRow({ step: totalSteps, split: 'eval', ...evalSummary.overall });
+      if (sampler) await sampler.write(totalSteps, finalModel);
+    }
   }
   return { steps: totalSteps, seconds: (Date.now() - t0) / 1000, finalDir, config, last, eval: evalSummary };
 }

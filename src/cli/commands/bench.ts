@@ -24,7 +24,10 @@ import { buildSpec } from '../../train/graph.ts';
 import { resolveLoss } from '../../../losses/index.ts';
 import { writeTokenizer } from '../../tokenize/generate.ts';
 import type { TypedArray } from '../../onnx/dtype.ts';
-import { positiveInt } from '../flags.ts';
+import { DEVICE_HELP, device, positiveInt } from '../flags.ts';
+import { checkDevice } from '../../runtime/session.ts';
+import { describePlacement, placement } from '../../runtime/placement.ts';
+import { readManifest, type ArtifactTarget } from '../../artifacts/manifest.ts';
 
 export interface BenchOptions {
   preset: 'tiny' | 'small';
@@ -43,8 +46,15 @@ export interface BenchOptions {
   progress?: boolean;
 }
 
+/** Per graph: nodes per execution provider and the op types that fell back to the CPU. */
+export type BenchPlacement = Record<string, { nodes: Record<string, number>; cpu_fallbacks: number; fallback_ops: Record<string, number> }>;
+
 export interface BenchResult {
   preset: string;
+  /** Execution provider the steps ran on. */
+  device: string;
+  /** Where each training graph's nodes run (device runs only; null on the CPU). */
+  placement: BenchPlacement | null;
   params: number;
   matmul_params: number;
   tokens_per_step: number;
@@ -159,7 +169,7 @@ export interface BenchSetup {
 }
 
 /** The bench's model, batch rows and DPO training artifacts, written under `dir`. */
-export function prepareBench(dir: string, preset: 'tiny' | 'small', pairs: number, seqLen: number, sharePrompt = true): BenchSetup {
+export function prepareBench(dir: string, preset: 'tiny' | 'small', pairs: number, seqLen: number, sharePrompt = true, target: ArtifactTarget = 'cpu'): BenchSetup {
   // The model init-model writes (same tokenizer, config and seed), kept in memory.
   const tok = writeTokenizer(path.join(dir, 'tokenizer'));
   const config = presetConfig('llama', preset, { vocabSize: preset === 'tiny' ? tok.vocabSize : undefined, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId }) as LlamaConfig;
@@ -170,14 +180,29 @@ export function prepareBench(dir: string, preset: 'tiny' | 'small', pairs: numbe
   const initial = new Map(spec.params.map((p) => [p.name, p.data!]));
   spec.params = spec.params.map((p) => ({ ...p, data: undefined }));
   const artDir = path.join(dir, 'artifacts');
-  buildArtifacts(spec, artDir);
+  buildArtifacts(spec, artDir, { target });
   return { config, params: countParameters(config), artDir, initial, rows: benchPairs(config.vocab_size, pairs, seqLen), padId: tok.padId, packed: sharePrompt };
 }
 
 async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void): Promise<BenchResult> {
   log(`llama ${o.preset}: building the model and its training artifacts`);
   const sharePrompt = o.sharePrompt ?? true;
-  const { config, params, artDir, initial, rows, padId } = prepareBench(dir, o.preset, o.pairs, o.seqLen, sharePrompt);
+  const device = o.runtime.ep ?? 'cpu';
+  await checkDevice(o.runtime);
+  const { config, params, artDir, initial, rows, padId } = prepareBench(dir, o.preset, o.pairs, o.seqLen, sharePrompt, device === 'webgpu' ? 'webgpu' : 'cpu');
+  let where: BenchPlacement | null = null;
+  if (device !== 'cpu') {
+    where = {};
+    const m = readManifest(artDir);
+    for (const [name, g] of Object.entries({ step: m.step, training: m.training, eval: m.eval, optimizer: m.optimizer })) {
+      if (!g) continue;
+      const p = await placement(path.join(artDir, g.file), o.runtime);
+      const ops: Record<string, number> = {};
+      for (const f of p.fallbacks) ops[f.op] = (ops[f.op] ?? 0) + 1;
+      where[name] = { nodes: p.nodes, cpu_fallbacks: p.fallbacks.length, fallback_ops: ops };
+      log(`${name} graph: ${describePlacement(p)}`);
+    }
+  }
   const art = await TrainingArtifacts.load(artDir, o.runtime, { checkpoint: false, update: o.update });
   for (const [name, data] of initial) art.setParam(name, data);
   initial.clear();
@@ -230,6 +255,8 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
   const executed = executedFlops(config, rowsRun, lengthRun, scoredPositions(batch.feeds));
   return {
     preset: o.preset,
+    device,
+    placement: where,
     params,
     matmul_params: matmulParams,
     tokens_per_step: tokens,
@@ -267,13 +294,14 @@ export function register(program: Command): void {
     .option('--warmup <n>', "untimed steps first (default 5: ONNX Runtime's memory arena and the allocator settle over the first runs)")
     .option('--pairs <n>', 'preference pairs per batch (default 4)')
     .option('--seq <n>', 'tokens per sequence, half prompt and half completion (default 256)')
+    .option('--device <device>', `${DEVICE_HELP}; on a device the JSON also says where each graph's nodes run`, 'cpu')
     .option('--threads <n>', 'intra-op threads (default: ONNX Runtime picks one per core)')
     .option('--opt-level <level>', 'graph optimisation level: disabled, basic, extended or all (default extended)')
     .option('--no-peak', 'skip the MatMul peak measurement')
     .option('--no-share-prompt', "one sequence per response, each computing its prompt (the trainer's share_prompt=false)")
     .option('--update <where>', 'where the AdamW update runs: host (in place, in this process), graph (in the fused step graph) or auto (default: host on the CPU)')
     .option('--json', 'print one JSON line')
-    .action(async (o: { preset: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean }) => {
+    .action(async (o: { preset: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string }) => {
       if (o.preset !== 'tiny' && o.preset !== 'small') throw new UserError(`--preset: "${o.preset}" is not one of tiny, small`);
       const levels = ['disabled', 'basic', 'extended', 'all'];
       if (o.optLevel !== undefined && !levels.includes(o.optLevel)) throw new UserError(`--opt-level: "${o.optLevel}" is not one of ${levels.join(', ')}`);
@@ -286,7 +314,7 @@ export function register(program: Command): void {
         warmup: o.warmup === '0' ? 0 : positiveInt('--warmup', o.warmup, 5),
         pairs: positiveInt('--pairs', o.pairs, 4),
         seqLen,
-        runtime: { threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1), optLevel: o.optLevel as OptLevel | undefined },
+        runtime: { ep: device(o.device), threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1), optLevel: o.optLevel as OptLevel | undefined },
         skipPeak: !o.peak,
         sharePrompt: o.sharePrompt,
         update: o.update as BenchOptions['update'],
@@ -297,6 +325,7 @@ export function register(program: Command): void {
         return;
       }
       const lines: [string, string][] = [
+        ['device', r.placement ? `${r.device}: ${Object.entries(r.placement).map(([g, p]) => `${g} ${p.cpu_fallbacks} CPU fallbacks`).join(', ')}` : r.device],
         ['model', `llama ${r.preset}, ${r.params.toLocaleString('en-US')} parameters (${r.matmul_params.toLocaleString('en-US')} in matmuls)`],
         ['batch', `${r.tokens_per_step} tokens per step (${r.share_prompt ? `prompts shared: ${r.computed_tokens_per_step} computed` : 'one sequence per response'})`],
         ['optimizer_update', r.optimizer_update === 'host' ? 'host (AdamW in place, in this process)' : 'graph (AdamW inside the step graph)'],

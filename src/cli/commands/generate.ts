@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { DEVICE_HELP, device } from '../flags.ts';
 import { existsSync, statSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { UserError } from '../errors.ts';
@@ -18,7 +19,8 @@ export function register(program: Command): void {
     .option('--seed <n>', 'seed; a sample depends only on (seed, prompt index, sample index)', '0')
     .option('--batch-size <n>', 'sequences decoded together', '32');
   for (const [flag, doc, dflt] of SAMPLING_FLAGS) cmd.option(flag, doc, dflt);
-  cmd.option('--json', 'print a one-line JSON summary').action(async (o: SamplingFlags & { model: string; prompts: string; out: string; n: string; seed: string; batchSize: string; json?: boolean }) => {
+  cmd.option('--device <device>', DEVICE_HELP, 'cpu');
+  cmd.option('--json', 'print a one-line JSON summary').action(async (o: SamplingFlags & { model: string; prompts: string; out: string; n: string; seed: string; batchSize: string; json?: boolean; device: string }) => {
     const sampling = parseSampling(o);
     const n = intFlag('--n', o.n);
     const seed = intFlag('--seed', o.seed, 0);
@@ -27,7 +29,7 @@ export function register(program: Command): void {
     if (!existsSync(dir) || !statSync(dir).isDirectory()) throw new UserError(`-o ${o.out}: folder ${dir} does not exist`);
     const prompts = await readPrompts(o.prompts);
     const t0 = Date.now();
-    const policy = await Policy.load(o.model);
+    const policy = await Policy.load(o.model, { ep: device(o.device) });
     const samples = await policy.sample(prompts, { ...sampling, n, seed, batchSize });
     await policy.release();
     writeSamples(o.out, samples);

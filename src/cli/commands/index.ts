@@ -15,6 +15,7 @@ import { register as generate } from './generate.ts';
 import { register as sppo } from './sppo.ts';
 import { register as nashMd } from './nash-md.ts';
 import { register as rewardTrain } from './reward-train.ts';
+import { register as doctor } from './doctor.ts';
 
 /** Every `prefzoo` subcommand: one module each, one line here each. */
 export const commands: Array<(program: Command) => void> = [
@@ -34,4 +35,5 @@ export const commands: Array<(program: Command) => void> = [
   sppo,
   nashMd,
   rewardTrain,
+  doctor,
 ];

@@ -5,9 +5,8 @@ import { writeFileAtomic } from '../../files.ts';
 import { maxPositions } from '../../models/config.ts';
 import { loadModel } from '../../models/load.ts';
 import { buildLogpsGraph } from '../../models/logps.ts';
-import { serializeModel } from '../../onnx/proto.ts';
-import { Session, toOrt, type ExecutionProvider } from '../../runtime/session.ts';
-import { positiveInt } from '../flags.ts';
+import { Session, toOrt } from '../../runtime/session.ts';
+import { DEVICE_HELP, device, positiveInt } from '../flags.ts';
 
 interface Row {
   ids: number[];
@@ -55,16 +54,16 @@ export function register(program: Command): void {
     .requiredOption('--model <dir>', 'Hugging Face model folder (config.json + safetensors)')
     .requiredOption('--input <file>', 'JSONL file, one {"input_ids": [...], "loss_mask": [...]} per line')
     .option('--batch-size <n>', 'sequences per forward pass', '8')
-    .option('--device <device>', 'cpu or cuda', 'cpu')
+    .option('--device <device>', DEVICE_HELP, 'cpu')
     .option('--threads <n>', 'intra-op threads (default: one per core)')
     .option('-o, --output <file>', 'write the JSONL here instead of standard output')
     .action(async (o: { model: string; input: string; batchSize: string; device: string; threads?: string; output?: string }) => {
       const batchSize = positiveInt('--batch-size', o.batchSize, 8);
       const threads = positiveInt('--threads', o.threads);
-      if (o.device !== 'cpu' && o.device !== 'cuda') throw new UserError(`--device: must be cpu or cuda, got "${o.device}"`);
+      const ep = device(o.device);
       const { config, weights } = loadModel(o.model);
       const rows = readRows(o.input, config.vocab_size, config.model_type === 'gpt2' ? maxPositions(config) : null);
-      const session = await Session.create(serializeModel(buildLogpsGraph(config, { weights })), { ep: o.device as ExecutionProvider, threads });
+      const session = await Session.fromGraph(buildLogpsGraph(config, { weights, dense: ep === 'webgpu' }), { ep, threads });
       const lines: string[] = [];
       for (let start = 0; start < rows.length; start += batchSize) {
         const batch = rows.slice(start, start + batchSize);

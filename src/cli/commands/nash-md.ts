@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { DEVICE_HELP, device } from '../flags.ts';
 import { loadJudge } from '../../online/judges.ts';
 import { runNashMd } from '../../online/nash-md.ts';
 import { collect, parseSampling, SAMPLING_FLAGS, type SamplingFlags } from '../../online/options.ts';
@@ -17,13 +18,14 @@ export function register(program: Command): void {
     .option('--param <key=value>', 'a training setting (batch_size = prompts per step, max_steps, learning_rate, …) or beta / mixture_coef (repeatable)', collect, [])
     .option('--config <file>', 'JSON object of training settings')
     .option('--quiet', 'no progress output')
+    .option('--device <device>', `${DEVICE_HELP}; same as --param device=…`)
     .option('--json', 'print a one-line JSON summary')
-    .action(async (o: SamplingFlags & { model: string; prompts: string; judge: string; out: string; param: string[]; config?: string; quiet?: boolean; json?: boolean }) => {
+    .action(async (o: SamplingFlags & { model: string; prompts: string; judge: string; out: string; param: string[]; device?: string; config?: string; quiet?: boolean; json?: boolean }) => {
       const sampling = parseSampling(o);
       const prompts = await readPrompts(o.prompts);
       const judge = await loadJudge(o.judge);
       try {
-        const r = await runNashMd({ model: o.model, prompts, judge, out: o.out, ...sampling, params: o.param, configFile: o.config, quiet: o.quiet });
+        const r = await runNashMd({ model: o.model, prompts, judge, out: o.out, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet });
         if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last }) + '\n');
         else process.stdout.write(`${r.steps} Nash-MD steps in ${r.seconds}s; final policy in ${r.finalDir}; metrics in ${o.out}/metrics.jsonl\n`);
       } finally {

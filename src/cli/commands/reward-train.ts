@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { DEVICE_HELP, device } from '../flags.ts';
 import { collect } from '../../online/options.ts';
 import { rewardTrain, scorePairs } from '../../online/reward-model.ts';
 
@@ -12,9 +13,10 @@ export function register(program: Command): void {
     .option('--param <key=value>', 'a training setting (learning_rate, batch_size, max_steps, num_epochs, lora_r, eval_data, …; repeatable)', collect, [])
     .option('--config <file>', 'JSON object of training settings')
     .option('--quiet', 'no progress output')
+    .option('--device <device>', `${DEVICE_HELP}; same as --param device=…`)
     .option('--json', 'print a one-line JSON summary')
-    .action(async (o: { model: string; data: string; out: string; param: string[]; config?: string; quiet?: boolean; json?: boolean }) => {
-      const r = await rewardTrain({ model: o.model, data: o.data, out: o.out, params: o.param, configFile: o.config, quiet: o.quiet, log: o.json ? () => {} : undefined });
+    .action(async (o: { model: string; data: string; out: string; param: string[]; device?: string; config?: string; quiet?: boolean; json?: boolean }) => {
+      const r = await rewardTrain({ model: o.model, data: o.data, out: o.out, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, log: o.json ? () => {} : undefined });
       if (o.json) process.stdout.write(JSON.stringify(r) + '\n');
       else process.stdout.write(`reward model in ${r.dir}: pair accuracy ${r.train_accuracy.toFixed(3)} on the training pairs${r.eval_accuracy !== undefined ? `, ${r.eval_accuracy.toFixed(3)} on eval_data` : ''}\n`);
     });
@@ -24,9 +26,10 @@ export function register(program: Command): void {
     .requiredOption('--model <dir>', 'reward model folder (from prefzoo reward-train)')
     .requiredOption('--data <file>', 'pairwise preference data')
     .requiredOption('-o, --out <file>', 'canonical Parquet with the scores')
+    .option('--device <device>', DEVICE_HELP, 'cpu')
     .option('--json', 'print a one-line JSON summary')
-    .action(async (o: { model: string; data: string; out: string; json?: boolean }) => {
-      const r = await scorePairs({ rewardModel: o.model, data: o.data, out: o.out });
+    .action(async (o: { model: string; data: string; out: string; json?: boolean; device: string }) => {
+      const r = await scorePairs({ rewardModel: o.model, data: o.data, out: o.out, runtime: { ep: device(o.device) } });
       if (o.json) process.stdout.write(JSON.stringify(r) + '\n');
       else process.stdout.write(`${r.rows} pairs scored (reward model agrees with the labels on ${(r.agreement * 100).toFixed(1)}%) → ${o.out}\n`);
     });

@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { DEVICE_HELP, device } from '../flags.ts';
 import { loadJudge } from '../../online/judges.ts';
 import { collect, intFlag, parseSampling, SAMPLING_FLAGS, type SamplingFlags } from '../../online/options.ts';
 import { readPrompts } from '../../online/prompts.ts';
@@ -19,15 +20,16 @@ export function register(program: Command): void {
     .option('--param <key=value>', 'a training setting or the loss\'s beta (repeatable), e.g. beta=0.1 num_epochs=2', collect, [])
     .option('--config <file>', 'JSON object of training settings')
     .option('--quiet', 'no progress output')
+    .option('--device <device>', `${DEVICE_HELP}; same as --param device=…`)
     .option('--json', 'print a one-line JSON summary')
-    .action(async (o: SamplingFlags & { model: string; prompts: string; judge: string; out: string; iterations: string; samples: string; param: string[]; config?: string; quiet?: boolean; json?: boolean }) => {
+    .action(async (o: SamplingFlags & { model: string; prompts: string; judge: string; out: string; iterations: string; samples: string; param: string[]; device?: string; config?: string; quiet?: boolean; json?: boolean }) => {
       const sampling = parseSampling(o);
       const iterations = intFlag('--iterations', o.iterations);
       const samples = intFlag('--samples', o.samples, 2);
       const prompts = await readPrompts(o.prompts);
       const judge = await loadJudge(o.judge);
       try {
-        const r = await runSppo({ model: o.model, prompts, judge, out: o.out, iterations, samples, ...sampling, params: o.param, configFile: o.config, quiet: o.quiet });
+        const r = await runSppo({ model: o.model, prompts, judge, out: o.out, iterations, samples, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet });
         if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, seconds: r.seconds, iterations: r.iterations }) + '\n');
         else process.stdout.write(`${iterations} SPPO iterations in ${r.seconds}s; final policy in ${r.finalDir}\n`);
       } finally {

@@ -1,0 +1,16 @@
+// Child process of src/runtime/placement.ts: opens one model with ONNX Runtime's verbose log on, so
+// that the runtime prints where it placed each node (stderr), then exits; also the device check of
+// src/runtime/session.ts ('quiet'). Plain JavaScript: no loader.
+import ort from 'onnxruntime-node';
+
+const [file, optionsJson, mode] = process.argv.slice(2);
+const options = JSON.parse(optionsJson);
+// 'quiet': only whether the session opens (src/runtime/session.ts checkDevice).
+const verbose = mode === 'quiet' ? {} : { logSeverityLevel: 0, logVerbosityLevel: 0 };
+try {
+  const session = await ort.InferenceSession.create(file, { ...options, ...verbose });
+  await session.release();
+} catch (e) {
+  process.stderr.write(`placement-probe-error: ${String(e?.message ?? e).split('\n')[0]}\n`);
+  process.exitCode = 3;
+}
