@@ -187,8 +187,9 @@ async function trainIn(
 ): Promise<TrainResult> {
   const t0 = Date.now();
   const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
-  // Progress notes go only where progress does: --quiet silences them, errors still speak.
-  const info = o.quiet ? () => {} : log;
+  // Notes on what the run does: --quiet silences them on stderr (errors still speak); a caller's own
+  // `log` still receives them.
+  const info = o.quiet && !o.log ? () => {} : log;
   const run = o.out;
   const { config, lossParams, loss, base, tok } = c0;
   const resuming = !!o.resume && lastCheckpoint(run) !== null;
