@@ -107,7 +107,10 @@ export function writeFileAtomic(file: string, chunks: string | Uint8Array | read
       }
     }
     removeTemp(tmp);
-    throw fileError(e, file);
+    // Name the file being written, not its temporary; callers writing inside a temporary folder
+    // re-name it for their own target (fileError).
+    if (isFileError(e)) e.path = file;
+    throw e;
   }
 }
 
