@@ -39,7 +39,11 @@ async function stream(file) {
   parentPort.postMessage({ type: 'done' });
 }
 
-/** Reads each top-level column of each row group alone, saying which one it starts before it does. */
+/**
+ * Reads each top-level column of each row group alone, saying which one it starts before it does
+ * and waiting for the main thread to have that message: a trap may end this thread before its
+ * last messages are delivered.
+ */
 async function probe(file) {
   const md = file.metadata();
   parentPort.postMessage({ type: 'layout', rows: md.rowGroups().map((g) => g.numRows()) });
@@ -48,6 +52,7 @@ async function probe(file) {
     const names = [...new Set(md.rowGroup(rg).columns().map((c) => c.columnPath()[0]))];
     for (const column of names) {
       parentPort.postMessage({ type: 'probe', rg, column });
+      await asked();
       try {
         const t = await file.read({ rowGroups: [rg], columns: [column] });
         t.free();

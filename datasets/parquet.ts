@@ -234,7 +234,10 @@ export async function damagedParquet(path: string, fromRowGroup: number, reason:
     for (;;) {
       const m = await next();
       if (m.type === 'layout') rows = m.rows;
-      else if (m.type === 'probe') at = m;
+      else if (m.type === 'probe') {
+        at = m;
+        w.postMessage('next');
+      }
       else if (m.type === 'bad' || m.type === 'died') {
         bad = m.type === 'bad' ? m : at;
         break;
