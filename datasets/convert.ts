@@ -5,10 +5,11 @@
 import * as arrow from 'apache-arrow';
 import { open, rename, rm, stat, type FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import { UserError } from '../src/cli/errors.ts';
-import { fileError, releaseTemp, removeTemp, tempPath } from '../src/files.ts';
+import { UserError } from '../src/errors.ts';
+import { uniform } from '../src/random.ts';
+import { fileError, releaseTemp, removeTemp, tempPath } from '../src/io/atomic.ts';
 import { BatchBuilder } from './columns.ts';
-import { ADAPTERS, type Adapter, type AdapterContext, type FormatName, type Row, detectFormat, expectedShapes } from './formats.ts';
+import { ADAPTERS, type Adapter, type AdapterContext, type FormatName, type Row, detectFormat, expectedShapes } from './formats/index.ts';
 import { ParquetSink, type WriteOptions } from './parquet.ts';
 import { type Source, openSource, where } from './readers.ts';
 import { KIND_SPECS, type Kind, type TextMode, canonicalSchema, makeMeta, orderColumns } from './schema.ts';
@@ -48,18 +49,6 @@ export interface ConvertSummary {
 /** `out.parquet` → `out.skipped.jsonl`. */
 export function skippedPathFor(out: string): string {
   return `${out.endsWith('.parquet') ? out.slice(0, -'.parquet'.length) : out}.skipped.jsonl`;
-}
-
-/** mulberry32: a small seeded generator, so `--seed` reproduces a binarization exactly. */
-export function seededRandom(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 /** Optional columns that must be in every row once the first row has them (no silent nulls). */
@@ -104,7 +93,8 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
 
   const batchRows = opts.batchRows ?? 16384;
   const batchBytes = opts.batchBytes ?? 8 * 1024 * 1024;
-  const random = seededRandom(opts.seed ?? 0);
+  // Seeded, so `--seed` reproduces a binarization exactly.
+  const random = uniform(opts.seed ?? 0);
   const skippedPath = skippedPathFor(out);
   const skippedTmp = tempPath(skippedPath);
 

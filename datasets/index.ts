@@ -6,5 +6,5 @@ export { type Kind, type Message, type PrefzooMeta, type Text, type TextMode, KI
 export { BatchBuilder, columnBuilder } from './columns.ts';
 export { type Canonical, type WriteOptions, ParquetSink, datasetFiles, readCanonical, readParquetBatches, writeCanonical } from './parquet.ts';
 export { type ConvertOptions, type ConvertSummary, convert } from './convert.ts';
-export { type FormatName, FORMAT_NAMES, detectFormat } from './formats.ts';
+export { type FormatName, FORMAT_NAMES, detectFormat } from './formats/index.ts';
 export { type InspectReport, formatReport, inspectFile } from './inspect.ts';

@@ -3,8 +3,8 @@
  * Columnar inputs are measured from Arrow offsets (no string decoding); record inputs from the strings.
  */
 import * as arrow from 'apache-arrow';
-import { UserError } from '../src/cli/errors.ts';
-import { detectFormat } from './formats.ts';
+import { UserError } from '../src/errors.ts';
+import { detectFormat } from './formats/index.ts';
 import { parquetFooter, readParquetBatches } from './parquet.ts';
 import { openSource } from './readers.ts';
 import * as readers from './readers.ts';

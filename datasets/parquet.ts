@@ -11,8 +11,8 @@ import { readFile, rename, rm } from 'node:fs/promises';
 import { Worker } from 'node:worker_threads';
 import { basename, dirname, join } from 'node:path';
 import { gunzipSync } from 'node:zlib';
-import { UserError } from '../src/cli/errors.ts';
-import { fileError, releaseTemp, sweepStaleTemps, tempPath } from '../src/files.ts';
+import { UserError } from '../src/errors.ts';
+import { fileError, releaseTemp, sweepStaleTemps, tempPath } from '../src/io/atomic.ts';
 import { META_KEY, type PrefzooMeta, parseMeta, schemaProblems } from './schema.ts';
 
 export interface WriteOptions {

@@ -10,7 +10,7 @@ import { open, readFile, stat } from 'node:fs/promises';
 import { Transform, type Readable } from 'node:stream';
 import { StringDecoder } from 'node:string_decoder';
 import { createGunzip, gunzipSync } from 'node:zlib';
-import { UserError } from '../src/cli/errors.ts';
+import { UserError } from '../src/errors.ts';
 import { errorText, readParquetBatches } from './parquet.ts';
 
 export type InputFormat = 'json' | 'jsonl' | 'csv' | 'tsv' | 'parquet' | 'arrow';

@@ -1,26 +1,15 @@
 /**
- * The canonical preference-data schemas (shared/DATA.md): three kinds, each a set of named columns
+ * The canonical preference-data schemas (docs/data.md): three kinds, each a set of named columns
  * whose Arrow types depend only on the column name and on whether text is plain or conversational.
  */
 import * as arrow from 'apache-arrow';
 
-import { type Kind, KINDS } from './names.ts';
+import { type Kind, KINDS, type Message, ROLES, type Role, type Text } from './names.ts';
 
-export { type Kind, KINDS };
+export { type Kind, KINDS, type Message, ROLES, type Role, type Text };
 
 /** `plain`: text columns are Utf8; `messages`: List<Struct<role, content>>. */
 export type TextMode = 'plain' | 'messages';
-
-export type Role = 'system' | 'user' | 'assistant' | 'tool';
-export const ROLES: ReadonlySet<string> = new Set(['system', 'user', 'assistant', 'tool']);
-
-export interface Message {
-  role: Role;
-  content: string;
-}
-
-/** One text value: a plain string or a conversation. */
-export type Text = string | Message[];
 
 export const SCHEMA_VERSION = 1;
 

@@ -1,12 +1,12 @@
 /**
- * Model-ready token columns (DATA.md): `prompt_ids` and `chosen_ids`/`rejected_ids` (pairwise),
+ * Model-ready token columns (docs/data.md): `prompt_ids` and `chosen_ids`/`rejected_ids` (pairwise),
  * `responses_ids` (listwise, one list per response) or `response_ids` (single), all List<Int32>,
  * built straight into Arrow offset/value buffers. Reading them back lets the trainer skip
  * tokenization for a file `prefzoo tokenize` wrote.
  */
 import * as arrow from 'apache-arrow';
 import { readFileSync } from 'node:fs';
-import { writeFileAtomic } from '../src/files.ts';
+import { writeFileAtomic } from '../src/io/atomic.ts';
 import type { Kind } from './schema.ts';
 
 export interface TokenRow {
@@ -97,7 +97,7 @@ export function readTokenColumns(table: arrow.Table, kind: Kind): TokenRow[] | n
 }
 
 /**
- * Reference log-prob columns (DATA.md: computed once per dataset, not once per epoch): pairwise
+ * Reference log-prob columns (docs/data.md: computed once per dataset, not once per epoch): pairwise
  * `ref_chosen_logp`, `ref_rejected_logp`; listwise `ref_logps` (List<Float64>); single `ref_logp`.
  */
 export function refColumnNames(kind: Kind): string[] {

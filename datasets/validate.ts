@@ -1,9 +1,9 @@
 /**
- * Rules a canonical row must pass (shared/DATA.md, "Bad input"): records that parse but would train
+ * Rules a canonical row must pass (docs/data.md, "Bad input"): records that parse but would train
  * on nothing or on noise — empty responses, identical pairs, NaN scores, lists that disagree — are
  * invalid unless a flag relaxes that rule.
  */
-import type { Row } from './formats.ts';
+import type { Row } from './formats/index.ts';
 import type { Kind, Message, Text, TextMode } from './schema.ts';
 import { RecordError } from './values.ts';
 

@@ -1,7 +1,7 @@
 /**
  * Turning one field of an input record into a canonical value, or a RecordError that names the field.
  */
-import { type Message, ROLES, type Role, type Text } from './schema.ts';
+import { type Message, ROLES, type Role, type Text } from './names.ts';
 
 /** A problem with one record; the converter prefixes it with file:line. */
 export class RecordError extends Error {

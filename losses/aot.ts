@@ -12,9 +12,9 @@
  * Sorting is ascending, ties broken by row index; the permutation is a constant for the gradient.
  */
 import type { Graph, Tensor } from '../src/onnx/graph.ts';
-import { spec } from './params.ts';
-import { logisticGraph, logisticRef, pairwiseLoss, type PairCoreRef } from './pairwise.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { logisticGraph, logisticRef, pairwiseLoss, type PairCoreRef } from './core/pairwise.ts';
+import type { Params } from './core/types.ts';
 
 export interface AotParams extends Params {
   beta: number;

@@ -6,11 +6,11 @@
  *   apo_down: L = σ(βℓ_w) + (1 − σ(βh))        chosen worse than the model: lower both, l more
  */
 import type { Graph, Tensor } from '../src/onnx/graph.ts';
-import { spec } from './params.ts';
-import { pairwiseLoss } from './pairwise.ts';
-import { sigmoid as sigmoidT } from './ops.ts';
-import { sigmoid } from './math.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { pairwiseLoss, perPairRef } from './core/pairwise.ts';
+import { sigmoid as sigmoidT } from './core/ops.ts';
+import { sigmoid } from './core/math.ts';
+import type { Params } from './core/types.ts';
 
 export interface ApoParams extends Params {
   beta: number;
@@ -22,24 +22,23 @@ export interface ApoParams extends Params {
 const dsig = (x: number) => sigmoid(x) * sigmoid(-x);
 const sig = (g: Graph, x: Tensor) => sigmoidT(g, x);
 
-export const apoZero = pairwiseLoss<ApoParams>({
-  name: 'apo_zero',
+/** What both variants share: the paper, β, and the options that apply (no f-divergence: written on ℓ). */
+const APO = {
   paper: 'Anchored Preference Optimization and Contrastive Revisions: Addressing Underspecification in Alignment',
   params: [spec.beta()],
-  options: ['wpo', 'rpo_alpha'],
+  options: ['wpo', 'rpo_alpha'] as const,
+};
+
+export const apoZero = pairwiseLoss<ApoParams>({
+  name: 'apo_zero',
+  ...APO,
   ref(h, p) {
     const b = p.beta;
-    const value = new Float64Array(h.B);
-    const dw = new Float64Array(h.B);
-    const dl = new Float64Array(h.B);
-    for (let i = 0; i < h.B; i++) {
+    return perPairRef(h.B, (i) => {
       const x = b * h.lw[i];
       const y = b * h.ll[i];
-      value[i] = sigmoid(-x) + sigmoid(y);
-      dw[i] = -b * dsig(x);
-      dl[i] = b * dsig(y);
-    }
-    return { value, dw, dl };
+      return [sigmoid(-x) + sigmoid(y), -b * dsig(x), b * dsig(y)];
+    });
   },
   emit(t, p) {
     const g = t.g;
@@ -49,22 +48,14 @@ export const apoZero = pairwiseLoss<ApoParams>({
 
 export const apoDown = pairwiseLoss<ApoParams>({
   name: 'apo_down',
-  paper: 'Anchored Preference Optimization and Contrastive Revisions: Addressing Underspecification in Alignment',
-  params: [spec.beta()],
-  options: ['wpo', 'rpo_alpha'],
+  ...APO,
   ref(h, p) {
     const b = p.beta;
-    const value = new Float64Array(h.B);
-    const dw = new Float64Array(h.B);
-    const dl = new Float64Array(h.B);
-    for (let i = 0; i < h.B; i++) {
+    return perPairRef(h.B, (i) => {
       const x = b * h.lw[i];
       const z = b * (h.lw[i] - h.ll[i]);
-      value[i] = sigmoid(x) + sigmoid(-z);
-      dw[i] = b * dsig(x) - b * dsig(z);
-      dl[i] = b * dsig(z);
-    }
-    return { value, dw, dl };
+      return [sigmoid(x) + sigmoid(-z), b * dsig(x) - b * dsig(z), b * dsig(z)];
+    });
   },
   emit(t, p) {
     const g = t.g;

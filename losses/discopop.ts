@@ -7,19 +7,14 @@
  * computed as σ(−z/τ)·softplus(−z) + exp(−z − softplus(−z/τ)), which stays finite for any z when
  * τ ≤ 1 (e^(−z)·σ(z/τ) → 0 as z → −∞), hence τ ∈ (0, 1]; the paper's τ is 0.05.
  */
-import { spec } from './params.ts';
-import { marginRef, pairwiseLoss } from './pairwise.ts';
-import { sigmoid as sigmoidT, softplus as softplusT } from './ops.ts';
-import { sigmoid, softplus } from './math.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { marginRef, pairwiseLoss, type PairOptions } from './core/pairwise.ts';
+import { sigmoid as sigmoidT, softplus as softplusT } from './core/ops.ts';
+import { sigmoid, softplus } from './core/math.ts';
 
-export interface DiscopopParams extends Params {
+export interface DiscopopParams extends PairOptions {
   beta: number;
   tau: number;
-  f_divergence: string;
-  f_alpha: number;
-  wpo: boolean;
-  rpo_alpha: number;
 }
 
 export const discopop = pairwiseLoss<DiscopopParams>({

@@ -7,17 +7,12 @@
  * Relationship to IPO", 2023): L = −(1−ε) log σ(βh) − ε log σ(−βh), i.e. the expected loss when a
  * label is flipped with probability ε.
  */
-import { spec } from './params.ts';
-import { logisticGraph, logisticRef, marginRef, pairwiseLoss } from './pairwise.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { logisticGraph, logisticRef, marginRef, pairwiseLoss, type PairOptions } from './core/pairwise.ts';
 
-export interface DpoParams extends Params {
+export interface DpoParams extends PairOptions {
   beta: number;
   label_smoothing: number;
-  f_divergence: string;
-  f_alpha: number;
-  wpo: boolean;
-  rpo_alpha: number;
 }
 
 export const dpo = pairwiseLoss<DpoParams>({

@@ -11,9 +11,9 @@
  * ∂/∂logp = −(r − V) + τℓ, ∂/∂V = −(r − V − τℓ). The row's loss is the sum of both parts.
  */
 import type { Graph } from '../src/onnx/graph.ts';
-import { col, rows } from './batch.ts';
-import { mean, square } from './ops.ts';
-import type { BatchTensors, EmitResult, HostBatch, LossModule, Params, RefResult } from './types.ts';
+import { col, rows } from './core/batch.ts';
+import { mean, square } from './core/ops.ts';
+import type { BatchTensors, EmitResult, HostBatch, LossModule, Params, RefResult } from './core/types.ts';
 
 export interface DroParams extends Params {
   tau: number;

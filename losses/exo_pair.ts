@@ -8,19 +8,14 @@
  *
  * ε must be > 0 (the paper recommends 1e-3, the default).
  */
-import { spec } from './params.ts';
-import { marginRef, pairwiseLoss } from './pairwise.ts';
-import { logSigmoid as logSigmoidT, sigmoid as sigmoidT } from './ops.ts';
-import { logSigmoid, sigmoid } from './math.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { marginRef, pairwiseLoss, type PairOptions } from './core/pairwise.ts';
+import { logSigmoid as logSigmoidT, sigmoid as sigmoidT } from './core/ops.ts';
+import { logSigmoid, sigmoid } from './core/math.ts';
 
-export interface ExoParams extends Params {
+export interface ExoParams extends PairOptions {
   beta: number;
   label_smoothing: number;
-  f_divergence: string;
-  f_alpha: number;
-  wpo: boolean;
-  rpo_alpha: number;
 }
 
 export const exoPair = pairwiseLoss<ExoParams>({

@@ -3,16 +3,11 @@
  *
  *   L = relu(1 − βh)   (β plays the role of 1/δ, the inverse margin)
  */
-import { spec } from './params.ts';
-import { marginRef, pairwiseLoss } from './pairwise.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { marginRef, pairwiseLoss, type PairOptions } from './core/pairwise.ts';
 
-export interface HingeParams extends Params {
+export interface HingeParams extends PairOptions {
   beta: number;
-  f_divergence: string;
-  f_alpha: number;
-  wpo: boolean;
-  rpo_alpha: number;
 }
 
 export const hinge = pairwiseLoss<HingeParams>({

@@ -3,10 +3,10 @@
  * and `resolveLoss`, which binds parameters and gives the one object trainers and the CLI use.
  */
 import type { Graph, Tensor } from '../src/onnx/graph.ts';
-import { UserError } from '../src/cli/errors.ts';
-import { parseParams, findSpec } from './params.ts';
-import { rows } from './batch.ts';
-import { mean } from './ops.ts';
+import { UserError } from '../src/errors.ts';
+import { parseParams, findSpec } from './core/params.ts';
+import { rows } from './core/batch.ts';
+import { mean } from './core/ops.ts';
 import { dpo } from './dpo.ts';
 import { ipo } from './ipo.ts';
 import { rdpo } from './rdpo.ts';
@@ -27,15 +27,15 @@ import { sft } from './sft.ts';
 import { simpo } from './simpo.ts';
 import { orpo } from './orpo.ts';
 import { kto } from './kto.ts';
-import type { BatchTensors, HostBatch, Kind, KeySet, LossModule, Params } from './types.ts';
+import type { BatchTensors, HostBatch, Kind, KeySet, LossModule, Params, Schedule } from './core/types.ts';
 
-export type { Kind, LossModule, Params, HostBatch, HostTensor, BatchTensors, ParamSpec, KeySet } from './types.ts';
+export type { Kind, LossModule, Schedule, Params, HostBatch, HostTensor, BatchTensors, ParamSpec, KeySet } from './core/types.ts';
 export { mpoSplit, quantile } from './mpo.ts';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type AnyLoss = LossModule<any>;
 
-/** Tier 1 first, then Tier 2, as in LOSSES.md. */
+/** Tier 1 first, then Tier 2, as in docs/losses.md. */
 const REGISTRY: readonly AnyLoss[] = [
   dpo, ipo, rdpo, dro, mpo, lipo, sppo, sppoHard, nashMd,
   hinge, exoPair, ncaPair, bcoPair, aot, aotUnpaired, apoZero, apoDown, discopop, sigmoidNorm, sft, simpo, orpo, kto,
@@ -49,6 +49,14 @@ export function getLoss(name: string): LossModule {
   const l = REGISTRY.find((m) => m.name === name);
   if (!l) throw new UserError(`unknown loss "${name}"; available: ${REGISTRY.map((m) => m.name).join(', ')}`);
   return l as LossModule;
+}
+
+/**
+ * The schedule a loss spec trains under: a lone loss name's own (`LossModule.schedule`); a mixture,
+ * or a name the registry lacks (the run itself reports it), trains as one run.
+ */
+export function scheduleOf(spec: string): Schedule {
+  return REGISTRY.find((m) => m.name === spec.trim())?.schedule ?? 'single';
 }
 
 export interface LossTerm {

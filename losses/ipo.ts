@@ -7,18 +7,13 @@
  * β is the paper's τ. Length normalisation follows TRL, which confirmed it with the IPO authors: the
  * paper's results use per-token log-ratios. The loss is minimised at h̄ = 1/(2β).
  */
-import { spec } from './params.ts';
-import { marginRef, pairwiseLoss } from './pairwise.ts';
-import { square } from './ops.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { marginRef, pairwiseLoss, type PairOptions } from './core/pairwise.ts';
+import { square } from './core/ops.ts';
 
-export interface IpoParams extends Params {
+export interface IpoParams extends PairOptions {
   beta: number;
   length_normalize: boolean;
-  f_divergence: string;
-  f_alpha: number;
-  wpo: boolean;
-  rpo_alpha: number;
 }
 
 export const ipo = pairwiseLoss<IpoParams>({

@@ -11,11 +11,11 @@
  * mismatched (prompt, completion) pairs — the paper's batch estimate (as TRL computes it).
  */
 import type { Graph, Tensor } from '../src/onnx/graph.ts';
-import { col, rows } from './batch.ts';
-import { spec } from './params.ts';
-import { sigmoid as sigmoidT } from './ops.ts';
-import { sigmoid } from './math.ts';
-import type { BatchTensors, EmitResult, HostBatch, LossModule, Params, RefResult } from './types.ts';
+import { col, rows } from './core/batch.ts';
+import { spec } from './core/params.ts';
+import { sigmoid as sigmoidT } from './core/ops.ts';
+import { sigmoid } from './core/math.ts';
+import type { BatchTensors, EmitResult, HostBatch, LossModule, Params, RefResult } from './core/types.ts';
 
 export interface KtoParams extends Params {
   beta: number;

@@ -15,11 +15,11 @@
  * Padded entries (`mask` 0) take part in nothing; a list's loss is a sum over its pairs/entries.
  */
 import type { Graph, Tensor } from '../src/onnx/graph.ts';
-import { spec } from './params.ts';
-import { ListHost, listMask } from './list.ts';
-import { isSet, logSumExpMasked, negLogSigmoid, toFloat } from './ops.ts';
-import { logSumExp, sigmoid, softmax, softplus } from './math.ts';
-import type { BatchTensors, EmitResult, HostBatch, LossModule, Params, RefResult } from './types.ts';
+import { spec } from './core/params.ts';
+import { ListHost, listMask } from './core/list.ts';
+import { isSet, logSumExpMasked, negLogSigmoid, toFloat } from './core/ops.ts';
+import { logSumExp, sigmoid, softmax, softplus } from './core/math.ts';
+import type { BatchTensors, EmitResult, HostBatch, LossModule, Params, RefResult } from './core/types.ts';
 
 export const LIPO_VARIANTS = ['lambda', 'pair_logistic', 'pair_hinge', 'list_mle', 'softmax'] as const;
 

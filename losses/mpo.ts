@@ -9,10 +9,10 @@
  * The stages are orchestrated by the trainer; this module is the per-step loss of a stage (DPO with
  * β and ε), the split, and the parameters the trainer reads (`delta`, `delta_quantile`, `stage2_loss`).
  */
-import { UserError } from '../src/cli/errors.ts';
-import { spec } from './params.ts';
-import { logisticGraph, logisticRef, marginRef, pairwiseLoss } from './pairwise.ts';
-import type { Params } from './types.ts';
+import { UserError } from '../src/errors.ts';
+import { spec } from './core/params.ts';
+import { logisticGraph, logisticRef, marginRef, pairwiseLoss } from './core/pairwise.ts';
+import type { Params } from './core/types.ts';
 
 export interface MpoParams extends Params {
   beta: number;
@@ -73,6 +73,7 @@ export function mpoSplit(
 
 export const mpo = pairwiseLoss<MpoParams>({
   name: 'mpo',
+  schedule: 'mpo_stages',
   paper: 'Mixed Preference Optimization: Reinforcement Learning with Data Selection and Better Reference Model',
   params: [
     spec.beta(),

@@ -10,10 +10,10 @@
  * the generator of y′ (the online loop), not by the loss.
  */
 import type { Graph } from '../src/onnx/graph.ts';
-import { col, rows } from './batch.ts';
-import { spec } from './params.ts';
-import { mean } from './ops.ts';
-import type { BatchTensors, EmitResult, HostBatch, LossModule, Params, RefResult } from './types.ts';
+import { col, rows } from './core/batch.ts';
+import { spec } from './core/params.ts';
+import { mean } from './core/ops.ts';
+import type { BatchTensors, EmitResult, HostBatch, LossModule, Params, RefResult } from './core/types.ts';
 
 export interface NashMdParams extends Params {
   beta: number;

@@ -5,18 +5,13 @@
  *
  * (absolute rewards: pushes the chosen reward up, not only the margin).
  */
-import { spec } from './params.ts';
-import { pairwiseLoss } from './pairwise.ts';
-import { negLogSigmoid } from './ops.ts';
-import { sigmoid, softplus } from './math.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { pairwiseLoss, responseScoresRef, type PairOptions } from './core/pairwise.ts';
+import { negLogSigmoid } from './core/ops.ts';
+import { sigmoid, softplus } from './core/math.ts';
 
-export interface NcaParams extends Params {
+export interface NcaParams extends PairOptions {
   beta: number;
-  f_divergence: string;
-  f_alpha: number;
-  wpo: boolean;
-  rpo_alpha: number;
 }
 
 export const ncaPair = pairwiseLoss<NcaParams>({
@@ -24,20 +19,7 @@ export const ncaPair = pairwiseLoss<NcaParams>({
   paper: 'Noise Contrastive Alignment of Language Models with Explicit Rewards',
   params: [spec.beta()],
   options: ['f_divergence', 'wpo', 'rpo_alpha'],
-  ref(h, p) {
-    const b = p.beta;
-    const value = new Float64Array(h.B);
-    const dw = new Float64Array(h.B);
-    const dl = new Float64Array(h.B);
-    for (let i = 0; i < h.B; i++) {
-      const x = b * h.uw[i];
-      const y = b * h.ul[i];
-      value[i] = softplus(-x) + 0.5 * softplus(x) + 0.5 * softplus(y);
-      dw[i] = b * h.duw[i] * (-sigmoid(-x) + 0.5 * sigmoid(x));
-      dl[i] = b * h.dul[i] * 0.5 * sigmoid(y);
-    }
-    return { value, dw, dl };
-  },
+  ref: (h, p) => responseScoresRef(h, p.beta, (x, y) => [softplus(-x) + 0.5 * softplus(x) + 0.5 * softplus(y), -sigmoid(-x) + 0.5 * sigmoid(x), 0.5 * sigmoid(y)]),
   emit(t, p) {
     const g = t.g;
     const x = g.mul(t.uw, p.beta);

@@ -8,10 +8,10 @@
  * ≤ −1e-12 so a response of probability 1 keeps finite odds. `lambda` is TRL's `beta`.
  */
 import type { Graph, Tensor } from '../src/onnx/graph.ts';
-import { pairwiseLoss } from './pairwise.ts';
-import { log1mexp as log1mexpT, logSigmoid as logSigmoidT } from './ops.ts';
-import { log1mexp, logSigmoid, sigmoid } from './math.ts';
-import type { Params } from './types.ts';
+import { pairwiseLoss } from './core/pairwise.ts';
+import { log1mexp as log1mexpT, logSigmoid as logSigmoidT } from './core/ops.ts';
+import { log1mexp, logSigmoid, sigmoid } from './core/math.ts';
+import type { Params } from './core/types.ts';
 
 export interface OrpoParams extends Params {
   lambda: number;

@@ -6,19 +6,14 @@
  * an unbiased estimate of the clean DPO loss when each label is flipped with probability ε (it can
  * be negative). ε = 0 is DPO.
  */
-import { spec } from './params.ts';
-import { marginRef, pairwiseLoss } from './pairwise.ts';
-import { negLogSigmoid } from './ops.ts';
-import { sigmoid, softplus } from './math.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { marginRef, pairwiseLoss, type PairOptions } from './core/pairwise.ts';
+import { negLogSigmoid } from './core/ops.ts';
+import { sigmoid, softplus } from './core/math.ts';
 
-export interface RdpoParams extends Params {
+export interface RdpoParams extends PairOptions {
   beta: number;
   epsilon: number;
-  f_divergence: string;
-  f_alpha: number;
-  wpo: boolean;
-  rpo_alpha: number;
 }
 
 export const rdpo = pairwiseLoss<RdpoParams>({

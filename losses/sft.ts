@@ -6,8 +6,8 @@
  * Only `policy_chosen_logps` and `chosen_tokens` are read (TRL averages over the batch's tokens;
  * here each pair's per-token NLL, then the batch mean, so every row has its own value).
  */
-import { pairwiseLoss } from './pairwise.ts';
-import type { Params } from './types.ts';
+import { pairwiseLoss } from './core/pairwise.ts';
+import type { Params } from './core/types.ts';
 
 export const sft = pairwiseLoss<Params>({
   name: 'sft',

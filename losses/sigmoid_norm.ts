@@ -4,17 +4,12 @@
  *
  *   L = −log σ(β (ℓ(w)/n(w) − ℓ(l)/n(l)))
  */
-import { spec } from './params.ts';
-import { logisticRef, marginRef, pairwiseLoss } from './pairwise.ts';
-import { negLogSigmoid } from './ops.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { logisticRef, marginRef, pairwiseLoss, type PairOptions } from './core/pairwise.ts';
+import { negLogSigmoid } from './core/ops.ts';
 
-export interface SigmoidNormParams extends Params {
+export interface SigmoidNormParams extends PairOptions {
   beta: number;
-  f_divergence: string;
-  f_alpha: number;
-  wpo: boolean;
-  rpo_alpha: number;
 }
 
 export const sigmoidNorm = pairwiseLoss<SigmoidNormParams>({

@@ -6,9 +6,9 @@
  * reference-free: the reward is the length-normalised policy log-prob, γ a target margin. Defaults
  * β = 2, γ = 1 (γ/β = 0.5 as in the paper's released configurations). Label smoothing ε as in DPO.
  */
-import { spec } from './params.ts';
-import { logisticGraph, logisticRef, marginRef, pairwiseLoss } from './pairwise.ts';
-import type { Params } from './types.ts';
+import { spec } from './core/params.ts';
+import { logisticGraph, logisticRef, marginRef, pairwiseLoss } from './core/pairwise.ts';
+import type { Params } from './core/types.ts';
 
 export interface SimpoParams extends Params {
   beta: number;

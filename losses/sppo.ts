@@ -12,12 +12,12 @@
  *   (u_w − 1/(2β))² + (u_l + 1/(2β))²
  */
 import type { Graph } from '../src/onnx/graph.ts';
-import { spec } from './params.ts';
-import { pairwiseLoss, PairGraph, PairHost } from './pairwise.ts';
-import { pairMetrics, pairMetricsRef, tieTolGraph, tieTolRef } from './metrics.ts';
-import { ListHost, listMask } from './list.ts';
-import { square } from './ops.ts';
-import type { BatchTensors, EmitResult, HostBatch, Kind, LossModule, Params, RefResult } from './types.ts';
+import { spec } from './core/params.ts';
+import { pairwiseLoss, PairGraph, PairHost } from './core/pairwise.ts';
+import { pairMetrics, pairMetricsRef, tieTolGraph, tieTolRef } from './core/metrics.ts';
+import { ListHost, listMask } from './core/list.ts';
+import { square } from './core/ops.ts';
+import type { BatchTensors, EmitResult, HostBatch, Kind, LossModule, Params, RefResult } from './core/types.ts';
 
 export interface SppoParams extends Params {
   beta: number;

@@ -3,8 +3,8 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { buildArtifacts, TrainingArtifacts, readManifest } from '../src/artifacts/index.ts';
-import { prepareBench } from '../src/cli/commands/bench.ts';
-import { collate } from '../src/train/batch.ts';
+import { prepareBench } from '../scripts/bench/step.ts';
+import { collate } from '../src/models/batch.ts';
 import { toOrt } from '../src/runtime/session.ts';
 import { mlpSpec, spirals, batchFeeds, range } from './mlp-spec.ts';
 

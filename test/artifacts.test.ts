@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { buildArtifacts, TrainingArtifacts, readManifest, ARTIFACT_FILES } from '../src/artifacts/index.ts';
 import { loadModel } from '../src/onnx/proto.ts';
-import { writeSafetensors } from '../src/artifacts/safetensors.ts';
+import { writeSafetensors } from '../src/models/safetensors.ts';
 import { mlpSpec, spirals, batchFeeds, range } from './mlp-spec.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'pz-art-'));

@@ -3,6 +3,7 @@ import { Graph, type Tensor } from '../src/onnx/graph.ts';
 import { serializeModel, parseModel } from '../src/onnx/proto.ts';
 import { Session, toOrt } from '../src/runtime/session.ts';
 import { gradients, unbroadcast } from '../src/autodiff/index.ts';
+import { RULES } from '../src/autodiff/rules.ts';
 import { gradcheck, checkCase, CASES, caseData, analyticGradients, relErr, type GradCase } from '../src/autodiff/gradcheck.ts';
 
 type Feed = [string, 'float64' | 'int64', number[], number[]];
@@ -26,6 +27,16 @@ describe('gradcheck: every rule against float64 finite differences', () => {
     expect(bad).toEqual([]);
     expect(r.opsChecked).toBeGreaterThanOrEqual(35);
     expect(r.maxRelErr).toBeLessThanOrEqual(1e-6);
+  });
+
+  it('has a case for every rule of the table, and each case emits the op it names', () => {
+    const emitted = new Set<string>();
+    for (const c of CASES) {
+      const g = new Graph('case');
+      c.build(g, c.inputs.map((spec, i) => g.input(`x${i}`, 'float64', spec.shape)));
+      if (g.nodes.some((n) => n.op === c.op)) emitted.add(c.op);
+    }
+    expect(Object.keys(RULES).filter((op) => !emitted.has(op))).toEqual([]);
   });
 
   it('composes: a causal attention block with residual, LayerNorm and a tanh-GELU MLP', async () => {

@@ -1,22 +1,7 @@
 import { describe, it, expect } from 'vitest';
-import { execFile } from 'node:child_process';
-import { resolve } from 'node:path';
-import { promisify } from 'node:util';
-import { benchPairs, stepFlops } from '../src/cli/commands/bench.ts';
+import { benchPairs, stepFlops } from '../scripts/bench/step.ts';
 import { presetConfig, type LlamaConfig } from '../src/models/config.ts';
-
-const run = promisify(execFile);
-const BIN = resolve(__dirname, '..', 'bin', 'prefzoo.mjs');
-
-async function prefzoo(...args: string[]): Promise<{ stdout: string; stderr: string; code: number }> {
-  try {
-    const r = await run(process.execPath, [BIN, ...args], { encoding: 'utf8' });
-    return { ...r, code: 0 };
-  } catch (e) {
-    const err = e as { stdout: string; stderr: string; code: number };
-    return { stdout: err.stdout, stderr: err.stderr, code: err.code };
-  }
-}
+import { prefzoo } from './helpers/cli.ts';
 
 describe('bench FLOP count', () => {
   it('is 6·N per token over the matmul weights plus dense attention, for the small llama', () => {

@@ -2,8 +2,8 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { UserError } from '../src/cli/errors.ts';
-import { readSafetensorsHeader, writeSafetensors } from '../src/artifacts/safetensors.ts';
+import { UserError } from '../src/errors.ts';
+import { readSafetensorsHeader, writeSafetensors } from '../src/models/safetensors.ts';
 import { loadCheckpoint, saveCheckpoint, INDEX_FILE, SINGLE_FILE, type FloatTensor } from '../src/models/checkpoint.ts';
 import {
   attentionBiases,
@@ -14,6 +14,7 @@ import {
   readConfig,
   type LlamaConfig,
 } from '../src/models/config.ts';
+import { uniform } from '../src/random.ts';
 
 const root = fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-ckpt-'));
 afterAll(() => fs.rmSync(root, { recursive: true, force: true }));
@@ -36,16 +37,9 @@ function userError(fn: () => unknown): string {
   throw new Error('expected a UserError');
 }
 
-/** Deterministic pseudo-random floats spanning many magnitudes and signs (mulberry32). */
+/** Deterministic pseudo-random floats spanning many magnitudes and signs. */
 function randomTensor(shape: number[], seed: number): FloatTensor {
-  let s = seed >>> 0;
-  const next = () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+  const next = uniform(seed);
   const n = shape.reduce((a, b) => a * b, 1);
   const data = new Float32Array(n);
   for (let i = 0; i < n; i++) data[i] = (next() - 0.5) * 2 ** Math.floor(next() * 40 - 20);

@@ -1,10 +1,11 @@
 // Format adapters on hand-written records of every format, and on the two real files in shared/data.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { convert, seededRandom } from '../datasets/convert.ts';
-import { splitCommonPrefix } from '../datasets/formats.ts';
+import { convert } from '../datasets/convert.ts';
+import { uniform } from '../src/random.ts';
+import { FORMATS, splitCommonPrefix } from '../datasets/formats/index.ts';
 import { readCanonical } from '../datasets/parquet.ts';
 
 const shared = resolve(__dirname, '..', '..', 'shared', 'data');
@@ -32,6 +33,23 @@ async function roundTrip(input: string | string[], opts: Parameters<typeof conve
 
 const user = (content: string) => ({ role: 'user', content });
 const assistant = (content: string) => ({ role: 'assistant', content });
+
+const fixtures = resolve(__dirname, 'fixtures', 'formats');
+
+describe('every adapter has fixtures', () => {
+  it('test/fixtures/formats/<name>.jsonl (csv: .csv) holds records the adapter reads, detected as that format, none skipped', async () => {
+    const names = FORMATS.map((a) => a.name);
+    expect(readdirSync(fixtures).map((f) => f.replace(/\.[^.]+$/, '')).sort()).toEqual([...names].sort());
+    for (const a of FORMATS) {
+      const file = join(fixtures, `${a.name}.${a.name === 'csv' ? 'csv' : 'jsonl'}`);
+      expect(existsSync(file), file).toBe(true);
+      const lines = readFileSync(file, 'utf8').trim().split('\n').length - (a.name === 'csv' ? 1 : 0);
+      const { summary } = await roundTrip(file);
+      // A CSV row is read by the format its header names (the fixture's: trl).
+      expect(summary, a.name).toMatchObject({ read: lines, written: lines, skipped: 0, kind: a.kind, formats: [a.name === 'csv' ? 'trl' : a.name] });
+    }
+  });
+});
 
 describe('trl', () => {
   it('standard: prompt/chosen/rejected strings, with optional score and id columns', async () => {
@@ -165,7 +183,7 @@ describe('ultrafeedback and listwise', () => {
     }
     expect(b.rows).toEqual(a.rows);
     // The draw is the documented generator's: index floor(u * 3) among the non-best, in order.
-    const rand = seededRandom(3);
+    const rand = uniform(3);
     const expected = a.rows.map(() => ['4', '9', '2'][Math.floor(rand() * 3)]);
     expect(a.rows.map((r) => r.rejected)).toEqual(expected);
     expect(c.rows.map((r) => r.rejected)).not.toEqual(expected);

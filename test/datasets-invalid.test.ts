@@ -1,4 +1,4 @@
-// Bad input (shared/DATA.md): every rule names file:line (or row) and field; `error` leaves no output,
+// Bad input (docs/data.md): every rule names file:line (or row) and field; `error` leaves no output,
 // `skip` lists each skipped record with its reason and keeps read = written + skipped.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';

@@ -1,10 +1,7 @@
 import { describe, it, expect } from 'vitest';
+import { uniform as rng } from '../src/random.ts';
 import { pairwiseMetrics, ndcg, kendallTau, rocAuc, listwiseMetrics, groupBy } from '../src/eval/metrics.ts';
 
-function rng(seed: number) {
-  let s = seed >>> 0;
-  return () => ((s = (Math.imul(s, 1664525) + 1013904223) >>> 0) / 2 ** 32);
-}
 
 describe('eval metrics', () => {
   it('pairwise accuracy counts ties as wrong', () => {

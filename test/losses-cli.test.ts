@@ -1,24 +1,11 @@
 /** `prefzoo loss` end to end: output shape, engines agreeing, one-line errors. */
 import { describe, it, expect } from 'vitest';
-import { execFile } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { promisify } from 'node:util';
+import { prefzoo } from './helpers/cli.ts';
 
-const run = promisify(execFile);
-const BIN = resolve(__dirname, '..', 'bin', 'prefzoo.mjs');
 const FIX = resolve(__dirname, 'fixtures', 'losses');
-
-async function prefzoo(...args: string[]): Promise<{ stdout: string; stderr: string; code: number }> {
-  try {
-    const r = await run(process.execPath, [BIN, ...args], { encoding: 'utf8' });
-    return { ...r, code: 0 };
-  } catch (e) {
-    const err = e as { stdout: string; stderr: string; code: number };
-    return { stdout: err.stdout, stderr: err.stderr, code: err.code };
-  }
-}
 
 describe('prefzoo loss', () => {
   it('prints one JSON line {loss, per_example, grad}; onnx and reference agree', async () => {

@@ -1,29 +1,18 @@
 /**
  * The loss zoo against independent computations: hand values from the formulas, central finite
  * differences of the float64 reference, the ONNX subgraph (float64 1e-9, float32 1e-5) with its
- * autodiff gradients, extreme log-ratios, and the published identities of LOSSES.md.
+ * autodiff gradients, extreme log-ratios, and the published identities of docs/losses.md.
  */
 import { describe, it, expect } from 'vitest';
-import { UserError } from '../src/cli/errors.ts';
-import { getLoss, listLosses, parseLossSpec, resolveLoss, mpoSplit, quantile, type BoundLoss } from '../losses/index.ts';
-import { parseBatch, detectKind } from '../losses/batch.ts';
-import { runLossOnnx, runLossReference, type LossRun } from '../losses/engine.ts';
+import { UserError } from '../src/errors.ts';
+import { uniform as rng } from '../src/random.ts';
+import { getLoss, listLosses, parseLossSpec, resolveLoss, mpoSplit, quantile, scheduleOf, type BoundLoss } from '../losses/index.ts';
+import { parseBatch, detectKind } from '../losses/core/batch.ts';
+import { runLossOnnx, runLossReference, type LossRun } from '../losses/core/engine.ts';
 import { MPO_STAGE2_LOSSES } from '../losses/mpo.ts';
-import type { HostBatch, Kind } from '../losses/types.ts';
+import type { HostBatch, Kind } from '../losses/core/types.ts';
 
 // ---- batches ----------------------------------------------------------------------------------
-
-/** Seeded uniform [0, 1) (mulberry32). */
-function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 type Json = Record<string, unknown>;
 
@@ -254,6 +243,15 @@ function caseBatch(c: Case, bound: BoundLoss, kind: Kind, json: Json): HostBatch
   return b;
 }
 
+describe('schedules', () => {
+  it('a lone loss name runs under the schedule its module declares; mixtures and unknown names as one run', () => {
+    expect(listLosses().filter((l) => scheduleOf(l.name) !== 'single').map((l) => l.name)).toEqual(['mpo']);
+    expect(scheduleOf(' mpo ')).toBe('mpo_stages');
+    expect(scheduleOf('mpo:1,sft:0.1')).toBe('single');
+    expect(scheduleOf('no_such_loss')).toBe('single');
+  });
+});
+
 describe('every loss: reference vs ONNX vs finite differences', () => {
   it('covers every registered loss', () => {
     const covered = new Set(CASES.flatMap((c) => parseLossSpec(c.spec).map((t) => t.name)));
@@ -466,7 +464,7 @@ describe('hand values from the formulas', () => {
 
 // ---- identities -------------------------------------------------------------------------------
 
-describe('identities of LOSSES.md (reference and ONNX)', () => {
+describe('identities of docs/losses.md (reference and ONNX)', () => {
   const json = pairJson(11, 6);
 
   async function both(spec: string, params: Record<string, unknown>, j: Json): Promise<[LossRun, LossRun]> {

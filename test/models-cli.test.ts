@@ -1,26 +1,13 @@
 import { describe, it, expect, beforeAll } from 'vitest';
-import { execFile } from 'node:child_process';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
-import { promisify } from 'node:util';
+import { join } from 'node:path';
 import { countParameters, type Arch } from '../src/models/config.ts';
 import { loadModel } from '../src/models/load.ts';
 import { referenceLogps } from './helpers/reference-forward.ts';
+import { prefzoo } from './helpers/cli.ts';
 
-const run = promisify(execFile);
-const BIN = resolve(__dirname, '..', 'bin', 'prefzoo.mjs');
 const ARCHS: Arch[] = ['llama', 'qwen2', 'gpt2'];
-
-async function prefzoo(...args: string[]): Promise<{ stdout: string; stderr: string; code: number }> {
-  try {
-    const r = await run(process.execPath, [BIN, ...args], { encoding: 'utf8' });
-    return { ...r, code: 0 };
-  } catch (e) {
-    const err = e as { stdout: string; stderr: string; code: number };
-    return { stdout: err.stdout, stderr: err.stderr, code: err.code };
-  }
-}
 
 describe('prefzoo init-model and logps', () => {
   const root = mkdtempSync(join(tmpdir(), 'pz-cli-models-'));

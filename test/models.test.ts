@@ -1,6 +1,6 @@
 import { describe, it, expect } from 'vitest';
 import type { Arch } from '../src/models/config.ts';
-import { Normal } from '../src/models/init.ts';
+import { Normal } from '../src/random.ts';
 import { Graph } from '../src/onnx/graph.ts';
 import { serializeModel } from '../src/onnx/proto.ts';
 import { Session, toOrt, type Feeds } from '../src/runtime/session.ts';

@@ -5,9 +5,9 @@
  * softmax((1−m)·logits_A + m·logits_B) on a tiny vocabulary.
  */
 import { describe, expect, it } from 'vitest';
-import { Decoder, generateIds } from '../src/online/generate.ts';
-import { mixLogits, sampleRandom, samplingDistribution, samplingOptions, sampleToken } from '../src/online/sampling.ts';
-import { SeededRandom } from '../src/train/random.ts';
+import { Decoder, generateIds } from '../src/models/generate.ts';
+import { mixLogits, sampleRandom, samplingDistribution, samplingOptions, sampleToken } from '../src/models/sampling.ts';
+import { SeededRandom } from '../src/random.ts';
 import type { ModelConfig } from '../src/models/config.ts';
 import type { FloatTensor } from '../src/models/checkpoint.ts';
 import { pad, randomWeights, runModel, testConfig } from './helpers/model-fixtures.ts';

@@ -12,7 +12,7 @@ import { initModelFolder, initValueHead } from '../src/models/init.ts';
 import { loadModel } from '../src/models/load.ts';
 import { saveCheckpoint } from '../src/models/checkpoint.ts';
 import { loadTokenizer, tokenizePromptResponse } from '../src/tokenize/index.ts';
-import { loadData } from '../src/train/data.ts';
+import { loadData } from '../datasets/examples.ts';
 import { makeMeta } from '../datasets/schema.ts';
 import { referenceHidden } from './helpers/reference-forward.ts';
 

@@ -80,17 +80,8 @@ export class RefSGD {
   }
 }
 
-/** Mulberry32: a small seeded PRNG so tests are reproducible. */
-export function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** Seeded uniform [0, 1), so tests are reproducible. */
+export { uniform as rng } from '../src/random.ts';
 
 /** Standard normal via Box–Muller. */
 export function gaussian(r: () => number): () => number {

@@ -3,7 +3,7 @@ import { mkdtempSync, writeFileSync, readFileSync, existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { writeReport, lineChart } from '../src/train/report.ts';
-import { UserError } from '../src/cli/errors.ts';
+import { UserError } from '../src/errors.ts';
 
 describe('report', () => {
   it('draws one path per series through every point, and embeds eval and config', () => {

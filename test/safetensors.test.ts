@@ -2,7 +2,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { UserError } from '../src/cli/errors.ts';
+import { UserError } from '../src/errors.ts';
 import {
   bf16BitsToFloat,
   f16BitsToFloat,
@@ -16,7 +16,7 @@ import {
   tensorToFloat64,
   writeSafetensors,
   type TensorToWrite,
-} from '../src/artifacts/safetensors.ts';
+} from '../src/models/safetensors.ts';
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-st-'));
 afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));

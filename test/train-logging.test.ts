@@ -12,12 +12,12 @@ import { loadModel } from '../src/models/load.ts';
 import { loadTokenizer } from '../src/tokenize/index.ts';
 import { demoPairs } from '../src/train/demo-task.ts';
 import { train } from '../src/train/trainer.ts';
-import { loadData, tokenizeExamples } from '../src/train/data.ts';
+import { loadData, tokenizeExamples } from '../datasets/examples.ts';
 import { resolveConfig } from '../src/train/config.ts';
 import { pruneCheckpoints, improves, bestMetricName } from '../src/train/checkpoints.ts';
 import { readCheckpoint } from '../src/artifacts/checkpoint.ts';
 import { renderReport } from '../src/train/report.ts';
-import { responseText } from '../src/online/prompts.ts';
+import { responseText } from '../src/models/generate.ts';
 import { referenceLogits } from './helpers/reference-forward.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'pz-logging-'));

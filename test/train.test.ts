@@ -6,7 +6,7 @@ import { initModelFolder } from '../src/models/init.ts';
 import { demoPairs, demoLists, demoSingles } from '../src/train/demo-task.ts';
 import { trainAny } from '../src/train/mpo.ts';
 import { evaluateRows } from '../src/eval/evaluate.ts';
-import { PAIR_METRICS } from '../losses/metrics.ts';
+import { PAIR_METRICS } from '../losses/core/metrics.ts';
 import { listLosses } from '../losses/index.ts';
 import { loadModel } from '../src/models/load.ts';
 

@@ -10,8 +10,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { initModelFolder } from '../../src/models/init.ts';
 import { loadModel } from '../../src/models/load.ts';
-import { Decoder, generateIds } from '../../src/online/generate.ts';
-import { sampleRandom } from '../../src/online/sampling.ts';
+import { Decoder, generateIds } from '../../src/models/generate.ts';
+import { sampleRandom } from '../../src/models/sampling.ts';
 
 function arg(name: string, dflt: string): string {
   const i = process.argv.indexOf(`--${name}`);

@@ -9,10 +9,10 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { prepareBench } from '../../src/cli/commands/bench.ts';
+import { prepareBench } from './step.ts';
 import { TrainingArtifacts } from '../../src/artifacts/training.ts';
 import type { RuntimeOptions } from '../../src/runtime/session.ts';
-import { collate } from '../../src/train/batch.ts';
+import { collate } from '../../src/models/batch.ts';
 
 const SETTINGS: Record<string, RuntimeOptions> = {
   default: {},

@@ -9,6 +9,9 @@ attention, SwiGLU MLP, untied head; log-probs by log_softmax and gather as TRL's
 Needs Debian's python3-torch (PyTorch 1.13 with OpenBLAS):
   apt-get install -y python3-torch libopenblas0-pthread
   /usr/bin/python3 scripts/bench/peer-pytorch.py [--preset small|tiny] [--steps N] [--threads N]
+On a GPU (the peer of `prefzoo bench --device webgpu`, see scripts/bench/gpu):
+  python3 scripts/bench/peer-pytorch.py --device cuda [--dtype float32|bfloat16]
+bfloat16 runs the step under torch.autocast (float32 master weights and AdamW), as TRL's bf16=True does.
 """
 import argparse
 import json
@@ -100,9 +103,9 @@ class Llama(nn.Module):
         freqs = pos[:, :, None] * self.inv_freq
         emb = torch.cat((freqs, freqs), -1)[:, None]  # [B, 1, T, hd]
         cos, sin = emb.cos(), emb.sin()
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
         allowed = causal[None, None] & attn.bool()[:, None, None, :]
-        mask = torch.zeros(B, 1, T, T).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        mask = torch.zeros(B, 1, T, T, device=ids.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
         x = self.embed_tokens(ids)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
@@ -118,7 +121,7 @@ def sequence_logps(logits, ids, loss_mask):
 
 
 def bench_pairs(vocab, pairs, seq_len, seed=1):
-    """The same seeded tokens as src/cli/commands/bench.ts benchPairs (LCG, ids from 16)."""
+    """The same seeded tokens as scripts/bench/step.ts benchPairs (LCG, ids from 16)."""
     s = seed & 0xFFFFFFFF
 
     def tok():
@@ -139,14 +142,16 @@ def bench_pairs(vocab, pairs, seq_len, seed=1):
     return ids, torch.ones_like(ids), loss_mask
 
 
-def matmul_peak(n=2048, runs=10):
-    a = torch.rand(n, n) - 0.5
-    b = torch.rand(n, n) - 0.5
+def matmul_peak(n=2048, runs=10, device='cpu', sync=lambda: None):
+    a = torch.rand(n, n, device=device) - 0.5
+    b = torch.rand(n, n, device=device) - 0.5
     a @ b
+    sync()
     rates = []
     for _ in range(runs):
         t0 = time.perf_counter()
         a @ b
+        sync()
         rates.append(2 * n ** 3 / (time.perf_counter() - t0) / 1e9)
     # The fastest run, as prefzoo bench reports: other work on the machine only slows a run.
     return max(rates)
@@ -162,15 +167,21 @@ def main():
     ap.add_argument('--threads', type=int, default=0, help='torch threads (default: every core)')
     ap.add_argument('--vocab', type=int, default=0, help='override the preset vocabulary')
     ap.add_argument('--no-peak', action='store_true')
+    ap.add_argument('--device', default='cpu', help='cpu or cuda')
+    ap.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'], help='bfloat16: autocast around the step')
     a = ap.parse_args()
+    dev = torch.device(a.device)
+    # GPU work is asynchronous: each timed region ends by waiting for it.
+    sync = torch.cuda.synchronize if dev.type == 'cuda' else (lambda: None)
+    autocast = (lambda: torch.autocast(device_type=dev.type, dtype=torch.bfloat16)) if a.dtype == 'bfloat16' else (lambda: torch.autocast(device_type=dev.type, enabled=False))
     torch.set_num_threads(a.threads or os.cpu_count())
     torch.manual_seed(0)
     c = dict(PRESETS[a.preset])
     if a.vocab:
         c['vocab'] = a.vocab
-    model = Llama(c)
+    model = Llama(c).to(dev)
     params = sum(p.numel() for p in model.parameters())
-    ids, attn, loss_mask = bench_pairs(c['vocab'], a.pairs, a.seq)
+    ids, attn, loss_mask = (t.to(dev) for t in bench_pairs(c['vocab'], a.pairs, a.seq))
     tokens = ids.numel()
     log = lambda s: print(f'peer: {s}', file=sys.stderr, flush=True)
     log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {params:,} parameters")
@@ -179,7 +190,9 @@ def main():
     with torch.no_grad():
         for i in range(max(2, min(a.steps, 5)) + 1):
             t0 = time.perf_counter()
-            ref = sequence_logps(model(ids, attn), ids, loss_mask)
+            with autocast():
+                ref = sequence_logps(model(ids, attn), ids, loss_mask)
+            sync()
             if i > 0:
                 eval_times.append(time.perf_counter() - t0)
     ref_c, ref_r = ref[:a.pairs], ref[a.pairs:]
@@ -192,13 +205,15 @@ def main():
         if i == a.warmup:
             cpu0 = time.process_time()
         t0 = time.perf_counter()
-        lp = sequence_logps(model(ids, attn), ids, loss_mask)
-        logits = beta * ((lp[:a.pairs] - ref_c) - (lp[a.pairs:] - ref_r))
-        loss = -F.logsigmoid(logits).mean()
+        with autocast():
+            lp = sequence_logps(model(ids, attn), ids, loss_mask)
+            logits = beta * ((lp[:a.pairs] - ref_c) - (lp[a.pairs:] - ref_r))
+            loss = -F.logsigmoid(logits.float()).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sync()
         dt = time.perf_counter() - t0
         if i >= a.warmup:
             times.append(dt)
@@ -210,7 +225,7 @@ def main():
     matmul_params = params - (0 if c['tied'] else embed)
     flops = tokens * (6 * matmul_params + 12 * c['layers'] * c['heads'] * c['head_dim'] * a.seq)
     achieved = flops / per_step / 1e9
-    peak = None if a.no_peak else matmul_peak()
+    peak = None if a.no_peak else matmul_peak(n=8192 if dev.type == 'cuda' else 2048, device=dev, sync=sync)
     out = {
         'preset': a.preset,
         'params': params,
@@ -229,6 +244,8 @@ def main():
         'cpu_seconds_per_step': round(cpu, 3),
         'load_average': round(load, 2),
         'engine': f'pytorch {torch.__version__} eager',
+        'device': a.device,
+        'dtype': a.dtype,
     }
     print(json.dumps(out))
 

@@ -10,10 +10,10 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
-import { prepareBench } from '../../src/cli/commands/bench.ts';
+import { prepareBench } from './step.ts';
 import { readManifest } from '../../src/artifacts/manifest.ts';
 import { type Feeds, type OptLevel, Session, toOrt } from '../../src/runtime/session.ts';
-import { collate } from '../../src/train/batch.ts';
+import { collate } from '../../src/models/batch.ts';
 import { OPTIM_IO, gradName, stateName } from '../../src/optim/config.ts';
 
 const { values: a } = parseArgs({

@@ -22,15 +22,16 @@ import type { DType, TypedArray } from '../onnx/dtype.ts';
 import { isFloat } from '../onnx/dtype.ts';
 import { saveModel } from '../onnx/proto.ts';
 import { lowerForWebGpu } from '../onnx/lower.ts';
+import { halfPrecisionMatmuls } from '../onnx/half.ts';
 import { gradients } from '../autodiff/index.ts';
 import { zerosLike } from '../autodiff/shape.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { buildOptimizerGraph, defaultDecay, type OptimizerConfig, gradName, gradAccName, stateName } from '../optim/index.ts';
 import { pruneGraph } from './prune.ts';
 import { elideBroadcastExpands, foldOutputIdentities, foldScatterAddIntoSum, isZeroFill } from './simplify.ts';
 import { fuseOptimizer } from './fuse.ts';
 import { writeCheckpoint, type CheckpointTensor } from './checkpoint.ts';
-import { writeFileAtomic } from './safetensors.ts';
+import { writeFileAtomic } from '../io/atomic.ts';
 import { ARTIFACT_FILES, MANIFEST_VERSION, TRAIN_IO, type ArtifactTarget, type ArtifactsManifest, type GraphIO } from './manifest.ts';
 
 export interface ParamSpec {
@@ -195,8 +196,9 @@ export function buildEvalGraph(spec: ArtifactSpec): Graph {
 }
 
 /** Writes the artifacts folder `outDir` (created if needed) and returns its manifest. */
-export function buildArtifacts(spec: ArtifactSpec, outDir: string, opts: { target?: ArtifactTarget } = {}): ArtifactsManifest {
+export function buildArtifacts(spec: ArtifactSpec, outDir: string, opts: { target?: ArtifactTarget; computeDtype?: 'float32' | 'float16' } = {}): ArtifactsManifest {
   const target = opts.target ?? 'cpu';
+  const computeDtype = opts.computeDtype ?? 'float32';
   checkSpec(spec);
   const trainable = spec.params.filter((p) => p.trainable);
   const dtype = trainable[0].dtype as 'float32' | 'float64';
@@ -212,6 +214,8 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string, opts: { targe
     elideBroadcastExpands(g);
     foldScatterAddIntoSum(g);
     foldOutputIdentities(g);
+    // Sequence sums of token log-probs (score_select's MatMul) stay float32 under float16 compute.
+    if (computeDtype === 'float16' && g !== opt.graph) halfPrecisionMatmuls(g, ['score_select']);
     if (target === 'webgpu') lowerForWebGpu(g);
   }
   fs.mkdirSync(outDir, { recursive: true });
@@ -227,6 +231,7 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string, opts: { targe
     opset: OPSET,
     params: spec.params.map((p) => ({ name: p.name, dtype: p.dtype, shape: p.shape, trainable: p.trainable, decay: p.decay ?? defaultDecay(p.name, p.shape) })),
     target,
+    computeDtype,
     // Lowered graphs take int32 where the spec says int64 (see src/onnx/lower.ts).
     batchInputs: spec.batchInputs.map((b) => ({ name: b.name, dtype: [...training.graph.inputs, ...evalGraph.inputs].find((i) => i.name === b.name)?.dtype ?? b.dtype, shape: b.shape })),
     training: {

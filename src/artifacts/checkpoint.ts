@@ -10,10 +10,10 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
-import { fileError, releaseTemp, removeTemp, tempPath } from '../files.ts';
-import { type Dtype, type RawTensor, type TensorData, readSafetensors, writeSafetensors, writeFileAtomic } from './safetensors.ts';
+import { type Dtype, type RawTensor, type TensorData, readSafetensors, writeSafetensors } from '../models/safetensors.ts';
+import { fileError, releaseTemp, removeTemp, tempPath, writeFileAtomic } from '../io/atomic.ts';
 
 export const CHECKPOINT_FILES = { params: 'params.safetensors', optimizer: 'optimizer.safetensors', state: 'state.json' } as const;
 

@@ -5,7 +5,7 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { DType } from '../onnx/dtype.ts';
 import type { Shape } from '../onnx/graph.ts';
 import type { ResolvedOptimizerConfig } from '../optim/config.ts';
@@ -41,6 +41,8 @@ export interface ArtifactsManifest {
   opset: number;
   /** Absent in folders written before it existed: 'cpu'. */
   target?: ArtifactTarget;
+  /** Precision of the matrix products (src/onnx/half.ts); absent: 'float32'. */
+  computeDtype?: 'float32' | 'float16';
   params: { name: string; dtype: DType; shape: number[]; trainable: boolean; decay: boolean }[];
   batchInputs: { name: string; dtype: DType; shape: Shape }[];
   training: GraphIO & {

@@ -5,11 +5,11 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { type Feeds, type RuntimeOptions, Session, ort, toOrt } from '../runtime/session.ts';
 import { TensorStore, type OutputMode } from '../runtime/store.ts';
 import { gradName, stateName, updatedName, OPTIM_IO } from '../optim/config.ts';
-import type { RawTensor } from './safetensors.ts';
+import type { RawTensor } from '../models/safetensors.ts';
 import { safetensorsDtype, readCheckpoint, writeCheckpoint, type CheckpointState, type CheckpointTensor } from './checkpoint.ts';
 import { ARTIFACT_FILES, readManifest, type ArtifactsManifest } from './manifest.ts';
 import type { TypedArray } from '../onnx/dtype.ts';

@@ -8,6 +8,7 @@ import { Graph, Tensor } from '../onnx/graph.ts';
 import { serializeModel } from '../onnx/proto.ts';
 import { Session, toOrt } from '../runtime/session.ts';
 import { gradients } from './index.ts';
+import { uniform } from '../random.ts';
 
 /** How an input's values are drawn: uniform in [lo, hi], optionally kept ≥ gap away from 0 (kinks). */
 export interface InputSpec {
@@ -41,18 +42,6 @@ export interface CaseResult {
   maxRelErr: number;
   /** Number of gradient elements compared. */
   elements: number;
-}
-
-/** Deterministic uniform generator in [0, 1) (mulberry32). */
-export function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 function draw(spec: InputSpec, rand: () => number): Float64Array {
@@ -119,7 +108,7 @@ const toArray = (dtype: 'float64' | 'float32', v: Float64Array) => (dtype === 'f
 
 /** Seeded input values and loss weights of a case. */
 export function caseData(c: GradCase, seed: number): { data: Float64Array[]; weights: Float64Array } {
-  const rand = rng(seed);
+  const rand = uniform(seed);
   const data = c.inputs.map((s) => draw(s, rand));
   return { data, weights: Float64Array.from({ length: 4096 }, () => 2 * rand() - 1) };
 }

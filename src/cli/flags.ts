@@ -1,5 +1,5 @@
 /** Parsers shared by the commands' flags; errors name the flag and what it takes. */
-import { UserError } from './errors.ts';
+import { UserError } from '../errors.ts';
 import { EXECUTION_PROVIDERS, type ExecutionProvider } from '../runtime/session.ts';
 
 /** `--device`'s help text, the same on every command. */

@@ -1,6 +1,6 @@
 import { Command, CommanderError } from 'commander';
-import { UserError } from './errors.ts';
-import { fileError, removeAllTemps } from '../files.ts';
+import { UserError } from '../errors.ts';
+import { fileError, removeAllTemps } from '../io/atomic.ts';
 import { commands } from './commands/index.ts';
 
 /** Builds the `prefzoo` program; every command module adds itself through `commands`. */

@@ -3,12 +3,9 @@
  * logs stay readable in CI and files.
  */
 import cliProgress from 'cli-progress';
+import type { ProgressFactory, ProgressFields, ProgressReporter } from '../progress.ts';
 
-export interface ProgressFields {
-  [key: string]: string | number;
-}
-
-export class Progress {
+export class Progress implements ProgressReporter {
   private bar?: cliProgress.SingleBar;
   private lastLine = 0;
   private start = Date.now();
@@ -63,3 +60,6 @@ export class Progress {
     this.bar?.stop();
   }
 }
+
+/** What commands pass to the library: a bar (or plain lines) on stderr for each job. */
+export const terminalProgress: ProgressFactory = (label, total) => new Progress(label, total);

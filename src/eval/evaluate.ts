@@ -3,18 +3,18 @@
  * reference on a dataset, summarised per kind (pairwise accuracy, listwise NDCG / Kendall τ / top-1,
  * single-trajectory ROC-AUC), overall and per `source`.
  */
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { loadModel } from '../models/load.ts';
 import { maxPositions } from '../models/config.ts';
-import { DEFAULT_CONFIG } from '../train/config.ts';
 import { loadTokenizer } from '../tokenize/index.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
-import { loadData, tokenizeExamples, type Example, type TokenizedExample, type TruncationConfig } from '../train/data.ts';
+import type { ProgressFactory } from '../progress.ts';
+import { DEFAULT_TRUNCATION, loadData, tokenizeExamples, type Example, type TokenizedExample, type TruncationConfig } from '../../datasets/examples.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import type { Kind } from '../../datasets/schema.ts';
-import { Scorer } from '../train/scorer.ts';
-import { TIE_RTOL, tieTolRef } from '../../losses/metrics.ts';
+import { Scorer } from '../models/scorer.ts';
+import { TIE_RTOL, tieTolRef } from '../../losses/core/metrics.ts';
 import { groupBy, kendallTau, listwiseMetrics, pairwiseMetrics, rocAuc, mean } from './metrics.ts';
 
 /** A model folder, or a model already in memory (the trainer's current weights). */
@@ -31,6 +31,9 @@ export interface EvalOptions {
   /** `beta` (default 0.1) scales the implicit rewards. */
   params?: Record<string, unknown>;
   runtime?: RuntimeOptions;
+  /** Draws the scoring progress (the CLI passes a terminal bar); none without it. */
+  progress?: ProgressFactory;
+  /** No progress and no truncation note. */
   quiet?: boolean;
   truncation?: TruncationConfig;
   batchSize?: number;
@@ -123,16 +126,16 @@ export class Evaluator {
     const tok = loadTokenizer(tokDir);
     const data = await loadData(o.data, o.workDir, { maxRows: o.maxRows });
     // Same truncation as training by default, capped by the model's positions.
-    const maxLen = Math.min(o.truncation?.max_length ?? DEFAULT_CONFIG.max_length, maxPositions(ref.config));
+    const maxLen = Math.min(o.truncation?.max_length ?? DEFAULT_TRUNCATION.max_length, maxPositions(ref.config));
     const trunc: TruncationConfig = {
       max_length: maxLen,
-      max_prompt_length: Math.min(o.truncation?.max_prompt_length ?? DEFAULT_CONFIG.max_prompt_length, maxLen - 1),
-      truncation: o.truncation?.truncation ?? DEFAULT_CONFIG.truncation,
+      max_prompt_length: Math.min(o.truncation?.max_prompt_length ?? DEFAULT_TRUNCATION.max_prompt_length, maxLen - 1),
+      truncation: o.truncation?.truncation ?? DEFAULT_TRUNCATION.truncation,
     };
     const { rows, truncated } = tokenizeExamples(data.examples, tok, trunc, data.tokens);
     if (truncated && !o.quiet) process.stderr.write(`eval: ${truncated} of ${rows.length} rows truncated to max_length ${trunc.max_length} / max_prompt_length ${trunc.max_prompt_length}\n`);
     const rs = await Scorer.create(ref.config, ref.weights, o.runtime ?? {}, tok.padId ?? 0);
-    const rl = (await rs.score(data.kind, rows, { batchSize: o.batchSize ?? 8, label: 'reference log-probs', quiet: o.quiet })).logps;
+    const rl = (await rs.score(data.kind, rows, { batchSize: o.batchSize ?? 8, label: 'reference log-probs', progress: o.quiet ? undefined : o.progress })).logps;
     await rs.release();
     checkFinite(rl, 'reference', o.ref, o.data);
     return new Evaluator({ ...o, policy: o.policy ?? o.ref } as EvalOptions, data.kind, rows, data.examples, rl, truncated, tok.padId ?? 0);
@@ -147,7 +150,7 @@ export class Evaluator {
     const beta = betaOf(this.o.params);
     const policy = resolveModel(policySource);
     const ps = await Scorer.create(policy.config, policy.weights, this.o.runtime ?? {}, this.padId);
-    const pl = (await ps.score(this.kind as Kind, this.rows, { batchSize: this.o.batchSize ?? 8, label: 'policy log-probs', quiet: opts.quiet ?? this.o.quiet })).logps;
+    const pl = (await ps.score(this.kind as Kind, this.rows, { batchSize: this.o.batchSize ?? 8, label: 'policy log-probs', progress: opts.quiet ?? this.o.quiet ? undefined : this.o.progress })).logps;
     await ps.release();
     checkFinite(pl, 'policy', policySource, this.o.data);
     const rl = this.refLogps;

@@ -5,18 +5,18 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import {
   DTYPE_SIZES,
   FLOAT_DTYPES,
   numel,
   readSafetensors,
   tensorToFloat32,
-  writeFileAtomic,
   writeSafetensors,
   type Dtype,
   type TensorToWrite,
-} from '../artifacts/safetensors.ts';
+} from './safetensors.ts';
+import { writeFileAtomic } from '../io/atomic.ts';
 import { writeConfig, type ModelConfig } from './config.ts';
 
 export const SINGLE_FILE = 'model.safetensors';

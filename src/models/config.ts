@@ -5,8 +5,8 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { UserError } from '../cli/errors.ts';
-import { writeFileAtomic } from '../artifacts/safetensors.ts';
+import { UserError } from '../errors.ts';
+import { writeFileAtomic } from '../io/atomic.ts';
 
 export type Arch = 'llama' | 'qwen2' | 'gpt2';
 export const ARCHES: readonly Arch[] = ['llama', 'qwen2', 'gpt2'];

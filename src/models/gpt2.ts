@@ -3,22 +3,30 @@
  * pre-norm blocks of LayerNorm → fused q/k/v projection (`c_attn`) → attention → `c_proj` → residual,
  * LayerNorm → `c_fc` → GELU (tanh approximation by default) → `c_proj` → residual; a final LayerNorm.
  * Conv1D weights are stored `[in, out]`. Positions come from the attention mask, so padding does
- * not shift them.
+ * not shift them. `gpt2Hidden` is the training forward over a whole batch; `gpt2Decode` the same
+ * model over S new tokens per row with a key/value cache.
  */
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import type { Gpt2Config } from './config.ts';
-import { type BatchIndex, activation, attention, layerNorm, project, reshapeTo, splitHeads } from './layers.ts';
+import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, decodeHeads, extendCache, layerNorm, project, reshapeTo, splitHeads } from './layers.ts';
 import type { Params } from './params.ts';
 
-/** Final hidden states `[N, D]` (after `ln_f`). */
-export function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): Tensor {
+/**
+ * Sizes and the query scale of layer i: HF's scale_attn_weights (default on) divides the scores by
+ * √hd, scale_attn_by_inverse_layer_idx also by i + 1.
+ */
+function dims(c: Gpt2Config): { D: number; H: number; hd: number; eps: number; scale: (i: number) => number } {
   const D = c.n_embd;
   const H = c.n_head;
   const hd = D / H;
-  const eps = c.layer_norm_epsilon;
-  // HF options: scale_attn_weights (default on) divides scores by √hd; scale_attn_by_inverse_layer_idx also by layer + 1.
   const scaleWeights = c.scale_attn_weights !== false;
   const byLayer = c.scale_attn_by_inverse_layer_idx === true;
+  return { D, H, hd, eps: c.layer_norm_epsilon, scale: (i) => (scaleWeights ? 1 / Math.sqrt(hd) : 1) / (byLayer ? i + 1 : 1) };
+}
+
+/** Final hidden states `[N, D]` (after `ln_f`). */
+export function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): Tensor {
+  const { D, H, hd, eps, scale: scaleOf } = dims(c);
 
   let h = g.scope('embed', () => {
     const pos = reshapeTo(g, bi.positions, [-1], [bi.N]);
@@ -26,7 +34,7 @@ export function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): 
   });
   for (let i = 0; i < c.n_layer; i++) {
     const p = `transformer.h.${i}.`;
-    const scale = (scaleWeights ? 1 / Math.sqrt(hd) : 1) / (byLayer ? i + 1 : 1);
+    const scale = scaleOf(i);
     h = g.scope(`h.${i}`, () => {
       const proj = (name: string, x: Tensor) => project(g, x, P.get(p + name + '.weight'), P.get(p + name + '.bias'), 'conv1d', P.adapter(p + name));
       const attnOut = g.scope('attn', () => {
@@ -58,6 +66,31 @@ export function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): 
 /** The output head's weight `[V, D]`: the token embedding when tied (always, in released GPT-2s). */
 export function gpt2HeadWeight(c: Gpt2Config, P: Params): Tensor {
   return P.get(c.tie_word_embeddings ? 'transformer.wte.weight' : 'lm_head.weight');
+}
+
+/** Final hidden states `[B·S, D]` of S new tokens per row, reading and extending the key/value cache `past`. */
+export function gpt2Decode(g: Graph, c: Gpt2Config, P: Params, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor {
+  const { D, H, hd, eps, scale: scaleOf } = dims(c);
+  let h = g.add(g.gather(P.get('transformer.wte.weight'), ix.flatIds, 0), g.gather(P.get('transformer.wpe.weight'), g.reshape(ix.positions, [-1]), 0));
+  for (let i = 0; i < c.n_layer; i++) {
+    const p = `transformer.h.${i}.`;
+    const scale = scaleOf(i);
+    const proj = (name: string, x: Tensor) => project(g, x, P.get(p + name + '.weight'), P.get(p + name + '.bias'), 'conv1d', P.adapter(p + name));
+    h = g.scope(`h.${i}`, () => {
+      const x = layerNorm(g, h, P.get(p + 'ln_1.weight'), P.get(p + 'ln_1.bias'), eps);
+      const [q, kNew, vNew] = g.split(proj('attn.c_attn', x), [D, D, D], 1).map((t) => decodeHeads(g, t, ix, H, hd));
+      const [k, v] = extendCache(g, i, kNew, vNew, past);
+      const h1 = g.add(h, proj('attn.c_proj', cachedAttention(g, ix, scale === 1 ? q : g.mul(q, scale), k, v, H, H, hd)));
+      const y = layerNorm(g, h1, P.get(p + 'ln_2.weight'), P.get(p + 'ln_2.bias'), eps);
+      return g.add(h1, proj('mlp.c_proj', activation(g, c.activation_function, proj('mlp.c_fc', y))));
+    });
+  }
+  return layerNorm(g, h, P.get('transformer.ln_f.weight'), P.get('transformer.ln_f.bias'), eps);
+}
+
+/** Cache geometry: layers, key/value heads (every head has its own), head size. */
+export function gpt2CacheShape(c: Gpt2Config): { layers: number; kvHeads: number; headDim: number } {
+  return { layers: c.n_layer, kvHeads: c.n_head, headDim: c.n_embd / c.n_head };
 }
 
 /**

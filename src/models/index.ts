@@ -16,7 +16,7 @@ export interface CausalLMInputs {
   inputIds: Tensor;
   /** `[batch, seq]` 1 for real tokens, 0 for padding (int64, bool or float); left or right padding. */
   attentionMask?: Tensor;
-  /** Packed rows (src/train/batch.ts): `[batch, seq]` int64 positions and segments instead of a mask. */
+  /** Packed rows (src/models/batch.ts): `[batch, seq]` int64 positions and segments instead of a mask. */
   packed?: { positionIds: Tensor; segmentIds: Tensor };
 }
 

@@ -4,13 +4,12 @@
  * output projections (`c_proj`) by 1/√(2·n_layer) as its paper and HF do.
  */
 import fs from 'node:fs';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { writeTokenizer } from '../tokenize/index.ts';
 import { type FloatTensor, saveCheckpoint } from './checkpoint.ts';
 import { type Arch, type ModelConfig, countParameters, hiddenSize, parameterShapes, presetConfig } from './config.ts';
-import { Normal } from './random.ts';
+import { Normal } from '../random.ts';
 
-export { Normal };
 
 /** HF's `initializer_range` default. */
 export const INIT_STD = 0.02;

@@ -3,7 +3,7 @@
  * attention mask, built once per graph), projections with optional LoRA, attention, norms and
  * activations. Activations flow as 2-D `[N, D]` tensors (N = batch·seq) so every projection is one
  * Gemm and its weight gradient one Gemm, with no batched-matmul reductions; only attention reshapes
- * to `[B, heads, T, head_dim]`.
+ * to `[B, heads, T, head_dim]`. The second half holds the blocks of KV-cached decoding (src/models/decode.ts).
  */
 import { Graph, Tensor, type Dim, type Shape } from '../onnx/graph.ts';
 import type { Activation } from './config.ts';
@@ -64,7 +64,7 @@ export function batchIndex(g: Graph, inputIds: Tensor, attentionMask: Tensor, dt
 
 /**
  * Index tensors of a packed batch (rows of prompt ++ response_1 ++ response_2 ++ …, see
- * src/train/batch.ts): positions are given, and query t may attend key s when s ≤ t, s is not a pad,
+ * src/models/batch.ts): positions are given, and query t may attend key s when s ≤ t, s is not a pad,
  * and s is in the prompt or in t's own response (`segmentIds`: 0 pad, 1 prompt, 2 + k response k).
  * Every query row keeps at least its own position (or, for pads, the prompt) unmasked or falls back
  * to the finite MASK_VALUE rows as in `batchIndex`.
@@ -197,4 +197,84 @@ export function splitHeads(g: Graph, bi: BatchIndex, x: Tensor, heads: number, h
 /** Logits `[N, V]` = hidden · Wᵀ for an output head stored `[V, D]` (tied embeddings included). */
 export function lmHead(g: Graph, hidden: Tensor, weight: Tensor): Tensor {
   return g.gemm(hidden, weight, null, { transB: true }); // [N, V]
+}
+
+// ---- KV-cached decoding: S new tokens per row attend over the past keys/values plus their own. ----
+
+export const pastName = (layer: number, kv: 'key' | 'value') => `past.${layer}.${kv}`;
+export const presentName = (layer: number, kv: 'key' | 'value') => `present.${layer}.${kv}`;
+
+/** Index tensors shared by the layers of one decode graph. */
+export interface DecodeIndex {
+  /** `[B·S]` new token ids. */
+  flatIds: Tensor;
+  /** `[B, S]` int64 positions of the new tokens. */
+  positions: Tensor;
+  /** `[B, 1, S, L]` additive mask of new queries over past + new keys. */
+  mask: Tensor;
+  /** `[2]` runtime (B, S). */
+  shapeBS: Tensor;
+}
+
+/**
+ * Positions and mask of the new tokens `ids [B, S]` under `attn [B, L]` (past + new). Positions count
+ * the real tokens before each token, as `batchIndex` does, so a cached row decodes as it would alone.
+ */
+export function decodeIndex(g: Graph, ids: Tensor, attn: Tensor): DecodeIndex {
+  return g.scope('index', () => {
+    // No arithmetic on shapes (every provider, WebGPU included, runs this on the device): each key's
+    // and each new query's distance from the end, by running counts over a row of ones. Key l of L is
+    // L−1−l from the end and new query s of S sits at key L−S+s, S−1−s from the end, so
+    // key ≤ query ⟺ the key's distance ≥ the query's.
+    const fromEnd = (x: Tensor, n: Dim) => {
+      const ones = g.slice(g.expand(g.scalar(1, 'float32'), g.shapeOf(x)), [0], [1], [0]); // [1, n]
+      return reshapeTo(g, g.cumSum(ones, 1, { exclusive: true, reverse: true }), [-1], [n]);
+    };
+    const keys = fromEnd(attn, attn.shape?.[1] ?? '?'); // [L]
+    const queries = fromEnd(ids, ids.shape?.[1] ?? '?'); // [S]
+    const causal = g.greaterOrEqual(g.unsqueeze(keys, [0]), g.unsqueeze(queries, [1])); // [S, L]
+    // A new token's position is the count of real tokens before it: the exclusive running count at
+    // its own key, picked by a 0/1 [S, L] matrix (exact: small integers in float32).
+    const pick = g.cast(g.equal(g.unsqueeze(queries, [1]), g.unsqueeze(keys, [0])), 'float32'); // [S, L]
+    const before = g.cast(g.cumSum(attn, 1, { exclusive: true }), 'float32'); // [B, L]
+    const positions = g.cast(g.matmul(before, g.transpose(pick, [1, 0])), 'int64'); // [B, S]
+    const real = g.unsqueeze(g.cast(attn, 'bool'), [1, 2]); // [B, 1, 1, L]
+    const mask = g.where(g.and(causal, real), g.scalar(0, 'float32'), g.scalar(MASK_VALUE, 'float32'));
+    const flatIds = g.reshape(ids, [-1]);
+    return { flatIds, positions, mask, shapeBS: g.shapeOf(ids) };
+  });
+}
+
+/** `[B·S, heads·hd]` → `[B, heads, S, hd]`. */
+export function decodeHeads(g: Graph, x: Tensor, ix: DecodeIndex, n: number, hd: number): Tensor {
+  const split = reshapeRt(g, x, g.concat([ix.shapeBS, g.ints([n, hd])], 0), ['B', 'S', n, hd]);
+  return g.transpose(split, [0, 2, 1, 3]);
+}
+
+/**
+ * Attention of S new queries `[B, H, S, hd]` (already scaled) over the cache `[B, KV, L, hd]`.
+ * Grouped queries fold into the row axis, as in `attention`. Returns `[B·S, H·hd]`.
+ */
+export function cachedAttention(g: Graph, ix: DecodeIndex, q: Tensor, k: Tensor, v: Tensor, H: number, KV: number, hd: number): Tensor {
+  const group = H / KV;
+  const kT = g.transpose(k, [0, 1, 3, 2]); // [B, KV, hd, L]
+  let ctx: Tensor;
+  if (group === 1) {
+    ctx = g.matmul(g.softmax(g.add(g.matmul(q, kT), ix.mask), -1), v);
+  } else {
+    const qg = g.reshape(q, [0, KV, -1, hd]); // [B, KV, group·S, hd]
+    const s = g.reshape(g.matmul(qg, kT), [0, H, -1, 0]); // [B, H, S, L]
+    const p = g.reshape(g.softmax(g.add(s, ix.mask), -1), [0, KV, -1, 0]);
+    ctx = g.reshape(g.matmul(p, v), [0, H, -1, hd]); // [B, H, S, hd]
+  }
+  return g.reshape(g.transpose(ctx, [0, 2, 1, 3]), [-1, H * hd]);
+}
+
+/** Appends the new keys/values to the layer's cache and marks the result as the present outputs. */
+export function extendCache(g: Graph, layer: number, k: Tensor, v: Tensor, past: Map<string, Tensor> | null): [Tensor, Tensor] {
+  const full = (kv: 'key' | 'value', x: Tensor) => {
+    const p = past?.get(pastName(layer, kv));
+    return g.output(p ? g.concat([p, x], 2) : g.identity(x), presentName(layer, kv));
+  };
+  return [full('key', k), full('value', v)];
 }

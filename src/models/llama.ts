@@ -3,11 +3,13 @@
  * modeling code: pre-norm blocks of RMSNorm → attention with rotary embeddings (rotate-half
  * convention, inv_freq = 1/θ^(2i/d)) and grouped-query heads → residual, RMSNorm → SwiGLU MLP
  * down(act(gate(x)) · up(x)) → residual; a final RMSNorm. Parameters are looked up by their HF names.
+ * `llamaHidden` is the training forward over a whole batch; `llamaDecode` the same model over S new
+ * tokens per row with a key/value cache (keys cached after the rotary embedding).
  */
 import type { Graph, Tensor } from '../onnx/graph.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { type LlamaConfig, attentionBiases } from './config.ts';
-import { type BatchIndex, activation, attention, project, rmsNorm, splitHeads } from './layers.ts';
+import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, decodeHeads, extendCache, project, rmsNorm, splitHeads } from './layers.ts';
 import type { Params } from './params.ts';
 
 /** inv_freq[i] = 1/θ^(2i/d), i < d/2 (HF's default rotary frequencies). */
@@ -59,7 +61,7 @@ export function rotaryFrequencies(c: LlamaConfig): number[] {
   throw new UserError(`config.json: rope_scaling type ${JSON.stringify(type)} is not supported (supported: default, linear, llama3)`);
 }
 
-/** Rotate-half RoPE on `[B, T, heads, hd]`: x·cos + rotate_half(x)·sin, rotate_half(x) = [−x₂, x₁]. */
+/** Rotate-half RoPE on the last axis (`[B, T, heads, hd]` or `[B, heads, S, hd]`): x·cos + rotate_half(x)·sin, rotate_half(x) = [−x₂, x₁]. */
 function rope(g: Graph, x: Tensor, cos: Tensor, sin: Tensor, headDim: number): Tensor {
   const [x1, x2] = g.split(x, [headDim / 2, headDim / 2], -1);
   const rotated = g.concat([g.neg(x2), x1], -1);
@@ -124,4 +126,41 @@ export function llamaHidden(g: Graph, c: LlamaConfig, P: Params, bi: BatchIndex)
 /** The output head's weight `[V, D]`: the embedding when tied. */
 export function llamaHeadWeight(c: LlamaConfig, P: Params): Tensor {
   return P.get(c.tie_word_embeddings ? 'model.embed_tokens.weight' : 'lm_head.weight');
+}
+
+/** Final hidden states `[B·S, D]` of S new tokens per row, reading and extending the key/value cache `past`. */
+export function llamaDecode(g: Graph, c: LlamaConfig, P: Params, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor {
+  const H = c.num_attention_heads;
+  const KV = c.num_key_value_heads;
+  const hd = c.head_dim;
+  const bias = attentionBiases(c);
+  const { cos, sin } = g.scope('rope', () => {
+    const inv = g.constant(rotaryFrequencies(c), 'float32', [hd / 2]);
+    const f = g.mul(g.unsqueeze(g.cast(ix.positions, 'float32'), [2]), inv); // [B, S, hd/2]
+    const emb = g.unsqueeze(g.concat([f, f], -1), [1]); // [B, 1, S, hd]
+    return { cos: g.cos(emb), sin: g.sin(emb) };
+  });
+  let h = g.gather(P.get('model.embed_tokens.weight'), ix.flatIds, 0);
+  for (let i = 0; i < c.num_hidden_layers; i++) {
+    const p = `model.layers.${i}.`;
+    const proj = (name: string, x: Tensor, hasBias: boolean) =>
+      project(g, x, P.get(p + name + '.weight'), hasBias ? P.get(p + name + '.bias') : null, 'linear', P.adapter(p + name));
+    h = g.scope(`layers.${i}`, () => {
+      const x = rmsNorm(g, h, P.get(p + 'input_layernorm.weight'), c.rms_norm_eps);
+      const q = g.mul(rope(g, decodeHeads(g, proj('self_attn.q_proj', x, bias.qkv), ix, H, hd), cos, sin, hd), 1 / Math.sqrt(hd));
+      const kNew = rope(g, decodeHeads(g, proj('self_attn.k_proj', x, bias.qkv), ix, KV, hd), cos, sin, hd);
+      const vNew = decodeHeads(g, proj('self_attn.v_proj', x, bias.qkv), ix, KV, hd);
+      const [k, v] = extendCache(g, i, kNew, vNew, past);
+      const h1 = g.add(h, proj('self_attn.o_proj', cachedAttention(g, ix, q, k, v, H, KV, hd), bias.o));
+      const y = rmsNorm(g, h1, P.get(p + 'post_attention_layernorm.weight'), c.rms_norm_eps);
+      const gate = activation(g, c.hidden_act, proj('mlp.gate_proj', y, c.mlp_bias));
+      return g.add(h1, proj('mlp.down_proj', g.mul(gate, proj('mlp.up_proj', y, c.mlp_bias)), c.mlp_bias));
+    });
+  }
+  return rmsNorm(g, h, P.get('model.norm.weight'), c.rms_norm_eps);
+}
+
+/** Cache geometry: layers, key/value heads, head size. */
+export function llamaCacheShape(c: LlamaConfig): { layers: number; kvHeads: number; headDim: number } {
+  return { layers: c.num_hidden_layers, kvHeads: c.num_key_value_heads, headDim: c.head_dim };
 }

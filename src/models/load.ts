@@ -2,7 +2,7 @@
  * A model folder's config and weights, checked against the parameters the graph needs: every
  * tensor present with its expected shape (errors name the file), GPT-2 names normalised.
  */
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { type Checkpoint, type FloatTensor, loadCheckpoint } from './checkpoint.ts';
 import { type ModelConfig, readConfig } from './config.ts';
 import { normalizeGpt2Name } from './gpt2.ts';

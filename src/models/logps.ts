@@ -118,7 +118,7 @@ function rowLogps(g: Graph, model: CausalLM, h: Tensor, target: Tensor, M: strin
 }
 
 /**
- * Sequence log-probs of a packed batch (src/train/batch.ts): the scored positions are listed
+ * Sequence log-probs of a packed batch (src/models/batch.ts): the scored positions are listed
  * (`scoreIndex [M]` into the flattened rows, `scoreTarget [M]` the predicted token) and
  * `scoreSelect [S, M]` (0/1) sums them into the S sequences. Same results as `sequenceLogps` on the
  * unpacked sequences.

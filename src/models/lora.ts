@@ -5,10 +5,10 @@
  * module's own weight. The base weights stay frozen; with adapters off the same weights give the
  * reference model, and `mergeLora` folds the adapters in for saving.
  */
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { FloatTensor } from './checkpoint.ts';
 import { type ModelConfig, gpt2Inner } from './config.ts';
-import { Normal } from './random.ts';
+import { Normal } from '../random.ts';
 
 export interface LoraConfig {
   /** Rank r of the update. */

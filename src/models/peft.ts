@@ -14,8 +14,8 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { UserError } from '../cli/errors.ts';
-import { readSafetensors, tensorToFloat32, writeSafetensors, type TensorToWrite } from '../artifacts/safetensors.ts';
+import { UserError } from '../errors.ts';
+import { readSafetensors, tensorToFloat32, writeSafetensors, type TensorToWrite } from './safetensors.ts';
 import type { FloatTensor } from './checkpoint.ts';
 import type { ModelConfig } from './config.ts';
 import { loraParameterShapes, type LoraConfig } from './lora.ts';

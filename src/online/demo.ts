@@ -13,16 +13,17 @@
  *      π_0, judged (a correct answer beats a wrong one, equal correctness ties at ½);
  *      `win_rate_vs_start_train_prompts`: the same on the training prompts with fresh samples
  */
+import type { ProgressFactory } from '../progress.ts';
 import { mkdirSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { makeMeta } from '../../datasets/schema.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { initModelFolder } from '../models/init.ts';
 import type { TrainConfig } from '../train/config.ts';
-import type { Example, LoadedData } from '../train/data.ts';
+import type { Example, LoadedData } from '../../datasets/examples.ts';
 import { trainMpo } from '../train/mpo.ts';
-import { SeededRandom } from '../train/random.ts';
+import { SeededRandom } from '../random.ts';
 import { train } from '../train/trainer.ts';
 import { taskCorrect, TaskJudge, type Judge } from './judges.ts';
 import { runNashMd } from './nash-md.ts';
@@ -38,6 +39,8 @@ export interface OnlineDemoOptions {
   method: OnlineMethod;
   seed: number;
   out?: string;
+  /** Draws the progress of the training stages (the CLI passes a terminal bar). */
+  progress?: ProgressFactory;
   quiet?: boolean;
   log?: (line: string) => void;
   /** Extra `key=value` settings for the method's training (e.g. beta=0.2, max_steps=100). */
@@ -151,7 +154,7 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
   // π_0: the answer format, with no preference among the prompt's digits.
   const sftRows: Example[] = [];
   for (let k = 0; k < 4; k++) for (const p of trainPrompts) sftRows.push({ prompt: p, responses: [digitOf(p, rand.int(DIGITS)), digitOf(p, rand.int(DIGITS))] });
-  const start = await train({ model: join(dir, 'model'), data: 'sft.jsonl', rows: rowsOf('pairwise', sftRows), loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed }, quiet, log, overwrite: true });
+  const start = await train({ model: join(dir, 'model'), data: 'sft.jsonl', rows: rowsOf('pairwise', sftRows), loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed }, quiet, progress: o.progress, log, overwrite: true });
   const pi0 = start.finalDir;
 
   const judge = new TaskJudge();
@@ -160,22 +163,22 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
   const base = { ...m.config, seed: o.seed };
   let finalDir: string;
   if (o.method === 'sppo') {
-    const r = await runSppo({ model: pi0, prompts: trainPrompts, judge, out: join(dir, 'sppo'), iterations: 6, samples: 8, ...SAMPLING, params, base, quiet, log });
+    const r = await runSppo({ model: pi0, prompts: trainPrompts, judge, out: join(dir, 'sppo'), iterations: 6, samples: 8, ...SAMPLING, params, base, quiet, progress: o.progress, log });
     finalDir = r.finalDir;
   } else if (o.method === 'nash_md') {
-    const r = await runNashMd({ model: pi0, prompts: trainPrompts, judge, out: join(dir, 'nash_md'), ...SAMPLING, params, base, quiet, log });
+    const r = await runNashMd({ model: pi0, prompts: trainPrompts, judge, out: join(dir, 'nash_md'), ...SAMPLING, params, base, quiet, progress: o.progress, log });
     finalDir = r.finalDir;
   } else {
     // Offline pairs without scores (a right and a wrong answer per training prompt): a reward model
     // learns them, scores them, and MPO splits by its margins.
     const pairs: Example[] = trainPrompts.flatMap((p) => [1, 2].map(() => ({ prompt: p, responses: [digitOf(p, 0), digitOf(p, 1 + rand.int(DIGITS - 1))] })));
     const rmDir = join(dir, 'reward_model');
-    await rewardTrain({ model: pi0, data: 'pairs.jsonl', rows: rowsOf('pairwise', pairs), out: rmDir, base: { ...COMMON, learning_rate: 3e-3, num_epochs: 4, warmup_steps: 10, seed: o.seed }, quiet, log });
+    await rewardTrain({ model: pi0, data: 'pairs.jsonl', rows: rowsOf('pairwise', pairs), out: rmDir, base: { ...COMMON, learning_rate: 3e-3, num_epochs: 4, warmup_steps: 10, seed: o.seed }, quiet, progress: o.progress, log });
     const rm = await RewardModel.load(rmDir);
     const scores = await rm.score(pairs.flatMap((p) => [{ prompt: p.prompt, response: p.responses[0] }, { prompt: p.prompt, response: p.responses[1] }]));
     await rm.release();
     const scored = pairs.map((p, i) => ({ ...p, responseScores: [scores[2 * i], scores[2 * i + 1]] }));
-    const r = await trainMpo({ model: pi0, data: 'pairs.jsonl', rows: rowsOf('pairwise', scored), loss: 'mpo', out: join(dir, 'mpo'), params, base, quiet, log, overwrite: true });
+    const r = await trainMpo({ model: pi0, data: 'pairs.jsonl', rows: rowsOf('pairwise', scored), loss: 'mpo', out: join(dir, 'mpo'), params, base, quiet, progress: o.progress, log, overwrite: true });
     finalDir = r.finalDir;
   }
 
@@ -197,23 +200,4 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
     seconds: Math.round((Date.now() - t0) / 100) / 10,
     run: dir,
   };
-}
-
-/** `prefzoo demo --method M`: runs the online demo and prints its result (one JSON line with --json). */
-export async function onlineDemoCommand(o: { method: string; seed: number; params: string[]; out?: string; json?: boolean }): Promise<void> {
-  if (!(ONLINE_METHODS as readonly string[]).includes(o.method)) throw new UserError(`--method must be one of ${ONLINE_METHODS.join(', ')}, got "${o.method}"`);
-  const r = await runOnlineDemo({ method: o.method as OnlineMethod, seed: o.seed, params: o.params, out: o.out, quiet: o.json, log: o.json ? () => {} : undefined });
-  if (o.json) {
-    process.stdout.write(JSON.stringify(r) + '\n');
-    return;
-  }
-  process.stdout.write(
-    [
-      `method ${r.method} in ${r.seconds}s`,
-      `win-rate of the final policy's samples vs the starting policy's on ${r.heldout_prompts} held-out prompts: ${r.win_rate_vs_start.toFixed(3)}`,
-      `win-rate on the training prompts (fresh samples): ${r.win_rate_vs_start_train_prompts.toFixed(3)}`,
-      `correct answers, held-out prompts: ${r.heldout_accuracy_start.toFixed(3)} → ${r.heldout_accuracy_final.toFixed(3)}; training prompts: ${r.train_accuracy_start.toFixed(3)} → ${r.train_accuracy_final.toFixed(3)}`,
-      `run folder: ${r.run}`,
-    ].join('\n') + '\n',
-  );
 }

@@ -12,9 +12,9 @@
  */
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { createInterface, type Interface } from 'node:readline';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
-import type { Text } from '../train/data.ts';
+import type { Text } from '../../datasets/schema.ts';
 import { DEMO_MODULUS } from '../train/demo-task.ts';
 import { RewardModel } from './reward-model.ts';
 import { promptKey } from './prompts.ts';

@@ -16,9 +16,9 @@ import { existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { buildArtifacts, type ArtifactSpec } from '../artifacts/build.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
-import { UserError } from '../cli/errors.ts';
-import { Progress } from '../cli/progress.ts';
-import { buildCausalLM, initLora, type LoraConfig } from '../models/index.ts';
+import { UserError } from '../errors.ts';
+import { startProgress } from '../progress.ts';
+import { buildCausalLM, type LoraConfig } from '../models/index.ts';
 import { loadModel } from '../models/load.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
@@ -26,30 +26,25 @@ import { sequenceLogps } from '../models/logps.ts';
 import { lrAt } from '../optim/schedule.ts';
 import { toOrt } from '../runtime/session.ts';
 import { loadTokenizer } from '../tokenize/index.ts';
-import { collate } from '../train/batch.ts';
+import { collate } from '../models/batch.ts';
 import { resolveConfig, type TrainConfig } from '../train/config.ts';
-import type { Text, TokenizedExample } from '../train/data.ts';
-import { SeededRandom } from '../train/random.ts';
-import { Scorer } from '../train/scorer.ts';
+import type { TokenizedExample } from '../../datasets/examples.ts';
+import type { Text } from '../../datasets/schema.ts';
+import { SeededRandom } from '../random.ts';
+import { Scorer } from '../models/scorer.ts';
 import { resolveLoss, type BoundLoss } from '../../losses/index.ts';
-import { Decoder } from './generate.ts';
+import { Decoder } from '../models/generate.ts';
 import type { Judge } from './judges.ts';
 import { sampleWith } from './policy.ts';
-import type { SamplingOptions } from './sampling.ts';
-import { currentWeights, loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, writeJsonAtomic } from '../train/run.ts';
+import type { SamplingOptions } from '../models/sampling.ts';
+import { currentWeights, loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from '../train/run.ts';
+import { writeJsonAtomic } from '../io/atomic.ts';
 
-export interface NashMdOptions extends SamplingOptions {
-  model: string;
+/** `params`: trainer settings and the loss's `beta`, `mixture_coef`, as `key=value`. */
+export interface NashMdOptions extends SamplingOptions, LoopOptions {
   prompts: readonly Text[];
   judge: Judge;
-  out: string;
   maxNewTokens: number;
-  /** Trainer settings and the loss's `beta`, `mixture_coef`, as `key=value`. */
-  params?: string[];
-  configFile?: string;
-  base?: Partial<TrainConfig>;
-  quiet?: boolean;
-  log?: (line: string) => void;
 }
 
 export interface NashMdResult {
@@ -96,8 +91,7 @@ export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
   const base = loadModel(o.model);
   const tok = loadTokenizer(o.model);
   const lora = loraOf(config);
-  const init = new Map(base.weights);
-  if (lora) for (const [k, v] of initLora(base.config, lora, config.seed)) init.set(k, v);
+  const init = startingParams(base.config, base.weights, { lora, seed: config.seed });
   const artDir = join(o.out, 'artifacts');
   rmSync(artDir, { recursive: true, force: true });
   buildArtifacts(nashMdSpec(base.config, init, lora, config, loss), artDir, { target: config.device === 'webgpu' ? 'webgpu' : 'cpu' });
@@ -110,15 +104,13 @@ export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
 
   const B = Math.min(config.batch_size, o.prompts.length);
   const perEpoch = Math.max(1, Math.floor(o.prompts.length / B));
-  const total = config.max_steps > 0 ? config.max_steps : Math.max(1, Math.round(perEpoch * config.num_epochs));
-  const warmup = Math.min(total, config.warmup_steps > 0 ? config.warmup_steps : Math.round(config.warmup_ratio * total));
-  const schedule = { type: config.lr_scheduler, lr: config.learning_rate, warmupSteps: warmup, totalSteps: total };
+  const { total, schedule } = stepPlan(config, perEpoch);
   let order: number[] = [];
   let cursor = 0;
   let epoch = 0;
   const metricsFile = join(o.out, 'metrics.jsonl');
   writeFileSync(metricsFile, '');
-  const progress = new Progress('nash-md', total, { quiet: o.quiet });
+  const progress = startProgress(o.progress, 'nash-md', total, o.quiet);
   let last: Record<string, number> = {};
   for (let step = 1; step <= total; step++) {
     if (cursor + B > order.length) {
@@ -134,7 +126,7 @@ export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
     const yps = await sampleWith(tok, policy, prompts, { ...sampling, seed: (config.seed * 7919 + step * 2 + 1) >>> 0, mixture: { decoder: ref, coef: m } });
     const P = await o.judge.compare(prompts.map((prompt, i) => ({ prompt, a: ys[i].response, b: yps[i].response })));
     const rows: TokenizedExample[] = ys.map((y) => ({ promptIds: y.promptIds, responseIds: [y.ids], src: { prompt: y.prompt, responses: [y.response] } }));
-    const refLogps = (await refScorer.score('single', rows, { batchSize: B, padTo: config.pad_to_multiple_of, quiet: true })).logps;
+    const refLogps = (await refScorer.score('single', rows, { batchSize: B, padTo: config.pad_to_multiple_of })).logps;
     const c = collate(rows, { kind: 'single', padTo: config.pad_to_multiple_of, padId: tok.padId ?? 0, dtype: 'float32', refLogps: (_, i) => refLogps[i] });
     const feeds = { input_ids: c.feeds.input_ids, attention_mask: c.feeds.attention_mask, loss_mask: c.feeds.loss_mask, ref_logps: c.feeds.ref_logps, probs: toOrt('float32', Float32Array.from(P), [rows.length]) };
     const metrics = await art.computeGradients(feeds);

@@ -2,8 +2,8 @@
  * Command-line options shared by `generate`, `sppo` and `nash-md`: sampling flags parsed into
  * numbers, each bad value named by its flag.
  */
-import { UserError } from '../cli/errors.ts';
-import { samplingOptions, type SamplingOptions } from './sampling.ts';
+import { UserError } from '../errors.ts';
+import { samplingOptions, type SamplingOptions } from '../models/sampling.ts';
 
 export interface SamplingFlags {
   maxNewTokens: string;

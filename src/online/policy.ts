@@ -8,10 +8,10 @@ import { loadTokenizer } from '../tokenize/index.ts';
 import { loadModel } from '../models/load.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
-import type { Text } from '../train/data.ts';
-import { Decoder, generateIds, type MixturePart } from './generate.ts';
-import { promptIds, responseText } from './prompts.ts';
-import { sampleRandom, type SamplingOptions } from './sampling.ts';
+import type { Text } from '../../datasets/schema.ts';
+import { Decoder, generateIds, responseText, type MixturePart } from '../models/generate.ts';
+import { promptIds } from './prompts.ts';
+import { sampleRandom, type SamplingOptions } from '../models/sampling.ts';
 
 export interface Sample {
   prompt: Text;

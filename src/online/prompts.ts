@@ -5,9 +5,9 @@
  */
 import { readFileSync } from 'node:fs';
 import { openSource, toPlain, where } from '../../datasets/readers.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { LoadedTokenizer, Message } from '../tokenize/index.ts';
-import type { Text } from '../train/data.ts';
+import type { Text } from '../../datasets/schema.ts';
 
 function asText(v: unknown, at: string): Text {
   if (typeof v === 'string') {
@@ -59,11 +59,6 @@ export function promptIds(tok: LoadedTokenizer, prompt: Text): number[] {
     return ids;
   }
   return tok.encode(tok.applyChatTemplate(prompt as Message[], { addGenerationPrompt: true }), { addSpecialTokens: false });
-}
-
-/** The text of a sampled response: its ids without the final stop token. */
-export function responseText(tok: LoadedTokenizer, ids: readonly number[], stopped: boolean): string {
-  return tok.decode(stopped ? ids.slice(0, -1) : ids, { skipSpecialTokens: false });
 }
 
 export function promptKey(p: Text): string {

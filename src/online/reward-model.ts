@@ -16,9 +16,9 @@ import { readCanonical, writeCanonical } from '../../datasets/parquet.ts';
 import { orderColumns } from '../../datasets/schema.ts';
 import { buildArtifacts, type ArtifactSpec } from '../artifacts/build.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
-import { UserError } from '../cli/errors.ts';
-import { Progress } from '../cli/progress.ts';
-import { buildCausalLM, initLora, initValueHead, valueHead, type LoraConfig } from '../models/index.ts';
+import { UserError } from '../errors.ts';
+import { startProgress } from '../progress.ts';
+import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
 import { loadModel } from '../models/load.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
@@ -28,10 +28,12 @@ import { lrAt } from '../optim/schedule.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import { loadTokenizer, tokenizePromptResponse, type LoadedTokenizer } from '../tokenize/index.ts';
 import { resolveConfig, type TrainConfig } from '../train/config.ts';
-import { loadData, tokenizeExamples, type LoadedData, type Text, type TokenizedExample } from '../train/data.ts';
-import { SeededRandom } from '../train/random.ts';
-import { negLogSigmoid } from '../../losses/ops.ts';
-import { loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, writeJsonAtomic } from '../train/run.ts';
+import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
+import type { Text } from '../../datasets/schema.ts';
+import { SeededRandom } from '../random.ts';
+import { negLogSigmoid } from '../../losses/core/ops.ts';
+import { loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from '../train/run.ts';
+import { writeJsonAtomic } from '../io/atomic.ts';
 
 export const REWARD_MODEL_FILE = 'reward_model.json';
 
@@ -151,16 +153,9 @@ function rewardSpec(config: ModelConfig, init: Map<string, FloatTensor>, lora: L
   };
 }
 
-export interface RewardTrainOptions {
-  model: string;
+export interface RewardTrainOptions extends LoopOptions {
   data: string;
-  out: string;
-  params?: string[];
-  configFile?: string;
-  base?: Partial<TrainConfig>;
   rows?: LoadedData;
-  quiet?: boolean;
-  log?: (line: string) => void;
 }
 
 export interface RewardTrainResult {
@@ -204,17 +199,13 @@ export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainRes
   log(`reward-train: ${rows.length} pairs from ${o.data}`);
 
   const lora = loraOf(config);
-  const init = new Map(base.weights);
-  for (const [k, v] of initValueHead(base.config, config.seed)) init.set(k, v);
-  if (lora) for (const [k, v] of initLora(base.config, lora, config.seed)) init.set(k, v);
+  const init = startingParams(base.config, base.weights, { lora, valueHead: true, seed: config.seed });
   const artDir = join(work, 'artifacts');
   buildArtifacts(rewardSpec(base.config, init, lora, config), artDir, { target: config.device === 'webgpu' ? 'webgpu' : 'cpu' });
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
 
   const perEpoch = Math.max(1, Math.floor(Math.ceil(rows.length / config.batch_size) / config.gradient_accumulation_steps));
-  const total = config.max_steps > 0 ? config.max_steps : Math.max(1, Math.round(perEpoch * config.num_epochs));
-  const warmup = Math.min(total, config.warmup_steps > 0 ? config.warmup_steps : Math.round(config.warmup_ratio * total));
-  const schedule = { type: config.lr_scheduler, lr: config.learning_rate, warmupSteps: warmup, totalSteps: total };
+  const { total, schedule } = stepPlan(config, perEpoch);
   let order: number[] = [];
   let cursor = 0;
   let epoch = 0;
@@ -229,7 +220,7 @@ export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainRes
   };
   const metricsFile = join(o.out, 'metrics.jsonl');
   writeFileSync(metricsFile, '');
-  const progress = new Progress('reward-train', total, { quiet: o.quiet });
+  const progress = startProgress(o.progress, 'reward-train', total, o.quiet);
   let last: Record<string, number> = {};
   for (let step = 1; step <= total; step++) {
     const sums: Record<string, number> = {};

@@ -4,7 +4,7 @@
  * `response_tokens` (how many ids were generated, the stop token included) and `stopped` (false when
  * max_new_tokens cut the answer). Written to a temporary name, then renamed.
  */
-import { writeFileAtomic } from '../files.ts';
+import { writeFileAtomic } from '../io/atomic.ts';
 import * as arrow from 'apache-arrow';
 import * as pw from 'parquet-wasm';
 import { columnBuilder } from '../../datasets/columns.ts';

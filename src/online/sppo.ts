@@ -18,31 +18,26 @@
 import { cpSync, existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { makeMeta } from '../../datasets/schema.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { resolveConfig, type TrainConfig } from '../train/config.ts';
-import type { Example, LoadedData, Text } from '../train/data.ts';
+import type { Example, LoadedData } from '../../datasets/examples.ts';
+import type { Text } from '../../datasets/schema.ts';
 import { train } from '../train/trainer.ts';
 import { winRates, type Judge } from './judges.ts';
 import { Policy } from './policy.ts';
-import { runtimeOf, writeJsonAtomic } from '../train/run.ts';
-import type { SamplingOptions } from './sampling.ts';
+import { runtimeOf, type LoopOptions } from '../train/run.ts';
+import { writeJsonAtomic } from '../io/atomic.ts';
+import type { SamplingOptions } from '../models/sampling.ts';
 
-export interface SppoOptions extends SamplingOptions {
-  model: string;
+/** `params`: trainer settings and the loss's `beta`, as `key=value`. */
+export interface SppoOptions extends SamplingOptions, LoopOptions {
   prompts: readonly Text[];
   judge: Judge;
-  out: string;
   /** T (default 3). */
   iterations?: number;
   /** K responses per prompt and iteration (default 4). */
   samples?: number;
   maxNewTokens: number;
-  /** Trainer settings and the loss's `beta`, as `key=value`. */
-  params?: string[];
-  configFile?: string;
-  base?: Partial<TrainConfig>;
-  quiet?: boolean;
-  log?: (line: string) => void;
 }
 
 export interface SppoIteration {
@@ -98,6 +93,7 @@ export async function runSppo(o: SppoOptions): Promise<SppoResult> {
       params: o.params,
       configFile: o.configFile,
       base: { ...o.base, seed: config.seed + t },
+      progress: o.progress,
       quiet: o.quiet,
       log,
       // Each iteration's samples are new: an earlier run's folder here holds nothing to keep.

@@ -3,7 +3,7 @@
  * weights, needed past protobuf's 2 GB message limit) and ModelProto bytes → Graph.
  */
 import { existsSync, readFileSync } from 'node:fs';
-import { writeFileAtomic } from '../files.ts';
+import { writeFileAtomic } from '../io/atomic.ts';
 import { basename, dirname, join } from 'node:path';
 import onnxProto from 'onnx-proto';
 import { type DType, ONNX_DTYPE, BYTES_PER_ELEMENT, dtypeFromOnnx, type TypedArray } from './dtype.ts';

@@ -2,7 +2,7 @@
  * Optimizer configuration and the tensor-naming convention shared by the optimizer graph, the
  * training graph (gradient outputs) and checkpoints (state tensors).
  */
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 
 /** AdamW (Loshchilov & Hutter, "Decoupled Weight Decay Regularization"), PyTorch semantics. */
 export interface AdamWConfig {

@@ -10,7 +10,7 @@
  * coefficients, so each parameter costs a handful of elementwise nodes.
  */
 import { attr, Graph, type Tensor } from '../onnx/graph.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import {
   type OptimizerConfig,
   type ResolvedOptimizerConfig,

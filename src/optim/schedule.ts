@@ -7,7 +7,7 @@
  *   after    p = (t − W)/(T − W) clipped to [0, 1], f = 1 (constant) | 1 − p (linear) | ½(1 + cos πp) (cosine)
  *            lr·(r + (1 − r)·f) with r = minLrRatio (default 0)
  */
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 
 export interface LrScheduleConfig {
   type: 'constant' | 'linear' | 'cosine';

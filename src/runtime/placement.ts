@@ -6,7 +6,7 @@
  */
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { sessionOptions, type RuntimeOptions } from './session.ts';
 
 export interface Placement {

@@ -9,7 +9,7 @@ import path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
 import type { Graph } from '../onnx/graph.ts';
 import { serializeModel } from '../onnx/proto.ts';
@@ -194,42 +194,67 @@ export class Session {
   }
 }
 
-let webgpuChecked: Promise<void> | null = null;
+const webgpuChecks = new Map<string, Promise<void>>();
 
 /**
- * Fails early, with the one-line explanation, when the device cannot run here: no CUDA build, or no
- * WebGPU adapter (opens a one-node session once per process). A no-op for the CPU.
+ * Opens (and with `run`, runs on a one-element input `x`) the graph `g` on WebGPU in a child process:
+ * Dawn prints its adapter search to the native stderr, which would bury the one line this check gives.
  */
-export async function checkDevice(o: RuntimeOptions): Promise<void> {
+async function probeWebGpu(g: Graph, run: boolean): Promise<string | null> {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-probe-'));
+  try {
+    const file = path.join(dir, 'probe.onnx');
+    fs.writeFileSync(file, serializeModel(g));
+    const probe = fileURLToPath(new URL('./placement-probe.mjs', import.meta.url));
+    const r = spawnSync(process.execPath, [probe, file, JSON.stringify(sessionOptions({ ep: 'webgpu' })), run ? 'run' : 'quiet'], { encoding: 'utf8' });
+    const err = (r.stderr ?? '').split('\n').find((l) => l.startsWith('placement-probe-error: '));
+    return err ? err.slice('placement-probe-error: '.length) : r.status !== 0 ? `exit ${r.status}` : null;
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Fails early, with the one-line explanation, when the device cannot run here: no CUDA build, no
+ * WebGPU adapter, or (`float16`) an adapter without 16-bit float shaders. Checked once per process.
+ * A no-op for the CPU.
+ */
+export async function checkDevice(o: RuntimeOptions, need: { float16?: boolean } = {}): Promise<void> {
   const ep = o.ep ?? 'cpu';
   if (ep === 'cpu') return;
   if (ep === 'cuda') {
     sessionOptions(o);
     return;
   }
-  webgpuChecked ??= (async () => {
-    // In a child process: Dawn prints its adapter search to the native stderr, which would bury the
-    // one line this check exists to give.
-    const { Graph } = await import('../onnx/graph.ts');
+  const { Graph } = await import('../onnx/graph.ts');
+  const check = (key: string, make: () => Promise<void>) => {
+    let p = webgpuChecks.get(key);
+    if (!p) {
+      p = make().catch((e) => {
+        webgpuChecks.delete(key);
+        throw e;
+      });
+      webgpuChecks.set(key, p);
+    }
+    return p;
+  };
+  await check('adapter', async () => {
     const g = new Graph('probe');
     g.output(g.identity(g.input('x', 'float32', [1])), 'y');
-    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-probe-'));
-    try {
-      const file = path.join(dir, 'probe.onnx');
-      fs.writeFileSync(file, serializeModel(g));
-      const probe = fileURLToPath(new URL('./placement-probe.mjs', import.meta.url));
-      const r = spawnSync(process.execPath, [probe, file, JSON.stringify(sessionOptions({ ep: 'webgpu' })), 'quiet'], { encoding: 'utf8' });
-      const err = (r.stderr ?? '').split('\n').find((l) => l.startsWith('placement-probe-error: '));
-      if (err || r.status !== 0) throw explainRuntimeError(new Error(err ? err.slice('placement-probe-error: '.length) : `exit ${r.status}`), 'webgpu');
-    } finally {
-      fs.rmSync(dir, { recursive: true, force: true });
-    }
-  })();
-  try {
-    await webgpuChecked;
-  } catch (e) {
-    webgpuChecked = null;
-    throw e;
+    const err = await probeWebGpu(g, false);
+    if (err) throw explainRuntimeError(new Error(err), 'webgpu');
+  });
+  if (need.float16) {
+    await check('float16', async () => {
+      const g = new Graph('probe16');
+      g.output(g.cast(g.cast(g.input('x', 'float32', [1]), 'float16'), 'float32'), 'y');
+      const err = await probeWebGpu(g, true);
+      if (err) {
+        throw new UserError(
+          `this WebGPU adapter cannot run float16 shaders (it lacks the shader-f16 feature${/f16/.test(err) ? '' : `: ${err.slice(0, 120)}`}), which compute_dtype=float16 needs; use compute_dtype=float32`,
+        );
+      }
+    });
   }
 }
 

@@ -6,8 +6,8 @@
  */
 import fs from 'node:fs';
 import path from 'node:path';
-import { UserError } from '../cli/errors.ts';
-import { writeFileAtomic } from '../artifacts/safetensors.ts';
+import { UserError } from '../errors.ts';
+import { writeFileAtomic } from '../io/atomic.ts';
 
 export const GENERATED_SPECIAL_TOKENS = ['<|bos|>', '<|eos|>', '<|pad|>', '<|im_start|>', '<|im_end|>'] as const;
 

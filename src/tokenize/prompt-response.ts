@@ -2,7 +2,7 @@
  * Splitting a (prompt, response) example into prompt tokens and response tokens, the unit every
  * preference loss scores: log p(response | prompt) sums over `responseIds` only.
  */
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { LoadedTokenizer, Message } from './tokenizer.ts';
 
 export interface PromptResponseIds {

@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { Tokenizer } from '@huggingface/tokenizers';
 import { Template } from '@huggingface/jinja';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 
 /** One chat message; `role` is system, user, assistant or tool. */
 export interface Message {

@@ -6,7 +6,7 @@
 import { existsSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Kind } from '../../datasets/schema.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 
 export const CKPT_DIR = 'checkpoints';
 

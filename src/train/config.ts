@@ -4,7 +4,8 @@
  * listed here are the loss's parameters, such as `beta`).
  */
 import { readFileSync } from 'node:fs';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
+import { DEFAULT_TRUNCATION } from '../../datasets/examples.ts';
 
 export interface TrainConfig {
   /** Peak learning rate of the optimizer. */
@@ -93,6 +94,12 @@ export interface TrainConfig {
    * onnxruntime-node, nothing to install); 'cuda' (needs onnxruntime-node's CUDA binaries).
    */
   device: 'cpu' | 'webgpu' | 'cuda';
+  /**
+   * Precision of the matrix products on the GPU: 'float16' runs every MatMul/Gemm (forward and
+   * backward) on float16 copies and widens the result at once; master weights, optimizer state,
+   * norms, softmax, reductions, log-prob sums and the loss stay float32 (src/onnx/half.ts).
+   */
+  compute_dtype: 'float32' | 'float16';
   /** ONNX Runtime intra-op threads; 0 lets the runtime choose. */
   threads: number;
 
@@ -137,9 +144,7 @@ export const DEFAULT_CONFIG: TrainConfig = {
   momentum: 0.9,
   weight_decay: 0,
   max_grad_norm: 1,
-  max_length: 512,
-  max_prompt_length: 256,
-  truncation: 'keep_end',
+  ...DEFAULT_TRUNCATION,
   pad_to_multiple_of: 64,
   seed: 42,
   eval_data: '',
@@ -159,6 +164,7 @@ export const DEFAULT_CONFIG: TrainConfig = {
   share_prompt: true,
   save_dtype: 'F32',
   device: 'cpu',
+  compute_dtype: 'float32',
   threads: 0,
 
   report_to: 'none',
@@ -177,6 +183,7 @@ const CHOICES: Partial<Record<keyof TrainConfig, readonly string[]>> = {
   truncation: ['keep_start', 'keep_end'],
   save_dtype: ['F32', 'BF16'],
   device: ['cpu', 'webgpu', 'cuda'],
+  compute_dtype: ['float32', 'float16'],
   report_to: ['none', 'tensorboard'],
 };
 
@@ -292,6 +299,9 @@ export function resolveConfig(opts: { configFile?: string; params?: readonly str
   }
   if (config.load_best_model_at_end && !(config.eval_data && config.eval_steps > 0)) {
     throw new UserError('load_best_model_at_end needs eval_data and eval_steps > 0 (the best checkpoint is chosen by evaluation)');
+  }
+  if (config.compute_dtype === 'float16' && config.device === 'cpu') {
+    throw new UserError('compute_dtype=float16 is for the GPU (device=webgpu or cuda); on the CPU float32 is faster and exact');
   }
   if (config.eval_generate > 0 && !config.eval_data) throw new UserError('eval_generate needs eval_data (its prompts are generated from)');
   return { config, lossParams };

@@ -6,7 +6,7 @@
  * accuracy starts near 0.5), and held-out prompts the training never showed test whether the rule
  * itself was learned rather than memorised.
  */
-import { SeededRandom } from './random.ts';
+import { SeededRandom } from '../random.ts';
 
 export interface DemoPair {
   prompt: string;

@@ -11,12 +11,13 @@
  * the starting model is reported too (0 before training: every reward is 0, a tie, and ties count
  * as wrong everywhere, as in TRL: see losses/metrics.ts).
  */
+import type { ProgressFactory } from '../progress.ts';
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { convert } from '../../datasets/convert.ts';
 import { getLoss } from '../../losses/index.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { initModelFolder } from '../models/init.ts';
 import { evaluateRows } from '../eval/evaluate.ts';
 import type { TrainConfig } from './config.ts';
@@ -44,6 +45,8 @@ export interface DemoOptions {
   loss: string;
   seed: number;
   out?: string;
+  /** Draws the training progress (the CLI passes a terminal bar). */
+  progress?: ProgressFactory;
   quiet?: boolean;
   steps?: number;
   log?: (line: string) => void;
@@ -98,7 +101,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   const before = await evaluateRows({ policy: model, ref: model, data: testParquet, workDir: dir, quiet: true });
   const run = join(dir, `run-${o.loss.replace(/[^a-z0-9_]+/gi, '_')}`);
   const base = { ...DEMO_CONFIG, seed: o.seed, ...(o.steps ? { max_steps: o.steps } : {}) };
-  const r = await trainAny({ model, data: trainParquet, loss: o.loss, out: run, base, params: o.params, quiet, log, overwrite: true });
+  const r = await trainAny({ model, data: trainParquet, loss: o.loss, out: run, base, params: o.params, quiet, progress: o.progress, log, overwrite: true });
   const after = await evaluateRows({ policy: r.finalDir, ref: model, data: testParquet, workDir: dir, quiet: true });
   return {
     loss: o.loss,

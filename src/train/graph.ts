@@ -4,7 +4,7 @@
  * The eval graph of the same spec outputs the per-sequence log-probs (and values, for DRO).
  */
 import type { Kind } from '../../datasets/schema.ts';
-import type { BatchTensors } from '../../losses/types.ts';
+import type { BatchTensors } from '../../losses/core/types.ts';
 import type { BoundLoss } from '../../losses/index.ts';
 import type { ArtifactSpec, BatchInputSpec } from '../artifacts/build.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
@@ -14,7 +14,7 @@ import type { FloatTensor } from '../models/checkpoint.ts';
 import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
 import { scoredLogps, sequenceLogps, type SequenceLogps } from '../models/logps.ts';
 import { modelParamSpecs } from './run.ts';
-import { canPack } from './batch.ts';
+import { canPack } from '../models/batch.ts';
 
 export interface TrainProblem {
   config: ModelConfig;
@@ -28,7 +28,7 @@ export interface TrainProblem {
   dataKeys: Set<string>;
   /** KTO: the batch also holds each row's mismatched sequence for the KL estimate. */
   kl?: boolean;
-  /** Pairwise and listwise: each example's responses share one computed prompt (src/train/batch.ts). */
+  /** Pairwise and listwise: each example's responses share one computed prompt (src/models/batch.ts). */
   packed?: boolean;
   /** Unpacked batches: the head over every position, no data-dependent ops (for WebGPU; see sequenceLogps). */
   dense?: boolean;
@@ -39,6 +39,9 @@ export interface TrainProblem {
 }
 
 const F = 'float32' as const;
+
+/** Keys of a loss's batch that the model and the collation provide; the data must provide any other. */
+export const PROVIDED_KEYS: ReadonlySet<string> = new Set(['policy_chosen_logps', 'policy_rejected_logps', 'ref_chosen_logps', 'ref_rejected_logps', 'chosen_tokens', 'rejected_tokens', 'policy_logps', 'ref_logps', 'tokens', 'values', 'mask', 'scores', 'weight', 'policy_rationale_logps', 'rationale_mask']);
 
 /** Names the loss reads that the batch (rather than the model) provides, by kind. */
 export function batchInputSpecs(p: TrainProblem): BatchInputSpec[] {

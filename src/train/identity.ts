@@ -8,8 +8,8 @@ import { createHash } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import type { Kind } from '../../datasets/schema.ts';
-import type { TruncationConfig, TokenizedExample } from './data.ts';
-import { writeJsonAtomic } from '../files.ts';
+import type { TruncationConfig, TokenizedExample } from '../../datasets/examples.ts';
+import { writeJsonAtomic } from '../io/atomic.ts';
 
 /** A file as it was: absolute path, size and modification time (a rewritten file changes one of them). */
 export interface FileStamp {

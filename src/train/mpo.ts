@@ -8,18 +8,14 @@
  * model; RUN/metrics.jsonl holds both stages' rows (field `stage`, steps numbered on from stage 1).
  */
 import { cpSync, existsSync, readFileSync, rmSync } from 'node:fs';
-import { writeFileAtomic, writeJsonAtomic } from '../files.ts';
+import { writeFileAtomic, writeJsonAtomic } from '../io/atomic.ts';
 import { join } from 'node:path';
 import { mpoSplit } from '../../losses/mpo.ts';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { resolveConfig } from './config.ts';
-import { loadData, type LoadedData } from './data.ts';
-import { getLoss, resolveLoss } from '../../losses/index.ts';
+import { loadData, type LoadedData } from '../../datasets/examples.ts';
+import { getLoss, resolveLoss, scheduleOf } from '../../losses/index.ts';
 import { prepareRunFolder, train, type TrainOptions, type TrainResult } from './trainer.ts';
-
-export function isMpo(loss: string): boolean {
-  return loss.trim() === 'mpo';
-}
 
 export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
   const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
@@ -88,7 +84,7 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
   return { ...r2, steps: (r1?.steps ?? 0) + r2.steps, finalDir };
 }
 
-/** `prefzoo train`'s entry: MPO's schedule for `--loss mpo`, a single run otherwise. */
+/** `prefzoo train`'s entry: the schedule the loss declares (MPO's two stages for `--loss mpo`), else a single run. */
 export function trainAny(o: TrainOptions): Promise<TrainResult> {
-  return isMpo(o.loss) ? trainMpo(o) : train(o);
+  return scheduleOf(o.loss) === 'mpo_stages' ? trainMpo(o) : train(o);
 }

@@ -19,10 +19,11 @@
  * `role: content` lines in place of {prompt} and each response's message contents joined, and the
  * rationale is the assistant's reply under the model's chat template.
  */
-import type { LoadedTokenizer, Message } from '../tokenize/index.ts';
+import type { LoadedTokenizer } from '../tokenize/index.ts';
 import { tokenizePromptResponse } from '../tokenize/index.ts';
-import type { Text, TokenizedExample } from './data.ts';
-import type { TruncationConfig } from './data.ts';
+import type { TokenizedExample } from '../../datasets/examples.ts';
+import type { Message, Text } from '../../datasets/schema.ts';
+import type { TruncationConfig } from '../../datasets/examples.ts';
 
 export const RATIONALE_QUESTION = 'Why is Response A better than Response B?';
 

@@ -6,7 +6,7 @@
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import type { ModelConfig } from '../models/config.ts';
 import { loadModel } from '../models/load.ts';

@@ -3,9 +3,9 @@
  * scripts, no network), the final evaluation table and the run's config.
  */
 import { existsSync, readFileSync } from 'node:fs';
-import { writeFileAtomic } from '../files.ts';
+import { writeFileAtomic } from '../io/atomic.ts';
 import { join } from 'node:path';
-import { UserError } from '../cli/errors.ts';
+import { UserError } from '../errors.ts';
 import { readSamples } from './samples.ts';
 
 export type MetricRow = Record<string, number | string>;

@@ -1,26 +1,54 @@
 /**
  * Pieces every training loop shares (the offline trainer, SPPO, Nash-MD, reward training): the
- * optimizer, runtime and LoRA settings of a TrainConfig, artifact parameter specs, atomic JSON
- * writes, and saving a trained model in HF layout (LoRA merged, tokenizer files copied).
+ * optimizer, runtime and LoRA settings of a TrainConfig, artifact parameter specs, and saving a
+ * trained model in HF layout (LoRA merged, tokenizer files copied).
  */
 import { cpSync, readdirSync, renameSync, rmSync } from 'node:fs';
-import { fileError, releaseTemp, removeTemp, tempPath } from '../files.ts';
+import { fileError, releaseTemp, removeTemp, tempPath } from '../io/atomic.ts';
 import { join } from 'node:path';
 import type { TrainConfig } from '../train/config.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
+import type { LrScheduleConfig } from '../optim/schedule.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
 import type { ModelConfig } from '../models/config.ts';
 import { saveCheckpoint, type FloatTensor } from '../models/checkpoint.ts';
-import { mergeLora, type LoraConfig } from '../models/index.ts';
+import { initLora, initValueHead, mergeLora, type LoraConfig } from '../models/index.ts';
 import type { TrainingArtifacts } from '../artifacts/training.ts';
 import type { ParamSpec } from '../artifacts/build.ts';
+import type { ProgressFactory } from '../progress.ts';
 import { modelParameterShapes, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT } from '../models/params.ts';
+
+/** What every training loop takes besides its own inputs: the trainer, SPPO, Nash-MD, reward training. */
+export interface LoopOptions {
+  /** The starting model folder (HF layout). */
+  model: string;
+  /** The run folder. */
+  out: string;
+  /** Trainer settings and loss parameters, as `key=value`. */
+  params?: string[];
+  configFile?: string;
+  /** Settings applied under --config and --param (the demos' defaults). */
+  base?: Partial<TrainConfig>;
+  /** Draws the progress of long stages (the CLI passes a terminal bar); none without it. */
+  progress?: ProgressFactory;
+  /** No progress even when `progress` is given. */
+  quiet?: boolean;
+  /** Where plain progress and summary lines go (default stderr). */
+  log?: (line: string) => void;
+}
 
 export function optimizerOf(c: TrainConfig): OptimizerConfig {
   const clip = c.max_grad_norm > 0 ? c.max_grad_norm : null;
   return c.optimizer === 'sgd'
     ? { type: 'sgd', momentum: c.momentum, weightDecay: c.weight_decay, maxGradNorm: clip }
     : { type: 'adamw', betas: [c.adam_beta1, c.adam_beta2], eps: c.adam_epsilon, weightDecay: c.weight_decay, maxGradNorm: clip };
+}
+
+/** A loop's step count (max_steps, else epochs × steps per epoch, at least 1) and its learning-rate schedule. */
+export function stepPlan(c: TrainConfig, stepsPerEpoch: number): { total: number; schedule: LrScheduleConfig } {
+  const total = c.max_steps > 0 ? c.max_steps : Math.max(1, Math.round(stepsPerEpoch * c.num_epochs));
+  const warmup = Math.min(total, c.warmup_steps > 0 ? c.warmup_steps : Math.round(c.warmup_ratio * total));
+  return { total, schedule: { type: c.lr_scheduler, lr: c.learning_rate, warmupSteps: warmup, totalSteps: total } };
 }
 
 export function runtimeOf(c: TrainConfig): RuntimeOptions {
@@ -31,8 +59,6 @@ export function loraOf(c: TrainConfig): LoraConfig | null {
   if (c.lora_r <= 0) return null;
   return { rank: c.lora_r, alpha: c.lora_alpha, targets: c.lora_target_modules.split(',').map((s) => s.trim()).filter(Boolean) };
 }
-
-export { writeJsonAtomic } from '../files.ts';
 
 /** Current parameter values of a training run as float tensors (copies). */
 export function currentWeights(art: TrainingArtifacts): Map<string, FloatTensor> {
@@ -77,6 +103,17 @@ export function saveModelFolder(
  * Artifact parameters of a model: every weight trainable, or only LoRA adapters (and a value head)
  * under LoRA; weight decay on matrices only.
  */
+/**
+ * A loop's starting parameters: the model's weights plus LoRA adapters (loaded ones, `adapter`, or
+ * fresh) and a fresh value head where the loop has them.
+ */
+export function startingParams(config: ModelConfig, weights: Map<string, FloatTensor>, o: { lora: LoraConfig | null; adapter?: Map<string, FloatTensor>; valueHead?: boolean; seed: number }): Map<string, FloatTensor> {
+  const init = new Map(weights);
+  if (o.lora) for (const [k, v] of o.adapter ?? initLora(config, o.lora, o.seed)) init.set(k, v);
+  if (o.valueHead) for (const [k, v] of initValueHead(config, o.seed)) init.set(k, v);
+  return init;
+}
+
 export function modelParamSpecs(config: ModelConfig, init: Map<string, FloatTensor>, lora: LoraConfig | null, valueHead: boolean): ParamSpec[] {
   const out: ParamSpec[] = [];
   for (const [name, shape] of modelParameterShapes(config, { lora, valueHead })) {

@@ -13,11 +13,10 @@ import type { FloatTensor } from '../models/checkpoint.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
 import type { LoadedTokenizer } from '../tokenize/index.ts';
 import { maxPositions } from '../models/config.ts';
-import { Decoder, generateIds, type Generated } from '../online/generate.ts';
-import { responseText } from '../online/prompts.ts';
-import { SeededRandom } from './random.ts';
-import type { Text } from './data.ts';
-import { UserError } from '../cli/errors.ts';
+import { Decoder, generateIds, responseText, type Generated } from '../models/generate.ts';
+import { SeededRandom } from '../random.ts';
+import type { Text } from '../../datasets/schema.ts';
+import { UserError } from '../errors.ts';
 
 export const SAMPLES_DIR = 'samples';
 

@@ -5,7 +5,7 @@
  */
 import { loadTokenizer } from '../tokenize/index.ts';
 import { DEFAULT_CONFIG } from './config.ts';
-import { loadData, tokenizeExamples } from './data.ts';
+import { loadData, tokenizeExamples } from '../../datasets/examples.ts';
 
 export interface TokenLengths {
   count: number;

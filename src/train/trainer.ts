@@ -28,17 +28,17 @@
  */
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { join, relative, resolve } from 'node:path';
-import { appendLine, sweepStaleTemps, writeFileAtomic } from '../files.ts';
+import { appendLine, sweepStaleTemps, writeFileAtomic } from '../io/atomic.ts';
 import type { Kind } from '../../datasets/schema.ts';
-import { UserError } from '../cli/errors.ts';
-import { Progress } from '../cli/progress.ts';
+import { UserError } from '../errors.ts';
+import { startProgress } from '../progress.ts';
 import { buildArtifacts } from '../artifacts/build.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
 import { loadModel } from '../models/load.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
-import { initLora, initValueHead, mergeLora, type LoraConfig } from '../models/index.ts';
+import { mergeLora, type LoraConfig } from '../models/index.ts';
 import { loadAdapter, saveAdapter } from '../models/peft.ts';
-import { readSafetensors, tensorToFloat32 } from '../artifacts/safetensors.ts';
+import { readSafetensors, tensorToFloat32 } from '../models/safetensors.ts';
 import type { CheckpointTensor } from '../artifacts/checkpoint.ts';
 import { copyWeights, loadReferenceModel, sameParameters, softUpdate, type ReferenceModel } from './reference.ts';
 import { identityDiff, readIdentity, refCacheIdentity, writeIdentity } from './identity.ts';
@@ -49,33 +49,25 @@ import type { OptimizerConfig } from '../optim/config.ts';
 import { checkDevice, type RuntimeOptions } from '../runtime/session.ts';
 import { describePlacement, placement } from '../runtime/placement.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
-import { currentWeights as artifactWeights, loraOf, optimizerOf, runtimeOf, saveModelFolder, writeJsonAtomic } from './run.ts';
-import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from './data.ts';
-import { canPack, collate } from './batch.ts';
+import { currentWeights as artifactWeights, loraOf, optimizerOf, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from './run.ts';
+import { writeJsonAtomic } from '../io/atomic.ts';
+import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
+import { canPack, collate } from '../models/batch.ts';
 import { readManifest } from '../artifacts/manifest.ts';
 import { readRefColumns, writeRefColumns } from '../../datasets/tokenized.ts';
-import { buildSpec, type TrainProblem } from './graph.ts';
+import { buildSpec, PROVIDED_KEYS, type TrainProblem } from './graph.ts';
 import { resolveLoss } from '../../losses/index.ts';
-import { SeededRandom } from './random.ts';
-import { Scorer } from './scorer.ts';
+import { SeededRandom } from '../random.ts';
+import { Scorer } from '../models/scorer.ts';
 import { Evaluator, type EvalSummary } from '../eval/evaluate.ts';
 import { CKPT_DIR, bestMetricName, completeCheckpoints, improves, metricValue, pruneCheckpoints, stepDir, type Best } from './checkpoints.ts';
 import { TensorBoardWriter } from './tensorboard.ts';
 import { EvalSampler } from './samples.ts';
 
-export interface TrainOptions {
-  model: string;
+export interface TrainOptions extends LoopOptions {
   data: string;
   loss: string;
-  out: string;
-  params?: string[];
-  configFile?: string;
-  /** Settings applied under --config and --param (the demo's defaults). */
-  base?: Partial<TrainConfig>;
   resume?: boolean;
-  quiet?: boolean;
-  /** Where plain progress and summary lines go (default stderr). */
-  log?: (line: string) => void;
   /** Replace the contents of a non-empty run folder (otherwise it is refused unless resuming). */
   overwrite?: boolean;
   /** Use this reference model folder instead of the starting weights (`train --ref DIR`). */
@@ -166,7 +158,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const loss = resolveLoss(o.loss, lossParams);
   // A device that cannot run here stops the run before anything is read or written.
-  await checkDevice(runtimeOf(config));
+  await checkDevice(runtimeOf(config), { float16: config.compute_dtype === 'float16' });
   // Model and tokenizer first: a bad model folder leaves no run folder behind.
   const base = loadModel(o.model);
   const tok = loadTokenizer(o.model);
@@ -229,7 +221,7 @@ async function trainIn(
   if (all((r) => r.src.reward !== undefined || r.src.label !== undefined)) dataKeys.add('rewards');
   if (all((r) => r.src.label !== undefined)) dataKeys.add('labels');
   {
-    const missing = loss.keys(kind).required.filter((k) => !['policy_chosen_logps', 'policy_rejected_logps', 'ref_chosen_logps', 'ref_rejected_logps', 'chosen_tokens', 'rejected_tokens', 'policy_logps', 'ref_logps', 'tokens', 'values', 'mask', 'scores', 'weight', 'policy_rationale_logps', 'rationale_mask'].includes(k) && !dataKeys.has(k));
+    const missing = loss.keys(kind).required.filter((k) => !PROVIDED_KEYS.has(k) && !dataKeys.has(k));
     // Name the data's columns (DATA.md), not the batch keys the loss reads.
     const column: Record<string, string> = { chosen_probs: 'chosen_prob', rejected_probs: 'rejected_prob', chosen_scores: 'chosen_score', rejected_scores: 'rejected_score', rewards: 'reward', labels: 'label' };
     const cols = [...new Set(missing.map((k) => column[k] ?? k))];
@@ -295,10 +287,10 @@ async function trainIn(
     // No cache, or one without its record (the run stopped between the two writes): compute it.
     rmSync(idFile, { force: true });
     const scorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config), tok.padId ?? 0);
-    ref = (await scorer.score(kind, rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs', quiet: o.quiet })).logps;
+    ref = (await scorer.score(kind, rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs', progress: o.quiet ? undefined : o.progress })).logps;
     if (kl) {
       const mismatched = rows.map((r) => ({ ...r, responseIds: [r.klResponseIds!] }));
-      const refKl = (await scorer.score(kind, mismatched, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs (KL pairs)', quiet: o.quiet })).logps;
+      const refKl = (await scorer.score(kind, mismatched, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs (KL pairs)', progress: o.quiet ? undefined : o.progress })).logps;
       ref = ref.map((r, i) => [r[0], refKl[i][0]]);
     }
     await scorer.release();
@@ -310,21 +302,17 @@ async function trainIn(
   // Steps.
   const perEpoch = Math.ceil(rows.length / config.batch_size);
   const stepsPerEpoch = Math.max(1, Math.floor(perEpoch / config.gradient_accumulation_steps));
-  const totalSteps = config.max_steps > 0 ? config.max_steps : Math.max(1, Math.round(stepsPerEpoch * config.num_epochs));
-  const warmup = config.warmup_steps > 0 ? config.warmup_steps : Math.round(config.warmup_ratio * totalSteps);
-  const schedule = { type: config.lr_scheduler, lr: config.learning_rate, warmupSteps: Math.min(warmup, totalSteps), totalSteps };
+  const { total: totalSteps, schedule } = stepPlan(config, stepsPerEpoch);
 
   // Artifacts: built once per run (a resumed run reuses them).
   const artDir = join(run, 'artifacts');
   // Graphs are written for the device (WebGPU's are lowered; they run on the CPU too). A resumed run
   // on another device gets graphs for it; its checkpoints carry over, being stored by name.
   const target = config.device === 'webgpu' ? 'webgpu' : 'cpu';
-  if (!resuming || !existsSync(join(artDir, 'artifacts.json')) || (readManifest(artDir).target ?? 'cpu') !== target) {
-    const init = new Map<string, FloatTensor>(base.weights);
-    if (lora) for (const [k, v] of adapter ? adapter.weights : initLora(base.config, lora, config.seed)) init.set(k, v);
-    if (valueHeadOn) for (const [k, v] of initValueHead(base.config, config.seed)) init.set(k, v);
+  if (!resuming || !existsSync(join(artDir, 'artifacts.json')) || (readManifest(artDir).target ?? 'cpu') !== target || (readManifest(artDir).computeDtype ?? 'float32') !== config.compute_dtype) {
+    const init = startingParams(base.config, base.weights, { lora, adapter: adapter?.weights, valueHead: valueHeadOn, seed: config.seed });
     rmSync(artDir, { recursive: true, force: true });
-    buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir, { target });
+    buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir, { target, computeDtype: config.compute_dtype });
   }
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
   info(`steps: ${packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
@@ -414,7 +402,7 @@ async function trainIn(
   };
   const refOf = new Map(config.ref_on_the_fly ? [] : rows.map((r, i) => [r, ref[i]]));
   const fault = faultStep();
-  const progress = new Progress('train', totalSteps, { quiet: o.quiet });
+  const progress = startProgress(o.progress, 'train', totalSteps, o.quiet);
   let last: Record<string, number> = {};
   let tokensSeen = 0;
   const tStart = Date.now();
@@ -427,8 +415,8 @@ async function trainIn(
     for (let micro = 0; micro < config.gradient_accumulation_steps; micro++) {
       const batch = nextBatch();
       if (refScorer) {
-        const fresh = await refScorer.score(kind, batch, { batchSize: batch.length, padTo: config.pad_to_multiple_of, quiet: true });
-        const freshKl = kl ? await refScorer.score(kind, batch.map((r) => ({ ...r, responseIds: [r.klResponseIds!] })), { batchSize: batch.length, padTo: config.pad_to_multiple_of, quiet: true }) : null;
+        const fresh = await refScorer.score(kind, batch, { batchSize: batch.length, padTo: config.pad_to_multiple_of });
+        const freshKl = kl ? await refScorer.score(kind, batch.map((r) => ({ ...r, responseIds: [r.klResponseIds!] })), { batchSize: batch.length, padTo: config.pad_to_multiple_of }) : null;
         batch.forEach((ex, i) => refOf.set(ex, freshKl ? [fresh.logps[i][0], freshKl.logps[i][0]] : fresh.logps[i]));
       }
       const c = collate(batch, {

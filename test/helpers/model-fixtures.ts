@@ -6,7 +6,8 @@ import { parseConfig, type ModelConfig, type Arch } from '../../src/models/confi
 import type { FloatTensor } from '../../src/models/checkpoint.ts';
 import { buildCausalLM, declareParameters, valueHead, type LoraConfig } from '../../src/models/index.ts';
 import { sequenceLogps } from '../../src/models/logps.ts';
-import { Normal, initWeights } from '../../src/models/init.ts';
+import { initWeights } from '../../src/models/init.ts';
+import { Normal } from '../../src/random.ts';
 
 /** Smaller than the tiny preset, with GQA (4 heads, 2 KV heads) and untied or tied heads. */
 export function testConfig(arch: Arch, o: { tied?: boolean; extra?: Record<string, unknown> } = {}): ModelConfig {

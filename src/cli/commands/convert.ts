@@ -1,6 +1,7 @@
 import { type Command, Option } from 'commander';
-import { FORMAT_NAMES, type FormatName, KINDS, type Kind } from '../../../datasets/names.ts';
-import { UserError } from '../errors.ts';
+import { KINDS, type Kind } from '../../../datasets/names.ts';
+import { FORMAT_NAMES, type FormatName } from '../../../datasets/formats/index.ts';
+import { UserError } from '../../errors.ts';
 
 /** `--map prompt=question,chosen=good` (repeatable) → {prompt: 'question', chosen: 'good'}. */
 function parseMap(value: string, previous: Record<string, string> = {}): Record<string, string> {

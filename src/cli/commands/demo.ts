@@ -1,7 +1,8 @@
 import type { Command } from 'commander';
 import { runDemo } from '../../train/demo.ts';
-import { onlineDemoCommand } from '../../online/demo.ts';
-import { UserError } from '../errors.ts';
+import { ONLINE_METHODS, type OnlineMethod, runOnlineDemo } from '../../online/demo.ts';
+import { terminalProgress } from '../progress.ts';
+import { UserError } from '../../errors.ts';
 import { collect, positiveInt } from '../flags.ts';
 
 export function register(program: Command): void {
@@ -20,7 +21,7 @@ export function register(program: Command): void {
       if (!Number.isInteger(seed) || seed < 0) throw new UserError(`--seed must be an integer ≥ 0, got "${o.seed}"`);
       if (o.method !== undefined) return onlineDemoCommand({ method: o.method, seed, params: o.param, out: o.out, json: o.json });
       const steps = positiveInt('--steps', o.steps);
-      const r = await runDemo({ loss: o.loss, seed, steps, params: o.param, out: o.out, quiet: o.json, log: o.json ? () => {} : undefined });
+      const r = await runDemo({ loss: o.loss, seed, steps, params: o.param, out: o.out, quiet: o.json, progress: terminalProgress, log: o.json ? () => {} : undefined });
       if (o.json) {
         process.stdout.write(JSON.stringify(r) + '\n');
         return;
@@ -34,4 +35,23 @@ export function register(program: Command): void {
         ].join('\n') + '\n',
       );
     });
+}
+
+/** `prefzoo demo --method M`: runs the online demo and prints its result (one JSON line with --json). */
+async function onlineDemoCommand(o: { method: string; seed: number; params: string[]; out?: string; json?: boolean }): Promise<void> {
+  if (!(ONLINE_METHODS as readonly string[]).includes(o.method)) throw new UserError(`--method must be one of ${ONLINE_METHODS.join(', ')}, got "${o.method}"`);
+  const r = await runOnlineDemo({ method: o.method as OnlineMethod, seed: o.seed, params: o.params, out: o.out, quiet: o.json, progress: terminalProgress, log: o.json ? () => {} : undefined });
+  if (o.json) {
+    process.stdout.write(JSON.stringify(r) + '\n');
+    return;
+  }
+  process.stdout.write(
+    [
+      `method ${r.method} in ${r.seconds}s`,
+      `win-rate of the final policy's samples vs the starting policy's on ${r.heldout_prompts} held-out prompts: ${r.win_rate_vs_start.toFixed(3)}`,
+      `win-rate on the training prompts (fresh samples): ${r.win_rate_vs_start_train_prompts.toFixed(3)}`,
+      `correct answers, held-out prompts: ${r.heldout_accuracy_start.toFixed(3)} → ${r.heldout_accuracy_final.toFixed(3)}; training prompts: ${r.train_accuracy_start.toFixed(3)} → ${r.train_accuracy_final.toFixed(3)}`,
+      `run folder: ${r.run}`,
+    ].join('\n') + '\n',
+  );
 }

@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { DEVICE_HELP, device } from '../flags.ts';
 import { existsSync, statSync } from 'node:fs';
 import { dirname } from 'node:path';
-import { UserError } from '../errors.ts';
+import { UserError } from '../../errors.ts';
 import { Policy } from '../../online/policy.ts';
 import { readPrompts } from '../../online/prompts.ts';
 import { writeSamples } from '../../online/samples-io.ts';

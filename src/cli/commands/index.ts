@@ -16,6 +16,7 @@ import { register as sppo } from './sppo.ts';
 import { register as nashMd } from './nash-md.ts';
 import { register as rewardTrain } from './reward-train.ts';
 import { register as doctor } from './doctor.ts';
+import { register as artifacts } from './artifacts.ts';
 
 /** Every `prefzoo` subcommand: one module each, one line here each. */
 export const commands: Array<(program: Command) => void> = [
@@ -36,4 +37,5 @@ export const commands: Array<(program: Command) => void> = [
   nashMd,
   rewardTrain,
   doctor,
+  artifacts,
 ];

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { UserError } from '../errors.ts';
+import { UserError } from '../../errors.ts';
 import { ARCHES, type Arch } from '../../models/config.ts';
 import { initModelFolder } from '../../models/init.ts';
 

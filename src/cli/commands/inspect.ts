@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { UserError } from '../errors.ts';
+import { UserError } from '../../errors.ts';
 
 export function register(program: Command): void {
   program

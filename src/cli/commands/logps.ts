@@ -1,7 +1,7 @@
 import fs from 'node:fs';
 import type { Command } from 'commander';
-import { UserError } from '../errors.ts';
-import { writeFileAtomic } from '../../files.ts';
+import { UserError } from '../../errors.ts';
+import { writeFileAtomic } from '../../io/atomic.ts';
 import { maxPositions } from '../../models/config.ts';
 import { loadModel } from '../../models/load.ts';
 import { buildLogpsGraph } from '../../models/logps.ts';

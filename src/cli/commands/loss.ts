@@ -4,13 +4,13 @@
  */
 import fs from 'node:fs';
 import type { Command } from 'commander';
-import { UserError } from '../errors.ts';
+import { UserError } from '../../errors.ts';
 import { listLosses, resolveLoss } from '../../../losses/index.ts';
-import { detectKind, parseBatch } from '../../../losses/batch.ts';
-import { describeRange, parseParamArgs } from '../../../losses/params.ts';
-import { runLossOnnx, runLossReference, shapeLike, type FloatDType } from '../../../losses/engine.ts';
-import { OPTION_SPECS } from '../../../losses/pairwise.ts';
-import type { ParamSpec } from '../../../losses/types.ts';
+import { detectKind, parseBatch } from '../../../losses/core/batch.ts';
+import { describeRange, parseParamArgs } from '../../../losses/core/params.ts';
+import { runLossOnnx, runLossReference, shapeLike, type FloatDType } from '../../../losses/core/engine.ts';
+import { OPTION_SPECS } from '../../../losses/core/pairwise.ts';
+import type { ParamSpec } from '../../../losses/core/types.ts';
 
 /** The loss table printed under --help: name, data kind, parameters with defaults and ranges. */
 function lossTable(): string {
@@ -27,7 +27,7 @@ function lossTable(): string {
   lines.push('', 'Pairwise options:', ...Object.values(OPTION_SPECS).map((p) => `  ${param(p)}`));
   lines.push(
     '',
-    'Batch keys (JSON object of columns; see losses/batch.ts):',
+    'Batch keys (JSON object of columns; see losses/core/batch.ts):',
     '  pairwise: policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps, chosen_tokens,',
     '            rejected_tokens, chosen_probs, rejected_probs, chosen_scores, rejected_scores, weight',
     '  listwise: policy_logps, ref_logps, scores, mask, win_probs as [B][K] arrays; weight [B]',

@@ -4,12 +4,12 @@ import { ParquetSink, parquetFooter, readCanonicalBatches, resolveDataset } from
 import { META_KEY, type Kind } from '../../../datasets/schema.ts';
 import { withTokenColumns, tokenColumnNames } from '../../../datasets/tokenized.ts';
 import { loadTokenizer } from '../../tokenize/index.ts';
-import { tableExamples, tokenizeExamples } from '../../train/data.ts';
+import { tableExamples, tokenizeExamples } from '../../../datasets/examples.ts';
 import { DEFAULT_CONFIG } from '../../train/config.ts';
-import { UserError } from '../errors.ts';
+import { UserError } from '../../errors.ts';
 import { positiveInt } from '../flags.ts';
 import { Progress } from '../progress.ts';
-import { checkOutputFolder } from '../../files.ts';
+import { checkOutputFolder } from '../../io/atomic.ts';
 
 export function register(program: Command): void {
   program

@@ -1,0 +1,170 @@
+/**
+ * Batch keys of each kind and the validation of a JSON batch (`prefzoo loss --input BATCH.json`).
+ *
+ * pairwise  [B]:    policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps,
+ *                   chosen_tokens, rejected_tokens, chosen_probs, rejected_probs (SPPO win-rates),
+ *                   chosen_scores, rejected_scores (reward-model scores, MPO's split),
+ *                   chosen_wpo_logps, rejected_wpo_logps (WPO's sampling-aligned log-probs),
+ *                   policy_rationale_logps, rationale_mask (the rationale term: summed log-prob of
+ *                   each row's rationale, 1 where the row has one)
+ * listwise  [B, K]: policy_logps, ref_logps, scores (labels ψ, higher is better), mask (1 = real entry),
+ *                   win_probs (SPPO)
+ * single    [B]:    policy_logps, ref_logps, rewards, values (DRO), labels (KTO: 1 desirable, 0 not),
+ *                   kl (KTO, a number) or policy_kl_logps, ref_kl_logps [B'] (KTO's mismatched pairs)
+ * nash_md   [B]:    policy_logps, ref_logps, probs (preference P(y ≻ y'))
+ * every kind:       weight [B] (row weights of the batch mean)
+ */
+import { UserError } from '../../src/errors.ts';
+import type { HostBatch, HostTensor, Kind, KeySet } from './types.ts';
+
+export const PAIR_KEYS = [
+  'policy_chosen_logps', 'policy_rejected_logps', 'ref_chosen_logps', 'ref_rejected_logps',
+  'chosen_tokens', 'rejected_tokens', 'chosen_probs', 'rejected_probs', 'chosen_scores', 'rejected_scores',
+  'chosen_wpo_logps', 'rejected_wpo_logps', 'policy_rationale_logps', 'rationale_mask', 'weight',
+] as const;
+export const LIST_KEYS = ['policy_logps', 'ref_logps', 'scores', 'mask', 'win_probs', 'weight'] as const;
+export const SINGLE_KEYS = [
+  'policy_logps', 'ref_logps', 'rewards', 'values', 'labels', 'kl', 'policy_kl_logps', 'ref_kl_logps', 'weight',
+] as const;
+export const NASH_KEYS = ['policy_logps', 'ref_logps', 'probs', 'weight'] as const;
+
+export const KEYS_OF: Record<Kind, readonly string[]> = {
+  pairwise: PAIR_KEYS, listwise: LIST_KEYS, single: SINGLE_KEYS, nash_md: NASH_KEYS,
+};
+
+/** Rank of a key's tensor: 2 for [B, K] list columns, 0 for the KTO scalar `kl`, else 1. */
+export function keyRank(kind: Kind, key: string): number {
+  if (kind === 'listwise' && key !== 'weight') return 2;
+  if (key === 'kl') return 0;
+  return 1;
+}
+
+/** Keys whose first dim is not the batch size (KTO's mismatched pairs have their own length). */
+const OWN_LENGTH = new Set(['policy_kl_logps', 'ref_kl_logps']);
+
+type Domain = 'real' | 'positive' | 'prob' | 'binary' | 'nonneg';
+function domainOf(key: string): Domain {
+  if (key.endsWith('_tokens')) return 'positive';
+  if (key.endsWith('_probs') || key === 'probs' || key === 'win_probs') return 'prob';
+  if (key === 'mask' || key === 'labels' || key === 'rationale_mask') return 'binary';
+  if (key === 'weight') return 'nonneg';
+  return 'real';
+}
+
+const DOMAIN_TEXT: Record<Domain, string> = {
+  real: 'a finite number',
+  positive: 'a number > 0',
+  prob: 'a number in [0, 1]',
+  binary: '0 or 1 (or a boolean)',
+  nonneg: 'a finite number ≥ 0',
+};
+
+function inDomain(d: Domain, v: number): boolean {
+  if (!Number.isFinite(v)) return false;
+  switch (d) {
+    case 'positive': return v > 0;
+    case 'prob': return v >= 0 && v <= 1;
+    case 'binary': return v === 0 || v === 1;
+    case 'nonneg': return v >= 0;
+    default: return true;
+  }
+}
+
+/** Picks the batch kind for a loss that accepts several (SPPO: pairs or lists) from the keys present. */
+export function detectKind(kinds: readonly Kind[], json: Record<string, unknown>): Kind {
+  if (kinds.length === 1) return kinds[0];
+  if ('policy_chosen_logps' in json && kinds.includes('pairwise')) return 'pairwise';
+  const pl = json.policy_logps;
+  if (Array.isArray(pl) && Array.isArray(pl[0]) && kinds.includes('listwise')) return 'listwise';
+  const flat = kinds.find((k) => k === 'single' || k === 'nash_md');
+  return flat ?? kinds[0];
+}
+
+/**
+ * Validates a parsed JSON batch against the keys a loss reads and converts it to float64 tensors.
+ * Every mistake is one UserError naming the key (and the element) at fault.
+ */
+export function parseBatch(json: unknown, kind: Kind, keys: KeySet, source = 'batch'): HostBatch {
+  if (json === null || typeof json !== 'object' || Array.isArray(json)) {
+    throw new UserError(`${source}: expected a JSON object of batch columns`);
+  }
+  const obj = json as Record<string, unknown>;
+  // Keys of other kinds are ignored (one file may serve several losses); unknown names are typos.
+  const known = new Set(Object.values(KEYS_OF).flat());
+  for (const k of Object.keys(obj)) {
+    if (!known.has(k)) throw new UserError(`${source}: unknown key "${k}"; keys of a ${kind} batch: ${KEYS_OF[kind].join(', ')}`);
+  }
+  for (const k of keys.required) {
+    if (!(k in obj)) throw new UserError(`${source}: missing key "${k}" (this loss needs ${keys.required.join(', ')})`);
+  }
+  if (keys.oneOf && !keys.oneOf.some((grp) => grp.every((k) => k in obj))) {
+    throw new UserError(`${source}: missing keys: this loss needs ${keys.oneOf.map((grp) => grp.join(' + ')).join(', or ')}`);
+  }
+  const wanted = [...keys.required, ...keys.optional.filter((k) => k in obj)];
+  const out: HostBatch = {};
+  let B: number | undefined;
+  let K: number | undefined;
+  for (const key of wanted) {
+    const t = toTensor(obj[key], key, keyRank(kind, key), source);
+    if (t.dims.length >= 1 && !OWN_LENGTH.has(key)) {
+      if (B === undefined) B = t.dims[0];
+      else if (t.dims[0] !== B) throw new UserError(`${source}: key "${key}" has ${t.dims[0]} rows, expected ${B} like the other keys`);
+    }
+    if (t.dims.length === 2) {
+      if (K === undefined) K = t.dims[1];
+      else if (t.dims[1] !== K) throw new UserError(`${source}: key "${key}" has lists of length ${t.dims[1]}, expected ${K} like the other keys`);
+    }
+    out[key] = t;
+  }
+  if (B === 0) throw new UserError(`${source}: the batch has no rows`);
+  if (out.weight) {
+    const s = out.weight.data.reduce((a, b) => a + b, 0);
+    if (!(s > 0)) throw new UserError(`${source}: key "weight" must have a positive sum`);
+  }
+  return out;
+}
+
+function toTensor(v: unknown, key: string, rank: number, source: string): HostTensor {
+  const d = domainOf(key);
+  const num = (x: unknown, where: string): number => {
+    const n = typeof x === 'boolean' && d === 'binary' ? (x ? 1 : 0) : x;
+    if (typeof n !== 'number' || !inDomain(d, n)) {
+      throw new UserError(`${source}: key "${key}"${where} must be ${DOMAIN_TEXT[d]}, got ${JSON.stringify(x)}`);
+    }
+    return n;
+  };
+  if (rank === 0) {
+    const x = Array.isArray(v) && v.length === 1 ? v[0] : v;
+    return { dims: [], data: Float64Array.of(num(x, '')) };
+  }
+  if (!Array.isArray(v)) {
+    throw new UserError(`${source}: key "${key}" must be ${rank === 1 ? 'an array of numbers' : 'an array of arrays of numbers (one list per row)'}`);
+  }
+  if (rank === 1) {
+    if (v.some((x) => Array.isArray(x))) throw new UserError(`${source}: key "${key}" must be a flat array of numbers, one per row`);
+    return { dims: [v.length], data: Float64Array.from(v, (x, i) => num(x, `[${i}]`)) };
+  }
+  const K = Array.isArray(v[0]) ? v[0].length : -1;
+  const data = new Float64Array(v.length * Math.max(K, 0));
+  v.forEach((row, i) => {
+    if (!Array.isArray(row) || row.length !== K) {
+      throw new UserError(`${source}: key "${key}" row ${i} must be an array of ${K} numbers (pad short lists and set "mask")`);
+    }
+    row.forEach((x, j) => (data[i * K + j] = num(x, `[${i}][${j}]`)));
+  });
+  if (K <= 0) throw new UserError(`${source}: key "${key}" must hold non-empty lists`);
+  return { dims: [v.length, K], data };
+}
+
+/** Float64 column of a batch key (throws a bug error when absent: keys were validated before). */
+export function col(batch: HostBatch, key: string): Float64Array {
+  const t = batch[key];
+  if (!t) throw new Error(`batch key ${key} missing after validation`);
+  return t.data;
+}
+
+/** Number of rows of a batch (B). */
+export function rows(batch: HostBatch): number {
+  for (const [k, t] of Object.entries(batch)) if (t.dims.length >= 1 && !OWN_LENGTH.has(k)) return t.dims[0];
+  throw new Error('batch without row-indexed keys');
+}

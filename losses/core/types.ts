@@ -1,0 +1,94 @@
+/**
+ * Shared types of the loss zoo. Every loss works on per-sequence statistics (summed log-probs,
+ * token counts, scores), never on logits, so one module serves training (ONNX subgraph) and
+ * evaluation (float64 TypeScript reference).
+ */
+import type { Graph, Tensor } from '../../src/onnx/graph.ts';
+import type { Kind as DataKind } from '../../datasets/names.ts';
+
+/** The data a loss consumes: pairs, ranked lists, single trajectories, or Nash-MD's on-policy pairs. */
+export type Kind = DataKind | 'nash_md';
+
+/** A float64 batch tensor on the host, row-major: dims [B] or [B, K] ([] for a batch scalar such as `kl`). */
+export interface HostTensor {
+  dims: number[];
+  data: Float64Array;
+}
+
+/** Batch tensors by their snake_case key (`policy_chosen_logps`, `mask`, …). */
+export type HostBatch = Record<string, HostTensor>;
+
+/** Batch tensors of a graph by key: [B] or [B, K], all of one float dtype (counts and masks included). */
+export type BatchTensors = Record<string, Tensor>;
+
+export type ParamValue = number | boolean | string | null;
+export type Params = Record<string, ParamValue>;
+
+/** A public loss parameter (CLI `--param name=value`, config key). */
+export interface ParamSpec {
+  name: string;
+  type: 'number' | 'integer' | 'boolean' | 'enum';
+  /** null: optional and unset unless given. */
+  default: number | boolean | string | null;
+  doc: string;
+  min?: number;
+  max?: number;
+  /** Open bounds: min < v (not ≤), v < max (not ≥). */
+  minOpen?: boolean;
+  maxOpen?: boolean;
+  choices?: readonly string[];
+  /** Other accepted names (e.g. a peer toolkit's name for the same parameter). */
+  aliases?: readonly string[];
+}
+
+/** Which batch keys a loss reads, given its parameters and the batch kind. */
+export interface KeySet {
+  required: string[];
+  optional: string[];
+  /** Alternatives: at least one group must be present in full (KTO: `kl`, or both KL log-prob columns). */
+  oneOf?: string[][];
+}
+
+/** Float64 result of one loss on one batch. */
+export interface RefResult {
+  perExample: number[];
+  /** Gradient of Σ_i coef_i · L_i w.r.t. each differentiable key (same dims as the key). */
+  grad: Record<string, Float64Array>;
+  /** Batch metrics (plain means over the rows), e.g. TRL's `rewards/accuracies`. */
+  metrics?: Record<string, number>;
+}
+
+/** ONNX result of one loss: per-example values [B] and scalar metric tensors. */
+export interface EmitResult {
+  perExample: Tensor;
+  metrics?: Record<string, Tensor>;
+}
+
+/** See `LossModule.schedule`. */
+export type Schedule = 'single' | 'mpo_stages';
+
+export interface LossModule<P extends Params = Params> {
+  name: string;
+  /** Title of the paper the loss comes from. */
+  paper: string;
+  /** Primary kind (first of `kinds`). */
+  kind: Kind;
+  kinds: readonly Kind[];
+  params: readonly ParamSpec[];
+  /** False when a row's loss depends on other rows (AOT sorts the batch): no per-row weights then. */
+  rowwise: boolean;
+  /**
+   * How the trainer runs the loss: one run over the data (`single`, the default), or MPO's split by
+   * reward margin into two runs (`mpo_stages`, src/train/mpo.ts).
+   */
+  schedule?: Schedule;
+  /** Checks between parameters, after each was range-checked. */
+  check?(p: P): void;
+  keys(p: P, kind: Kind): KeySet;
+  /** Keys the loss is differentiable in (policy log-probs; DRO's values). */
+  grads(p: P, kind: Kind): string[];
+  /** Float64 reference: per-example losses and the gradient of Σ_i coef_i·L_i. */
+  ref(batch: HostBatch, p: P, coef: Float64Array, kind: Kind): RefResult;
+  /** ONNX emitter: appends the loss to `g` on the batch tensors. */
+  emit(g: Graph, inputs: BatchTensors, p: P, kind: Kind): EmitResult;
+}

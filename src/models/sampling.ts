@@ -1,0 +1,128 @@
+/**
+ * Next-token sampling from one row of logits: temperature, top-k, top-p (nucleus), and the geometric
+ * mixture of several models' logits, softmax(Σ_i w_i·logits_i) (Nash-MD's opponent policy with
+ * weights 1−m and m). Plain TypeScript on the host: a row is one vocabulary vector.
+ */
+import { UserError } from '../errors.ts';
+import { SeededRandom } from '../random.ts';
+
+export interface SamplingOptions {
+  /** Divides the logits; 0 means greedy (argmax). Default 1. */
+  temperature?: number;
+  /** Keep only the k most likely tokens; 0 keeps all. Default 0. */
+  topK?: number;
+  /** Keep the smallest set of most likely tokens whose probability reaches p; 1 keeps all. Default 1. */
+  topP?: number;
+}
+
+/** Checks sampling options and fills defaults; bad values name the flag. */
+export function samplingOptions(o: SamplingOptions = {}): Required<SamplingOptions> {
+  const temperature = o.temperature ?? 1;
+  const topK = o.topK ?? 0;
+  const topP = o.topP ?? 1;
+  if (!(Number.isFinite(temperature) && temperature >= 0)) throw new UserError(`--temperature must be a number ≥ 0, got ${o.temperature}`);
+  if (!(Number.isInteger(topK) && topK >= 0)) throw new UserError(`--top-k must be an integer ≥ 0, got ${o.topK}`);
+  if (!(topP > 0 && topP <= 1)) throw new UserError(`--top-p must be in (0, 1], got ${o.topP}`);
+  return { temperature, topK, topP };
+}
+
+/** Σ_i w_i · rows_i, row by row (the logits of a geometric mixture, before temperature). */
+export function mixLogits(parts: { logits: Float32Array; weight: number }[]): Float32Array {
+  if (parts.length === 1 && parts[0].weight === 1) return parts[0].logits;
+  const out = new Float32Array(parts[0].logits.length);
+  for (const { logits, weight } of parts) {
+    if (weight === 0) continue;
+    for (let i = 0; i < out.length; i++) out[i] += weight * logits[i];
+  }
+  return out;
+}
+
+function argmax(x: ArrayLike<number>): number {
+  let best = 0;
+  for (let i = 1; i < x.length; i++) if (x[i] > x[best]) best = i;
+  return best;
+}
+
+/**
+ * The distribution sampling draws from: candidate token ids and their probabilities (summing to 1),
+ * after temperature, top-k and top-p. Exposed so tests can compare frequencies with it.
+ */
+export function samplingDistribution(logits: ArrayLike<number>, o: Required<SamplingOptions>): { ids: number[]; probs: number[] } {
+  const V = logits.length;
+  if (o.temperature === 0) return { ids: [argmax(logits)], probs: [1] };
+  let ids: number[];
+  if (o.topK > 0 && o.topK < V) {
+    // k largest by insertion into a short sorted list: O(V·k) with k small, no full sort.
+    ids = [];
+    for (let i = 0; i < V; i++) {
+      if (ids.length === o.topK && logits[i] <= logits[ids[ids.length - 1]]) continue;
+      let j = ids.length < o.topK ? ids.length : ids.length - 1;
+      if (ids.length < o.topK) ids.push(i);
+      while (j > 0 && logits[ids[j - 1]] < logits[i]) {
+        ids[j] = ids[j - 1];
+        j--;
+      }
+      ids[j] = i;
+    }
+  } else {
+    ids = Array.from({ length: V }, (_, i) => i);
+    if (o.topP < 1) ids.sort((a, b) => logits[b] - logits[a]);
+  }
+  let max = -Infinity;
+  for (const i of ids) max = Math.max(max, logits[i]);
+  let probs = ids.map((i) => Math.exp((logits[i] - max) / o.temperature));
+  let z = probs.reduce((a, b) => a + b, 0);
+  probs = probs.map((p) => p / z);
+  if (o.topP < 1) {
+    // ids are sorted by probability here (top-k keeps them sorted): keep the shortest prefix reaching p.
+    let acc = 0;
+    let n = 0;
+    while (n < ids.length && acc < o.topP) acc += probs[n++];
+    ids = ids.slice(0, n);
+    z = acc;
+    probs = probs.slice(0, n).map((p) => p / z);
+  }
+  return { ids, probs };
+}
+
+/** Draws one token id from a row of logits. */
+export function sampleToken(logits: ArrayLike<number>, o: Required<SamplingOptions>, rng: SeededRandom): number {
+  if (o.temperature === 0) return argmax(logits);
+  if (o.topK === 0 && o.topP === 1) {
+    // The common case without a candidate list: one pass for the max, one for the sum, one to draw.
+    let max = -Infinity;
+    for (let i = 0; i < logits.length; i++) if (logits[i] > max) max = logits[i];
+    let z = 0;
+    for (let i = 0; i < logits.length; i++) z += Math.exp((logits[i] - max) / o.temperature);
+    let u = rng.next() * z;
+    for (let i = 0; i < logits.length; i++) {
+      u -= Math.exp((logits[i] - max) / o.temperature);
+      if (u < 0) return i;
+    }
+    return logits.length - 1;
+  }
+  const { ids, probs } = samplingDistribution(logits, o);
+  let u = rng.next();
+  for (let k = 0; k < ids.length; k++) {
+    u -= probs[k];
+    if (u < 0) return ids[k];
+  }
+  return ids[ids.length - 1];
+}
+
+function mix32(x: number): number {
+  x ^= x >>> 16;
+  x = Math.imul(x, 0x7feb352d);
+  x ^= x >>> 15;
+  x = Math.imul(x, 0x846ca68b);
+  return (x ^ (x >>> 16)) >>> 0;
+}
+
+/**
+ * The random stream of one sample: a function of (seed, prompt index, sample index) only, so the
+ * batch size or order never changes what a sample draws. Each of the four state words hashes all three.
+ */
+export function sampleRandom(seed: number, prompt: number, sample: number): SeededRandom {
+  const words = [0, 1, 2, 3].map((i) => mix32(mix32(mix32(seed ^ Math.imul(i + 1, 0x9e3779b9)) ^ prompt) ^ Math.imul(sample, 0x85ebca6b)));
+  return new SeededRandom(words);
+}
