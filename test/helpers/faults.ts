@@ -4,10 +4,12 @@
  */
 import { spawn, spawnSync, type SpawnSyncReturns } from 'node:child_process';
 import { existsSync, mkdirSync, readdirSync, rmSync, statfsSync, writeFileSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
+import { BIN } from './cli.ts';
 import { expect } from 'vitest';
 
-export const bin = resolve(__dirname, '..', '..', 'bin', 'prefzoo.mjs');
+/** cli.ts's path of the command; these runs need a synchronous form with env, cwd and a shell prefix. */
+export const bin = BIN;
 
 export type Result = SpawnSyncReturns<string>;
 
