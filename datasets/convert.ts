@@ -7,6 +7,7 @@ import { open, rename, rm, stat, type FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { UserError } from '../src/errors.ts';
 import { uniform } from '../src/random.ts';
+import { fileError, releaseTemp, removeTemp, tempPath } from '../src/io/atomic.ts';
 import { BatchBuilder } from './columns.ts';
 import { ADAPTERS, type Adapter, type AdapterContext, type FormatName, type Row, detectFormat, expectedShapes } from './formats/index.ts';
 import { ParquetSink, type WriteOptions } from './parquet.ts';
@@ -95,7 +96,7 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
   // Seeded, so `--seed` reproduces a binarization exactly.
   const random = uniform(opts.seed ?? 0);
   const skippedPath = skippedPathFor(out);
-  const skippedTmp = join(outDir, `.${basename(skippedPath)}.${process.pid}.tmp`);
+  const skippedTmp = tempPath(skippedPath);
 
   let kind: Kind | null = null;
   let text: TextMode | null = null;
@@ -112,8 +113,10 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
 
   const flushSkipped = async () => {
     if (skippedLines.length === 0) return;
-    skippedFile ??= await open(skippedTmp, 'w');
-    await skippedFile.write(skippedLines.join(''));
+    skippedFile ??= await open(skippedTmp, 'wx');
+    // One write call may take only part of the bytes (a filling disk): loop until all are written.
+    const bytes = Buffer.from(skippedLines.join(''));
+    for (let done = 0; done < bytes.byteLength; ) done += (await skippedFile.write(bytes, done, bytes.byteLength - done)).bytesWritten;
     skippedLines = [];
   };
 
@@ -207,6 +210,7 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
         await (skippedFile as FileHandle).close();
         skippedFile = null;
         await rename(skippedTmp, skippedPath);
+        releaseTemp(skippedTmp);
       }
       throw new UserError(`no valid records: all ${read} were skipped (reasons in ${skippedPath})`);
     }
@@ -214,9 +218,11 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
     const outputs = await (sink as ParquetSink | null)!.close();
     await flushSkipped();
     if (skippedFile) {
+      await (skippedFile as FileHandle).sync();
       await (skippedFile as FileHandle).close();
       skippedFile = null;
       await rename(skippedTmp, skippedPath);
+      releaseTemp(skippedTmp);
     } else {
       // A list from an earlier run would describe records this run kept.
       await rm(skippedPath, { force: true });
@@ -225,7 +231,7 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
   } catch (e) {
     await (sink as ParquetSink | null)?.abort();
     if (skippedFile) await (skippedFile as FileHandle).close().catch(() => undefined);
-    await rm(skippedTmp, { force: true });
-    throw e;
+    removeTemp(skippedTmp);
+    throw fileError(e, out);
   }
 }

@@ -35,6 +35,8 @@ export interface TokenizedExample {
   responseIds: number[][];
   /** KTO: the response of another row, scored after this row's prompt for the KL estimate. */
   klResponseIds?: number[];
+  /** Cut to the length limits, here or when `prefzoo tokenize` stored the ids. */
+  truncated?: boolean;
   /** The rationale as a sequence of its own (src/train/rationale.ts), when the row has one and the loss reads it. */
   rationale?: { promptIds: number[]; responseIds: number[] };
   src: Example;
@@ -165,11 +167,18 @@ export const DEFAULT_TRUNCATION: TruncationConfig = { max_length: 512, max_promp
 
 /**
  * Tokenizes examples (or takes the ids a tokenized file already holds); rows that had to be
- * truncated are counted, never dropped.
+ * truncated (here, or by `prefzoo tokenize` before) are counted, never dropped.
  */
-export function tokenizeExamples(examples: Example[], tok: LoadedTokenizer, cfg: TruncationConfig, stored?: TokenRow[]): { rows: TokenizedExample[]; truncated: number } {
+export function tokenizeExamples(
+  examples: Example[],
+  tok: LoadedTokenizer,
+  cfg: TruncationConfig,
+  stored?: TokenRow[],
+  onProgress?: (done: number) => void,
+): { rows: TokenizedExample[]; truncated: number } {
   let truncated = 0;
   const rows = examples.map((ex, i) => {
+    if (onProgress && i % 256 === 0) onProgress(i);
     let promptIds: number[] = stored ? stored[i].promptIds : [];
     const responseIds = stored
       ? stored[i].responseIds
@@ -178,7 +187,7 @@ export function tokenizeExamples(examples: Example[], tok: LoadedTokenizer, cfg:
           if (k === 0) promptIds = ids.promptIds;
           return ids.responseIds;
         });
-    let cut = false;
+    let cut = stored?.[i].truncated ?? false;
     if (promptIds.length > cfg.max_prompt_length) {
       promptIds = cfg.truncation === 'keep_end' ? promptIds.slice(-cfg.max_prompt_length) : promptIds.slice(0, cfg.max_prompt_length);
       cut = true;
@@ -192,7 +201,8 @@ export function tokenizeExamples(examples: Example[], tok: LoadedTokenizer, cfg:
       return r;
     });
     if (cut) truncated++;
-    return { promptIds, responseIds: resp, src: ex };
+    return { promptIds, responseIds: resp, truncated: cut, src: ex };
   });
+  onProgress?.(examples.length);
   return { rows, truncated };
 }

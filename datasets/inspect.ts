@@ -9,7 +9,7 @@ import { parquetFooter, readParquetBatches } from './parquet.ts';
 import { openSource } from './readers.ts';
 import * as readers from './readers.ts';
 import { META_KEY, type PrefzooMeta, parseMeta } from './schema.ts';
-import { isObject } from './values.ts';
+import { describe, isObject } from './values.ts';
 
 export interface LengthStats {
   /** Rows with a value (nulls excluded). */
@@ -25,7 +25,10 @@ export interface LengthStats {
 export interface InspectReport {
   path: string;
   format: readers.InputFormat;
+  /** Readable records (rows of columnar files). */
   rows: number;
+  /** Records that could not be read (invalid JSON, not an object), by file:line or row, with the reason: counted, never dropped silently. */
+  invalid: Array<{ where: string; reason: string }>;
   /** `name: type` per column (Arrow types; for JSON/CSV the value types seen). */
   schema: Array<{ name: string; type: string }>;
   /** Canonical metadata, when the file is a prefzoo dataset. */
@@ -134,6 +137,7 @@ async function inspectColumnar(path: string, format: readers.InputFormat, batche
     path,
     format,
     rows,
+    invalid: [],
     schema: fields.map((f) => ({ name: f.name, type: String(f.type) })),
     prefzoo,
     kind: prefzoo ? prefzoo.kind : (detected?.kind ?? null),
@@ -174,11 +178,11 @@ async function inspectRecords(src: readers.Source): Promise<InspectReport> {
   const types = new Map<string, Set<string>>();
   const lengths = new Map<string, number[]>();
   const nulls = new Map<string, number>();
-  let bad = 0;
+  const invalid: InspectReport['invalid'] = [];
   for await (const items of src.items()) {
     for (const item of items) {
       if (item.error !== undefined || !isObject(item.value)) {
-        bad++;
+        invalid.push({ where: readers.where(src, item.pos), reason: item.error ?? `expected a record object, found ${describe(item.value)}` });
         continue;
       }
       rows++;
@@ -198,7 +202,7 @@ async function inspectRecords(src: readers.Source): Promise<InspectReport> {
       }
     }
   }
-  if (rows === 0 && bad > 0) throw new UserError(`${src.path}: no readable records (${bad} unreadable)`);
+  if (rows === 0 && invalid.length > 0) throw new UserError(`${src.path}: no readable records (${invalid.length} unreadable; first ${invalid[0].where}: ${invalid[0].reason})`);
   const detected = first ? detectFormat(first) : null;
   const lengthStats: Record<string, LengthStats> = {};
   for (const [name, list] of lengths) lengthStats[name] = stats(list, nulls.get(name) ?? 0);
@@ -206,6 +210,7 @@ async function inspectRecords(src: readers.Source): Promise<InspectReport> {
     path: src.path,
     format: src.format,
     rows,
+    invalid,
     schema: [...types].map(([name, ts]) => ({ name, type: [...ts].join(' | ') })),
     prefzoo: null,
     kind: detected?.kind ?? null,
@@ -238,7 +243,12 @@ export function formatReport(r: InspectReport): string {
   } else {
     lines.push('kind:   none (not preference data)');
   }
-  lines.push(`rows:   ${r.rows}`);
+  if (r.invalid.length === 0) lines.push(`rows:   ${r.rows}`);
+  else {
+    lines.push(`rows:   ${r.rows} readable of ${r.rows + r.invalid.length} records; ${r.invalid.length} invalid (\`prefzoo convert\` stops at the first, or skips and lists them with --on-invalid skip):`);
+    for (const b of r.invalid.slice(0, 10)) lines.push(`  ${b.where}: ${b.reason}`);
+    if (r.invalid.length > 10) lines.push(`  … and ${r.invalid.length - 10} more (--json lists all)`);
+  }
   lines.push('schema:');
   const w = Math.max(...r.schema.map((f) => f.name.length), 4);
   for (const f of r.schema) lines.push(`  ${f.name.padEnd(w)}  ${f.type}`);

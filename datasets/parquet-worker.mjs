@@ -47,9 +47,17 @@ class Shard {
     this.pump = (async () => {
       const out = await pw.transformParquetStream(src, properties());
       for await (const chunk of out) {
-        await this.fh.write(chunk);
+        // A write may take only part of the bytes (a disk filling up): loop until all are on disk,
+        // so the error comes out instead of a silently truncated file.
+        let done = 0;
+        while (done < chunk.byteLength) {
+          const { bytesWritten } = await this.fh.write(chunk, done, chunk.byteLength - done);
+          done += bytesWritten;
+        }
         this.bytes += chunk.byteLength;
       }
+      // A full disk may only show when the data is flushed.
+      await this.fh.sync();
     })().catch((e) => {
       this.failure = e;
       this.wake?.();
@@ -132,7 +140,7 @@ async function write(ipc) {
         done.push(current.path);
         current = null;
       }
-      current ??= await Shard.create(`${tmpStem}.${done.length}.tmp`);
+      current ??= await Shard.create(`${tmpStem}.${done.length}`);
       const n = Math.min(rows, b.numRows - at);
       const piece = n === b.numRows ? b : b.slice(at, n);
       current.arrowBytes += perRow * n;
@@ -172,7 +180,7 @@ parentPort.on('message', (msg) => {
         parentPort.postMessage({ type: 'aborted' });
       }
     } catch (e) {
-      parentPort.postMessage({ type: 'error', message: e instanceof Error ? e.message : String(e) });
+      parentPort.postMessage({ type: 'error', message: e instanceof Error ? e.message : String(e), code: e?.code, path: e?.path });
     }
   });
 });

@@ -12,6 +12,7 @@ import { Worker } from 'node:worker_threads';
 import { basename, dirname, join } from 'node:path';
 import { gunzipSync } from 'node:zlib';
 import { UserError } from '../src/errors.ts';
+import { fileError, releaseTemp, sweepStaleTemps, tempPath } from '../src/io/atomic.ts';
 import { META_KEY, type PrefzooMeta, parseMeta, schemaProblems } from './schema.ts';
 
 export interface WriteOptions {
@@ -72,8 +73,9 @@ export class ParquetSink {
     this.shardBytes = opts.shardBytes ?? DEFAULT_SHARD_BYTES;
     // Bytes reach the disk one row group at a time, so a row group must not outgrow a shard.
     this.rowGroupBytes = Math.min(opts.rowGroupBytes ?? DEFAULT_ROW_GROUP_BYTES, this.shardBytes);
-    const rand = Math.random().toString(36).slice(2, 8);
-    this.tmpStem = join(dirname(outPath), `.${basename(outPath)}.${process.pid}.${rand}`);
+    // The writer thread names its shards STEM.0, STEM.1, …; a kill -9 leaves them to the next run's sweep.
+    sweepStaleTemps(dirname(outPath));
+    this.tmpStem = tempPath(outPath);
   }
 
   private start(): Worker {
@@ -88,7 +90,7 @@ export class ParquetSink {
     });
     w.on('message', (m: WorkerMessage) => {
       if (m.type === 'ack') this.inFlight--;
-      if (m.type === 'error') this.failure ??= new Error(`Parquet writer: ${m.message}`);
+      if (m.type === 'error') this.failure ??= m.code ? Object.assign(new Error(m.message), { code: m.code, path: this.outPath }) : new Error(`Parquet writer: ${m.message}`);
       this.notify(m);
     });
     w.on('error', (e) => {
@@ -149,6 +151,7 @@ export class ParquetSink {
     const n = files.length;
     const finals = n === 1 ? [this.outPath] : files.map((_, i) => shardName(this.outPath, i, n));
     for (let i = 0; i < n; i++) await rename(files[i], finals[i]);
+    releaseTemp(this.tmpStem);
     return finals;
   }
 
@@ -158,7 +161,7 @@ export class ParquetSink {
     this.finished = true;
     const w = this.worker;
     this.worker = null;
-    if (!w) return;
+    if (!w) return releaseTemp(this.tmpStem);
     if (!this.exited) {
       w.postMessage({ type: 'abort' });
       for (;;) {
@@ -171,6 +174,7 @@ export class ParquetSink {
     const dir = dirname(this.tmpStem);
     const prefix = basename(this.tmpStem);
     for (const f of readdirSync(dir)) if (f.startsWith(prefix)) await rm(join(dir, f), { force: true });
+    releaseTemp(this.tmpStem);
   }
 }
 
@@ -178,33 +182,117 @@ type WorkerMessage =
   | { type: 'ack'; id: number }
   | { type: 'closed'; files: string[] }
   | { type: 'aborted' }
-  | { type: 'error'; message: string };
+  | { type: 'error'; message: string; code?: string };
 
-/** Reads a Parquet file as a stream of Arrow RecordBatches without loading it whole (gzip: whole). */
+type ReaderMessage =
+  | { type: 'group'; rg: number }
+  | { type: 'batch'; ipc: Uint8Array }
+  | { type: 'done' }
+  | { type: 'layout'; rows: number[] }
+  | { type: 'probe'; rg: number; column: string }
+  | { type: 'bad'; rg: number; column: string; message: string }
+  | { type: 'clean' }
+  | { type: 'error'; message: string }
+  /** The thread ended without saying why: a WebAssembly trap on damaged data. */
+  | { type: 'died'; message: string };
+
+/** The messages of a reading thread, one at a time. */
+function inbox(w: Worker): () => Promise<ReaderMessage> {
+  const queue: ReaderMessage[] = [];
+  let waiting: ((m: ReaderMessage) => void) | null = null;
+  const push = (m: ReaderMessage) => {
+    if (waiting) {
+      const r = waiting;
+      waiting = null;
+      r(m);
+    } else queue.push(m);
+  };
+  w.on('message', push);
+  w.on('error', (e) => push({ type: 'died', message: errorText(e) }));
+  w.on('exit', () => push({ type: 'died', message: 'the reading thread stopped' }));
+  return () => (queue.length ? Promise.resolve(queue.shift()!) : new Promise((r) => (waiting = r)));
+}
+
+function readerThread(path: string, data: { mode: 'stream' | 'probe'; batchRows?: number; fromRowGroup?: number }): Worker {
+  return new Worker(new URL('./parquet-reader.mjs', import.meta.url), { workerData: { path, batchRows: 8192, fromRowGroup: 0, ...data } });
+}
+
+/**
+ * The one-line error for Parquet data that cannot be decoded: reads each column of each row group
+ * from `fromRowGroup` on by itself (in a fresh thread, since a trap ends it) to name the damaged one.
+ */
+export async function damagedParquet(path: string, fromRowGroup: number, reason: string): Promise<UserError> {
+  // parquet-wasm's release build traps ("unreachable") or strips its messages: say what they mean.
+  const why = /unreachable|strings stripped/i.test(reason) ? 'the decoder stopped on invalid bytes' : reason.replace(/\s+/g, ' ').slice(0, 200);
+  if (path.endsWith('.gz')) return new UserError(`${path}: damaged Parquet data (${why}); re-create or re-download the file`);
+  const w = readerThread(path, { mode: 'probe', fromRowGroup });
+  const next = inbox(w);
+  let rows: number[] = [];
+  let at: { rg: number; column: string } | null = null;
+  let bad: { rg: number; column: string } | null = null;
+  try {
+    for (;;) {
+      const m = await next();
+      if (m.type === 'layout') rows = m.rows;
+      else if (m.type === 'probe') {
+        at = m;
+        w.postMessage('next');
+      }
+      else if (m.type === 'bad' || m.type === 'died') {
+        bad = m.type === 'bad' ? m : at;
+        break;
+      } else break;
+    }
+  } finally {
+    await w.terminate();
+  }
+  if (!bad) return new UserError(`${path}: unreadable Parquet data (${why}); re-create or re-download the file`);
+  const first = rows.slice(0, bad.rg).reduce((a, b) => a + b, 0);
+  const span = rows.length ? `, rows ${first + 1}–${first + rows[bad.rg]}` : '';
+  return new UserError(`${path}: damaged Parquet data in column "${bad.column}", row group ${bad.rg + 1} of ${rows.length || '?'}${span} (${why}); re-create or re-download the file`);
+}
+
+/**
+ * Reads a Parquet file as a stream of Arrow RecordBatches without loading it whole (gzip: whole).
+ * Decoding runs on a thread of its own (parquet-reader.mjs): damaged data ends that thread, not this
+ * process, and becomes one line naming the column and row group.
+ */
 export async function* readParquetBatches(path: string, batchRows = 8192): AsyncGenerator<arrow.RecordBatch> {
-  const pw = await parquetWasm();
   if (path.endsWith('.gz')) {
-    const wt = pw.readParquet(gunzipSync(await readFile(path)), { batchSize: batchRows });
+    const pw = await parquetWasm();
+    let wt: PW.Table;
+    try {
+      wt = pw.readParquet(gunzipSync(await readFile(path)), { batchSize: batchRows });
+    } catch (e) {
+      throw await damagedParquet(path, 0, errorText(e));
+    }
     yield* arrow.tableFromIPC(wt.intoIPCStream()).batches;
     return;
   }
-  let file: PW.ParquetFile;
+  const w = readerThread(path, { mode: 'stream', batchRows });
+  const next = inbox(w);
+  let rg = 0;
+  let started = false;
   try {
-    file = await pw.ParquetFile.fromFile(await openAsBlob(path));
-  } catch (e) {
-    throw new UserError(`${path}: not a readable Parquet file (${errorText(e)})`);
-  }
-  const stream = (await file.stream({ batchSize: batchRows })) as unknown as AsyncIterable<PW.RecordBatch>;
-  const it = stream[Symbol.asyncIterator]();
-  for (;;) {
-    let step: IteratorResult<PW.RecordBatch>;
-    try {
-      step = await it.next();
-    } catch (e) {
-      throw new UserError(`${path}: unreadable Parquet data (${errorText(e)})`);
+    for (;;) {
+      const m = await next();
+      if (m.type === 'group') {
+        rg = m.rg;
+        started = true;
+      } else if (m.type === 'batch') {
+        yield* arrow.tableFromIPC(m.ipc).batches;
+        w.postMessage('next');
+      } else if (m.type === 'done') {
+        return;
+      } else {
+        const reason = 'message' in m ? m.message : 'unknown';
+        // Before the first row group: the footer itself is unreadable.
+        if (!started) throw new UserError(`${path}: not a readable Parquet file (${reason})`);
+        throw await damagedParquet(path, rg, reason);
+      }
     }
-    if (step.done) return;
-    yield* arrow.tableFromIPC(step.value.intoIPCStream()).batches;
+  } finally {
+    await w.terminate();
   }
 }
 
@@ -227,6 +315,17 @@ export async function parquetFooter(path: string): Promise<{ rows: number; metad
   }
   const fm = file.metadata().fileMetadata();
   return { rows: fm.numRows(), metadata: new Map(fm.keyValueMetadata()) };
+}
+
+/** Whether the file's footer (schema and row groups) can be read, in a thread of its own. */
+async function footerReadable(path: string): Promise<boolean> {
+  const w = readerThread(path, { mode: 'probe', fromRowGroup: 1 << 30 });
+  const next = inbox(w);
+  try {
+    return (await next()).type === 'layout';
+  } finally {
+    await w.terminate();
+  }
 }
 
 export function errorText(e: unknown): string {
@@ -366,10 +465,12 @@ export async function readCanonical(path: string | string[]): Promise<Canonical>
   let meta: PrefzooMeta | null = null;
   for (const f of files) {
     let t: arrow.Table;
+    const bytes = await readFile(f);
     try {
-      t = arrow.tableFromIPC(pw.readParquet(await readFile(f)).intoIPCStream());
+      t = arrow.tableFromIPC(pw.readParquet(bytes).intoIPCStream());
     } catch (e) {
-      throw new UserError(`${f}: not a readable Parquet file (${errorText(e)})`);
+      // A footer that parses but data that does not: name the damaged column and row group.
+      throw (await footerReadable(f)) ? await damagedParquet(f, 0, errorText(e)) : new UserError(`${f}: not a readable Parquet file (${errorText(e)})`);
     }
     let m: PrefzooMeta | null;
     try {
@@ -405,7 +506,7 @@ export async function writeCanonical(table: arrow.Table, meta: PrefzooMeta, outP
     return await sink.close();
   } catch (e) {
     await sink.abort();
-    throw e;
+    throw fileError(e, outPath);
   }
 }
 

@@ -5,13 +5,19 @@
  * tokenization for a file `prefzoo tokenize` wrote.
  */
 import * as arrow from 'apache-arrow';
-import { readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
+import { writeFileAtomic } from '../src/io/atomic.ts';
 import type { Kind } from './schema.ts';
 
 export interface TokenRow {
   promptIds: number[];
   responseIds: number[][];
+  /** Whether `tokenize` cut the row to its max_length / max_prompt_length (column `tokens_truncated`). */
+  truncated?: boolean;
 }
+
+/** Bool column `tokenize` writes beside the ids: the row was cut, so later counts of truncated rows include it. */
+export const TRUNCATED_COLUMN = 'tokens_truncated';
 
 const INT_LIST = new arrow.List(new arrow.Field('item', new arrow.Int32(), false));
 const INT_LIST_LIST = new arrow.List(new arrow.Field('item', INT_LIST, false));
@@ -50,7 +56,7 @@ function intListLists(rows: readonly number[][][]): arrow.Data<arrow.List<arrow.
 /** The table with its token columns added (replacing earlier ones of the same names). */
 export function withTokenColumns(table: arrow.Table, kind: Kind, rows: readonly TokenRow[]): arrow.Table {
   if (rows.length !== table.numRows) throw new Error(`withTokenColumns: ${rows.length} token rows for ${table.numRows} table rows`);
-  const names = tokenColumnNames(kind);
+  const names = [...tokenColumnNames(kind), TRUNCATED_COLUMN];
   const cols: Record<string, arrow.Vector> = {};
   for (const f of table.schema.fields) if (!names.includes(f.name)) cols[f.name] = table.getChild(f.name)!;
   cols.prompt_ids = arrow.makeVector(intLists(rows.map((r) => r.promptIds)));
@@ -62,6 +68,7 @@ export function withTokenColumns(table: arrow.Table, kind: Kind, rows: readonly 
   } else {
     cols.response_ids = arrow.makeVector(intLists(rows.map((r) => r.responseIds[0])));
   }
+  cols[TRUNCATED_COLUMN] = arrow.vectorFromArray(rows.map((r) => !!r.truncated), new arrow.Bool());
   const t = new arrow.Table(cols);
   const schema = new arrow.Schema(t.schema.fields, table.schema.metadata);
   return new arrow.Table(schema, t.batches.map((b) => new arrow.RecordBatch(schema, b.data)));
@@ -76,6 +83,7 @@ export function readTokenColumns(table: arrow.Table, kind: Kind): TokenRow[] | n
   const names = tokenColumnNames(kind);
   const cols = names.map((n) => table.getChild(n));
   if (cols.some((c) => !c)) return null;
+  const cut = table.getChild(TRUNCATED_COLUMN);
   const out: TokenRow[] = [];
   for (let i = 0; i < table.numRows; i++) {
     const promptIds = ids(cols[0]!.get(i));
@@ -83,7 +91,7 @@ export function readTokenColumns(table: arrow.Table, kind: Kind): TokenRow[] | n
       kind === 'listwise'
         ? Array.from((cols[1]!.get(i) as { toArray(): unknown[] }).toArray(), ids)
         : cols.slice(1).map((c) => ids(c!.get(i)));
-    out.push({ promptIds, responseIds });
+    out.push({ promptIds, responseIds, truncated: cut ? !!cut.get(i) : false });
   }
   return out;
 }
@@ -115,9 +123,7 @@ function refTable(kind: Kind, ref: readonly number[][]): arrow.Table {
 export async function writeRefColumns(path: string, kind: Kind, ref: readonly number[][]): Promise<void> {
   const pw = await import('parquet-wasm');
   const bytes = pw.writeParquet(pw.Table.fromIPCStream(arrow.tableToIPC(refTable(kind, ref), 'stream')));
-  const tmp = `${path}.tmp-${process.pid}`;
-  writeFileSync(tmp, bytes);
-  renameSync(tmp, path);
+  writeFileAtomic(path, bytes);
 }
 
 /** Reads reference columns back (one array per row), or null when the file lacks them. */

@@ -68,13 +68,16 @@ const ROLE_ALIASES: Record<string, Role> = {
 
 function contentText(v: unknown, field: string): string {
   if (typeof v === 'string') return v;
-  // OpenAI-style content parts: [{type: "text", text: "..."}]
+  // Content parts: OpenAI's [{type: "text", text}] or LLaMA-Factory's [{type: "text", value}].
   if (Array.isArray(v)) {
     let s = '';
     for (let i = 0; i < v.length; i++) {
       const part = v[i];
-      if (isObject(part) && typeof part.text === 'string') s += part.text;
-      else throw new RecordError(`field "${field}[${i}]": expected a text part {type: "text", text}, found ${describe(part)}`, field);
+      const text = isObject(part) && (part.type === undefined || part.type === 'text') ? (typeof part.text === 'string' ? part.text : part.value) : undefined;
+      if (typeof text === 'string') s += text;
+      else if (isObject(part) && typeof part.type === 'string') {
+        throw new RecordError(`field "${field}[${i}]": a "${part.type}" part; prefzoo trains on text, so only parts of type "text" are accepted`, field);
+      } else throw new RecordError(`field "${field}[${i}]": expected a text part {type: "text", text} or {type: "text", value}, found ${describe(part)}`, field);
     }
     return s;
   }

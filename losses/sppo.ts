@@ -14,7 +14,7 @@
 import type { Graph } from '../src/onnx/graph.ts';
 import { spec } from './core/params.ts';
 import { pairwiseLoss, PairGraph, PairHost } from './core/pairwise.ts';
-import { pairMetrics, pairMetricsRef } from './core/metrics.ts';
+import { pairMetrics, pairMetricsRef, tieTolGraph, tieTolRef } from './core/metrics.ts';
 import { ListHost, listMask } from './core/list.ts';
 import { square } from './core/ops.ts';
 import type { BatchTensors, EmitResult, HostBatch, Kind, LossModule, Params, RefResult } from './core/types.ts';
@@ -70,7 +70,7 @@ export const sppo: LossModule<SppoParams> = {
       dw[i] = 2 * ew * coef[i];
       dl[i] = 2 * el * coef[i];
     }
-    const metrics = pairMetricsRef(h.lw.map((v) => b * v), h.ll.map((v) => b * v), h.pw, h.pl);
+    const metrics = pairMetricsRef(h.lw.map((v) => b * v), h.ll.map((v) => b * v), h.pw, h.pl, tieTolRef(b, h.pw, h.key('ref_chosen_logps'), h.pl, h.key('ref_rejected_logps')));
     return { perExample: per, grad: { policy_chosen_logps: dw, policy_rejected_logps: dl }, metrics };
   },
   emit(g: Graph, inputs: BatchTensors, p, kind: Kind): EmitResult {
@@ -84,7 +84,7 @@ export const sppo: LossModule<SppoParams> = {
       const t = new PairGraph(g, inputs, p);
       const ew = g.sub(t.lw, g.mul(g.sub(t.key('chosen_probs'), 0.5), 1 / b));
       const el = g.sub(t.ll, g.mul(g.sub(t.key('rejected_probs'), 0.5), 1 / b));
-      const metrics = pairMetrics(g, g.mul(t.lw, b), g.mul(t.ll, b), t.pw, t.pl);
+      const metrics = pairMetrics(g, g.mul(t.lw, b), g.mul(t.ll, b), t.pw, t.pl, tieTolGraph(g, b, t.pw, t.key('ref_chosen_logps'), t.pl, t.key('ref_rejected_logps')));
       return { perExample: g.add(square(g, ew), square(g, el)), metrics };
     });
   },

@@ -157,7 +157,7 @@ describe('run folder', () => {
   });
 
   it('refuses to overwrite a run without --resume, and bad settings name the parameter', async () => {
-    await expect(trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'run-mix'), params: SHORT, ...quiet })).rejects.toThrow(/already holds a training run/);
+    await expect(trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'run-mix'), params: SHORT, ...quiet })).rejects.toThrow(/run-mix: not empty .*--resume.*--overwrite/);
     await expect(trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'x1'), params: ['beta=-1'], ...quiet })).rejects.toThrow(/beta/);
     await expect(trainAny({ model, data: pairsFile, loss: 'lipo', out: join(dir, 'x2'), params: SHORT, ...quiet })).rejects.toThrow(/pairwise data; loss lipo needs listwise/);
     await expect(trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'x3'), params: ['nonsense=1'], ...quiet })).rejects.toThrow(/nonsense/);

@@ -9,6 +9,7 @@ import type { Adapter } from './adapter.ts';
 import { csvAdapter } from './csv.ts';
 import { hh } from './hh.ts';
 import { kto } from './kto.ts';
+import { llamafactory } from './llamafactory.ts';
 import { listwise } from './listwise.ts';
 import { openai } from './openai.ts';
 import { rewards } from './rewards.ts';
@@ -20,7 +21,7 @@ export { type Adapter, type AdapterContext, type Row } from './adapter.ts';
 export { splitCommonPrefix } from './trl.ts';
 
 /** Detection order: a record is read by the first adapter whose signature it has. */
-export const DETECTED = [openai, sharegpt, ultrafeedback, listwise, kto, rewards, hh, trl] as const;
+export const DETECTED = [openai, sharegpt, llamafactory, ultrafeedback, listwise, kto, rewards, hh, trl] as const;
 
 /** The adapter whose signature the record has, or null when it looks like no preference format. */
 export function detectFormat(rec: Rec): Adapter | null {

@@ -4,7 +4,7 @@ import { RecordError, asText, need } from '../values.ts';
 import { type Adapter, type Row, addOptional } from './adapter.ts';
 
 /** Leading messages shared by both lists. */
-function commonMessages(a: Message[], b: Message[]): number {
+export function commonMessages(a: Message[], b: Message[]): number {
   let n = 0;
   while (n < a.length && n < b.length && a[n].role === b[n].role && a[n].content === b[n].content) n++;
   return n;

@@ -27,7 +27,7 @@
 import type { Graph, Tensor } from '../../src/onnx/graph.ts';
 import { UserError } from '../../src/errors.ts';
 import { col, rows } from './batch.ts';
-import { pairMetrics, pairMetricsRef } from './metrics.ts';
+import { pairMetrics, pairMetricsRef, tieTolGraph, tieTolRef } from './metrics.ts';
 import { logSigmoid as logSigmoidT, negLogSigmoid, softplus as softplusT } from './ops.ts';
 import { logSigmoid, sigmoid, softplus } from './math.ts';
 import type { BatchTensors, HostBatch, KeySet, LossModule, ParamSpec, Params, RefResult, EmitResult, Schedule } from './types.ts';
@@ -142,7 +142,8 @@ export interface PairCoreRef {
   dw: Float64Array;
   dl: Float64Array;
   /** Implicit rewards for the metrics (default β·ℓ). */
-  rewards?: { chosen: Float64Array; rejected: Float64Array };
+  /** Implicit rewards for the metrics; `tol`: per-pair tie tolerance of the accuracy (metrics.ts). */
+  rewards?: { chosen: Float64Array; rejected: Float64Array; tol?: Float64Array };
 }
 
 /**
@@ -213,7 +214,7 @@ export function scoreGraph(g: Graph, p: OptionParams, l: Tensor): Tensor {
 
 export interface PairCoreEmit {
   perExample: Tensor;
-  rewards?: { chosen: Tensor; rejected: Tensor };
+  rewards?: { chosen: Tensor; rejected: Tensor; tol?: Tensor };
 }
 
 // ---- the factory -------------------------------------------------------------------------------
@@ -310,7 +311,7 @@ export function pairwiseLoss<P extends Params>(def: PairwiseDef<P>): LossModule<
       }
       const rewards = core.rewards ?? defaultRewardsRef(h, p);
       const metrics = rewards
-        ? pairMetricsRef(rewards.chosen, rewards.rejected, h.has('policy_chosen_logps') ? h.pw : undefined, h.has('policy_rejected_logps') ? h.pl : undefined)
+        ? pairMetricsRef(rewards.chosen, rewards.rejected, h.has('policy_chosen_logps') ? h.pw : undefined, h.has('policy_rejected_logps') ? h.pl : undefined, rewards.tol)
         : undefined;
       return { perExample: Array.from(value), grad, metrics: rationaleNll !== undefined ? { ...metrics, 'nll/rationale': rationaleNll } : metrics };
     },
@@ -338,7 +339,7 @@ export function pairwiseLoss<P extends Params>(def: PairwiseDef<P>): LossModule<
         }
         const rewards = core.rewards ?? defaultRewardsGraph(t, p);
         const metrics = rewards
-          ? pairMetrics(g, rewards.chosen, rewards.rejected, t.has('policy_chosen_logps') ? t.pw : undefined, t.has('policy_rejected_logps') ? t.pl : undefined)
+          ? pairMetrics(g, rewards.chosen, rewards.rejected, t.has('policy_chosen_logps') ? t.pw : undefined, t.has('policy_rejected_logps') ? t.pl : undefined, rewards.tol)
           : undefined;
         return { perExample: per, metrics: rationaleNll ? { ...metrics, 'nll/rationale': rationaleNll } : metrics };
       });
@@ -350,13 +351,13 @@ export function pairwiseLoss<P extends Params>(def: PairwiseDef<P>): LossModule<
 function defaultRewardsRef(h: PairHost, p: OptionParams): PairCoreRef['rewards'] {
   if (!REF_KEYS.every((k) => h.has(k)) || !LOGP_KEYS.every((k) => h.has(k))) return undefined;
   const b = p.beta ?? 1;
-  return { chosen: h.lw.map((v) => b * v), rejected: h.ll.map((v) => b * v) };
+  return { chosen: h.lw.map((v) => b * v), rejected: h.ll.map((v) => b * v), tol: tieTolRef(b, h.pw, h.key('ref_chosen_logps'), h.pl, h.key('ref_rejected_logps')) };
 }
 
 function defaultRewardsGraph(t: PairGraph, p: OptionParams): PairCoreEmit['rewards'] {
   if (![...REF_KEYS, ...LOGP_KEYS].every((k) => t.has(k))) return undefined;
   const b = p.beta ?? 1;
-  return { chosen: t.g.mul(t.lw, b), rejected: t.g.mul(t.ll, b) };
+  return { chosen: t.g.mul(t.lw, b), rejected: t.g.mul(t.ll, b), tol: tieTolGraph(t.g, b, t.pw, t.key('ref_chosen_logps'), t.pl, t.key('ref_rejected_logps')) };
 }
 
 /** Per-pair result of a loss written on one margin z per pair: value f(z), slope f′(z), and dz/dinputs. */

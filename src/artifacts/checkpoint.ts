@@ -5,7 +5,7 @@
  *   optimizer.safetensors  optimizer state, named `<slot>.<param>` (m.w, v.w, momentum.w)
  *   state.json             { step, epoch, rng, dataCursor, config, ... } — the trainer's own state
  *
- * A checkpoint is written to `<dir>.tmp` and renamed into place (the previous one is moved aside to
+ * A checkpoint is written to a temporary `.step-N.tmp-PID-RAND` and renamed into place (the previous one is moved aside to
  * `<dir>.old` first and removed last), so a crash leaves either the old or the new checkpoint whole.
  */
 import fs from 'node:fs';
@@ -13,7 +13,7 @@ import path from 'node:path';
 import { UserError } from '../errors.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
 import { type Dtype, type RawTensor, type TensorData, readSafetensors, writeSafetensors } from '../models/safetensors.ts';
-import { writeFileAtomic } from '../io/atomic.ts';
+import { fileError, releaseTemp, removeTemp, tempPath, writeFileAtomic } from '../io/atomic.ts';
 
 export const CHECKPOINT_FILES = { params: 'params.safetensors', optimizer: 'optimizer.safetensors', state: 'state.json' } as const;
 
@@ -76,17 +76,22 @@ export function writeCheckpoint(
   files: Record<string, Map<string, CheckpointTensor>> = {},
 ): void {
   const target = path.resolve(dir);
-  const tmp = `${target}.tmp`;
+  const tmp = tempPath(target);
   const old = `${target}.old`;
-  fs.rmSync(tmp, { recursive: true, force: true });
-  fs.mkdirSync(tmp, { recursive: true });
-  writeSafetensors(path.join(tmp, CHECKPOINT_FILES.params), toWrite(params), { format: 'pt' });
-  writeSafetensors(path.join(tmp, CHECKPOINT_FILES.optimizer), toWrite(optimizer));
-  for (const [name, tensors] of Object.entries(files)) writeSafetensors(path.join(tmp, name), toWrite(tensors), { format: 'pt' });
-  writeFileAtomic(path.join(tmp, CHECKPOINT_FILES.state), [Buffer.from(JSON.stringify(state, null, 2) + '\n')]);
+  try {
+    fs.mkdirSync(tmp, { recursive: true });
+    writeSafetensors(path.join(tmp, CHECKPOINT_FILES.params), toWrite(params), { format: 'pt' });
+    writeSafetensors(path.join(tmp, CHECKPOINT_FILES.optimizer), toWrite(optimizer));
+    for (const [name, tensors] of Object.entries(files)) writeSafetensors(path.join(tmp, name), toWrite(tensors), { format: 'pt' });
+    writeFileAtomic(path.join(tmp, CHECKPOINT_FILES.state), [Buffer.from(JSON.stringify(state, null, 2) + '\n')]);
+  } catch (e) {
+    removeTemp(tmp);
+    throw fileError(e, target);
+  }
   fs.rmSync(old, { recursive: true, force: true });
   if (fs.existsSync(target)) fs.renameSync(target, old);
   fs.renameSync(tmp, target);
+  releaseTemp(tmp);
   fs.rmSync(old, { recursive: true, force: true });
 }
 

@@ -1,5 +1,6 @@
 import { Command, CommanderError } from 'commander';
 import { UserError } from '../errors.ts';
+import { fileError, removeAllTemps } from '../io/atomic.ts';
 import { commands } from './commands/index.ts';
 
 /** Builds the `prefzoo` program; every command module adds itself through `commands`. */
@@ -13,8 +14,20 @@ export function buildProgram(): Command {
   return program;
 }
 
+/** Ctrl-C and SIGTERM remove this process's temporaries before it exits (128 + signal number, as shells do). */
+function cleanupOnSignals(): void {
+  for (const [sig, n] of [['SIGINT', 2], ['SIGTERM', 15], ['SIGHUP', 1]] as const) {
+    process.once(sig, () => {
+      removeAllTemps();
+      process.stderr.write(`prefzoo: stopped by ${sig}; temporary files removed\n`);
+      process.exit(128 + n);
+    });
+  }
+}
+
 export async function main(argv: string[]): Promise<void> {
   const program = buildProgram();
+  cleanupOnSignals();
   try {
     await program.parseAsync(argv);
   } catch (e) {
@@ -22,8 +35,10 @@ export async function main(argv: string[]): Promise<void> {
       process.exitCode = e.exitCode;
       return;
     }
-    if (e instanceof UserError) {
-      process.stderr.write(`prefzoo: ${e.message}\n`);
+    // A full disk, a read-only folder, a missing path: the environment, not a bug; one line.
+    const err = fileError(e);
+    if (err instanceof UserError) {
+      process.stderr.write(`prefzoo: ${err.message.split('\n')[0]}\n`);
       process.exitCode = 1;
       return;
     }

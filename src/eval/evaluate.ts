@@ -14,6 +14,7 @@ import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import type { Kind } from '../../datasets/schema.ts';
 import { Scorer } from '../models/scorer.ts';
+import { TIE_RTOL, tieTolRef } from '../../losses/core/metrics.ts';
 import { groupBy, kendallTau, listwiseMetrics, pairwiseMetrics, rocAuc, mean } from './metrics.ts';
 
 /** A model folder, or a model already in memory (the trainer's current weights). */
@@ -57,17 +58,28 @@ function resolveModel(m: ModelSource): { config: ModelConfig; weights: Map<strin
   return typeof m === 'string' ? loadModel(m) : m;
 }
 
+/** Non-finite log-probs make every metric meaningless: stop like `train` does on a NaN loss. */
+function checkFinite(logps: number[][], which: string, model: ModelSource, data: string): void {
+  const bad = logps.findIndex((r) => r.some((v) => !Number.isFinite(v)));
+  if (bad < 0) return;
+  const n = logps.filter((r) => r.some((v) => !Number.isFinite(v))).length;
+  const name = typeof model === 'string' ? model : `the ${which} model`;
+  throw new UserError(`${name}: the ${which} log-probs are not finite for ${n} of ${logps.length} rows of ${data} (first: row ${bad + 1}, ${logps[bad].find((v) => !Number.isFinite(v))}); no metric would mean anything`);
+}
+
 /** Summary metrics for the rows `idx` of one kind. */
-function summarise(kind: string, idx: number[], rewards: number[][], ex: { scores?: number[]; label?: boolean; reward?: number }[], logps: number[][]): Record<string, number> {
+function summarise(kind: string, idx: number[], rewards: number[][], ex: { scores?: number[]; label?: boolean; reward?: number }[], logps: number[][], refLogps: number[][], beta: number): Record<string, number> {
   if (kind === 'pairwise') {
-    const m = pairwiseMetrics(idx.map((i) => rewards[i][0]), idx.map((i) => rewards[i][1]));
+    const tol = tieTolRef(beta, idx.map((i) => logps[i][0]), idx.map((i) => refLogps[i][0]), idx.map((i) => logps[i][1]), idx.map((i) => refLogps[i][1]));
+    const m = pairwiseMetrics(idx.map((i) => rewards[i][0]), idx.map((i) => rewards[i][1]), tol);
     return {
       accuracy: m.accuracy,
+      ties: m.ties,
       margin: m.margin,
       chosen_reward: m.chosen_reward,
       rejected_reward: m.rejected_reward,
-      // The policy's own preference, independent of the reference (ties count as wrong).
-      preference_accuracy: mean(idx.map((i) => (logps[i][0] > logps[i][1] ? 1 : 0))),
+      // The policy's own preference, independent of the reference (same rule: ties count as wrong).
+      preference_accuracy: mean(idx.map((i) => (logps[i][0] - logps[i][1] > TIE_RTOL * (Math.abs(logps[i][0]) + Math.abs(logps[i][1])) ? 1 : 0))),
       chosen_logp: mean(idx.map((i) => logps[i][0])),
       rejected_logp: mean(idx.map((i) => logps[i][1])),
       count: m.count,
@@ -125,6 +137,7 @@ export class Evaluator {
     const rs = await Scorer.create(ref.config, ref.weights, o.runtime ?? {}, tok.padId ?? 0);
     const rl = (await rs.score(data.kind, rows, { batchSize: o.batchSize ?? 8, label: 'reference log-probs', progress: o.quiet ? undefined : o.progress })).logps;
     await rs.release();
+    checkFinite(rl, 'reference', o.ref, o.data);
     return new Evaluator({ ...o, policy: o.policy ?? o.ref } as EvalOptions, data.kind, rows, data.examples, rl, truncated, tok.padId ?? 0);
   }
 
@@ -139,13 +152,14 @@ export class Evaluator {
     const ps = await Scorer.create(policy.config, policy.weights, this.o.runtime ?? {}, this.padId);
     const pl = (await ps.score(this.kind as Kind, this.rows, { batchSize: this.o.batchSize ?? 8, label: 'policy log-probs', progress: opts.quiet ?? this.o.quiet ? undefined : this.o.progress })).logps;
     await ps.release();
+    checkFinite(pl, 'policy', policySource, this.o.data);
     const rl = this.refLogps;
     const rewards = pl.map((lp, i) => lp.map((v, k) => beta * (v - rl[i][k])));
     const ex = this.examples;
-    const overall = { ...summarise(this.kind, this.rows.map((_, i) => i), rewards, ex, pl), truncated: this.truncated };
+    const overall = { ...summarise(this.kind, this.rows.map((_, i) => i), rewards, ex, pl, rl, beta), truncated: this.truncated };
     const bySource: Record<string, Record<string, number>> = {};
     if (ex.some((e) => e.source !== undefined)) {
-      for (const [src, idx] of groupBy(ex.map((e) => e.source ?? null))) bySource[src] = summarise(this.kind, idx, rewards, ex, pl);
+      for (const [src, idx] of groupBy(ex.map((e) => e.source ?? null))) bySource[src] = summarise(this.kind, idx, rewards, ex, pl, rl, beta);
     }
     return { kind: this.kind, overall, bySource };
   }

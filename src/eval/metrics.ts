@@ -4,8 +4,10 @@
  */
 
 export interface PairwiseMetrics {
-  /** Share of pairs with r̂(chosen) > r̂(rejected); ties count as wrong. */
+  /** Share of pairs with r̂(chosen) − r̂(rejected) > tol; ties count as wrong (losses/metrics.ts, TRL's rule). */
   accuracy: number;
+  /** Pairs whose |margin| ≤ tol: counted as wrong in `accuracy` (all of them when policy = reference). */
+  ties: number;
   margin: number;
   chosen_reward: number;
   rejected_reward: number;
@@ -18,17 +20,23 @@ export function mean(xs: ArrayLike<number>): number {
   return xs.length ? s / xs.length : NaN;
 }
 
-export function pairwiseMetrics(chosenRewards: ArrayLike<number>, rejectedRewards: ArrayLike<number>): PairwiseMetrics {
+/** `tol[i]`: the tie tolerance of pair i (default 0: exact equality is a tie). */
+export function pairwiseMetrics(chosenRewards: ArrayLike<number>, rejectedRewards: ArrayLike<number>, tol?: ArrayLike<number>): PairwiseMetrics {
   const n = chosenRewards.length;
   if (rejectedRewards.length !== n) throw new Error('pairwiseMetrics: chosen and rejected lengths differ');
   let correct = 0;
+  let ties = 0;
   let margin = 0;
   for (let i = 0; i < n; i++) {
-    if (chosenRewards[i] > rejectedRewards[i]) correct++;
-    margin += chosenRewards[i] - rejectedRewards[i];
+    const m = chosenRewards[i] - rejectedRewards[i];
+    const t = tol ? tol[i] : 0;
+    if (m > t) correct++;
+    else if (m >= -t) ties++;
+    margin += m;
   }
   return {
     accuracy: n ? correct / n : NaN,
+    ties,
     margin: n ? margin / n : NaN,
     chosen_reward: mean(chosenRewards),
     rejected_reward: mean(rejectedRewards),

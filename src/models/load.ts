@@ -2,6 +2,7 @@
  * A model folder's config and weights, checked against the parameters the graph needs: every
  * tensor present with its expected shape (errors name the file), GPT-2 names normalised.
  */
+import { UserError } from '../errors.ts';
 import { type Checkpoint, type FloatTensor, loadCheckpoint } from './checkpoint.ts';
 import { type ModelConfig, readConfig } from './config.ts';
 import { normalizeGpt2Name } from './gpt2.ts';
@@ -32,5 +33,22 @@ export function loadModel(dir: string, opts: ParameterOptions = {}): LoadedModel
   }
   const weights = new Map<string, FloatTensor>();
   for (const [name, shape] of modelParameterShapes(config, opts)) weights.set(name, ckpt.require(name, shape));
+  for (const [name, t] of weights) {
+    const i = firstNonFinite(t.data);
+    if (i >= 0) {
+      throw new UserError(
+        `${ckpt.files.get(name) ?? dir}: tensor "${name}" holds ${t.data[i]} (element ${i}); the model's weights are damaged, so nothing it computes is meaningful: load an intact copy`,
+      );
+    }
+  }
   return { dir, config, weights };
+}
+
+/** Index of the first NaN or ±Infinity, or -1. */
+function firstNonFinite(xs: Float32Array): number {
+  for (let i = 0; i < xs.length; i++) {
+    // x - x is 0 for every finite x and NaN for NaN and ±Infinity.
+    if (xs[i] - xs[i] !== 0) return i;
+  }
+  return -1;
 }

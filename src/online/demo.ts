@@ -154,7 +154,7 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
   // π_0: the answer format, with no preference among the prompt's digits.
   const sftRows: Example[] = [];
   for (let k = 0; k < 4; k++) for (const p of trainPrompts) sftRows.push({ prompt: p, responses: [digitOf(p, rand.int(DIGITS)), digitOf(p, rand.int(DIGITS))] });
-  const start = await train({ model: join(dir, 'model'), data: 'sft.jsonl', rows: rowsOf('pairwise', sftRows), loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed }, quiet, progress: o.progress, log });
+  const start = await train({ model: join(dir, 'model'), data: 'sft.jsonl', rows: rowsOf('pairwise', sftRows), loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed }, quiet, progress: o.progress, log, overwrite: true });
   const pi0 = start.finalDir;
 
   const judge = new TaskJudge();
@@ -178,7 +178,7 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
     const scores = await rm.score(pairs.flatMap((p) => [{ prompt: p.prompt, response: p.responses[0] }, { prompt: p.prompt, response: p.responses[1] }]));
     await rm.release();
     const scored = pairs.map((p, i) => ({ ...p, responseScores: [scores[2 * i], scores[2 * i + 1]] }));
-    const r = await trainMpo({ model: pi0, data: 'pairs.jsonl', rows: rowsOf('pairwise', scored), loss: 'mpo', out: join(dir, 'mpo'), params, base, quiet, progress: o.progress, log });
+    const r = await trainMpo({ model: pi0, data: 'pairs.jsonl', rows: rowsOf('pairwise', scored), loss: 'mpo', out: join(dir, 'mpo'), params, base, quiet, progress: o.progress, log, overwrite: true });
     finalDir = r.finalDir;
   }
 

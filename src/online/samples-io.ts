@@ -4,7 +4,7 @@
  * `response_tokens` (how many ids were generated, the stop token included) and `stopped` (false when
  * max_new_tokens cut the answer). Written to a temporary name, then renamed.
  */
-import { renameSync, rmSync, writeFileSync } from 'node:fs';
+import { writeFileAtomic } from '../io/atomic.ts';
 import * as arrow from 'apache-arrow';
 import * as pw from 'parquet-wasm';
 import { columnBuilder } from '../../datasets/columns.ts';
@@ -24,12 +24,5 @@ export function writeSamples(file: string, samples: readonly Sample[]): void {
   });
   const props = new pw.WriterPropertiesBuilder().setCompression(pw.Compression.ZSTD).setCreatedBy('prefzoo generate').build();
   const bytes = pw.writeParquet(pw.Table.fromIPCStream(arrow.tableToIPC(table, 'stream')), props);
-  const tmp = `${file}.tmp-${process.pid}`;
-  try {
-    writeFileSync(tmp, bytes);
-    renameSync(tmp, file);
-  } catch (e) {
-    rmSync(tmp, { force: true });
-    throw e;
-  }
+  writeFileAtomic(file, bytes);
 }

@@ -96,6 +96,8 @@ export async function runSppo(o: SppoOptions): Promise<SppoResult> {
       progress: o.progress,
       quiet: o.quiet,
       log,
+      // Each iteration's samples are new: an earlier run's folder here holds nothing to keep.
+      overwrite: true,
     });
     const spread = P.reduce((a, p) => a + Math.max(...p) - Math.min(...p), 0) / P.length;
     const it: SppoIteration = {

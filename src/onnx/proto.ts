@@ -2,7 +2,8 @@
  * ONNX protobuf I/O for the graph builder: Graph → ModelProto bytes (with external data for large
  * weights, needed past protobuf's 2 GB message limit) and ModelProto bytes → Graph.
  */
-import { existsSync, readFileSync, writeFileSync, renameSync, openSync, writeSync, closeSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
+import { writeFileAtomic } from '../io/atomic.ts';
 import { basename, dirname, join } from 'node:path';
 import onnxProto from 'onnx-proto';
 import { type DType, ONNX_DTYPE, BYTES_PER_ELEMENT, dtypeFromOnnx, type TypedArray } from './dtype.ts';
@@ -134,31 +135,23 @@ function initializerBytes(g: Graph): number {
 export function saveModel(g: Graph, path: string, opts: ModelOptions & { externalData?: boolean } = {}): void {
   const useExternal = opts.externalData ?? initializerBytes(g) > EXTERNAL_DATA_THRESHOLD;
   let external: Map<string, { location: string; offset: number; length: number }> | undefined;
-  const tmp = `${path}.tmp-${process.pid}`;
   if (useExternal) {
     external = new Map();
     const dataName = `${basename(path)}.data`;
-    const dataTmp = `${join(dirname(path), dataName)}.tmp-${process.pid}`;
-    const fd = openSync(dataTmp, 'w');
+    const chunks: Uint8Array[] = [];
     let offset = 0;
-    try {
-      for (const [name, t] of g.initializers) {
-        if (t.data.byteLength < 1024) continue;
-        const pad = (64 - (offset % 64)) % 64; // align each tensor for memory mapping
-        if (pad) writeSync(fd, new Uint8Array(pad));
-        offset += pad;
-        writeSync(fd, bytesOf(t.data));
-        external.set(name, { location: dataName, offset, length: t.data.byteLength });
-        offset += t.data.byteLength;
-      }
-    } finally {
-      closeSync(fd);
+    for (const [name, t] of g.initializers) {
+      if (t.data.byteLength < 1024) continue;
+      const pad = (64 - (offset % 64)) % 64; // align each tensor for memory mapping
+      if (pad) chunks.push(new Uint8Array(pad));
+      offset += pad;
+      chunks.push(bytesOf(t.data));
+      external.set(name, { location: dataName, offset, length: t.data.byteLength });
+      offset += t.data.byteLength;
     }
-    renameSync(dataTmp, join(dirname(path), dataName));
+    writeFileAtomic(join(dirname(path), dataName), chunks);
   }
-  const bytes = onnx.ModelProto.encode(onnx.ModelProto.fromObject(toModelProto(g, opts, external))).finish();
-  writeFileSync(tmp, bytes);
-  renameSync(tmp, path);
+  writeFileAtomic(path, onnx.ModelProto.encode(onnx.ModelProto.fromObject(toModelProto(g, opts, external))).finish());
 }
 
 function typedFromBytes(dtype: DType, bytes: Uint8Array): TypedArray {

@@ -8,7 +8,8 @@
  * Accuracy here is the policy's own preference on those held-out pairs: the share where it assigns
  * more log-probability to the right answer than to the wrong one (ties count wrong). It is ≈ 0.5
  * for a random model, so "before" and "after" are comparable; the implicit-reward accuracy against
- * the starting model is reported too (it is 0 before training by definition: every reward is 0).
+ * the starting model is reported too (0 before training: every reward is 0, a tie, and ties count
+ * as wrong everywhere, as in TRL: see losses/metrics.ts).
  */
 import type { ProgressFactory } from '../progress.ts';
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
@@ -57,6 +58,8 @@ export interface DemoResult {
   kind: string;
   accuracy_before: number;
   accuracy_after: number;
+  /** Implicit-reward accuracy of the starting model against itself: 0, every pair a tie (ties count as wrong). */
+  reward_accuracy_before: number;
   reward_accuracy_after: number;
   steps: number;
   seconds: number;
@@ -98,13 +101,14 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   const before = await evaluateRows({ policy: model, ref: model, data: testParquet, workDir: dir, quiet: true });
   const run = join(dir, `run-${o.loss.replace(/[^a-z0-9_]+/gi, '_')}`);
   const base = { ...DEMO_CONFIG, seed: o.seed, ...(o.steps ? { max_steps: o.steps } : {}) };
-  const r = await trainAny({ model, data: trainParquet, loss: o.loss, out: run, base, params: o.params, quiet, progress: o.progress, log });
+  const r = await trainAny({ model, data: trainParquet, loss: o.loss, out: run, base, params: o.params, quiet, progress: o.progress, log, overwrite: true });
   const after = await evaluateRows({ policy: r.finalDir, ref: model, data: testParquet, workDir: dir, quiet: true });
   return {
     loss: o.loss,
     kind,
     accuracy_before: before.overall.preference_accuracy,
     accuracy_after: after.overall.preference_accuracy,
+    reward_accuracy_before: before.overall.accuracy,
     reward_accuracy_after: after.overall.accuracy,
     steps: r.steps,
     seconds: Math.round(((Date.now() - t0) / 1000) * 10) / 10,

@@ -7,14 +7,15 @@
  * Run folder: RUN/stage1/ and RUN/stage2/ are ordinary training runs; RUN/final is stage 2's final
  * model; RUN/metrics.jsonl holds both stages' rows (field `stage`, steps numbered on from stage 1).
  */
-import { cpSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, readFileSync, rmSync } from 'node:fs';
+import { writeFileAtomic, writeJsonAtomic } from '../io/atomic.ts';
 import { join } from 'node:path';
 import { mpoSplit } from '../../losses/mpo.ts';
 import { UserError } from '../errors.ts';
 import { resolveConfig } from './config.ts';
 import { loadData, type LoadedData } from '../../datasets/examples.ts';
 import { getLoss, resolveLoss, scheduleOf } from '../../losses/index.ts';
-import { train, type TrainOptions, type TrainResult } from './trainer.ts';
+import { prepareRunFolder, train, type TrainOptions, type TrainResult } from './trainer.ts';
 
 export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
   const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
@@ -22,7 +23,7 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
   const [term] = resolveLoss('mpo', lossParams).terms;
   const p = term.params as { beta: number; label_smoothing: number; delta: number | null; delta_quantile: number; stage2_loss: string };
   if (!config.save_merged) throw new UserError('mpo: stage 2 starts from stage 1\'s merged model, so save_merged=false cannot be used');
-  mkdirSync(o.out, { recursive: true });
+  prepareRunFolder(o.out, o);
   const data = o.rows ?? (await loadData(o.data, join(o.out, 'data'), { seed: config.seed }));
   if (data.kind !== 'pairwise') throw new UserError(`${o.data}: mpo trains on pairwise data, this is ${data.kind}`);
   const unscored = data.examples.findIndex((e) => !e.responseScores);
@@ -53,6 +54,7 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
       out: stage1Dir,
       params: [...settings, `beta=${p.beta}`, `label_smoothing=${p.label_smoothing}`],
       rows: subset(split.easy),
+      overwrite: false,
     });
   }
   const r2 = await train({
@@ -65,6 +67,7 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
     // Stage 1's merged model is both the start and the reference of stage 2 (an --adapter is in it).
     refModel: undefined,
     adapter: undefined,
+    overwrite: false,
   });
   // Both stages' metrics in one file; stage 2's steps continue after stage 1's.
   const rows1 = readFileSync(join(stage1Dir, 'metrics.jsonl'), 'utf8').split('\n').filter(Boolean).map((l) => ({ ...JSON.parse(l), stage: 1 }));
@@ -73,10 +76,8 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
     const r = JSON.parse(l);
     return { ...r, step: r.step + offset, stage: 2 };
   });
-  const tmp = join(o.out, `metrics.jsonl.tmp-${process.pid}`);
-  writeFileSync(tmp, [...rows1, ...rows2].map((r) => JSON.stringify(r) + '\n').join(''));
-  renameSync(tmp, join(o.out, 'metrics.jsonl'));
-  writeFileSync(join(o.out, 'config.json'), JSON.stringify({ model: o.model, data: o.data, loss: 'mpo', ...config, loss_params: lossParams, split: { delta: split.delta, easy: split.easy.length, hard: split.hard.length } }, null, 2) + '\n');
+  writeFileAtomic(join(o.out, 'metrics.jsonl'), [...rows1, ...rows2].map((r) => JSON.stringify(r) + '\n').join(''));
+  writeJsonAtomic(join(o.out, 'config.json'), { model: o.model, data: o.data, loss: 'mpo', ...config, loss_params: lossParams, split: { delta: split.delta, easy: split.easy.length, hard: split.hard.length } });
   const finalDir = join(o.out, 'final');
   rmSync(finalDir, { recursive: true, force: true });
   cpSync(r2.finalDir, finalDir, { recursive: true });

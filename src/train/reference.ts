@@ -1,8 +1,8 @@
 /**
  * The reference model π_ref of a training run: which weights it is (the starting policy, or a
  * separate model folder given with `train --ref DIR`), whether that folder can score the policy's
- * token ids, TR-DPO's soft update of it, and the identity recorded beside the cached reference
- * log-probs so a cache made by another reference is never reused.
+ * token ids, TR-DPO's soft update of it, and its identity (`model:DIR`, `model:DIR+adapter:DIR`),
+ * which identity.ts records beside the cached reference log-probs.
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -11,7 +11,6 @@ import type { FloatTensor } from '../models/checkpoint.ts';
 import type { ModelConfig } from '../models/config.ts';
 import { loadModel } from '../models/load.ts';
 import { modelParameterShapes } from '../models/params.ts';
-import { writeJsonAtomic } from '../io/atomic.ts';
 
 export interface ReferenceModel {
   config: ModelConfig;
@@ -69,28 +68,4 @@ export function softUpdate(ref: Map<string, FloatTensor>, policy: Map<string, Fl
     const b = p.data;
     for (let i = 0; i < a.length; i++) a[i] = alpha * b[i] + (1 - alpha) * a[i];
   }
-}
-
-/** The file beside the cached reference log-probs that says which reference made them. */
-export function cacheIdentityFile(cacheFile: string): string {
-  return cacheFile.replace(/\.parquet$/, '.json');
-}
-
-/** Throws unless the cache at `cacheFile` was made by `identity` (a cache without a record predates it and is accepted). */
-export function checkCacheIdentity(cacheFile: string, identity: string): void {
-  const f = cacheIdentityFile(cacheFile);
-  if (!existsSync(f)) return;
-  let rec: { reference?: unknown };
-  try {
-    rec = JSON.parse(readFileSync(f, 'utf8'));
-  } catch (e) {
-    throw new UserError(`${f}: invalid JSON (${(e as Error).message}); remove ${cacheFile} and ${f} to score the reference again`);
-  }
-  if (rec.reference !== identity) {
-    throw new UserError(`${cacheFile}: reference log-probs of ${String(rec.reference)}, this run's reference is ${identity}; remove ${cacheFile} (or the run folder) to score again`);
-  }
-}
-
-export function writeCacheIdentity(cacheFile: string, identity: string): void {
-  writeJsonAtomic(cacheIdentityFile(cacheFile), { reference: identity });
 }

@@ -2,7 +2,8 @@
  * `prefzoo report RUN` → RUN/report.html: loss, accuracy and margin curves as inline SVG (no
  * scripts, no network), the final evaluation table and the run's config.
  */
-import { existsSync, readFileSync, writeFileSync, renameSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
+import { writeFileAtomic } from '../io/atomic.ts';
 import { join } from 'node:path';
 import { UserError } from '../errors.ts';
 import { readSamples } from './samples.ts';
@@ -143,8 +144,6 @@ ${samples}
 export function writeReport(runDir: string): string {
   const html = renderReport(runDir);
   const out = join(runDir, 'report.html');
-  const tmp = `${out}.tmp-${process.pid}`;
-  writeFileSync(tmp, html);
-  renameSync(tmp, out);
+  writeFileAtomic(out, html);
   return out;
 }

@@ -4,6 +4,7 @@
  * trained model in HF layout (LoRA merged, tokenizer files copied).
  */
 import { cpSync, readdirSync, renameSync, rmSync } from 'node:fs';
+import { fileError, releaseTemp, removeTemp, tempPath } from '../io/atomic.ts';
 import { join } from 'node:path';
 import type { TrainConfig } from '../train/config.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
@@ -83,19 +84,24 @@ export function saveModelFolder(
 ): void {
   // mergeLora keeps every non-adapter tensor, the value head included.
   const out = o.lora ? mergeLora(weights, o.config, o.lora) : weights;
-  const tmp = `${dir}.tmp-${process.pid}`;
-  rmSync(tmp, { recursive: true, force: true });
-  saveCheckpoint(tmp, out, { dtype: o.dtype, config: o.config });
-  for (const f of readdirSync(o.sourceDir)) {
-    if (/^(tokenizer.*|special_tokens_map\.json|generation_config\.json|chat_template\.jinja|vocab\.json|merges\.txt)$/.test(f)) cpSync(join(o.sourceDir, f), join(tmp, f));
+  const tmp = tempPath(dir);
+  try {
+    saveCheckpoint(tmp, out, { dtype: o.dtype, config: o.config });
+    for (const f of readdirSync(o.sourceDir)) {
+      if (/^(tokenizer.*|special_tokens_map\.json|generation_config\.json|chat_template\.jinja|vocab\.json|merges\.txt)$/.test(f)) cpSync(join(o.sourceDir, f), join(tmp, f));
+    }
+    if (o.into) {
+      for (const f of readdirSync(tmp)) renameSync(join(tmp, f), join(dir, f));
+      removeTemp(tmp);
+      return;
+    }
+    rmSync(dir, { recursive: true, force: true });
+    renameSync(tmp, dir);
+    releaseTemp(tmp);
+  } catch (e) {
+    removeTemp(tmp);
+    throw fileError(e, dir);
   }
-  if (o.into) {
-    for (const f of readdirSync(tmp)) renameSync(join(tmp, f), join(dir, f));
-    rmSync(tmp, { recursive: true, force: true });
-    return;
-  }
-  rmSync(dir, { recursive: true, force: true });
-  renameSync(tmp, dir);
 }
 
 /**

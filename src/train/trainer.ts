@@ -8,8 +8,9 @@
  *   data/                  the converted input (when it was not canonical Parquet) and the
  *                          reference cache `reference.parquet` (ref_chosen_logp, ref_rejected_logp, …
  *                          one row per training example, in data order) with `reference.json`
- *                          beside it: which reference made it (`model:DIR`, or with --adapter
- *                          `model:DIR+adapter:DIR`); a cache of another reference is refused
+ *                          beside it: what made it (identity.ts: the reference, `model:DIR` or with
+ *                          --adapter `model:DIR+adapter:DIR`, its files, the data, the token ids,
+ *                          the loss); a cache made by anything else is refused
  *   artifacts/             training_model.onnx, eval_model.onnx, optimizer_model.onnx, artifacts.json
  *   checkpoints/step-N/    params + optimizer state + state.json, every save_steps (and
  *                          `reference.safetensors` under TR-DPO: the moving reference)
@@ -25,8 +26,9 @@
  * given), or `--ref DIR`. Under TR-DPO (sync_ref_model) it moves toward the policy every
  * ref_model_sync_steps steps and its log-probs are computed for every batch.
  */
-import { existsSync, mkdirSync, readFileSync, writeFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { join, relative, resolve } from 'node:path';
+import { appendLine, sweepStaleTemps, writeFileAtomic } from '../io/atomic.ts';
 import type { Kind } from '../../datasets/schema.ts';
 import { UserError } from '../errors.ts';
 import { startProgress } from '../progress.ts';
@@ -38,7 +40,8 @@ import { mergeLora, type LoraConfig } from '../models/index.ts';
 import { loadAdapter, saveAdapter } from '../models/peft.ts';
 import { readSafetensors, tensorToFloat32 } from '../models/safetensors.ts';
 import type { CheckpointTensor } from '../artifacts/checkpoint.ts';
-import { checkCacheIdentity, copyWeights, loadReferenceModel, sameParameters, softUpdate, writeCacheIdentity, type ReferenceModel } from './reference.ts';
+import { copyWeights, loadReferenceModel, sameParameters, softUpdate, type ReferenceModel } from './reference.ts';
+import { identityDiff, readIdentity, refCacheIdentity, writeIdentity } from './identity.ts';
 import { tokenizeRationales } from './rationale.ts';
 import { loadTokenizer } from '../tokenize/index.ts';
 import { lrAt } from '../optim/schedule.ts';
@@ -66,6 +69,8 @@ export interface TrainOptions extends LoopOptions {
   data: string;
   loss: string;
   resume?: boolean;
+  /** Replace the contents of a non-empty run folder (otherwise it is refused unless resuming). */
+  overwrite?: boolean;
   /** Use this reference model folder instead of the starting weights (`train --ref DIR`). */
   refModel?: string;
   /** Start the LoRA adapters from this PEFT adapter folder (`train --adapter DIR`). */
@@ -103,38 +108,93 @@ function faultStep(): number {
   return v ? Number(v) : -1;
 }
 
+/** What a run folder may hold (what `train` and MPO's stages write); --overwrite removes only these. */
+const RUN_ENTRIES = /^(config\.json|data|artifacts|checkpoints|metrics\.jsonl|runs|samples|best\.json|final|adapter|eval\.json|report\.html|stage[12])$/;
+
+/**
+ * Makes `run` ready for a run: created when missing; a folder holding an earlier run is refused
+ * unless the call resumes it or `overwrite` clears it (only a run's own entries are removed).
+ * Temporaries a killed process left are swept first. Returns whether the folder is new (empty).
+ */
+export function prepareRunFolder(run: string, o: { resume?: boolean; overwrite?: boolean }): boolean {
+  if (!existsSync(run)) {
+    mkdirSync(run, { recursive: true });
+    return true;
+  }
+  sweepStaleTemps(run, true);
+  const entries = readdirSync(run);
+  if (entries.length === 0) return true;
+  if (o.resume) return false;
+  if (!o.overwrite) {
+    throw new UserError(`${run}: not empty (holds ${entries.slice(0, 4).join(', ')}${entries.length > 4 ? ', …' : ''}); continue that run with --resume, replace it with --overwrite, or choose another -o`);
+  }
+  const foreign = entries.filter((e) => !RUN_ENTRIES.test(e));
+  if (foreign.length) throw new UserError(`${run}: --overwrite removes only a run's own files, and this folder also holds ${foreign.slice(0, 4).join(', ')}; choose another -o`);
+  for (const e of entries) rmSync(join(run, e), { recursive: true, force: true });
+  return true;
+}
+
+/** --resume continues a run only with the model, data, loss and reference it was started with. */
+function checkSameRun(run: string, o: TrainOptions): void {
+  const file = join(run, 'config.json');
+  if (!existsSync(file)) return;
+  let was: { model?: string; data?: string; loss?: string; ref?: string | null };
+  try {
+    was = JSON.parse(readFileSync(file, 'utf8'));
+  } catch {
+    throw new UserError(`${file}: not valid JSON; the run cannot be resumed (start it again with --overwrite)`);
+  }
+  const same = (a: string | null | undefined, b: string | null | undefined) => (a ?? null) === (b ?? null) || (!!a && !!b && resolve(a) === resolve(b));
+  const diff = [
+    !same(was.model, o.model) ? `--model ${was.model}` : null,
+    !o.rows && !same(was.data, o.data) ? `--data ${was.data}` : null,
+    (was.loss ?? '').trim() !== o.loss.trim() ? `--loss ${was.loss}` : null,
+    'ref' in was && !same(was.ref, o.refModel) ? (was.ref ? `--ref ${was.ref}` : 'no --ref') : null,
+  ].filter(Boolean);
+  if (diff.length) throw new UserError(`--resume: ${run} was started with ${diff.join(', ')}; resume it with those, or start a new run (another -o, or --overwrite)`);
+}
+
 export async function train(o: TrainOptions): Promise<TrainResult> {
-  const t0 = Date.now();
-  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
   const run = o.out;
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const loss = resolveLoss(o.loss, lossParams);
   // A device that cannot run here stops the run before anything is read or written.
   await checkDevice(runtimeOf(config), { float16: config.compute_dtype === 'float16' });
-  const resuming = !!o.resume && lastCheckpoint(run) !== null;
-  if (o.resume && !resuming) log(`no checkpoint in ${run}; starting from the beginning`);
-  if (!resuming && existsSync(join(run, 'metrics.jsonl'))) {
-    throw new UserError(`${run} already holds a training run; use --resume to continue it or choose another -o`);
-  }
-  // Model, tokenizer, data; a run folder this call created is removed again if they cannot be read.
+  // Model and tokenizer first: a bad model folder leaves no run folder behind.
   const base = loadModel(o.model);
   const tok = loadTokenizer(o.model, { chatTemplateFile: config.chat_template || undefined });
-  const kinds = new Set(loss.kinds);
-  const created = !existsSync(run);
-  mkdirSync(run, { recursive: true });
-  let data: LoadedData;
+  const fresh = prepareRunFolder(run, o);
+  if (o.resume && !fresh) checkSameRun(run, o);
   try {
-    data = o.rows ?? (await loadData(o.data, join(run, 'data'), { seed: config.seed, maxRows: config.max_samples }));
+    return await trainIn(o, { config, lossParams, loss, base, tok });
   } catch (e) {
-    if (created) rmSync(run, { recursive: true, force: true });
+    // A run that failed before its first checkpoint holds nothing to resume: leave no folder behind.
+    if (fresh && lastCheckpoint(run) === null) rmSync(run, { recursive: true, force: true });
     throw e;
   }
+}
+
+async function trainIn(
+  o: TrainOptions,
+  c0: { config: TrainConfig; lossParams: Record<string, string | number | boolean>; loss: ReturnType<typeof resolveLoss>; base: ReturnType<typeof loadModel>; tok: ReturnType<typeof loadTokenizer> },
+): Promise<TrainResult> {
+  const t0 = Date.now();
+  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  // Notes on what the run does: --quiet silences them on stderr (errors still speak); a caller's own
+  // `log` still receives them.
+  const info = o.quiet && !o.log ? () => {} : log;
+  const run = o.out;
+  const { config, lossParams, loss, base, tok } = c0;
+  const resuming = !!o.resume && lastCheckpoint(run) !== null;
+  if (o.resume && !resuming) info(`no checkpoint in ${run}; starting from the beginning`);
+  const kinds = new Set(loss.kinds);
+  const data: LoadedData = o.rows ?? (await loadData(o.data, join(run, 'data'), { seed: config.seed, maxRows: config.max_samples }));
   if (!kinds.has(data.kind)) {
     throw new UserError(`${o.data}: is ${data.kind} data; loss ${o.loss} needs ${[...kinds].join(' or ')} data`);
   }
   const kind: Kind = data.kind;
   const { rows, truncated } = tokenizeExamples(data.examples, tok, config, data.tokens);
-  log(`data: ${rows.length} ${kind} rows from ${o.data}${truncated ? `, ${truncated} truncated to max_length ${config.max_length} / max_prompt_length ${config.max_prompt_length}` : ''}`);
+  info(`data: ${rows.length} ${kind} rows from ${o.data}${truncated ? `, ${truncated} truncated to max_length ${config.max_length} / max_prompt_length ${config.max_prompt_length}` : ''}`);
   if (rows.some((r) => r.responseIds.some((x) => x.length === 0))) {
     throw new UserError(`${o.data}: a response is empty after tokenization and truncation (max_length ${config.max_length} leaves no room); raise max_length or lower max_prompt_length`);
   }
@@ -150,7 +210,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   if (rationale) {
     const r = tokenizeRationales(rows, tok, config);
     if (r.withRationale === 0) throw new UserError(`${o.data}: rationale_weight is ${gamma}, but no row has a rationale (column "rationale"; convert maps rationale/explanation fields, or --map rationale=FIELD)`);
-    log(`rationales: ${r.withRationale} of ${rows.length} rows have one (the others add nothing to the rationale term)${r.truncated ? `, ${r.truncated} truncated` : ''}`);
+    info(`rationales: ${r.withRationale} of ${rows.length} rows have one (the others add nothing to the rationale term)${r.truncated ? `, ${r.truncated} truncated` : ''}`);
   }
   const lengthWeighted = config.ld_alpha !== 1;
   if (lengthWeighted && kind !== 'pairwise') throw new UserError(`ld_alpha weights the tokens past the shorter response of a pair; ${o.data} is ${kind} data`);
@@ -163,7 +223,10 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   if (all((r) => r.src.label !== undefined)) dataKeys.add('labels');
   {
     const missing = loss.keys(kind).required.filter((k) => !PROVIDED_KEYS.has(k) && !dataKeys.has(k));
-    if (missing.length) throw new UserError(`${o.data}: loss ${o.loss} needs ${missing.join(', ')}, which the data does not provide for every row`);
+    // Name the data's columns (DATA.md), not the batch keys the loss reads.
+    const column: Record<string, string> = { chosen_probs: 'chosen_prob', rejected_probs: 'rejected_prob', chosen_scores: 'chosen_score', rejected_scores: 'rejected_score', rewards: 'reward', labels: 'label' };
+    const cols = [...new Set(missing.map((k) => column[k] ?? k))];
+    if (missing.length) throw new UserError(`${o.data}: loss ${o.loss} needs column${cols.length > 1 ? 's' : ''} ${cols.join(', ')}, which the data does not have in every row`);
   }
   // KTO's KL estimate: each row's prompt with the next row's response (fixed pairing, so cacheable).
   const kl = kind === 'single' && (loss.keys(kind).oneOf ?? []).some((set) => set.includes('policy_kl_logps'));
@@ -207,16 +270,26 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       }
     }
   }
+  writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ref: o.refModel ?? null, adapter: o.adapter ?? null, ...config, loss_params: lossParams });
+  // The cache records what made it (identity.ts) and is reused only when all of it is the same.
   const refFile = join(run, 'data', 'reference.parquet');
+  const idFile = join(run, 'data', 'reference.json');
+  const identity = refCacheIdentity({ reference: reference.identity, model: o.model, refModel: o.refModel, adapter: o.adapter, data: o.data, truncation: config, rows, loss: o.loss, kind, kl });
+  const cached = !(config.ref_on_the_fly || sync) && existsSync(refFile) ? readIdentity(idFile) : null;
   let ref: number[][] = [];
   let refScorer: Scorer | null = null;
   if (config.ref_on_the_fly || sync) {
     refScorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config), tok.padId ?? 0);
-  } else if (existsSync(refFile)) {
-    checkCacheIdentity(refFile, reference.identity);
+  } else if (cached) {
+    const diff = identityDiff(cached, identity);
+    if (diff.length) {
+      throw new UserError(`${refFile}: cached by a run with different ${diff.join(', ')}; a run keeps its reference: resume with the inputs it was started with, or start again with --overwrite`);
+    }
     ref = (await readRefColumns(refFile, kind)) ?? [];
-    if (ref.length !== rows.length) throw new UserError(`${refFile}: ${ref.length} rows cached, the data has ${rows.length}; remove the run folder to start over`);
+    if (ref.length !== rows.length) throw new UserError(`${refFile}: ${ref.length} rows cached, the data has ${rows.length}; start again with --overwrite`);
   } else {
+    // No cache, or one without its record (the run stopped between the two writes): compute it.
+    rmSync(idFile, { force: true });
     const scorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config), tok.padId ?? 0);
     ref = (await scorer.score(kind, rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs', progress: o.quiet ? undefined : o.progress })).logps;
     if (kl) {
@@ -227,7 +300,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     await scorer.release();
     mkdirSync(join(run, 'data'), { recursive: true });
     await writeRefColumns(refFile, kind, ref);
-    writeCacheIdentity(refFile, reference.identity);
+    writeIdentity(idFile, identity);
   }
 
   // Steps.
@@ -245,15 +318,14 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     rmSync(artDir, { recursive: true, force: true });
     buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir, { target, computeDtype: config.compute_dtype });
   }
-  writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ref: o.refModel ?? null, adapter: o.adapter ?? null, ...config, loss_params: lossParams });
   // The artifacts' checkpoint holds the starting weights now: unless a reference scorer, the held-out
   // evaluation or TR-DPO reads the loaded copy again, drop it before the store takes its own (a parameter-sized copy).
   if (!refScorer && !config.eval_data && !sync) base.weights.clear();
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
-  log(`steps: ${packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
+  info(`steps: ${packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
   if (config.device !== 'cpu') {
     const graph = join(artDir, (art.manifest.step ?? art.manifest.training).file);
-    log(`device ${config.device}: step graph nodes ${describePlacement(await placement(graph, runtimeOf(config)))}; parameters, optimizer state and gradients stay on the device`);
+    info(`device ${config.device}: step graph nodes ${describePlacement(await placement(graph, runtimeOf(config)))}; parameters, optimizer state and gradients stay on the device`);
   }
 
   let epoch = 0;
@@ -270,7 +342,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     cursor = c.index;
     numTokens = typeof state.num_tokens === 'number' ? state.num_tokens : 0;
     best = (state.best as Best | undefined) ?? null;
-    log(`resuming from ${ck} (step ${state.step})`);
+    info(`resuming from ${ck} (step ${state.step})`);
   }
   const tb = config.report_to === 'tensorboard' ? TensorBoardWriter.open(join(run, 'runs'), resuming ? { resumeStep: art.step } : {}) : null;
 
@@ -302,7 +374,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const metricsFile = join(run, 'metrics.jsonl');
   /** One metrics.jsonl row (and the same scalars under train/ or eval/ in TensorBoard). */
   const logRow = (row: Record<string, unknown>) => {
-    writeFileSync(metricsFile, JSON.stringify(row) + '\n', { flag: 'a' });
+    appendLine(metricsFile, JSON.stringify(row));
     const { step: at, split, ...values } = row;
     tb?.scalars(at as number, Object.fromEntries(Object.entries(values).map(([k, v]) => [`${split === 'eval' ? 'eval' : 'train'}/${k}`, v])));
   };
@@ -318,10 +390,11 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       if (improves(value, best, bestMetric)) best = { step, metric: bestMetric, value, checkpoint: relative(run, stepDir(run, step)) };
     }
   };
-  if (resuming && existsSync(metricsFile)) {
-    // Drop rows logged after the checkpoint we resume from: they will be logged again.
+  if (existsSync(metricsFile)) {
+    // Drop rows logged after the checkpoint we resume from (all of them when a --resume found no
+    // complete checkpoint and starts over): they will be logged again.
     const kept = readFileSync(metricsFile, 'utf8').split('\n').filter((l) => l.trim() && JSON.parse(l).step <= art.step);
-    writeFileSync(metricsFile, kept.map((l) => l + '\n').join(''));
+    writeFileAtomic(metricsFile, kept.map((l) => l + '\n').join(''));
   }
   let order = epochOrder(rows.length, config.seed, epoch);
   const nextBatch = (): TokenizedExample[] => {
@@ -387,10 +460,14 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
       progress.stop();
       await art.release();
       const good = lastCheckpoint(run);
-      throw new UserError(
-        `loss is ${metrics.loss} at step ${step}: stopping without applying the update. ` +
-          (good ? `The last good checkpoint is ${good} (resume with --resume after lowering learning_rate).` : 'No checkpoint was written yet (lower learning_rate and start again).'),
-      );
+      // Before any update the learning rate cannot be the cause: the inputs to the first step are.
+      const advice =
+        art.step === 0
+          ? 'No update had been applied yet, so the learning rate is not the cause: the starting weights, the reference log-probs or a loss parameter give a non-finite loss.'
+          : good
+            ? `The last good checkpoint is ${good} (resume with --resume after lowering learning_rate).`
+            : 'No checkpoint was written yet (lower learning_rate and start again).';
+      throw new UserError(`loss is ${metrics.loss} at step ${step}: stopping without applying the update. ${advice}`);
     }
     tokensSeen += tokens;
     numTokens += tokens;
@@ -440,7 +517,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     const dir = stepDir(run, chosen.step);
     if (!completeCheckpoints(run).includes(dir)) throw new UserError(`${dir}: the best checkpoint is missing; cannot load it`);
     art.loadCheckpoint(dir);
-    log(`final model: the best checkpoint (step ${chosen.step}, ${chosen.metric} ${chosen.value})`);
+    info(`final model: the best checkpoint (step ${chosen.step}, ${chosen.metric} ${chosen.value})`);
   }
   const weightsNow = artifactWeights(art);
   let finalDir = join(run, 'final');

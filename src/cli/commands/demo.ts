@@ -29,8 +29,8 @@ export function register(program: Command): void {
       process.stdout.write(
         [
           `loss ${r.loss} (${r.kind} data), ${r.steps} steps in ${r.seconds}s`,
-          `held-out preference accuracy: ${r.accuracy_before.toFixed(3)} before → ${r.accuracy_after.toFixed(3)} after`,
-          `implicit-reward accuracy vs the starting model: ${r.reward_accuracy_after.toFixed(3)}`,
+          `held-out preference accuracy (log p(right) > log p(wrong); ties count as wrong): ${r.accuracy_before.toFixed(3)} before → ${r.accuracy_after.toFixed(3)} after`,
+          `implicit-reward accuracy vs the starting model (eval's "accuracy"): ${r.reward_accuracy_before.toFixed(3)} before (policy = reference: every pair ties) → ${r.reward_accuracy_after.toFixed(3)} after`,
           `run folder: ${r.run} (try: npx prefzoo report ${r.run})`,
         ].join('\n') + '\n',
       );

@@ -6,6 +6,7 @@ import { evaluateRows, formatEvalTable } from '../../eval/evaluate.ts';
 import { DEFAULT_CONFIG, parseParams } from '../../train/config.ts';
 import { UserError } from '../../errors.ts';
 import { DEVICE_HELP, collect, device, positiveInt } from '../flags.ts';
+import { TIES } from './train.ts';
 import { terminalProgress } from '../progress.ts';
 
 export function register(program: Command): void {
@@ -22,7 +23,8 @@ export function register(program: Command): void {
     .option('--max-samples <n>', 'evaluate on the first N rows only (default: all)')
     .option('--device <device>', DEVICE_HELP, 'cpu')
     .option('--json', 'print one JSON line')
-    .option('--quiet', 'no progress output')
+    .option('--quiet', 'no progress output (with --json, progress still goes to stderr unless --quiet)')
+    .addHelpText('after', `\naccuracy, preference_accuracy: ${TIES} The ties column counts them.`)
     .action(async (o: { model: string; ref: string; data: string; param: string[]; batchSize: string; maxLength?: string; maxPromptLength?: string; maxSamples?: string; json?: boolean; quiet?: boolean; device: string }) => {
       const params = parseParams(o.param);
       for (const k of Object.keys(params)) if (k !== 'beta') throw new UserError(`--param ${k}: eval takes only beta`);
@@ -32,7 +34,7 @@ export function register(program: Command): void {
       if (max_prompt_length >= max_length) throw new UserError(`--max-prompt-length (${max_prompt_length}) must be smaller than --max-length (${max_length})`);
       const maxRows = positiveInt('--max-samples', o.maxSamples);
       const work = join(tmpdir(), `prefzoo-eval-${process.pid}`);
-      const s = await evaluateRows({ policy: o.model, ref: o.ref, data: o.data, workDir: work, params, quiet: o.quiet || o.json, progress: terminalProgress, batchSize: bs, runtime: { ep: device(o.device) }, truncation: { max_length, max_prompt_length, truncation: 'keep_end' }, maxRows }).finally(() => rmSync(work, { recursive: true, force: true }));
+      const s = await evaluateRows({ policy: o.model, ref: o.ref, data: o.data, workDir: work, params, quiet: o.quiet, progress: terminalProgress, batchSize: bs, runtime: { ep: device(o.device) }, truncation: { max_length, max_prompt_length, truncation: 'keep_end' }, maxRows }).finally(() => rmSync(work, { recursive: true, force: true }));
       if (o.json) process.stdout.write(JSON.stringify({ kind: s.kind, ...s.overall, by_source: s.bySource }) + '\n');
       else process.stdout.write(formatEvalTable(s) + '\n');
     });

@@ -1,7 +1,7 @@
 import fs from 'node:fs';
-import path from 'node:path';
 import type { Command } from 'commander';
 import { UserError } from '../../errors.ts';
+import { writeFileAtomic } from '../../io/atomic.ts';
 import { maxPositions } from '../../models/config.ts';
 import { loadModel } from '../../models/load.ts';
 import { buildLogpsGraph } from '../../models/logps.ts';
@@ -91,9 +91,7 @@ export function register(program: Command): void {
       await session.release();
       const text = lines.map((l) => l + '\n').join('');
       if (o.output) {
-        const tmp = path.join(path.dirname(o.output), `.${path.basename(o.output)}.tmp-${process.pid}`);
-        fs.writeFileSync(tmp, text);
-        fs.renameSync(tmp, o.output);
+        writeFileAtomic(o.output, text);
       } else process.stdout.write(text);
     });
 }

@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import * as arrow from 'apache-arrow';
-import { ParquetSink, readCanonicalBatches } from '../../../datasets/parquet.ts';
+import { ParquetSink, parquetFooter, readCanonicalBatches, resolveDataset } from '../../../datasets/parquet.ts';
 import { META_KEY, type Kind } from '../../../datasets/schema.ts';
 import { withTokenColumns, tokenColumnNames } from '../../../datasets/tokenized.ts';
 import { loadTokenizer } from '../../tokenize/index.ts';
@@ -8,6 +8,8 @@ import { tableExamples, tokenizeExamples } from '../../../datasets/examples.ts';
 import { DEFAULT_CONFIG } from '../../train/config.ts';
 import { UserError } from '../../errors.ts';
 import { positiveInt } from '../flags.ts';
+import { Progress } from '../progress.ts';
+import { checkOutputFolder } from '../../io/atomic.ts';
 
 export function register(program: Command): void {
   program
@@ -21,15 +23,22 @@ export function register(program: Command): void {
     .option('--truncation <side>', 'which end of an over-long prompt to keep: keep_start or keep_end', DEFAULT_CONFIG.truncation)
     .option('--max-samples <n>', 'tokenize only the first N rows (default: all)')
     .option('--shard-size <MB>', 'start a new output shard past this many MB', '512')
+    .option('--quiet', 'no progress output')
     .option('--chat-template <file>', "a Jinja chat-template file used instead of the model's own")
-    .action(async (input: string, o: { model: string; out: string; maxLength: string; maxPromptLength: string; truncation: string; maxSamples?: string; shardSize: string; chatTemplate?: string }) => {
+    .action(async (input: string, o: { model: string; out: string; maxLength: string; maxPromptLength: string; truncation: string; maxSamples?: string; shardSize: string; quiet?: boolean; chatTemplate?: string }) => {
       const max_length = positiveInt('--max-length', o.maxLength, DEFAULT_CONFIG.max_length);
       const max_prompt_length = positiveInt('--max-prompt-length', o.maxPromptLength, DEFAULT_CONFIG.max_prompt_length);
       if (max_prompt_length >= max_length) throw new UserError(`--max-prompt-length (${max_prompt_length}) must be smaller than --max-length (${max_length})`);
       if (o.truncation !== 'keep_start' && o.truncation !== 'keep_end') throw new UserError(`--truncation must be keep_start or keep_end, got "${o.truncation}"`);
       const maxRows = positiveInt('--max-samples', o.maxSamples);
       const shardMb = positiveInt('--shard-size', o.shardSize, 512);
+      checkOutputFolder(o.out, '-o');
       const tok = loadTokenizer(o.model, { chatTemplateFile: o.chatTemplate });
+      // Rows to do, from the files' footers: the progress total.
+      let total = 0;
+      for (const f of resolveDataset(input)) total += (await parquetFooter(f)).rows;
+      if (maxRows) total = Math.min(total, maxRows);
+      const progress = new Progress('tokenize', total, { quiet: o.quiet });
       const trunc = { max_length, max_prompt_length, truncation: o.truncation as 'keep_start' | 'keep_end' };
       // Streams: one input batch at a time is tokenized and handed to the writer.
       let sink: ParquetSink | null = null;
@@ -42,7 +51,7 @@ export function register(program: Command): void {
       try {
         for await (const b of readCanonicalBatches(input, { maxRows })) {
           const examples = tableExamples(b.batch, b.meta, b.file, b.fileRow);
-          const r = tokenizeExamples(examples, tok, trunc);
+          const r = tokenizeExamples(examples, tok, trunc, undefined, (n) => progress.update(rowsOut + n));
           const t = withTokenColumns(new arrow.Table([b.batch]), b.meta.kind, r.rows);
           if (!schema) {
             kind = b.meta.kind;
@@ -60,6 +69,7 @@ export function register(program: Command): void {
             lenMax = Math.max(lenMax, len);
           }
         }
+        progress.stop();
         if (!sink || rowsOut === 0) throw new UserError(`${input}: has no rows`);
         const files = await (sink as ParquetSink).close();
         process.stdout.write(
