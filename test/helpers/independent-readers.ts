@@ -51,7 +51,7 @@ class Compact {
       const type = h & 0x0f;
       const id = delta ? last + delta : this.zigzag();
       last = id;
-      if (!onField(id, type)) this.skip(type);
+      if (!onField(id, type)) this.skipValue(type);
     }
   }
 
@@ -63,20 +63,20 @@ class Compact {
     return Array.from({ length: n }, () => read(type));
   }
 
-  skip(type: number): void {
+  skipValue(type: number): void {
     if (type === 1 || type === 2) return; // booleans live in the header
     if (type === 3) this.i++;
     else if (type === 4 || type === 5 || type === 6) this.varint();
     else if (type === 7) this.i += 8;
     else if (type === 8) this.binary();
-    else if (type === 9 || type === 10) this.list((t) => this.skip(t));
+    else if (type === 9 || type === 10) this.list((t) => this.skipValue(t));
     else if (type === 11) {
       const n = Number(this.varint());
       if (n > 0) {
         const kv = this.b[this.i++];
         for (let k = 0; k < n; k++) {
-          this.skip(kv >> 4);
-          this.skip(kv & 0x0f);
+          this.skipValue(kv >> 4);
+          this.skipValue(kv & 0x0f);
         }
       }
     } else if (type === 12) this.struct(() => false);
