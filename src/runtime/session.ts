@@ -11,7 +11,7 @@ import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 import { UserError } from '../errors.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
-import type { Graph } from '../onnx/graph.ts';
+import { Graph } from '../onnx/graph.ts';
 import { serializeModel } from '../onnx/proto.ts';
 import { lowerForWebGpu } from '../onnx/lower.ts';
 
@@ -226,7 +226,6 @@ export async function checkDevice(o: RuntimeOptions, need: { float16?: boolean }
     sessionOptions(o);
     return;
   }
-  const { Graph } = await import('../onnx/graph.ts');
   const check = (key: string, make: () => Promise<void>) => {
     let p = webgpuChecks.get(key);
     if (!p) {
