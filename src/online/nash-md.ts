@@ -37,7 +37,7 @@ import { Decoder } from '../models/generate.ts';
 import type { Judge } from './judges.ts';
 import { sampleWith } from './policy.ts';
 import type { SamplingOptions } from '../models/sampling.ts';
-import { currentWeights, loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from '../train/run.ts';
+import { currentWeights, artifactsOf, checkDeviceOf, loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from '../train/run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 
 /** `params`: trainer settings and the loss's `beta`, `mixture_coef`, as `key=value`. */
@@ -87,6 +87,7 @@ export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
   const m = loss.terms[0].params.mixture_coef as number;
   if (existsSync(join(o.out, 'metrics.jsonl'))) throw new UserError(`${o.out} already holds a nash-md run; choose another -o`);
   mkdirSync(o.out, { recursive: true });
+  await checkDeviceOf(config);
   const runtime = runtimeOf(config);
   const base = loadModel(o.model);
   const tok = loadTokenizer(o.model);
@@ -94,7 +95,7 @@ export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
   const init = startingParams(base.config, base.weights, { lora, seed: config.seed });
   const artDir = join(o.out, 'artifacts');
   rmSync(artDir, { recursive: true, force: true });
-  buildArtifacts(nashMdSpec(base.config, init, lora, config, loss), artDir, { target: config.device === 'webgpu' ? 'webgpu' : 'cpu' });
+  buildArtifacts(nashMdSpec(base.config, init, lora, config, loss), artDir, artifactsOf(config));
   const art = await TrainingArtifacts.load(artDir, runtime);
   // π_θ decodes from the live parameters (re-pointed after every update); π_ref is fixed.
   const policy = await Decoder.create(base.config, init, { runtime, lora });

@@ -32,7 +32,7 @@ import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } fr
 import type { Text } from '../../datasets/schema.ts';
 import { SeededRandom } from '../random.ts';
 import { negLogSigmoid } from '../../losses/core/ops.ts';
-import { loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from '../train/run.ts';
+import { artifactsOf, checkDeviceOf, loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from '../train/run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 
 export const REWARD_MODEL_FILE = 'reward_model.json';
@@ -201,7 +201,8 @@ export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainRes
   const lora = loraOf(config);
   const init = startingParams(base.config, base.weights, { lora, valueHead: true, seed: config.seed });
   const artDir = join(work, 'artifacts');
-  buildArtifacts(rewardSpec(base.config, init, lora, config), artDir, { target: config.device === 'webgpu' ? 'webgpu' : 'cpu' });
+  await checkDeviceOf(config);
+  buildArtifacts(rewardSpec(base.config, init, lora, config), artDir, artifactsOf(config));
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
 
   const perEpoch = Math.max(1, Math.floor(Math.ceil(rows.length / config.batch_size) / config.gradient_accumulation_steps));

@@ -9,7 +9,8 @@ import { join } from 'node:path';
 import type { TrainConfig } from '../train/config.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
 import type { LrScheduleConfig } from '../optim/schedule.ts';
-import type { RuntimeOptions } from '../runtime/session.ts';
+import { checkDevice, type RuntimeOptions } from '../runtime/session.ts';
+import type { ArtifactTarget, ArtifactsManifest } from '../artifacts/manifest.ts';
 import type { ModelConfig } from '../models/config.ts';
 import { saveCheckpoint, type FloatTensor } from '../models/checkpoint.ts';
 import { initLora, initValueHead, mergeLora, type LoraConfig } from '../models/index.ts';
@@ -54,6 +55,22 @@ export function stepPlan(c: TrainConfig, stepsPerEpoch: number): { total: number
 
 export function runtimeOf(c: TrainConfig): RuntimeOptions {
   return { ep: c.device, threads: c.threads > 0 ? c.threads : undefined };
+}
+
+/** How a loop's artifacts are written for its settings: lowered for WebGPU, float16 products on request. */
+export function artifactsOf(c: TrainConfig): { target: ArtifactTarget; computeDtype: 'float32' | 'float16' } {
+  return { target: c.device === 'webgpu' ? 'webgpu' : 'cpu', computeDtype: c.compute_dtype };
+}
+
+/** Whether an artifacts manifest was written for these settings (see `artifactsOf`). */
+export function builtFor(m: ArtifactsManifest, c: TrainConfig): boolean {
+  const want = artifactsOf(c);
+  return (m.target ?? 'cpu') === want.target && (m.computeDtype ?? 'float32') === want.computeDtype;
+}
+
+/** Fails early, in one line, when the settings' device (and float16 products) cannot run here. */
+export function checkDeviceOf(c: TrainConfig): Promise<void> {
+  return checkDevice(runtimeOf(c), { float16: c.compute_dtype === 'float16' });
 }
 
 export function loraOf(c: TrainConfig): LoraConfig | null {

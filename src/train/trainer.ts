@@ -46,10 +46,9 @@ import { tokenizeRationales } from './rationale.ts';
 import { loadTokenizer } from '../tokenize/index.ts';
 import { lrAt } from '../optim/schedule.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
-import { checkDevice, type RuntimeOptions } from '../runtime/session.ts';
 import { describePlacement, placement } from '../runtime/placement.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
-import { currentWeights as artifactWeights, loraOf, optimizerOf, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from './run.ts';
+import { currentWeights as artifactWeights, artifactsOf, builtFor, checkDeviceOf, loraOf, optimizerOf, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from './run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
 import { canPack, collate } from '../models/batch.ts';
@@ -159,7 +158,7 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const loss = resolveLoss(o.loss, lossParams);
   // A device that cannot run here stops the run before anything is read or written.
-  await checkDevice(runtimeOf(config), { float16: config.compute_dtype === 'float16' });
+  await checkDeviceOf(config);
   // Model and tokenizer first: a bad model folder leaves no run folder behind.
   const base = loadModel(o.model);
   const tok = loadTokenizer(o.model, { chatTemplateFile: config.chat_template || undefined });
@@ -312,11 +311,10 @@ async function trainIn(
   const artDir = join(run, 'artifacts');
   // Graphs are written for the device (WebGPU's are lowered; they run on the CPU too). A resumed run
   // on another device gets graphs for it; its checkpoints carry over, being stored by name.
-  const target = config.device === 'webgpu' ? 'webgpu' : 'cpu';
-  if (!resuming || !existsSync(join(artDir, 'artifacts.json')) || (readManifest(artDir).target ?? 'cpu') !== target || (readManifest(artDir).computeDtype ?? 'float32') !== config.compute_dtype) {
+  if (!resuming || !existsSync(join(artDir, 'artifacts.json')) || !builtFor(readManifest(artDir), config)) {
     const init = startingParams(base.config, base.weights, { lora, adapter: adapter?.weights, valueHead: valueHeadOn, seed: config.seed });
     rmSync(artDir, { recursive: true, force: true });
-    buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir, { target, computeDtype: config.compute_dtype });
+    buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir, artifactsOf(config));
   }
   // The artifacts' checkpoint holds the starting weights now: unless a reference scorer, the held-out
   // evaluation or TR-DPO reads the loaded copy again, drop it before the store takes its own (a parameter-sized copy).
