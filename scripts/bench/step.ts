@@ -22,6 +22,7 @@ import { readManifest, type ArtifactTarget } from '../../src/artifacts/manifest.
 import { collate } from '../../src/models/batch.ts';
 import type { TokenizedExample } from '../../datasets/examples.ts';
 import { buildSpec } from '../../src/train/graph.ts';
+import { LOW_MEMORY_RUNTIME } from '../../src/train/run.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { writeTokenizer } from '../../src/tokenize/generate.ts';
 import type { TypedArray } from '../../src/onnx/dtype.ts';
@@ -243,7 +244,9 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
       log(`${name} graph: ${describePlacement(p)}`);
     }
   }
-  const art = await TrainingArtifacts.load(artDir, o.runtime, { checkpoint: false, update: o.update });
+  // As the trainer's runtimeOf: recomputation is for memory, and so are these session settings.
+  const runtime = o.gradientCheckpointing ? { ...o.runtime, ...LOW_MEMORY_RUNTIME } : o.runtime;
+  const art = await TrainingArtifacts.load(artDir, runtime, { checkpoint: false, update: o.update });
   for (const [name, data] of initial) art.setParam(name, data);
   initial.clear();
 

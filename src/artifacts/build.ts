@@ -140,7 +140,8 @@ export function buildTrainingGraph(spec: ArtifactSpec): { graph: Graph; metrics:
 
   const wrt = trainable.map((p) => params[p.name]);
   const firstBackward = g.nodes.length;
-  const grads = gradients(g, fwd.loss, wrt, { eagerSums: spec.recompute !== undefined });
+  const lowMemory = spec.recompute !== undefined;
+  const grads = gradients(g, fwd.loss, wrt, { eagerSums: lowMemory });
   const accumulate = spec.gradientAccumulation ?? true;
   // A tensor that is the gradient of two parameters must not take either one's running sum.
   const seen = new Map<string, number>();
@@ -225,6 +226,9 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string, opts: { targe
     // Sequence sums of token log-probs (score_select's MatMul) stay float32 under float16 compute.
     if (computeDtype === 'float16' && g !== opt.graph) halfPrecisionMatmuls(g, ['score_select']);
     if (target === 'webgpu') lowerForWebGpu(g);
+    // The peepholes leave nodes nothing reads (a Shape whose Expand went). ONNX Runtime would run
+    // them last, keeping what they read (a [rows, vocabulary] tensor per head slice) alive until then.
+    pruneGraph(g, new Set(g.inputs.map((i) => i.name)));
   }
   fs.mkdirSync(outDir, { recursive: true });
   saveModel(training.graph, path.join(outDir, ARTIFACT_FILES.training));

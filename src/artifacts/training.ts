@@ -4,6 +4,8 @@
  * never re-creates a session and never copies a parameter-sized array in JS.
  */
 import fs from 'node:fs';
+import v8 from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import path from 'node:path';
 import { UserError } from '../errors.ts';
 import { type Feeds, type RuntimeOptions, Session, ort, toOrt } from '../runtime/session.ts';
@@ -215,8 +217,10 @@ export class TrainingArtifacts {
     if (this.host) {
       const grads = new Map(this.trainable.map((p) => [p, this.store.data(gradName(p)) as Float32Array]));
       const gradNorm = this.host.update(grads, this.step + 1, lr, opts.gradScale ?? 1 / this.pending);
+      grads.clear();
       this.step++;
       this.pending = 0;
+      this.dropGradients();
       return { gradNorm };
     }
     const o = this.manifest.optimizer;
@@ -247,6 +251,21 @@ export class TrainingArtifacts {
     }
     metrics[OPTIM_IO.gradNorm] = (await this.optimizerStep(opts.lr)).gradNorm;
     return metrics;
+  }
+
+  /**
+   * After a host update the gradients are spent: the next run returns new ones. Letting go of them
+   * now, and collecting them once they are large, keeps two generations (2 GB each for a 0.5B model)
+   * from being alive at once: onnxruntime-node hands outputs back as JavaScript copies, which V8
+   * frees only when it next collects.
+   */
+  private dropGradients(): void {
+    let bytes = 0;
+    for (const p of this.trainable) {
+      bytes += this.store.data(gradName(p)).byteLength;
+      this.store.drop(gradName(p));
+    }
+    if (bytes >= GC_AFTER_BYTES) collectGarbage();
   }
 
   private setScalars(lr: number, gradScale: number): void {
@@ -324,6 +343,19 @@ export class TrainingArtifacts {
     for (const s of open) await (await s).release();
     await this.transfer?.release();
   }
+}
+
+/** Gradients at least this large are collected as soon as the host optimizer has used them. */
+const GC_AFTER_BYTES = 256 * 2 ** 20;
+
+let gc: (() => void) | null = null;
+/** A full garbage collection (V8's gc, reached without --expose-gc). */
+function collectGarbage(): void {
+  if (!gc) {
+    v8.setFlagsFromString('--expose-gc');
+    gc = runInNewContext('gc') as () => void;
+  }
+  gc();
 }
 
 /** The host optimizer for `update` (see LoadOptions), or null for the graph. */

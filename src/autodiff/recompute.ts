@@ -43,7 +43,8 @@ export function recomputeSegments(g: Graph, firstBackward: number, segmentOf: (n
   });
   // Checkpoints: tensors of a segment that another segment's forward nodes read (and graph outputs).
   // What only unsegmented nodes read (a widened weight, the last layer's output) is recomputed too.
-  const boundary = new Set<string>(g.outputs.map((o) => o.name));
+  const graphOutputs = new Set<string>(g.outputs.map((o) => o.name));
+  const boundary = new Set<string>(graphOutputs);
   for (const n of forward) {
     const s = segmentOf(n);
     if (s === null) continue;
@@ -67,6 +68,13 @@ export function recomputeSegments(g: Graph, firstBackward: number, segmentOf: (n
     for (const i of n.inputs) if (i && segOfTensor.get(i) !== s) (readers.get(i) ?? readers.set(i, new Set()).get(i)!).add(s);
   }
 
+  // The last backward node reading each tensor, to tell which tensors a stretch of backward hands on.
+  const lastRead = new Map<string, number>();
+  backward.forEach((n, b) => {
+    for (const i of n.inputs) if (i) lastRead.set(i, b);
+  });
+  const starts = [...wanted.values()].map((w) => w.first).sort((a, b) => a - b);
+
   const inserts = new Map<Node, Node[]>();
   let copied = 0;
   for (const [seg, { tensors, first }] of wanted) {
@@ -80,23 +88,43 @@ export function recomputeSegments(g: Graph, firstBackward: number, segmentOf: (n
       need.add(k);
       for (const i of forward[k].inputs) if (i && !boundary.has(i)) stack.push(i);
     }
-    // The barrier: the last float tensor the backward computed before reaching this segment.
-    const barrier = backward
-      .slice(0, first)
-      .flatMap((n) => n.outputs)
-      .reverse()
-      .find((o) => o && isFloat(g.tensor(o).dtype));
+    // The barrier: every float tensor that the backward since the previous segment's start hands on
+    // to what comes after (its data gradients, the weight gradients and their running sums). The
+    // copies then wait until the backward of the segment before is complete. Waiting for one of
+    // its tensors only is not enough: ONNX Runtime orders nodes by a depth-first walk from the
+    // outputs, which leaves whatever the next reader does not need (a weight's gradient, read by no
+    // node) for last, keeping that segment's activations alive until the very end.
+    const from = starts.filter((b) => b < first).at(-1) ?? 0;
+    const barrier: string[] = [];
+    for (let b = from; b < first; b++) {
+      for (const o of backward[b].outputs) {
+        if (o && isFloat(g.tensor(o).dtype) && ((lastRead.get(o) ?? -1) >= first || boundary.has(o) || graphOutputs.has(o))) barrier.push(o);
+      }
+    }
+    if (!barrier.length) {
+      const last = backward
+        .slice(0, first)
+        .flatMap((n) => n.outputs)
+        .reverse()
+        .find((o) => o && isFloat(g.tensor(o).dtype));
+      if (last) barrier.push(last);
+    }
     const start = g.nodes.length;
     const rename = new Map<string, Tensor>();
     let gate: Tensor | null = null;
     const entry = (x: string): Tensor => {
       const t = g.tensor(x);
       const shared = (readers.get(x)?.size ?? 0) > 1;
-      if (!barrier || shared || !isFloat(t.dtype)) return t;
+      if (!barrier.length || shared || !isFloat(t.dtype)) return t;
       if (!rename.has(x)) {
-        // g < g: false, yet computed from the gradient arriving here, which ties the copies to this point.
+        // s < s: false, yet computed from the gradients arriving here, which ties the copies to this
+        // point. s sums the first element of each (0 for an empty tensor; a NaN or ±inf sum is still not < itself).
         gate ??= g.scope('gate', () => {
-          const s = g.slice(g.reshape(g.tensor(barrier), [-1]), [0], [1]);
+          const firsts = barrier.map((b) => {
+            const e = g.reduceSum(g.slice(g.reshape(g.tensor(b), [-1]), [0], [1]), undefined, false);
+            return e.dtype === 'float32' ? e : g.cast(e, 'float32');
+          });
+          const s = firsts.length === 1 ? firsts[0] : g.sum(firsts);
           return g.less(s, s);
         });
         const z = gate;

@@ -31,6 +31,8 @@ export interface CausalLMOptions {
    * adapters-off reference in one graph share positions and the attention mask.
    */
   batch?: BatchIndex;
+  /** Attention in up to this many pieces over the key/value heads, to bound its memory (BatchIndex.pieces). */
+  attentionPieces?: number;
 }
 
 export interface CausalLM {
@@ -61,7 +63,8 @@ export function buildCausalLM(g: Graph, config: ModelConfig, params: Map<string,
     if (!inputs.attentionMask) throw new Error('buildCausalLM: an attention mask or packed positions and segments are needed');
     return batchIndex(g, inputs.inputIds, inputs.attentionMask, dtype, window);
   };
-  const bi = opts.batch ?? indexOf();
+  const shared = opts.batch ?? indexOf();
+  const bi = opts.attentionPieces ? { ...shared, pieces: opts.attentionPieces } : shared;
   const hidden = config.model_type === 'gpt2' ? gpt2Hidden(g, config, P, bi) : llamaHidden(g, config, P, bi);
   const headWeight = config.model_type === 'gpt2' ? gpt2HeadWeight(config, P) : llamaHeadWeight(config, P);
   let logits: Tensor | undefined;

@@ -33,6 +33,11 @@ export interface BatchIndex {
   mask: Tensor;
   /** `[2]` int64 runtime shape (B, T). */
   shapeBT: Tensor;
+  /**
+   * Attention in up to this many pieces over the key/value heads (CausalLMOptions.attentionPieces):
+   * one piece's `[B, heads/pieces, T, T]` scores are alive at a time instead of all heads'.
+   */
+  pieces?: number;
 }
 
 /** Product of symbolic dims: a number when both are known, else a readable name like `batch*seq`. */
@@ -186,7 +191,23 @@ export function attention(g: Graph, bi: BatchIndex, q: Tensor, kT: Tensor, v: Te
   const { B, T, N } = bi;
   const group = heads / kvHeads;
   let ctx: Tensor;
-  if (group === 1) {
+  const parts = piecesOf(kvHeads, bi.pieces ?? 1);
+  if (parts > 1) {
+    // The same products per head, in `parts` groups of whole key/value heads (and their query heads).
+    const per = kvHeads / parts;
+    const GT = mulDims(group, T);
+    const qg = group === 1 ? q : reshapeTo(g, q, [0, kvHeads, -1, headDim], [B, kvHeads, GT, headDim]);
+    const pieces: Tensor[] = [];
+    for (let k = 0; k < parts; k++) {
+      const take = (x: Tensor) => g.slice(x, [k * per], [(k + 1) * per], [1]);
+      const s = reshapeTo(g, g.matmul(take(qg), take(kT)), [0, per * group, -1, 0], [B, per * group, T, T]);
+      const p = g.softmax(g.add(s, bi.mask), -1);
+      const pg = group === 1 ? p : reshapeTo(g, p, [0, per, -1, 0], [B, per, GT, T]);
+      pieces.push(g.matmul(pg, take(v))); // [B, per, G·T, hd]
+    }
+    const joined = g.concat(pieces, 1); // [B, KV, G·T, hd]
+    ctx = group === 1 ? joined : reshapeTo(g, joined, [0, heads, -1, headDim], [B, heads, T, headDim]);
+  } else if (group === 1) {
     const scores = g.add(g.matmul(q, kT), bi.mask); // [B, H, T, T]
     ctx = g.matmul(g.softmax(scores, -1), v); // [B, H, T, hd]
   } else {
@@ -199,6 +220,12 @@ export function attention(g: Graph, bi: BatchIndex, q: Tensor, kT: Tensor, v: Te
   }
   const merged = g.transpose(ctx, [0, 2, 1, 3]); // [B, T, H, hd]
   return reshapeTo(g, merged, [-1, heads * headDim], [N, heads * headDim]);
+}
+
+/** The largest divisor of `kvHeads` that is at most `wanted`. */
+function piecesOf(kvHeads: number, wanted: number): number {
+  for (let p = Math.min(wanted, kvHeads); p > 1; p--) if (kvHeads % p === 0) return p;
+  return 1;
 }
 
 /** `[N, heads·hd]` → `[B, T, heads, hd]`. */

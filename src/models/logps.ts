@@ -110,21 +110,28 @@ function headRows(g: Graph, model: CausalLM, index: Tensor, target: Tensor, M: s
  * The same in `chunks` slices of the rows, each in its own scope `head.k` so that recomputation
  * (src/autodiff/recompute.ts) treats it as a segment: one slice's `[M/chunks, V]` logits are alive
  * at a time, in the forward and in the backward, instead of all M rows' (2.5 GB for 4,096 rows of
- * Qwen's 151,936-token vocabulary).
+ * Qwen's 151,936-token vocabulary). The target logit h·W[target] is taken once over all M rows,
+ * outside the slices: inside them, each slice's gathered head rows would send the backward a
+ * `[V, D]` scatter of its own (545 MB at Qwen2.5-0.5B's shape, one per slice).
  */
 function chunkedRowLogps(g: Graph, model: CausalLM, index: Tensor, target: Tensor, chunks: number, stats: boolean): RowLogps {
   const rows = g.dim(index, 0); // [1]
-  const parts: RowLogps[] = [];
+  const picked = targetLogits(g, model, g.gather(model.hidden, index, 0), target);
+  const parts: RowLse[] = [];
+  const lps: Tensor[] = [];
   for (let k = 0; k < chunks; k++) {
     // Rows ⌊k·M/K⌋ … ⌊(k+1)·M/K⌋.
     const at = (j: number) => g.div(g.mul(rows, g.ints([j])), g.ints([chunks]));
     const take = (x: Tensor) => g.op('Slice', [x, at(k), at(k + 1), g.ints([0])], {}, [{ dtype: x.dtype, shape: [`scored_${k}`] }])[0];
     const hk = g.gather(model.hidden, take(index), 0); // [M_k, D], outside the segment: its checkpoint
-    const tk = take(target);
-    parts.push(g.scope(`head.${k}`, () => rowLogps(g, model, hk, tk, `scored_${k}`, stats)));
+    const r = g.scope(`head.${k}`, () => rowLse(g, model, hk, `scored_${k}`, stats));
+    parts.push(r);
+    // Outside the segment too: the Concat's gradient reads its inputs' shapes, and a shape read of a
+    // segment's own tensor would be the segment's first backward reader, recomputing every slice at once.
+    lps.push(g.sub(take(picked), r.lse));
   }
   const cat = (xs: Tensor[]) => g.op('Concat', xs, { axis: { kind: 'int', value: 0 } }, [{ dtype: xs[0].dtype, shape: ['scored'] }])[0];
-  const out: RowLogps = { lp: cat(parts.map((p) => p.lp)) };
+  const out: RowLogps = { lp: cat(lps) };
   if (stats) {
     out.meanLogit = cat(parts.map((p) => p.meanLogit!));
     out.entropy = cat(parts.map((p) => p.entropy!));
@@ -132,21 +139,42 @@ function chunkedRowLogps(g: Graph, model: CausalLM, index: Tensor, target: Tenso
   return out;
 }
 
-function rowLogps(g: Graph, model: CausalLM, h: Tensor, target: Tensor, M: string, stats = false): RowLogps {
-  const logits = lmHead(g, h, model.headWeight); // [M, V]
+/** `[M]` target logits h·W[target] from the gathered head rows (gradient `[M, D]`-sized, module comment). */
+function targetLogits(g: Graph, model: CausalLM, h: Tensor, target: Tensor): Tensor {
   const rows = g.gather(model.headWeight, target, 0); // [M, D]
-  const picked = g.reduceSum(g.mul(h, rows), [1], false); // [M]
+  return g.reduceSum(g.mul(h, rows), [1], false); // [M]
+}
+
+interface RowLse {
+  lse: Tensor;
+  meanLogit?: Tensor;
+  entropy?: Tensor;
+}
+
+/** `[M]` logsumexp of the logits of hidden rows `h [M, D]`, the row max held constant (module comment); with `stats`, the monitoring values. */
+function rowLse(g: Graph, model: CausalLM, h: Tensor, M: string, stats = false): RowLse {
+  const logits = lmHead(g, h, model.headWeight); // [M, V]
   const m = g.stopGradient(g.reduceMax(logits, [1], true)); // [M, 1]
   const e = g.exp(g.sub(logits, m)); // [M, V]
   const z = g.reduceSum(e, [1], false); // [M]
   const lse = g.add(reshapeTo(g, m, [-1], [M]), g.log(z));
-  const lp = g.sub(picked, lse);
-  if (!stats) return { lp };
+  if (!stats) return { lse };
   // Monitoring only: H = lse − Σ_v p_v·x_v with p = e / z, reusing e (two more [M, V] passes).
   const x = g.stopGradient(logits);
   const ex = g.reduceSum(g.mul(g.stopGradient(e), x), [1], false);
   const entropy = g.sub(g.stopGradient(lse), g.div(ex, g.stopGradient(z)));
-  return { lp, meanLogit: g.reduceMean(x, [1], false), entropy };
+  const meanLogit = g.reduceMean(x, [1], false);
+  // lse + 0, the 0 computed from both statistics (s < s is false, even for NaN): the runtime then
+  // takes them as it takes lse, while the logits are still alive, instead of at the very end when the
+  // metrics are collected, which would keep every slice's [M, V] logits alive until then.
+  const s = g.add(g.reduceSum(meanLogit, undefined, false), g.reduceSum(entropy, undefined, false));
+  return { lse: g.add(lse, g.cast(g.less(s, s), lse.dtype)), meanLogit, entropy };
+}
+
+function rowLogps(g: Graph, model: CausalLM, h: Tensor, target: Tensor, M: string, stats = false): RowLogps {
+  const picked = targetLogits(g, model, h, target);
+  const r = rowLse(g, model, h, M, stats);
+  return { lp: g.sub(picked, r.lse), meanLogit: r.meanLogit, entropy: r.entropy };
 }
 
 /**

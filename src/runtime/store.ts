@@ -171,6 +171,18 @@ export class TensorStore {
     (d as Float32Array).set(values as ArrayLike<number>);
   }
 
+  /**
+   * Lets go of a host entry's values: the entry gets a new zero array (pages the system hands out only
+   * when written; in 'adopt' mode the next run replaces it) and the old buffer is left to the garbage
+   * collector. For gradients once the optimizer has read them, so that they are not alive next to
+   * the next run's own.
+   */
+  drop(name: string): void {
+    const e = this.entry(name);
+    if (onDevice(e.front) || e.back) return;
+    e.front = toOrt(e.dtype, alloc(e.dtype, numel(e.dims)), e.dims);
+  }
+
   /** Sets every element to zero. */
   zero(name: string): void {
     const d = this.data(name);

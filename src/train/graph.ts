@@ -180,7 +180,8 @@ export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, op
       const inputs = p.packed
         ? { inputIds: batch.input_ids, packed: { positionIds: batch.position_ids, segmentIds: batch.segment_ids } }
         : { inputIds: batch.input_ids, attentionMask: batch.attention_mask };
-      const model = buildCausalLM(g, p.config, paramMap, inputs, { lora: p.lora });
+      // Under recomputation attention also runs in pieces (at most 4 groups of key/value heads).
+      const model = buildCausalLM(g, p.config, paramMap, inputs, { lora: p.lora, attentionPieces: p.recompute ? 4 : undefined });
       const stats = mode === 'train';
       // Under recomputation the output head runs in slices too, each a segment (src/models/logps.ts);
       // the eval graph's forward then holds one slice's logits at a time as well.

@@ -53,8 +53,16 @@ export function stepPlan(c: TrainConfig, stepsPerEpoch: number): { total: number
   return { total, schedule: { type: c.lr_scheduler, lr: c.learning_rate, warmupSteps: warmup, totalSteps: total } };
 }
 
+/**
+ * Session settings of the memory-saving mode (gradient_checkpointing=true): no CPU arena (freed
+ * activations go back to the system instead of staying with the session that grew them: the eval
+ * session's, or the step's at its peak) and no memory-pattern block on top (RuntimeOptions).
+ * Measured in docs/performance.md ("Real sizes").
+ */
+export const LOW_MEMORY_RUNTIME: RuntimeOptions = { arena: false, memPattern: false };
+
 export function runtimeOf(c: TrainConfig): RuntimeOptions {
-  return { ep: c.device, threads: c.threads > 0 ? c.threads : undefined };
+  return { ep: c.device, threads: c.threads > 0 ? c.threads : undefined, ...(c.gradient_checkpointing ? LOW_MEMORY_RUNTIME : {}) };
 }
 
 /** How a loop's artifacts are written for its settings: lowered for WebGPU, float16 products on request. */
