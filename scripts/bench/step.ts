@@ -23,6 +23,7 @@ import { collate } from '../../src/models/batch.ts';
 import type { TokenizedExample } from '../../datasets/examples.ts';
 import { buildSpec } from '../../src/train/graph.ts';
 import { LOW_MEMORY_RUNTIME } from '../../src/train/run.ts';
+import { collectGarbage } from '../../src/runtime/gc.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { writeTokenizer } from '../../src/tokenize/generate.ts';
 import type { TypedArray } from '../../src/onnx/dtype.ts';
@@ -160,9 +161,17 @@ export function benchPairs(vocab: number, pairs: number, seqLen: number, seed = 
   }));
 }
 
+/** Peak resident memory of the process so far, MB. */
 function rssMb(): number {
   return process.resourceUsage().maxRSS / 1024;
 }
+
+/** Resident memory now, MB. */
+function currentRss(): number {
+  return process.memoryUsage.rss() / 2 ** 20;
+}
+
+const gb = (mb: number) => (mb / 1024).toFixed(1);
 
 export async function runBench(o: BenchOptions): Promise<BenchResult> {
   const log = o.log ?? (() => {});
@@ -220,7 +229,8 @@ export function prepareBench(dir: string, preset: Preset, pairs: number, seqLen:
   const initial = new Map(spec.params.map((p) => [p.name, p.data!]));
   spec.params = spec.params.map((p) => ({ ...p, data: undefined }));
   const artDir = path.join(dir, 'artifacts');
-  buildArtifacts(spec, artDir, { target, computeDtype });
+  // The bench never accumulates micro-batches, as the trainer at gradient_accumulation_steps=1.
+  buildArtifacts({ ...spec, gradientAccumulation: false }, artDir, { target, computeDtype });
   return { config, params: countParameters(config), trainableParams, artDir, initial, rows: benchPairs(config.vocab_size, pairs, seqLen), padId: tok.padId, packed: sharePrompt };
 }
 
@@ -249,13 +259,17 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
   const art = await TrainingArtifacts.load(artDir, runtime, { checkpoint: false, update: o.update });
   for (const [name, data] of initial) art.setParam(name, data);
   initial.clear();
+  // The starting weights are garbage now (a parameter-sized copy): collected before the steps, as the trainer does.
+  if (o.gradientCheckpointing) collectGarbage();
 
   const collateOpts = { kind: 'pairwise' as const, padTo: 64, padId, dtype: 'float32' as const, packed: sharePrompt };
   const c0 = collate(rows, collateOpts);
   const evalRuns = Math.max(1, Math.min(o.steps, 5));
   const evalTimes: number[] = [];
   let ref: Float32Array | null = null;
-  for (let i = 0; i <= evalRuns; i++) {
+  // One untimed warm-up evaluation first, unless no warm-up was asked for (at 1.5B one takes minutes).
+  const first = o.warmup > 0 ? 0 : 1;
+  for (let i = first; i <= evalRuns; i++) {
     const t0 = performance.now();
     const out = await art.evaluate(c0.feeds);
     if (i > 0) evalTimes.push((performance.now() - t0) / 1000);
@@ -265,7 +279,7 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
   const batch = collate(rows, { ...collateOpts, refLogps: (_, i) => [ref![i], ref![o.pairs + i]] });
   const tokens = batch.tokens;
   const layout = sharePrompt ? `${o.pairs} rows of prompt + 2 responses (${batch.computed} tokens computed)` : `${batch.sequences}×${batch.length} tokens`;
-  log(`${params.toLocaleString('en-US')} parameters; eval ${(tokens / median(evalTimes)).toFixed(0)} tokens/s; ${o.warmup} warm-up + ${o.steps} timed steps of ${tokens} tokens: ${layout}`);
+  log(`${params.toLocaleString('en-US')} parameters; eval ${(tokens / median(evalTimes)).toFixed(0)} tokens/s; resident ${gb(currentRss())} GB (peak ${gb(rssMb())} GB); ${o.warmup} warm-up + ${o.steps} timed steps of ${tokens} tokens: ${layout}`);
 
   const progress = startProgress(o.progress, 'bench', o.warmup + o.steps);
   const stepTimes: number[] = [];
@@ -281,6 +295,7 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
     progress.update(i + 1, { 's/step': dt, loss: m.loss });
   }
   progress.stop();
+  log(`steps done: resident ${gb(currentRss())} GB, peak ${gb(rssMb())} GB`);
   const cpu = process.cpuUsage(cpu0);
   const updater = art.updater;
   await art.release();

@@ -4,8 +4,6 @@
  * never re-creates a session and never copies a parameter-sized array in JS.
  */
 import fs from 'node:fs';
-import v8 from 'node:v8';
-import { runInNewContext } from 'node:vm';
 import path from 'node:path';
 import { UserError } from '../errors.ts';
 import { type Feeds, type RuntimeOptions, Session, ort, toOrt } from '../runtime/session.ts';
@@ -17,6 +15,7 @@ import { ARTIFACT_FILES, readManifest, type ArtifactsManifest } from './manifest
 import type { TypedArray } from '../onnx/dtype.ts';
 import { HostAdamW } from '../optim/host.ts';
 import { WebGpuTransfer } from '../runtime/transfer.ts';
+import { collectGarbage } from '../runtime/gc.ts';
 import type { OutputLocation } from '../runtime/session.ts';
 
 export interface LoadOptions {
@@ -347,16 +346,6 @@ export class TrainingArtifacts {
 
 /** Gradients at least this large are collected as soon as the host optimizer has used them. */
 const GC_AFTER_BYTES = 256 * 2 ** 20;
-
-let gc: (() => void) | null = null;
-/** A full garbage collection (V8's gc, reached without --expose-gc). */
-function collectGarbage(): void {
-  if (!gc) {
-    v8.setFlagsFromString('--expose-gc');
-    gc = runInNewContext('gc') as () => void;
-  }
-  gc();
-}
 
 /** The host optimizer for `update` (see LoadOptions), or null for the graph. */
 function hostOptimizer(manifest: ArtifactsManifest, runtime: RuntimeOptions, update: 'auto' | 'graph' | 'host'): HostAdamW | null {

@@ -73,7 +73,7 @@ export function artifactsOf(c: TrainConfig): { target: ArtifactTarget; computeDt
 /** Whether an artifacts manifest was written for these settings (see `artifactsOf`). */
 export function builtFor(m: ArtifactsManifest, c: TrainConfig): boolean {
   const want = artifactsOf(c);
-  return (m.target ?? 'cpu') === want.target && (m.computeDtype ?? 'float32') === want.computeDtype;
+  return (m.target ?? 'cpu') === want.target && (m.computeDtype ?? 'float32') === want.computeDtype && (c.gradient_accumulation_steps <= 1 || m.training.accumulation !== null);
 }
 
 /** Fails early, in one line, when the settings' device (and float16 products) cannot run here. */

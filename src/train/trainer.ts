@@ -33,6 +33,7 @@ import type { Kind } from '../../datasets/schema.ts';
 import { UserError } from '../errors.ts';
 import { startProgress } from '../progress.ts';
 import { buildArtifacts } from '../artifacts/build.ts';
+import { collectGarbage } from '../runtime/gc.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
 import { loadModel } from '../models/load.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
@@ -314,11 +315,16 @@ async function trainIn(
   if (!resuming || !existsSync(join(artDir, 'artifacts.json')) || !builtFor(readManifest(artDir), config)) {
     const init = startingParams(base.config, base.weights, { lora, adapter: adapter?.weights, valueHead: valueHeadOn, seed: config.seed });
     rmSync(artDir, { recursive: true, force: true });
-    buildArtifacts(buildSpec(problem, init, optimizerOf(config)), artDir, artifactsOf(config));
+    // Running sums of gradients only when micro-batches are accumulated: otherwise every step would
+    // feed parameter-sized zeros (545 MB for Qwen's embedding alone) into them.
+    buildArtifacts({ ...buildSpec(problem, init, optimizerOf(config)), gradientAccumulation: config.gradient_accumulation_steps > 1 }, artDir, artifactsOf(config));
   }
   // The artifacts' checkpoint holds the starting weights now: unless a reference scorer, the held-out
   // evaluation or TR-DPO reads the loaded copy again, drop it before the store takes its own (a parameter-sized copy).
-  if (!refScorer && !config.eval_data && !sync) base.weights.clear();
+  if (!refScorer && !config.eval_data && !sync) {
+    base.weights.clear();
+    if (config.gradient_checkpointing) collectGarbage();
+  }
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
   info(`steps: ${packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
   if (config.device !== 'cpu') {
