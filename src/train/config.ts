@@ -90,7 +90,9 @@ export interface TrainConfig {
   /**
    * Activation recomputation: the backward pass recomputes each layer's activations from the layer's
    * input instead of keeping them from the forward (less memory, about a third more forward work).
-   * Same gradients. Default false.
+   * Same gradients. It also switches on the rest of the memory-saving mode: attention in pieces over
+   * the key/value heads, sessions without ONNX Runtime's memory arena, gradients let go of after
+   * each update (docs/performance.md, "Real sizes"). Default false.
    */
   gradient_checkpointing: boolean;
   /**
