@@ -25,6 +25,7 @@ import sys
 import time
 
 import torch
+import torch.utils.checkpoint
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -116,6 +117,7 @@ class Llama(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.c = c
+        self.checkpointing = False
         self.embed_tokens = nn.Embedding(c['vocab'], c['hidden'])
         self.layers = nn.ModuleList(Block(c) for _ in range(c['layers']))
         self.norm = RMSNorm(c['hidden'], c.get('eps', 1e-6))
@@ -137,7 +139,11 @@ class Llama(nn.Module):
         mask = torch.zeros(B, 1, T, T, device=ids.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
         x = self.embed_tokens(ids)
         for layer in self.layers:
-            x = layer(x, cos, sin, mask)
+            if self.checkpointing and torch.is_grad_enabled():
+                # prefzoo's gradient_checkpointing=true: each layer's activations recomputed in the backward.
+                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, mask, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, mask)
         x = self.norm(x)
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return x @ w.t()
@@ -198,6 +204,7 @@ def main():
     ap.add_argument('--no-peak', action='store_true')
     ap.add_argument('--lora', type=int, default=0, help='rank of LoRA adapters on every projection (alpha = 2 r); 0: full fine-tune')
     ap.add_argument('--device', default='cpu', help='cpu or cuda')
+    ap.add_argument('--gradient-checkpointing', action='store_true', help="recompute each layer's activations in the backward (torch.utils.checkpoint), as prefzoo's flag")
     ap.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'], help='bfloat16: autocast around the step')
     a = ap.parse_args()
     dev = torch.device(a.device)
@@ -210,6 +217,7 @@ def main():
     if a.vocab:
         c['vocab'] = a.vocab
     model = Llama(c).to(dev)
+    model.checkpointing = a.gradient_checkpointing
     params = sum(p.numel() for p in model.parameters())
     if a.lora:
         for p in model.parameters():
@@ -265,6 +273,7 @@ def main():
     peak = None if a.no_peak else matmul_peak(n=8192 if dev.type == 'cuda' else 2048, device=dev, sync=sync)
     out = {
         'preset': a.preset,
+        'gradient_checkpointing': a.gradient_checkpointing,
         'lora_rank': a.lora or None,
         'params': params,
         'matmul_params': matmul_params,
