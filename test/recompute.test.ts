@@ -85,20 +85,25 @@ describe.each(['llama', 'qwen3', 'phi3', 'gpt2'] as const)('%s: gradient checkpo
   });
 });
 
+/** Loss and every gradient agree to float64 rounding (relative, floored at 1e-3). */
+function expectSameLossAndGradients(plain: Awaited<ReturnType<typeof gradsOf>>, other: Awaited<ReturnType<typeof gradsOf>>): void {
+  let worst = 0;
+  for (const n of plain.names) {
+    const a = plain.out[`grad:${n}`].data as Float64Array;
+    const b = other.out[`grad:${n}`].data as Float64Array;
+    for (let i = 0; i < a.length; i++) worst = Math.max(worst, Math.abs(a[i] - b[i]) / Math.max(1e-3, Math.abs(a[i])));
+  }
+  expect(worst).toBeLessThan(1e-12);
+  expect(Math.abs((other.out.loss.data[0] as number) - (plain.out.loss.data[0] as number))).toBeLessThan(1e-12);
+}
+
 describe.each(['llama', 'gpt2'] as const)('%s: the output head in recomputed slices', (arch) => {
   it('gives the same gradients (to rounding: the weight gradient is summed slice by slice)', async () => {
     const plain = await gradsOf(arch, false);
     const rc = await gradsOf(arch, true, 3);
     expect(rc.stats.segments).toBe(rc.layers + 3);
     expect(rc.readFromForward.size).toBeLessThanOrEqual(rc.layers);
-    let worst = 0;
-    for (const n of plain.names) {
-      const a = plain.out[`grad:${n}`].data as Float64Array;
-      const b = rc.out[`grad:${n}`].data as Float64Array;
-      for (let i = 0; i < a.length; i++) worst = Math.max(worst, Math.abs(a[i] - b[i]) / Math.max(1e-3, Math.abs(a[i])));
-    }
-    expect(worst).toBeLessThan(1e-12);
-    expect(Math.abs((rc.out.loss.data[0] as number) - (plain.out.loss.data[0] as number))).toBeLessThan(1e-12);
+    expectSameLossAndGradients(plain, rc);
   });
 });
 
@@ -106,14 +111,7 @@ describe.each(['llama', 'qwen3', 'gpt2'] as const)('%s: attention in pieces over
   it('gives the same loss and gradients (float64)', async () => {
     const plain = await gradsOf(arch, false);
     const pieces = await gradsOf(arch, true, 1, 2);
-    let worst = 0;
-    for (const n of plain.names) {
-      const a = plain.out[`grad:${n}`].data as Float64Array;
-      const b = pieces.out[`grad:${n}`].data as Float64Array;
-      for (let i = 0; i < a.length; i++) worst = Math.max(worst, Math.abs(a[i] - b[i]) / Math.max(1e-3, Math.abs(a[i])));
-    }
-    expect(worst).toBeLessThan(1e-12);
-    expect(Math.abs((pieces.out.loss.data[0] as number) - (plain.out.loss.data[0] as number))).toBeLessThan(1e-12);
+    expectSameLossAndGradients(plain, pieces);
   });
 });
 
