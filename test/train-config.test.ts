@@ -3,6 +3,8 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { resolveConfig, DEFAULT_CONFIG } from '../src/train/config.ts';
+import { LOW_MEMORY_PARAMS, runtimeOf } from '../src/train/run.ts';
+import { countParameters, presetConfig } from '../src/models/config.ts';
 
 describe('train config', () => {
   it('layers defaults, file and --param; unknown keys go to the loss', () => {
@@ -22,5 +24,19 @@ describe('train config', () => {
     expect(() => resolveConfig({ params: ['learning_rate'] })).toThrow(/key=value/);
     expect(() => resolveConfig({ params: ['max_prompt_length=600'] })).toThrow(/max_prompt_length/);
     expect(() => resolveConfig({ configFile: '/nonexistent.json' })).toThrow(/nonexistent\.json/);
+  });
+  it('sessions of a large model, or under recomputation, run without the arena and the memory pattern', () => {
+    const plain = resolveConfig({ params: [] }).config;
+    const rec = resolveConfig({ params: ['gradient_checkpointing=true'] }).config;
+    const small = presetConfig('llama', 'small');
+    const large = presetConfig('qwen2', 'qwen2.5-0.5b');
+    expect(countParameters(small)).toBeLessThan(LOW_MEMORY_PARAMS);
+    expect(countParameters(large)).toBeGreaterThanOrEqual(LOW_MEMORY_PARAMS);
+    expect(runtimeOf(plain, small)).not.toHaveProperty('arena');
+    expect(runtimeOf(plain)).not.toHaveProperty('arena');
+    for (const r of [runtimeOf(plain, large), runtimeOf(rec, small), runtimeOf(rec)]) {
+      expect(r).toMatchObject({ arena: false, memPattern: false });
+    }
+    expect(runtimeOf(resolveConfig({ params: ['threads=1'] }).config, large)).toMatchObject({ threads: 1, arena: false });
   });
 });

@@ -5,6 +5,10 @@
  *
  *   npx tsx scripts/bench/profile.ts [--preset small] [--runs 2] [--threads N] [--opt-level extended]
  *                                    [--graph training|eval|optimizer|step] [--top 25] [--keep DIR]
+ *                                    [--seq 256] [--gradient-checkpointing]
+ *
+ * --gradient-checkpointing profiles the recomputing graph under the runtime the trainer gives it
+ * (no arena, no memory pattern), as the bench does with the same flag.
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -15,6 +19,8 @@ import { readManifest } from '../../src/artifacts/manifest.ts';
 import { type Feeds, type OptLevel, Session, toOrt } from '../../src/runtime/session.ts';
 import { collate } from '../../src/models/batch.ts';
 import { OPTIM_IO, gradName, stateName } from '../../src/optim/config.ts';
+import { type Preset } from '../../src/models/config.ts';
+import { LOW_MEMORY_RUNTIME } from '../../src/train/run.ts';
 
 const { values: a } = parseArgs({
   options: {
@@ -25,15 +31,18 @@ const { values: a } = parseArgs({
     graph: { type: 'string', default: 'training' },
     top: { type: 'string', default: '25' },
     keep: { type: 'string' },
+    seq: { type: 'string', default: '256' },
+    'gradient-checkpointing': { type: 'boolean', default: false },
   },
 });
-const preset = a.preset as 'tiny' | 'small';
+const preset = a.preset as Preset;
+const checkpointing = a['gradient-checkpointing'] === true;
 const runs = Number(a.runs);
-const runtime = { threads: a.threads ? Number(a.threads) : undefined, optLevel: a['opt-level'] as OptLevel };
+const runtime = { threads: a.threads ? Number(a.threads) : undefined, optLevel: a['opt-level'] as OptLevel, ...(checkpointing ? LOW_MEMORY_RUNTIME : {}) };
 const dir = a.keep ?? fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-profile-'));
 fs.mkdirSync(dir, { recursive: true });
 
-const setup = prepareBench(dir, preset, 4, 256);
+const setup = prepareBench(dir, preset, 4, Number(a.seq), true, 'cpu', 'float32', { gradientCheckpointing: checkpointing });
 const manifest = readManifest(setup.artDir);
 const c = collate(setup.rows, { kind: 'pairwise', padTo: 64, padId: setup.padId, dtype: 'float32', refLogps: () => [-1000, -1000], packed: setup.packed });
 const feeds: Feeds = { ...c.feeds };

@@ -22,7 +22,7 @@ import { readManifest, type ArtifactTarget } from '../../src/artifacts/manifest.
 import { collate } from '../../src/models/batch.ts';
 import type { TokenizedExample } from '../../datasets/examples.ts';
 import { buildSpec } from '../../src/train/graph.ts';
-import { LOW_MEMORY_RUNTIME } from '../../src/train/run.ts';
+import { LOW_MEMORY_RUNTIME, lowMemoryFor } from '../../src/train/run.ts';
 import { collectGarbage } from '../../src/runtime/gc.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { writeTokenizer } from '../../src/tokenize/generate.ts';
@@ -66,6 +66,8 @@ export interface BenchResult {
   arch: string;
   lora_rank: number | null;
   gradient_checkpointing: boolean;
+  /** Sessions without the CPU arena and memory pattern (recomputation, or a model of LOW_MEMORY_PARAMS or more). */
+  low_memory_runtime: boolean;
   base_dtype: 'float32' | 'float16';
   /** Parameters the optimizer updates (all, or the adapters). */
   trainable_params: number;
@@ -254,13 +256,14 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
       log(`${name} graph: ${describePlacement(p)}`);
     }
   }
-  // As the trainer's runtimeOf: recomputation is for memory, and so are these session settings.
-  const runtime = o.gradientCheckpointing ? { ...o.runtime, ...LOW_MEMORY_RUNTIME } : o.runtime;
+  // As the trainer's runtimeOf: recomputation, or a large model, means the memory-saving session settings.
+  const lowMemory = lowMemoryFor(o.gradientCheckpointing ?? false, params);
+  const runtime = lowMemory ? { ...o.runtime, ...LOW_MEMORY_RUNTIME } : o.runtime;
   const art = await TrainingArtifacts.load(artDir, runtime, { checkpoint: false, update: o.update });
   for (const [name, data] of initial) art.setParam(name, data);
   initial.clear();
   // The starting weights are garbage now (a parameter-sized copy): collected before the steps, as the trainer does.
-  if (o.gradientCheckpointing) collectGarbage();
+  if (lowMemory) collectGarbage();
 
   const collateOpts = { kind: 'pairwise' as const, padTo: 64, padId, dtype: 'float32' as const, packed: sharePrompt };
   const c0 = collate(rows, collateOpts);
@@ -316,6 +319,7 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
     arch: config.model_type,
     lora_rank: o.loraRank || null,
     gradient_checkpointing: o.gradientCheckpointing ?? false,
+    low_memory_runtime: lowMemory,
     base_dtype: o.baseDtype ?? 'float32',
     trainable_params: trainableParams,
     device,

@@ -88,8 +88,8 @@ export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
   if (existsSync(join(o.out, 'metrics.jsonl'))) throw new UserError(`${o.out} already holds a nash-md run; choose another -o`);
   mkdirSync(o.out, { recursive: true });
   await checkDeviceOf(config);
-  const runtime = runtimeOf(config);
   const base = loadModel(o.model);
+  const runtime = runtimeOf(config, base.config);
   const tok = loadTokenizer(o.model);
   const lora = loraOf(config);
   const init = startingParams(base.config, base.weights, { lora, seed: config.seed });

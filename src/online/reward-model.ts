@@ -203,7 +203,7 @@ export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainRes
   const artDir = join(work, 'artifacts');
   await checkDeviceOf(config);
   buildArtifacts(rewardSpec(base.config, init, lora, config), artDir, artifactsOf(config));
-  const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
+  const art = await TrainingArtifacts.load(artDir, runtimeOf(config, base.config));
 
   const perEpoch = Math.max(1, Math.floor(Math.ceil(rows.length / config.batch_size) / config.gradient_accumulation_steps));
   const { total, schedule } = stepPlan(config, perEpoch);
@@ -249,7 +249,7 @@ export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainRes
   await art.release();
   saveModelFolder(o.out, weights, { config: base.config, lora, sourceDir: o.model, dtype: config.save_dtype, into: true });
   rmSync(join(work, 'artifacts'), { recursive: true, force: true });
-  const rm = await RewardModel.load(o.out, runtimeOf(config));
+  const rm = await RewardModel.load(o.out, runtimeOf(config, base.config));
   const result: RewardTrainResult = { dir: o.out, steps: total, seconds: 0, last, train_accuracy: await pairAccuracy(rm, data.examples) };
   if (config.eval_data) {
     const ev = await loadData(config.eval_data, work, { seed: config.seed, kind: 'pairwise' });

@@ -11,7 +11,7 @@ import type { OptimizerConfig } from '../optim/config.ts';
 import type { LrScheduleConfig } from '../optim/schedule.ts';
 import { checkDevice, type RuntimeOptions } from '../runtime/session.ts';
 import type { ArtifactTarget, ArtifactsManifest } from '../artifacts/manifest.ts';
-import type { ModelConfig } from '../models/config.ts';
+import { countParameters, type ModelConfig } from '../models/config.ts';
 import { saveCheckpoint, type FloatTensor } from '../models/checkpoint.ts';
 import { initLora, initValueHead, mergeLora, type LoraConfig } from '../models/index.ts';
 import type { TrainingArtifacts } from '../artifacts/training.ts';
@@ -61,8 +61,22 @@ export function stepPlan(c: TrainConfig, stepsPerEpoch: number): { total: number
  */
 export const LOW_MEMORY_RUNTIME: RuntimeOptions = { arena: false, memPattern: false };
 
-export function runtimeOf(c: TrainConfig): RuntimeOptions {
-  return { ep: c.device, threads: c.threads > 0 ? c.threads : undefined, ...(c.gradient_checkpointing ? LOW_MEMORY_RUNTIME : {}) };
+/**
+ * Models with at least this many parameters get LOW_MEMORY_RUNTIME even without recomputation: the
+ * arena grows by doubling and keeps what it took, and at the Qwen2.5-0.5B shape the default settings
+ * were killed for memory on the second step (docs/performance.md, "Speed at 0.5B against PyTorch").
+ */
+export const LOW_MEMORY_PARAMS = 200_000_000;
+
+/** Whether a step of this model runs with LOW_MEMORY_RUNTIME (recomputation asked for, or a large model). */
+export function lowMemoryFor(gradientCheckpointing: boolean, params: number): boolean {
+  return gradientCheckpointing || params >= LOW_MEMORY_PARAMS;
+}
+
+/** Session settings of a loop: its device and threads, and the memory-saving runtime where `lowMemoryFor` says (pass the model's config). */
+export function runtimeOf(c: TrainConfig, model?: ModelConfig): RuntimeOptions {
+  const low = lowMemoryFor(c.gradient_checkpointing, model ? countParameters(model) : 0);
+  return { ep: c.device, threads: c.threads > 0 ? c.threads : undefined, ...(low ? LOW_MEMORY_RUNTIME : {}) };
 }
 
 /** How a loop's artifacts are written for its settings: lowered for WebGPU, float16 products on request. */

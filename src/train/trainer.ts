@@ -36,6 +36,7 @@ import { buildArtifacts } from '../artifacts/build.ts';
 import { collectGarbage } from '../runtime/gc.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
 import { loadModel } from '../models/load.ts';
+import { countParameters } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { mergeLora, type LoraConfig } from '../models/index.ts';
 import { loadAdapter, saveAdapter } from '../models/peft.ts';
@@ -49,7 +50,7 @@ import { lrAt } from '../optim/schedule.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
 import { describePlacement, placement } from '../runtime/placement.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
-import { currentWeights as artifactWeights, artifactsOf, builtFor, checkDeviceOf, loraOf, optimizerOf, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from './run.ts';
+import { currentWeights as artifactWeights, artifactsOf, builtFor, checkDeviceOf, loraOf, lowMemoryFor, optimizerOf, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from './run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
 import { canPack, collate } from '../models/batch.ts';
@@ -279,7 +280,7 @@ async function trainIn(
   let ref: number[][] = [];
   let refScorer: Scorer | null = null;
   if (config.ref_on_the_fly || sync) {
-    refScorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config), tok.padId ?? 0);
+    refScorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config, reference.config), tok.padId ?? 0);
   } else if (cached) {
     const diff = identityDiff(cached, identity);
     if (diff.length) {
@@ -290,7 +291,7 @@ async function trainIn(
   } else {
     // No cache, or one without its record (the run stopped between the two writes): compute it.
     rmSync(idFile, { force: true });
-    const scorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config), tok.padId ?? 0);
+    const scorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config, reference.config), tok.padId ?? 0);
     ref = (await scorer.score(kind, rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs', progress: o.quiet ? undefined : o.progress })).logps;
     if (kl) {
       const mismatched = rows.map((r) => ({ ...r, responseIds: [r.klResponseIds!] }));
@@ -323,13 +324,13 @@ async function trainIn(
   // evaluation or TR-DPO reads the loaded copy again, drop it before the store takes its own (a parameter-sized copy).
   if (!refScorer && !config.eval_data && !sync) {
     base.weights.clear();
-    if (config.gradient_checkpointing) collectGarbage();
+    if (lowMemoryFor(config.gradient_checkpointing, countParameters(base.config))) collectGarbage();
   }
-  const art = await TrainingArtifacts.load(artDir, runtimeOf(config));
+  const art = await TrainingArtifacts.load(artDir, runtimeOf(config, base.config));
   info(`steps: ${packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
   if (config.device !== 'cpu') {
     const graph = join(artDir, (art.manifest.step ?? art.manifest.training).file);
-    info(`device ${config.device}: step graph nodes ${describePlacement(await placement(graph, runtimeOf(config)))}; parameters, optimizer state and gradients stay on the device`);
+    info(`device ${config.device}: step graph nodes ${describePlacement(await placement(graph, runtimeOf(config, base.config)))}; parameters, optimizer state and gradients stay on the device`);
   }
 
   let epoch = 0;
@@ -358,7 +359,7 @@ async function trainIn(
         data: config.eval_data,
         workDir: join(run, 'data'),
         params: lossParams,
-        runtime: runtimeOf(config),
+        runtime: runtimeOf(config, reference.config),
         quiet: true,
         truncation: config,
         batchSize: config.batch_size * 2,
@@ -373,7 +374,7 @@ async function trainIn(
 
   const sampler =
     evaluator && config.eval_generate > 0
-      ? new EvalSampler({ run, prompts: evaluator.prompts(config.eval_generate), tok, ref: { config: reference.config, weights: reference.weights }, maxNewTokens: config.eval_generate_max_new_tokens, runtime: runtimeOf(config) })
+      ? new EvalSampler({ run, prompts: evaluator.prompts(config.eval_generate), tok, ref: { config: reference.config, weights: reference.weights }, maxNewTokens: config.eval_generate_max_new_tokens, runtime: runtimeOf(config, reference.config) })
       : null;
   const metricsFile = join(run, 'metrics.jsonl');
   /** One metrics.jsonl row (and the same scalars under train/ or eval/ in TensorBoard). */
