@@ -92,7 +92,8 @@ export interface TrainConfig {
    * input instead of keeping them from the forward (less memory, about a third more forward work).
    * Same gradients. It also switches on the rest of the memory-saving mode: attention in pieces over
    * the key/value heads, sessions without ONNX Runtime's memory arena, gradients let go of after
-   * each update (docs/performance.md, "Real sizes"). Default false.
+   * each update (docs/performance.md, "Real sizes"); models of 200M parameters or more get the
+   * arena-free sessions whatever this says (train/run.ts LOW_MEMORY_PARAMS). Default false.
    */
   gradient_checkpointing: boolean;
   /**
