@@ -146,11 +146,18 @@ describe('checkpoints', () => {
 
     // A crash after moving the old checkpoint aside but before the rename still loads.
     const crashed = join(root, 'crashed');
+    const saved = Float64Array.from(art.param('fc1.weight') as Float64Array);
     art.saveCheckpoint(`${crashed}.old`, { epoch: 3 });
+    await art.trainStep(batchFeeds(spirals(4, 1), 'float64', range(0, 12)), { lr: 0.1 });
+    expect([...(art.param('fc1.weight') as Float64Array)]).not.toEqual([...saved]);
     expect(art.loadCheckpoint(crashed).epoch).toBe(3);
+    // Read straight into the store's memory: the values are the saved ones.
+    expect([...(art.param('fc1.weight') as Float64Array)]).toEqual([...saved]);
 
     writeSafetensors(join(ck, 'params.safetensors'), { 'fc1.weight': { dtype: 'F64', shape: [3, 5], data: new Float64Array(15) } });
     expect(() => art.loadCheckpoint(ck)).toThrow(/fc1\.weight.*F64\[3,5\].*F64\[2,5\]/);
+    writeSafetensors(join(ck, 'params.safetensors'), { 'fc1.weight': { dtype: 'F64', shape: [2, 5], data: new Float64Array(10) } });
+    expect(() => art.loadCheckpoint(ck)).toThrow(/params\.safetensors: tensor "[^"]+" is missing/);
     writeFileSync(join(ck, 'state.json'), '{"step": -1}');
     expect(() => art.loadCheckpoint(ck)).toThrow(/state\.json.*step/);
     await expect(art.evaluate({})).rejects.toThrow(/batch input "x" is missing/);

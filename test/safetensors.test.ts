@@ -199,6 +199,26 @@ describe('round trips', () => {
     expect([...readSafetensors(file, { names: ['b'] }).tensors.keys()]).toEqual(['b']);
     expectUserError(() => readSafetensors(file, { names: ['c'] }), file, /no tensor named "c"/);
   });
+  it('reads a tensor into memory the caller holds, at any offset, and refuses a buffer of the wrong size', () => {
+    const file = tmp();
+    writeSafetensors(file, {
+      a: { dtype: 'F32', shape: [2], data: new Float32Array([1.5, -2]) },
+      b: { dtype: 'F32', shape: [3], data: new Float32Array([3, 4, 5]) },
+    });
+    const held = new Float32Array(6).fill(9);
+    const seen: string[] = [];
+    const got = readSafetensors(file, {
+      into: (name, info) => {
+        seen.push(`${name}:${info.dtype}[${info.shape}]`);
+        return name === 'a' ? new Uint8Array(held.buffer, 4, 8) : undefined;
+      },
+    }).tensors;
+    expect(seen.sort()).toEqual(['a:F32[2]', 'b:F32[3]']);
+    expect([...held]).toEqual([9, 1.5, -2, 9, 9, 9]);
+    expect(got.get('a')!.data.buffer).toBe(held.buffer);
+    expect([...tensorToFloat32(got.get('b')!)]).toEqual([3, 4, 5]);
+    expect(() => readSafetensors(file, { into: () => new Uint8Array(4) })).toThrow(/holds 4 bytes, the tensor 8/);
+  });
 });
 
 describe('corrupt files give a one-line UserError naming the file', () => {

@@ -12,7 +12,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { UserError } from '../errors.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
-import { type Dtype, type RawTensor, type TensorData, readSafetensors, writeSafetensors } from '../models/safetensors.ts';
+import { type Dtype, type RawTensor, type SafetensorsSink, type TensorData, readSafetensors, writeSafetensors } from '../models/safetensors.ts';
 import { fileError, releaseTemp, removeTemp, tempPath, writeFileAtomic } from '../io/atomic.ts';
 
 export const CHECKPOINT_FILES = { params: 'params.safetensors', optimizer: 'optimizer.safetensors', state: 'state.json' } as const;
@@ -102,8 +102,11 @@ export interface LoadedCheckpoint {
   state: CheckpointState;
 }
 
-/** Reads a checkpoint folder (falling back to `<dir>.old` if a crash interrupted the final rename). */
-export function readCheckpoint(dir: string): LoadedCheckpoint {
+/**
+ * Reads a checkpoint folder (falling back to `<dir>.old` if a crash interrupted the final rename).
+ * `into` reads each tensor straight into memory the caller holds (see readSafetensors).
+ */
+export function readCheckpoint(dir: string, into?: SafetensorsSink): LoadedCheckpoint {
   let d = path.resolve(dir);
   if (!fs.existsSync(d) && fs.existsSync(`${d}.old`)) d = `${d}.old`;
   if (!fs.existsSync(d)) throw new UserError(`${dir}: checkpoint folder not found`);
@@ -122,8 +125,8 @@ export function readCheckpoint(dir: string): LoadedCheckpoint {
   }
   return {
     dir: d,
-    params: readSafetensors(path.join(d, CHECKPOINT_FILES.params)).tensors,
-    optimizer: readSafetensors(path.join(d, CHECKPOINT_FILES.optimizer)).tensors,
+    params: readSafetensors(path.join(d, CHECKPOINT_FILES.params), { into }).tensors,
+    optimizer: readSafetensors(path.join(d, CHECKPOINT_FILES.optimizer), { into }).tensors,
     state,
   };
 }

@@ -223,11 +223,15 @@ export function readSafetensorsHeader(file: string): SafetensorsHeader {
   }
 }
 
+/** Where `readSafetensors` puts a tensor's bytes: a buffer of exactly its byte length, or undefined for a fresh one. */
+export type SafetensorsSink = (name: string, info: TensorInfo, file: string) => Uint8Array | undefined;
+
 /**
  * Reads a safetensors file. Each tensor gets its own freshly allocated buffer (byteOffset 0), so
  * typed-array views of it are aligned. `names` restricts loading to those tensors (all must exist).
+ * `into` reads a tensor straight into memory the caller already holds (no file-sized copy).
  */
-export function readSafetensors(file: string, opts: { names?: readonly string[] } = {}): SafetensorsFile {
+export function readSafetensors(file: string, opts: { names?: readonly string[]; into?: SafetensorsSink } = {}): SafetensorsFile {
   const fd = openForRead(file);
   try {
     const header = readHeaderFd(fd, file);
@@ -236,7 +240,8 @@ export function readSafetensors(file: string, opts: { names?: readonly string[] 
     for (const name of wanted) {
       const info = header.tensors.get(name);
       if (!info) throw new UserError(`${file}: no tensor named "${name}"`);
-      const data = new Uint8Array(info.end - info.begin);
+      const data = opts.into?.(name, info, file) ?? new Uint8Array(info.end - info.begin);
+      if (data.byteLength !== info.end - info.begin) throw new Error(`readSafetensors: the buffer for "${name}" holds ${data.byteLength} bytes, the tensor ${info.end - info.begin}`);
       readExactly(fd, data, header.dataStart + info.begin, file, `tensor "${name}"`);
       tensors.set(name, { dtype: info.dtype, shape: info.shape, data });
     }
