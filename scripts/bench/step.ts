@@ -23,6 +23,7 @@ import { collate } from '../../src/models/batch.ts';
 import type { TokenizedExample } from '../../datasets/examples.ts';
 import { buildSpec } from '../../src/train/graph.ts';
 import { LOW_MEMORY_RUNTIME, lowMemoryFor } from '../../src/train/run.ts';
+import { mallocAdvice, mmapThreshold } from '../../src/runtime/malloc.ts';
 import { collectGarbage } from '../../src/runtime/gc.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { writeTokenizer } from '../../src/tokenize/generate.ts';
@@ -68,6 +69,8 @@ export interface BenchResult {
   gradient_checkpointing: boolean;
   /** Sessions without the CPU arena and memory pattern (recomputation, or a model of LOW_MEMORY_PARAMS or more). */
   low_memory_runtime: boolean;
+  /** glibc's fixed mmap threshold from MALLOC_MMAP_THRESHOLD_ (65536 advised under recomputation), or null: adaptive (src/runtime/malloc.ts). */
+  malloc_mmap_threshold: number | null;
   base_dtype: 'float32' | 'float16';
   /** Parameters the optimizer updates (all, or the adapters). */
   trainable_params: number;
@@ -264,6 +267,8 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
   initial.clear();
   // The starting weights are garbage now (a parameter-sized copy): collected before the steps, as the trainer does.
   if (lowMemory) collectGarbage();
+  const advice = o.gradientCheckpointing && device === 'cpu' ? mallocAdvice() : null;
+  if (advice) log(advice);
 
   const collateOpts = { kind: 'pairwise' as const, padTo: 64, padId, dtype: 'float32' as const, packed: sharePrompt };
   const c0 = collate(rows, collateOpts);
@@ -320,6 +325,7 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
     lora_rank: o.loraRank || null,
     gradient_checkpointing: o.gradientCheckpointing ?? false,
     low_memory_runtime: lowMemory,
+    malloc_mmap_threshold: mmapThreshold(),
     base_dtype: o.baseDtype ?? 'float32',
     trainable_params: trainableParams,
     device,

@@ -34,6 +34,7 @@ import { UserError } from '../errors.ts';
 import { startProgress } from '../progress.ts';
 import { buildArtifacts } from '../artifacts/build.ts';
 import { collectGarbage } from '../runtime/gc.ts';
+import { mallocAdvice } from '../runtime/malloc.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
 import { loadModel } from '../models/load.ts';
 import { countParameters } from '../models/config.ts';
@@ -328,6 +329,8 @@ async function trainIn(
   }
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config, base.config));
   info(`steps: ${packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
+  const advice = config.device === 'cpu' && config.gradient_checkpointing ? mallocAdvice() : null;
+  if (advice) info(advice);
   if (config.device !== 'cpu') {
     const graph = join(artDir, (art.manifest.step ?? art.manifest.training).file);
     info(`device ${config.device}: step graph nodes ${describePlacement(await placement(graph, runtimeOf(config, base.config)))}; parameters, optimizer state and gradients stay on the device`);

@@ -76,6 +76,7 @@ export function register(program: Command): void {
         ['hfu', r.hfu === null ? 'n/a' : `${(r.hfu * 100).toFixed(1)} % (executed FLOPs)`],
         ['eval_tokens_per_s', String(r.eval_tokens_per_s)],
         ['peak_rss_mb', String(r.peak_rss_mb)],
+        ['malloc_mmap_threshold', r.malloc_mmap_threshold === null ? "none (glibc's adaptive default)" : `${r.malloc_mmap_threshold} bytes`],
         ['cpu_seconds_per_step', String(r.cpu_seconds_per_step)],
         ['load_average', `${r.load_average} (other work on the machine slows every figure)`],
       ];
