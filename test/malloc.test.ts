@@ -18,13 +18,13 @@ describe("glibc's mmap threshold (src/runtime/malloc.ts)", () => {
     try {
       process.env.MALLOC_MMAP_THRESHOLD_ = '131072';
       expect(mmapThreshold()).toBe(131072);
-      expect(mallocAdvice()).toBeNull();
+      expect(mallocAdvice(true, 'cpu')).toBeNull();
       process.env.MALLOC_MMAP_THRESHOLD_ = 'lots';
       expect(mmapThreshold()).toBeNull();
       delete process.env.MALLOC_MMAP_THRESHOLD_;
       expect(mmapThreshold()).toBeNull();
-      if (process.platform === 'linux') expect(mallocAdvice()).toMatch(new RegExp(`MALLOC_MMAP_THRESHOLD_=${MMAP_THRESHOLD}`));
-      else expect(mallocAdvice()).toBeNull();
+      if (process.platform === 'linux') expect(mallocAdvice(true, 'cpu')).toMatch(new RegExp(`MALLOC_MMAP_THRESHOLD_=${MMAP_THRESHOLD}`));
+      else expect(mallocAdvice(true, 'cpu')).toBeNull();
     } finally {
       if (saved === undefined) delete process.env.MALLOC_MMAP_THRESHOLD_;
       else process.env.MALLOC_MMAP_THRESHOLD_ = saved;

@@ -267,7 +267,7 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
   initial.clear();
   // The starting weights are garbage now (a parameter-sized copy): collected before the steps, as the trainer does.
   if (lowMemory) collectGarbage();
-  const advice = o.gradientCheckpointing && device === 'cpu' ? mallocAdvice() : null;
+  const advice = mallocAdvice(o.gradientCheckpointing ?? false, device);
   if (advice) log(advice);
 
   const collateOpts = { kind: 'pairwise' as const, padTo: 64, padId, dtype: 'float32' as const, packed: sharePrompt };

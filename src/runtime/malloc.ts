@@ -25,8 +25,11 @@ export function mmapThreshold(): number | null {
   return Number(v);
 }
 
-/** A line for the log advising the fixed threshold, when it is absent on Linux; otherwise null. */
-export function mallocAdvice(): string | null {
-  if (process.platform !== 'linux' || mmapThreshold() !== null) return null;
+/**
+ * A line for the log advising the fixed threshold for a CPU run with recomputation (the memory
+ * setting) on Linux, when it is absent; otherwise null.
+ */
+export function mallocAdvice(gradientCheckpointing: boolean, device: string): string | null {
+  if (!gradientCheckpointing || device !== 'cpu' || process.platform !== 'linux' || mmapThreshold() !== null) return null;
   return `memory: glibc's adaptive mmap threshold is in force; starting with MALLOC_MMAP_THRESHOLD_=${MMAP_THRESHOLD} in the environment lowers a 0.5B step's peak by about 2 GiB (docs/performance.md)`;
 }

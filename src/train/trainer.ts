@@ -329,7 +329,7 @@ async function trainIn(
   }
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config, base.config));
   info(`steps: ${packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
-  const advice = config.device === 'cpu' && config.gradient_checkpointing ? mallocAdvice() : null;
+  const advice = mallocAdvice(config.gradient_checkpointing, config.device);
   if (advice) info(advice);
   if (config.device !== 'cpu') {
     const graph = join(artDir, (art.manifest.step ?? art.manifest.training).file);
