@@ -114,7 +114,10 @@ export interface SpecInput {
 export interface OnlineMethod<Item, Round> {
   /** The command's name: progress label, prefix of its messages, `method` in config.json. */
   readonly name: string;
-  /** Settings this method uses beyond the loop's own (`LOOP_HONOURS`), e.g. eval_data with `evaluate`. */
+  /**
+   * Settings this method uses beyond the loop's own (`LOOP_HONOURS`), e.g. eval_data with `evaluate`;
+   * any other setting given with --param or --config is refused by `runOnline` before anything is written.
+   */
   readonly honours?: readonly (keyof TrainConfig)[];
   /** Start with a fresh scalar head on the model (reward models). */
   readonly valueHead?: boolean;
@@ -215,11 +218,12 @@ interface LoopState {
 }
 
 /**
- * Runs `method` over `items` in the run folder `o.out`: the folder prepared (refused when it holds a
+ * Runs `method` over `items` in the run folder `o.out`: settings it does not honour refused, the folder prepared (refused when it holds a
  * run, unless --resume or --overwrite), the artifacts built (kept by a resumed run), the rounds and
  * updates, checkpoints every save_steps and at the end, the trained model saved.
  */
 export async function runOnline<Item, Round>(o: OnlineOptions, items: readonly Item[], method: OnlineMethod<Item, Round>, r: OnlineRun): Promise<OnlineResult> {
+  refuseUnhonoured(method.name, o, method.honours ?? []);
   if (items.length === 0) throw new UserError(`${method.name}: nothing to train on (no prompts or rows)`);
   const { config } = r;
   await checkDeviceOf(config);

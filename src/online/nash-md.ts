@@ -32,7 +32,7 @@ import type { Judge } from './judges.ts';
 import { sampleWith } from './policy.ts';
 import type { SamplingOptions } from '../models/sampling.ts';
 import { modelParamSpecs, optimizerOf } from '../train/run.ts';
-import { refuseUnhonoured, runOnline, type OnlineMethod, type OnlineOptions } from './loop.ts';
+import { runOnline, type OnlineMethod, type OnlineOptions } from './loop.ts';
 
 /** `params`: trainer settings and the loss's `beta`, `mixture_coef`, as `key=value`. */
 export interface NashMdOptions extends SamplingOptions, OnlineOptions {
@@ -84,11 +84,7 @@ interface NashMdRound {
   refLogps: number[];
 }
 
-/** Settings Nash-MD uses beyond the online loop's own. */
-const NASH_MD_HONOURS: readonly string[] = [];
-
 export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
-  refuseUnhonoured('nash-md', o, NASH_MD_HONOURS);
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const loss = resolveLoss('nash_md', lossParams);
   const m = loss.terms[0].params.mixture_coef as number;
