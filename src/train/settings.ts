@@ -149,8 +149,8 @@ export function describeAllowed(d: SettingDecl): string {
     case 'string':
       return 'text';
     default: {
-      const lo = d.min === undefined ? '(-∞' : `${d.minOpen ? '(' : '['}${d.min}`;
-      const hi = d.max === undefined ? '∞)' : `${d.max}${d.maxOpen ? ')' : ']'}`;
+      const lo = d.min === undefined ? '(-∞' : `${d.minOpen ? '(' : '['}${num(d.min)}`;
+      const hi = d.max === undefined ? '∞)' : `${num(d.max)}${d.maxOpen ? ')' : ']'}`;
       return `${d.type === 'int' ? 'an integer' : 'a number'} in ${lo}, ${hi}`;
     }
   }
@@ -284,8 +284,15 @@ declareCommand('reward-train', {
 
 // --- Help text and docs ---
 
+/** A number as a person writes it: 5e-6, 1e12, 0.9, 1048576. */
+function num(v: number): string {
+  const p = Math.log10(Math.abs(v));
+  if (v !== 0 && Number.isInteger(p) && (p <= -4 || p >= 7)) return `1e${p}`;
+  return v !== 0 && Math.abs(v) < 1e-3 ? v.toExponential() : String(v);
+}
+
 function shown(v: number | boolean | string): string {
-  return typeof v === 'string' ? (v === '' ? "''" : v) : String(v);
+  return typeof v === 'string' ? (v === '' ? "''" : v) : typeof v === 'number' ? num(v) : String(v);
 }
 
 function groups(table: SettingTable, names: readonly string[]): Map<string, string[]> {
