@@ -150,6 +150,8 @@ export function fromTrl(src: Record<string, unknown>, file: string): { values: R
     }
     refuse(k, v);
   }
+  // transformers' constant schedule has no warm-up; prefzoo's constant warms up like the others.
+  if (src.lr_scheduler_type === 'constant' && (Number(src.warmup_steps ?? 0) > 0 || Number(src.warmup_ratio ?? 0) > 0)) refused.push('lr_scheduler_type: "constant" with warm-up (TRL skips the warm-up; constant_with_warmup keeps it)');
   // TRL's ModelConfig reads lora_* only under use_peft (its defaults then: r 16, alpha 32).
   if (src.use_peft === true) {
     values.lora_r ??= 16;
