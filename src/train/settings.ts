@@ -20,6 +20,8 @@ interface Common {
   trl?: string;
   /** The paper the setting comes from, where one does. */
   paper?: string;
+  /** More than one line, where the setting needs it: docs/settings.md prints it under the group's table. */
+  more?: string;
 }
 export interface NumberSetting extends Common {
   /** 'int' accepts integers only. */
@@ -101,15 +103,15 @@ export const TRAIN_SETTINGS = defineSettings({
   truncation: { type: 'enum', choices: ['keep_start', 'keep_end'], default: DEFAULT_TRUNCATION.truncation, group: G.data, trl: 'truncation_mode', doc: 'which end of an over-long prompt to keep' },
   pad_to_multiple_of: { type: 'int', default: 64, min: 1, max: 4096, group: G.data, doc: 'sequence lengths are padded to a multiple of this, so the runtime sees few shapes' },
   chat_template: { type: 'string', default: '', group: G.data, doc: "a Jinja chat-template file used instead of the model's own ('' = the model's)" },
-  share_prompt: { type: 'boolean', default: true, group: G.data, doc: "run each example's prompt once for all its responses (same results, less work)" },
-  ld_alpha: { type: 'number', default: 1, min: 0, max: 1, group: G.data, trl: 'ld_alpha', paper: 'LD-DPO (2024)', doc: 'LD-DPO: weight of policy tokens past the shorter response of a pair (1: off)' },
+  share_prompt: { type: 'boolean', default: true, group: G.data, doc: "run each example's prompt once for all its responses (same results, less work)", more: "Pairwise and listwise data: the prompt runs once per example, shared by its responses, with the same log-probs and gradients as one sequence per response. false: one sequence per response." },
+  ld_alpha: { type: 'number', default: 1, min: 0, max: 1, group: G.data, trl: 'ld_alpha', paper: 'LD-DPO (2024)', doc: 'LD-DPO: weight of policy tokens past the shorter response of a pair (1: off)', more: "LD-DPO (\"Length Desensitization in Direct Preference Optimization\", 2024), pairwise data: the policy's log-prob of a response counts its first min(n_w, n_l) tokens fully and the tokens past that weighted by ld_alpha; reference log-probs and token counts are unchanged, as in TRL and LLaMA-Factory." },
   max_samples: { type: 'int', default: 0, min: 0, max: 1e12, group: G.data, doc: 'train on the first N rows of the data only (0: all)' },
   lora_r: { type: 'int', default: 0, min: 0, max: 4096, group: G.lora, trl: 'lora_r', doc: 'LoRA rank; 0 trains all parameters' },
   lora_alpha: { type: 'number', default: 16, min: 0, max: 1e6, group: G.lora, trl: 'lora_alpha', doc: 'LoRA scale numerator (updates scaled by lora_alpha / lora_r)' },
   lora_target_modules: { type: 'string', default: 'q_proj,v_proj', group: G.lora, trl: 'lora_target_modules', doc: "comma-separated module names LoRA adapts ('all-linear': every projection)" },
-  base_dtype: { type: 'enum', choices: ['float32', 'float16'], default: 'float32', group: G.lora, doc: 'LoRA only: the type the frozen base weights are held in' },
+  base_dtype: { type: 'enum', choices: ['float32', 'float16'], default: 'float32', group: G.lora, doc: 'LoRA only: the type the frozen base weights are held in', more: "float16 halves the frozen weights' memory; each is widened to float32 where a layer uses it (and widened again in the backward rather than kept). bfloat16 cannot be fed through onnxruntime-node's JavaScript API, so it is not offered. Needs lora_r > 0." },
   ref_on_the_fly: { type: 'boolean', default: false, group: G.ref, doc: 'score the reference for every batch instead of caching it once' },
-  sync_ref_model: { type: 'boolean', default: false, group: G.ref, trl: 'sync_ref_model', paper: 'TR-DPO (Gorbatovski et al. 2024)', doc: 'TR-DPO: every ref_model_sync_steps steps ref ← α·policy + (1−α)·ref' },
+  sync_ref_model: { type: 'boolean', default: false, group: G.ref, trl: 'sync_ref_model', paper: 'TR-DPO (Gorbatovski et al. 2024)', doc: 'TR-DPO: every ref_model_sync_steps steps ref ← α·policy + (1−α)·ref', more: "TR-DPO (\"Learn Your Reference Model for Real Good Alignment\", Gorbatovski et al. 2024): every ref_model_sync_steps optimizer steps the reference becomes ref ← α·policy + (1 − α)·ref with α = ref_model_mixup_alpha (LoRA merged into the policy first). Reference log-probs are then computed for every batch, never cached. The reference needs the policy's shapes." },
   ref_model_mixup_alpha: { type: 'number', default: 0.6, min: 0, max: 1, group: G.ref, trl: 'ref_model_mixup_alpha', paper: 'TR-DPO', doc: 'TR-DPO: α of that soft update (1: the reference becomes the policy)' },
   ref_model_sync_steps: { type: 'int', default: 512, min: 1, max: 1e12, group: G.ref, trl: 'ref_model_sync_steps', paper: 'TR-DPO', doc: 'TR-DPO: optimizer steps between reference updates' },
   eval_data: { type: 'string', default: '', group: G.eval, doc: 'held-out data evaluated every eval_steps and at the end' },
@@ -119,17 +121,17 @@ export const TRAIN_SETTINGS = defineSettings({
   eval_generate_max_new_tokens: { type: 'int', default: 32, min: 1, max: 1 << 20, group: G.eval, doc: 'longest eval_generate completion in tokens' },
   logging_steps: { type: 'int', default: 1, min: 1, max: 1e12, group: G.eval, trl: 'logging_steps', doc: 'write a metrics.jsonl row every logging_steps steps' },
   report_to: { type: 'enum', choices: ['none', 'tensorboard'], default: 'none', group: G.eval, trl: 'report_to', doc: "'tensorboard' also writes event files to RUN/runs/" },
-  metric_for_best_model: { type: 'string', default: '', group: G.eval, trl: 'metric_for_best_model', doc: "eval metric that picks the best checkpoint ('': accuracy, ndcg or roc_auc by data kind)" },
+  metric_for_best_model: { type: 'string', default: '', group: G.eval, trl: 'metric_for_best_model', doc: "eval metric that picks the best checkpoint ('': accuracy, ndcg or roc_auc by data kind)", more: "Empty: accuracy for pairwise data, ndcg for listwise, roc_auc for single. Higher is better unless the name ends in \"loss\"." },
   save_steps: { type: 'int', default: 0, min: 0, max: 1e12, group: G.save, trl: 'save_steps', doc: 'checkpoint every save_steps optimizer steps (0: only at the end)' },
   save_total_limit: { type: 'int', default: 0, min: 0, max: 1e9, group: G.save, trl: 'save_total_limit', doc: 'keep at most this many checkpoints (the best is kept); 0 keeps all' },
-  load_best_model_at_end: { type: 'boolean', default: false, group: G.save, trl: 'load_best_model_at_end', doc: 'save the best checkpoint by metric_for_best_model as RUN/final' },
-  save_adapter: { type: 'boolean', default: false, group: G.save, doc: 'with LoRA: also write RUN/adapter/ in PEFT layout' },
+  load_best_model_at_end: { type: 'boolean', default: false, group: G.save, trl: 'load_best_model_at_end', doc: 'save the best checkpoint by metric_for_best_model as RUN/final', more: "Needs eval_data and eval_steps > 0; a checkpoint is written at every evaluation." },
+  save_adapter: { type: 'boolean', default: false, group: G.save, doc: 'with LoRA: also write RUN/adapter/ in PEFT layout', more: "Writes adapter_model.safetensors with `base_model.model.<module>.lora_A.weight` names and adapter_config.json, as PEFT loads them." },
   save_merged: { type: 'boolean', default: true, group: G.save, doc: 'write the merged model to RUN/final/ (false with save_adapter: adapter only)' },
   save_dtype: { type: 'enum', choices: ['F32', 'BF16'], default: 'F32', group: G.save, doc: 'type of the saved final weights' },
-  device: { type: 'enum', choices: ['cpu', 'webgpu', 'cuda'], default: 'cpu', group: G.device, doc: 'where the model runs (webgpu: any Vulkan GPU, bundled; cuda: CUDA build of onnxruntime-node)' },
-  compute_dtype: { type: 'enum', choices: ['float32', 'float16'], default: 'float32', group: G.device, doc: 'GPU only: float16 matrix products, float32 weights, reductions and loss' },
+  device: { type: 'enum', choices: ['cpu', 'webgpu', 'cuda'], default: 'cpu', group: G.device, doc: 'where the model runs (webgpu: any Vulkan GPU, bundled; cuda: CUDA build of onnxruntime-node)', more: "webgpu runs on any Vulkan GPU through the WebGPU provider bundled with onnxruntime-node, nothing to install; cuda needs onnxruntime-node's CUDA binaries." },
+  compute_dtype: { type: 'enum', choices: ['float32', 'float16'], default: 'float32', group: G.device, doc: 'GPU only: float16 matrix products, float32 weights, reductions and loss', more: "float16 runs every MatMul/Gemm (forward and backward) on float16 copies and widens the result at once; master weights, optimizer state, norms, softmax, reductions, log-prob sums and the loss stay float32 (src/onnx/half.ts)." },
   threads: { type: 'int', default: 0, min: 0, max: 1024, group: G.device, doc: 'ONNX Runtime intra-op threads; 0 lets the runtime choose' },
-  gradient_checkpointing: { type: 'boolean', default: false, group: G.device, trl: 'gradient_checkpointing', doc: "recompute each layer's activations in the backward (less memory, same gradients)" },
+  gradient_checkpointing: { type: 'boolean', default: false, group: G.device, trl: 'gradient_checkpointing', doc: "recompute each layer's activations in the backward (less memory, same gradients)", more: "The backward recomputes each layer's activations from the layer's input (about a third more forward work). It also switches on the rest of the memory-saving mode: attention in pieces over the key/value heads, sessions without ONNX Runtime's memory arena, gradients let go of after each update (docs/performance.md, \"Real sizes\"); models of 200M parameters or more get the arena-free sessions whatever this says (train/run.ts LOW_MEMORY_PARAMS)." },
 });
 
 export type TrainSettings = SettingsOf<typeof TRAIN_SETTINGS>;
@@ -342,6 +344,10 @@ export function settingsMarkdown(): string {
       out.push(`| \`${k}\` | ${d.type} | \`${shown(d.default)}\` | ${cell(describeAllowed(d))} | ${cell(d.doc)} | ${cell(src)} |`);
     }
     out.push('');
+    const table: SettingTable = TRAIN_SETTINGS;
+    const notes = keys.filter((k) => table[k].more);
+    for (const k of notes) out.push(`- \`${k}\`: ${table[k].more}`);
+    if (notes.length) out.push('');
   }
   out.push('## What each command honours', '');
   for (const c of declaredCommands()) {
