@@ -102,6 +102,10 @@ describe('the settings table', () => {
     expect(message(() => resolveConfig({ command: 'test-own', params: ['batch_size=2', 'max_steps=3'] }))).toBe('settings batch_size, max_steps cannot be honoured by prefzoo test-own (it honours learning_rate, seed, num_generations)');
     expect(() => refuseUnhonoured('test-own', ['seed', 'num_generations'])).not.toThrow();
     expect(settingsHelp('test-own')).toMatch(/Sampling:\n\s+num_generations=8\s+completions per prompt/);
+    // A TRL YAML config maps the command's own settings by their TRL names too.
+    const yaml = join(dir, 'own.yaml');
+    writeFileSync(yaml, 'num_generations: 6\nlearning_rate: 1.0e-5\n');
+    expect(resolveConfig({ command: 'test-own', configFile: yaml })).toMatchObject({ own: { num_generations: 6 }, config: { learning_rate: 1e-5 } });
     // The command's base (its defaults, as the demos pass) is never refused.
     expect(resolveConfig({ command: 'test-own', base: { batch_size: 2 } }).config.batch_size).toBe(2);
   });

@@ -68,7 +68,7 @@ function lossParamNames(spec: string | undefined): string[] | null {
 }
 
 /** Reads a --config file: a JSON object, or YAML (`.yaml`/`.yml`), whose keys may be TRL's. */
-function readConfigFile(file: string): { values: Record<string, unknown>; trl?: TrlFlags } {
+function readConfigFile(file: string, own: Record<string, SettingDecl>): { values: Record<string, unknown>; trl?: TrlFlags } {
   const yaml = /\.ya?ml$/i.test(file);
   let parsed: unknown;
   try {
@@ -79,7 +79,7 @@ function readConfigFile(file: string): { values: Record<string, unknown>; trl?: 
   }
   if (!parsed || typeof parsed !== 'object' || Array.isArray(parsed)) throw new UserError(`${file}: expected ${yaml ? 'a YAML mapping' : 'a JSON object'} of settings`);
   if (!yaml) return { values: parsed as Record<string, unknown> };
-  const m = fromTrl(parsed as Record<string, unknown>, file);
+  const m = fromTrl(parsed as Record<string, unknown>, file, own);
   return { values: m.values, trl: m.flags };
 }
 
@@ -108,7 +108,7 @@ export function resolveConfig(opts: ResolveOptions): ResolvedConfig {
   if (opts.base) apply(opts.base as Record<string, unknown>, 'defaults', false);
   let trl: TrlFlags | undefined;
   if (opts.configFile) {
-    const f = readConfigFile(opts.configFile);
+    const f = readConfigFile(opts.configFile, ownTable);
     trl = f.trl;
     apply(f.values, opts.configFile, true);
   }

@@ -15,7 +15,7 @@
  *   are accepted: prefzoo's results do not depend on them.
  */
 import { UserError } from '../errors.ts';
-import { TRAIN_SETTINGS } from './settings.ts';
+import { TRAIN_SETTINGS, type SettingTable } from './settings.ts';
 
 /** What a TRL config says that prefzoo's command line takes as flags. */
 export interface TrlFlags {
@@ -55,19 +55,21 @@ const NEUTRAL: Readonly<Record<string, readonly unknown[] | undefined>> = {
   push_to_hub: [false],
 };
 
-/** TRL's name → prefzoo's, for settings whose TRL name differs (from TRAIN_SETTINGS' `trl` fields). */
-function renamed(): Map<string, string> {
+/** TRL's name → prefzoo's (from the tables' `trl` fields: TRAIN_SETTINGS and a command's own). */
+function renamed(own: SettingTable): Map<string, string> {
   const m = new Map<string, string>();
-  for (const [k, d] of Object.entries(TRAIN_SETTINGS)) if ('trl' in d && d.trl) m.set(d.trl, k);
+  const all: SettingTable = { ...TRAIN_SETTINGS, ...own };
+  for (const [k, d] of Object.entries(all)) if (d.trl) m.set(d.trl, k);
   return m;
 }
 
-export function fromTrl(src: Record<string, unknown>, file: string): { values: Record<string, unknown>; flags: TrlFlags } {
+/** Maps a TRL config's keys (`src`, read from `file`); `own`: the command's own settings table, whose `trl` names map too. */
+export function fromTrl(src: Record<string, unknown>, file: string, own: SettingTable = {}): { values: Record<string, unknown>; flags: TrlFlags } {
   const values: Record<string, unknown> = {};
   const loss: Record<string, unknown> = {};
   const flags: TrlFlags = {};
   const refused: string[] = [];
-  const names = renamed();
+  const names = renamed(own);
   const refuse = (k: string, v: unknown) => refused.push(`${k}: ${JSON.stringify(v)}`);
   for (const [k, v] of Object.entries(src)) {
     switch (k) {
@@ -138,7 +140,7 @@ export function fromTrl(src: Record<string, unknown>, file: string): { values: R
       if (ok && !ok.includes(v)) refuse(k, v);
       continue;
     }
-    const name = names.get(k) ?? (Object.prototype.hasOwnProperty.call(TRAIN_SETTINGS, k) ? k : undefined);
+    const name = names.get(k) ?? (Object.prototype.hasOwnProperty.call(TRAIN_SETTINGS, k) || Object.prototype.hasOwnProperty.call(own, k) ? k : undefined);
     if (name !== undefined) {
       if (v === null) refuse(k, v);
       else values[name] = v;
