@@ -163,7 +163,8 @@ export const GPT2: Family<Gpt2Config> = {
     const inner = obj.n_inner;
     return {
       ...obj,
-      model_type: 'gpt2',
+      // The registry found this family by the file's model_type.
+      model_type: obj.model_type as 'gpt2',
       vocab_size: r.int('vocab_size', 50257),
       n_embd,
       n_layer: r.int('n_layer', 12),

@@ -5,10 +5,10 @@
  * Parameters are looked up by their HF names.
  *
  * `llama` and `qwen2` live here; `qwen3`, `mistral`, `gemma` and `phi3` each have a file beside this
- * one holding a {@link LlamaMember}, made a {@link Family} by {@link llamaFamily}: the pieces of this decoder they change (config fields, tensor
- * names, norms, projections, MLP, rotary width, sliding window), each written once and used by both
- * the training forward and the KV-cache decode (llamaDecode below), which run the same
- * {@link llamaStack} and differ only in how a layer attends.
+ * one holding a {@link LlamaMember} made a {@link Family} by {@link llamaFamily}: the pieces of this
+ * decoder they change (config fields, tensor names, norms, projections, MLP, rotary width, sliding
+ * window), each written once and used by both the training forward and the KV-cache decode
+ * (llamaDecode below), which run the same {@link llamaStack} and differ only in how a layer attends.
  */
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import { UserError } from '../errors.ts';
