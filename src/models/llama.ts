@@ -12,7 +12,7 @@
  */
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import { UserError } from '../errors.ts';
-import type { Activation, Family, FieldReader, LlamaConfig, LlamaType, SpecialIds } from './family.ts';
+import type { Activation, Family, FieldReader, GgufNames, LlamaConfig, LlamaType, OnnxNames, SpecialIds } from './family.ts';
 import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, extendCache, project, reshapeRt, rmsNorm, splitHeads } from './layers.ts';
 import type { LoraModule } from './lora.ts';
 import type { Params } from './params.ts';
@@ -53,6 +53,9 @@ export interface LlamaMember {
   noBiasSwitch?: boolean;
   /** Released models' shapes, by preset name (see {@link Family.released}). */
   released?: Record<string, Record<string, unknown>>;
+  /** The member's names in exported formats, passed on to its {@link Family} as they are. */
+  onnx?: OnnxNames;
+  gguf?: GgufNames<LlamaConfig>;
   /** Which attention projections carry biases (default: `attention_bias` on q, k, v and o). */
   biases?(c: LlamaConfig): { qkv: boolean; o: boolean };
   /** HF tensor names and shapes of one layer (prefix `model.layers.i.`). */
@@ -453,6 +456,8 @@ export function llamaFamily(m: LlamaMember): Family<LlamaConfig> {
       for (let i = 0; i < c.num_hidden_layers; i++) mods.push(...layerProjections(m, c, `model.layers.${i}.`));
       return mods;
     },
+    onnx: m.onnx,
+    gguf: m.gguf,
   };
 }
 
