@@ -116,18 +116,19 @@ describe('prefzoo grpo', () => {
     const odd = runSync(join(dir, 'odd'), REWARDS, ['--param', 'num_generations=3']);
     expect(odd.stderr.trim()).toMatch(/^prefzoo: grpo: batch_size × gradient_accumulation_steps \(4 × 2 = 8 completions\) must be a multiple of num_generations \(3\)$/);
     const unknown = runSync(join(dir, 'unknown'), REWARDS, ['--param', 'num_generation=4']);
-    expect(unknown.stderr.trim()).toMatch(/^prefzoo: grpo: unknown setting "num_generation"/);
+    expect(unknown.stderr.trim()).toMatch(/^prefzoo: grpo: unknown setting 'num_generation'; did you mean 'num_generations'\?$/);
     const refused = runSync(join(dir, 'refused'), REWARDS, ['--param', 'max_samples=3']);
-    expect(refused.stderr.trim()).toMatch(/^prefzoo: grpo: setting max_samples=3 is not honoured by grpo/);
+    expect(refused.stderr.trim()).toMatch(/^prefzoo: setting max_samples cannot be honoured by prefzoo grpo/);
     for (const x of [odd, unknown, refused]) expect(x.status).toBe(1);
     expect(existsSync(join(dir, 'refused'))).toBe(false);
   });
 
   it('--help lists every setting with its default', () => {
     const h = spawnSync(process.execPath, [bin, 'grpo', '--help'], { encoding: 'utf8' }).stdout;
-    for (const [k, s] of Object.entries(GRPO_SETTINGS)) expect(h, k).toContain(`  ${k}=${s.default === '' ? "''" : s.default}  `);
-    for (const p of getLoss('grpo').params.filter((q) => q.name !== 'max_completion_length')) expect(h, p.name).toContain(`  ${p.name}=${p.default ?? '(unset)'}  `);
-    for (const k of ['learning_rate=0.000001', 'batch_size=8', 'lora_r=0', 'save_steps=0', 'eval_data=']) expect(h).toContain(`  ${k}`);
+    for (const [k, s] of Object.entries(GRPO_SETTINGS)) expect(h, k).toContain(`    ${k}=${s.default === '' ? "''" : s.default}  `);
+    for (const p of getLoss('grpo').params.filter((q) => q.name !== 'max_completion_length')) expect(h, p.name).toContain(`    ${p.name}=${p.default ?? '(unset)'}  `);
+    for (const k of ['lora_r=0', 'save_steps=0', 'gradient_accumulation_steps=1', "eval_data=''"]) expect(h).toContain(`    ${k}`);
+    expect(h).toContain("grpo's own defaults for the trainer: batch_size=8, learning_rate=0.000001");
   });
 });
 

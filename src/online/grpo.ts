@@ -43,6 +43,7 @@ import { samplingOptions } from '../models/sampling.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import type { LoadedTokenizer } from '../tokenize/index.ts';
 import { resolveConfig, type TrainConfig } from '../train/config.ts';
+import { GRPO_HONOURS, GRPO_SETTINGS, type SettingsOf } from '../train/settings.ts';
 import { headChunksOf, modelSegment } from '../train/graph.ts';
 import { modelParamSpecs, optimizerOf, type MicroBatch } from '../train/run.ts';
 import { resolveLoss, type BoundLoss } from '../../losses/index.ts';
@@ -53,102 +54,17 @@ import { readPromptRows, type PromptRow } from './prompts.ts';
 import { loadAllRewards, releaseRewards, scoreAll, type RewardFunction, type RewardRow } from './rewards.ts';
 import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions } from './loop.ts';
 
-// ---- settings ---------------------------------------------------------------------------------
+// ---- settings ----------------------------------------------------------------------------------
 
-interface Setting {
-  type: 'number' | 'int' | 'boolean' | 'enum' | 'string';
-  default: number | boolean | string;
-  min?: number;
-  max?: number;
-  minOpen?: boolean;
-  choices?: readonly string[];
-  doc: string;
-  /** TRL's GRPOConfig name (the same unless noted). */
-  trl?: string;
-}
-
-/**
- * GRPO's own settings (beside the trainer's and the `grpo` loss's parameters), declared once: parsing,
- * validation, `prefzoo grpo --help` and docs come from this table.
- */
-export const GRPO_SETTINGS = {
-  num_generations: { type: 'int', default: 8, min: 2, doc: 'completions sampled per prompt (the group, G ≥ 2)', trl: 'num_generations' },
-  max_completion_length: { type: 'int', default: 256, min: 1, doc: "longest completion in tokens (also dr_grpo's normaliser)", trl: 'max_completion_length (TRL default 512)' },
-  temperature: { type: 'number', default: 1, min: 0, minOpen: true, doc: 'sampling temperature; log-probs use the same tempered logits', trl: 'temperature' },
-  top_p: { type: 'number', default: 1, min: 0, max: 1, minOpen: true, doc: 'nucleus sampling: the smallest set of tokens whose probability reaches p (1: all)', trl: 'top_p' },
-  top_k: { type: 'int', default: 0, min: 0, doc: 'sample among the k most likely tokens (0: all)', trl: 'top_k' },
-  num_iterations: { type: 'int', default: 1, min: 1, doc: 'μ: optimizer updates on each sampled round, with the sampling policy’s log-probs kept as the old ones', trl: 'num_iterations' },
-  scale_rewards: { type: 'enum', default: 'group', choices: ['group', 'batch', 'none'], doc: 'divide advantages by the reward std of the group, of the batch, or not (Dr. GRPO: none)', trl: 'scale_rewards' },
-  advantage: { type: 'enum', default: 'group', choices: ['group', 'rloo'], doc: "baseline: the group's mean reward (GRPO) or the mean of the other completions of the group (RLOO)" },
-  reward_weights: { type: 'string', default: '', doc: "comma-separated weight per reward function, in --reward order ('': all 1)", trl: 'reward_weights' },
-  mask_truncated_completions: { type: 'boolean', default: false, doc: 'completions cut at max_completion_length (no end token) count in no loss term (DAPO)', trl: 'mask_truncated_completions' },
-  reward_timeout: { type: 'number', default: 300, min: 0, minOpen: true, doc: 'seconds a reward function may take on one round before the run stops' },
-  log_completions: { type: 'int', default: 8, min: 0, doc: 'completions of the first prompt written to completions.jsonl every logging_steps (0: none)', trl: 'log_completions / num_completions_to_print' },
-} as const satisfies Record<string, Setting>;
-
-export interface GrpoSettings {
-  num_generations: number;
-  max_completion_length: number;
-  temperature: number;
-  top_p: number;
-  top_k: number;
-  num_iterations: number;
-  scale_rewards: 'group' | 'batch' | 'none';
-  advantage: 'group' | 'rloo';
-  reward_weights: string;
-  mask_truncated_completions: boolean;
-  reward_timeout: number;
-  log_completions: number;
-}
-
-/** The trainer settings GRPO honours beyond the loop's own (loop.ts LOOP_HONOURS). */
-export const GRPO_HONOURS = ['eval_data', 'eval_steps', 'eval_samples', 'gradient_checkpointing'] as const;
+export { GRPO_SETTINGS, GRPO_HONOURS };
+export type GrpoSettings = SettingsOf<typeof GRPO_SETTINGS>;
 
 /** GRPO's defaults of trainer settings (TRL's GRPOConfig): a group of 8 per micro-batch, learning rate 1e-6. */
 export const GRPO_TRAIN_DEFAULTS: Partial<TrainConfig> = { batch_size: 8, learning_rate: 1e-6 };
 
-function coerceSetting(name: string, s: Setting, raw: unknown): number | boolean | string {
-  const bad = () => new UserError(`grpo: setting ${name} must be ${describeSetting(s)}, got ${JSON.stringify(raw)}`);
-  if (s.type === 'boolean') {
-    if (raw === true || raw === 'true' || raw === '1' || raw === 1) return true;
-    if (raw === false || raw === 'false' || raw === '0' || raw === 0) return false;
-    throw bad();
-  }
-  if (s.type === 'enum') {
-    if (typeof raw === 'string' && s.choices!.includes(raw)) return raw;
-    throw bad();
-  }
-  if (s.type === 'string') return String(raw);
-  const v = typeof raw === 'number' ? raw : typeof raw === 'string' && raw.trim() !== '' ? Number(raw) : NaN;
-  if (!Number.isFinite(v) || (s.type === 'int' && !Number.isInteger(v))) throw bad();
-  if (s.min !== undefined && (s.minOpen ? v <= s.min : v < s.min)) throw bad();
-  if (s.max !== undefined && v > s.max) throw bad();
-  return v;
-}
-
-export function describeSetting(s: Setting): string {
-  if (s.type === 'boolean') return 'true or false';
-  if (s.type === 'enum') return `one of ${s.choices!.join(', ')}`;
-  if (s.type === 'string') return 'text';
-  const lo = s.min === undefined ? '(-∞' : `${s.minOpen ? '(' : '['}${s.min}`;
-  const hi = s.max === undefined ? '∞)' : `${s.max}]`;
-  return `${s.type === 'int' ? 'an integer in ' : ''}${lo}, ${hi}`;
-}
-
-/** Splits what resolveConfig left over into GRPO settings and the `grpo` loss's parameters, each checked. */
-export function resolveGrpo(rest: Record<string, unknown>): { settings: GrpoSettings; loss: BoundLoss } {
-  const table = GRPO_SETTINGS as Record<string, Setting>;
-  const settings = Object.fromEntries(Object.entries(table).map(([k, s]) => [k, s.default])) as Record<string, unknown>;
-  const lossRaw: Record<string, unknown> = {};
-  const lossNames = new Set(resolveLoss('grpo').terms[0].loss.params.map((p) => p.name));
-  for (const [k, v] of Object.entries(rest)) {
-    if (k in table) settings[k] = coerceSetting(k, table[k], v);
-    else if (lossNames.has(k) && k !== 'max_completion_length') lossRaw[k] = v;
-    else throw new UserError(`grpo: unknown setting "${k}"; see prefzoo grpo --help for GRPO's settings, the loss's parameters and the trainer's`);
-  }
-  const s = settings as unknown as GrpoSettings;
-  const loss = resolveLoss('grpo', { ...lossRaw, max_completion_length: s.max_completion_length });
-  return { settings: s, loss };
+/** The `grpo` loss bound to the loss parameters given (max_completion_length is GRPO's setting, passed on). */
+export function grpoLoss(lossParams: Record<string, unknown>, s: GrpoSettings): BoundLoss {
+  return resolveLoss('grpo', { ...lossParams, max_completion_length: s.max_completion_length });
 }
 
 /** Weights of the reward functions: reward_weights, or 1 each. */
@@ -441,8 +357,9 @@ export interface GrpoResult {
 }
 
 export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
-  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: { ...GRPO_TRAIN_DEFAULTS, ...o.base } });
-  const { settings: s, loss } = resolveGrpo(lossParams);
+  const { config, lossParams, own } = resolveConfig({ configFile: o.configFile, params: o.params, base: { ...GRPO_TRAIN_DEFAULTS, ...o.base }, command: 'grpo' });
+  const s = own as unknown as GrpoSettings;
+  const loss = grpoLoss(lossParams, s);
   const p = loss.terms[0].params as GrpoParams;
   const G = s.num_generations;
   const perRound = config.batch_size * config.gradient_accumulation_steps;
@@ -598,9 +515,4 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   } finally {
     await releaseRewards(fns);
   }
-}
-
-/** For the CLI's --help: the GRPO settings as lines `name=default  range — meaning`. */
-export function grpoSettingsHelp(): string[] {
-  return Object.entries(GRPO_SETTINGS as Record<string, Setting>).map(([k, v]) => `${k}=${v.default === '' ? "''" : v.default}  ${describeSetting(v)}  — ${v.doc}`);
 }

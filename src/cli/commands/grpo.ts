@@ -5,33 +5,29 @@
  */
 import type { Command } from 'commander';
 import { DEVICE_HELP, collect, device } from '../flags.ts';
-import { GRPO_HONOURS, GRPO_TRAIN_DEFAULTS, grpo, grpoSettingsHelp } from '../../online/grpo.ts';
-import { LOOP_HONOURS } from '../../online/loop.ts';
-import { DEFAULT_CONFIG } from '../../train/config.ts';
+import { GRPO_TRAIN_DEFAULTS, grpo } from '../../online/grpo.ts';
+import { settingsHelp as honouredHelp } from '../../train/settings.ts';
 import { getLoss } from '../../../losses/index.ts';
 import { describeRange } from '../../../losses/core/params.ts';
 import { terminalProgress } from '../progress.ts';
 
-/** Every setting grpo takes, with its default: GRPO's own, the loss's, and the trainer's it honours. */
+/** Every setting grpo takes, with its default: GRPO's own and the trainer's it honours (the settings table), and the loss's. */
 function settingsHelp(): string {
   const loss = getLoss('grpo').params.filter((p) => p.name !== 'max_completion_length');
-  const defaults = { ...DEFAULT_CONFIG, ...GRPO_TRAIN_DEFAULTS } as unknown as Record<string, unknown>;
   const show = (v: unknown) => (v === '' ? "''" : v === null ? '(unset)' : String(v));
   return [
     '',
-    'GRPO settings (--param name=value; TRL GRPOConfig names):',
-    ...grpoSettingsHelp().map((l) => `  ${l}`),
+    'Settings (--param name=value or --config; TRL GRPOConfig names; docs/settings.md), with defaults;',
+    `grpo's own defaults for the trainer: ${Object.entries(GRPO_TRAIN_DEFAULTS).map(([k, v]) => `${k}=${v}`).join(', ')} (batch_size counts`,
+    'completions per micro-batch; a round is batch_size × gradient_accumulation_steps completions, whole groups):',
+    honouredHelp('grpo'),
     '',
     'Loss parameters (losses/grpo.ts; docs/losses.md has the formulas):',
-    ...loss.map((p) => `  ${p.name}=${show(p.default)}  ${describeRange(p)}  — ${p.doc}`),
-    '',
-    'Trainer settings honoured (batch_size counts completions per micro-batch; a round is',
-    'batch_size × gradient_accumulation_steps completions, a multiple of num_generations):',
-    ...[...LOOP_HONOURS, ...GRPO_HONOURS].map((k) => `  ${k}=${show(defaults[k])}`),
+    ...loss.map((p) => `    ${p.name}=${show(p.default)}  ${describeRange(p)}  — ${p.doc}`),
     '',
     'Rewards (--reward, repeatable): accuracy | format:REGEX | length[:TOKENS] | ./rewards.mjs[:fn] | ./rewards.ts | cmd:COMMAND | reward:DIR',
     '',
-    'Example: prefzoo grpo --model M --prompts gsm8k.jsonl --reward accuracy --reward "format:^.*\\\\boxed\\{.*\\}" -o runs/g \\',
+    'Example: prefzoo grpo --model M --prompts gsm8k.jsonl --reward accuracy --reward "format:\\\\boxed\\{" -o runs/g \\',
     '           --param lora_r=16 --param max_completion_length=256 --param loss_type=dapo',
   ].join('\n');
 }
