@@ -65,16 +65,18 @@ const WARM_START: Partial<TrainConfig> = {
 
 /**
  * GRPO on the task: 8 prompts × 8 completions a step, answers of at most 2 tokens (a digit and the
- * end). Measured on seed 0: held-out accuracy 0.29 after 100 steps, 0.86 after 200 at learning rate
- * 3e-3; 4e-3 and above unsettle the policy (its mass leaves the digits and every group scores 0).
+ * end), 500 steps at learning rate 3e-3 with the k3 KL to the starting policy (β = 0.04, DeepSeek's
+ * value). Measured on seed 0: without the KL the policy can settle on a confident wrong digit
+ * (entropy 0.07, every group scoring the same: no signal left), held-out accuracy 0.22; with it 0.97.
+ * 4e-3 and above unsettle the policy (its mass leaves the digits).
  */
 const GRPO_BASE: Partial<TrainConfig> = {
   batch_size: 64, learning_rate: 3e-3, max_steps: 500, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
   pad_to_multiple_of: 8, lr_scheduler: 'linear', logging_steps: 10, save_steps: 0,
 };
+const GRPO_PARAMS = ['num_generations=8', 'max_completion_length=2', 'temperature=1', 'beta=0.04'];
 const TRAIN_PROMPTS = 3000;
 const HELDOUT_PROMPTS = 100;
-const GRPO_PARAMS = ['num_generations=8', 'max_completion_length=2', 'temperature=1'];
 const EVAL_SAMPLES = 8;
 
 export async function runGrpoDemo(o: GrpoDemoOptions): Promise<GrpoDemoResult> {
