@@ -21,26 +21,18 @@ import { join } from 'node:path';
 import { makeMeta } from '../../datasets/schema.ts';
 import type { Example } from '../../datasets/examples.ts';
 import { initModelFolder } from '../models/init.ts';
-import type { ProgressFactory } from '../progress.ts';
 import { SeededRandom } from '../random.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
-import { recallPrompts } from './demo.ts';
+import { recallPrompts, type OnlineDemoOptions } from './demo.ts';
 import { evaluateRewards, grpo } from './grpo.ts';
 import { Policy } from './policy.ts';
 import { readPromptRows } from './prompts.ts';
 import { loadAllRewards, releaseRewards } from './rewards.ts';
 
-export interface GrpoDemoOptions {
-  seed: number;
-  out?: string;
-  progress?: ProgressFactory;
-  quiet?: boolean;
-  log?: (line: string) => void;
-  /** Extra `key=value` settings for the GRPO run (e.g. loss_type=grpo, max_steps=40). */
-  params?: string[];
-}
+/** The online demo's options; `params` are extra settings of the GRPO run (e.g. loss_type=grpo, max_steps=40). */
+export type GrpoDemoOptions = Omit<OnlineDemoOptions, 'method'>;
 
 export interface GrpoDemoResult {
   method: 'grpo';

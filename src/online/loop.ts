@@ -41,6 +41,7 @@ import { loadTokenizer, type LoadedTokenizer } from '../tokenize/index.ts';
 import { SeededRandom } from '../random.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 import { DEFAULT_CONFIG, resolveConfig, type TrainConfig } from '../train/config.ts';
+import { declaredCommands } from '../train/settings.ts';
 import { lastCheckpoint, nonFiniteLoss, saveCheckpointAt } from '../train/checkpoints.ts';
 import {
   checkDeviceOf,
@@ -193,6 +194,8 @@ export const LOOP_HONOURS: readonly (keyof TrainConfig)[] = [
  * `command` does not honour: `honours` and the loop's own `LOOP_HONOURS` are the ones it uses.
  */
 export function refuseUnhonoured(command: string, o: { params?: readonly string[]; configFile?: string }, honours: readonly string[]): void {
+  // A command declared in the settings table (src/train/settings.ts) was checked by its resolveConfig({ command }).
+  if (declaredCommands().some((c) => c.name === command)) return;
   const { config: given } = resolveConfig({ params: o.params, configFile: o.configFile });
   const used = new Set<string>([...LOOP_HONOURS, ...honours]);
   const defaults = DEFAULT_CONFIG as unknown as Record<string, unknown>;
