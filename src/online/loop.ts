@@ -160,6 +160,12 @@ export interface OnlineOptions extends LoopOptions {
   overwrite?: boolean;
 }
 
+/**
+ * Items read once the run folder is ready (a data stage writing converted files under RUN/data),
+ * tokenized with the run's tokenizer.
+ */
+export type ItemLoader<Item> = (s: { run: string; tok: LoadedTokenizer; info: (line: string) => void }) => Promise<readonly Item[]>;
+
 /** Everything the command resolved before the loop: its settings and what config.json records. */
 export interface OnlineRun {
   config: TrainConfig;
@@ -222,9 +228,9 @@ interface LoopState {
  * run, unless --resume or --overwrite), the artifacts built (kept by a resumed run), the rounds and
  * updates, checkpoints every save_steps and at the end, the trained model saved.
  */
-export async function runOnline<Item, Round>(o: OnlineOptions, items: readonly Item[], method: OnlineMethod<Item, Round>, r: OnlineRun): Promise<OnlineResult> {
+export async function runOnline<Item, Round>(o: OnlineOptions, items: readonly Item[] | ItemLoader<Item>, method: OnlineMethod<Item, Round>, r: OnlineRun): Promise<OnlineResult> {
   refuseUnhonoured(method.name, o, method.honours ?? []);
-  if (items.length === 0) throw new UserError(`${method.name}: nothing to train on (no prompts or rows)`);
+  if (Array.isArray(items) && items.length === 0) throw new UserError(`${method.name}: nothing to train on (no prompts or rows)`);
   const { config } = r;
   await checkDeviceOf(config);
   // Model and tokenizer first: a bad model folder leaves no run folder behind.
@@ -241,7 +247,7 @@ export async function runOnline<Item, Round>(o: OnlineOptions, items: readonly I
   }
 }
 
-async function runIn<Item, Round>(o: OnlineOptions, items: readonly Item[], method: OnlineMethod<Item, Round>, r: OnlineRun, base: ReturnType<typeof loadModel>, tok: LoadedTokenizer): Promise<OnlineResult> {
+async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | ItemLoader<Item>, method: OnlineMethod<Item, Round>, r: OnlineRun, base: ReturnType<typeof loadModel>, tok: LoadedTokenizer): Promise<OnlineResult> {
   const t0 = Date.now();
   const run = o.out;
   const { config } = r;
@@ -249,6 +255,8 @@ async function runIn<Item, Round>(o: OnlineOptions, items: readonly Item[], meth
   const info = o.quiet && !o.log ? () => {} : log;
   const resuming = !!o.resume && lastCheckpoint(run) !== null;
   if (o.resume && !resuming) info(`no checkpoint in ${run}; starting from the beginning`);
+  const items = typeof given === 'function' ? await given({ run, tok, info }) : given;
+  if (items.length === 0) throw new UserError(`${method.name}: nothing to train on (no prompts or rows)`);
   const runtime = runtimeOf(config, base.config);
   const lora = loraOf(config);
   writeJsonAtomic(join(run, 'config.json'), { model: o.model, method: method.name, ...r.record, ...config });
