@@ -47,6 +47,7 @@ import {
   checkSameRun,
   currentWeights,
   ensureArtifacts,
+  ItemOrder,
   loraOf,
   MetricsLog,
   optimizerUpdate,
@@ -209,11 +210,6 @@ export function refuseUnhonoured(command: string, o: { params?: readonly string[
   }
 }
 
-/** Order of the items in an epoch: the trainer's seeded shuffle, the same on resume. */
-function epochOrder(n: number, seed: number, epoch: number): number[] {
-  return new SeededRandom(seed * 1000003 + epoch).shuffle(Array.from({ length: n }, (_, i) => i));
-}
-
 /** The loop's part of state.json (`online`). */
 interface LoopState {
   rounds: number;
@@ -276,8 +272,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
   const art = await TrainingArtifacts.load(artDir, runtime);
   let decoder: Decoder | null = null;
   const liveWeights = () => new Map(art.manifest.params.map((p) => [p.name, { shape: p.shape, data: art.param(p.name) as Float32Array }]));
-  let epoch = 0;
-  let cursor = 0;
+  let at = { epoch: 0, index: 0 };
   let rounds = 0;
   let numTokens = 0;
   let pending: LoopState['pending'] = null;
@@ -286,9 +281,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
   if (resuming) {
     const ck = lastCheckpoint(run)!;
     const state = art.loadCheckpoint(ck);
-    const c = state.dataCursor as { epoch: number; index: number };
-    epoch = c.epoch;
-    cursor = c.index;
+    at = state.dataCursor as { epoch: number; index: number };
     numTokens = typeof state.num_tokens === 'number' ? state.num_tokens : 0;
     const s = state.online as LoopState | undefined;
     if (!s) throw new UserError(`${ck}: not a checkpoint of an online run (no "online" state); start again with --overwrite`);
@@ -322,17 +315,10 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
   await method.open?.(ctx);
   const evalEvery = method.evaluate && config.eval_data && config.eval_steps > 0 ? config.eval_steps : 0;
 
-  let order = epochOrder(items.length, config.seed, epoch);
+  const order = new ItemOrder(items.length, config.seed, at.epoch, at.index);
   const nextRound = (): { items: Item[]; info: RoundInfo } => {
-    if (cursor >= items.length || (!method.partialRounds && cursor + roundSize > items.length)) {
-      epoch++;
-      cursor = 0;
-      order = epochOrder(items.length, config.seed, epoch);
-    }
-    const info: RoundInfo = { index: rounds, step: art.step + 1, epoch };
-    const idx = order.slice(cursor, cursor + roundSize);
-    cursor += idx.length;
-    rounds++;
+    const idx = order.take(roundSize, !method.partialRounds);
+    const info: RoundInfo = { index: rounds++, step: art.step + 1, epoch: order.epoch };
     return { items: idx.map((i) => items[i]), info };
   };
 
@@ -367,7 +353,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
       numTokens += up.tokens;
       const row: Record<string, number> = {
         step,
-        epoch: Math.round((epoch + cursor / items.length) * 1e4) / 1e4,
+        epoch: order.epochs,
         ...up.metrics,
         ...(method.metrics ? method.metrics(round, u) : {}),
         grad_norm: up.gradNorm,
@@ -382,7 +368,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
       if (evalEvery && step % evalEvery === 0 && step !== total) metrics.row({ step, split: 'eval', ...(await method.evaluate!(ctx)) });
       if ((config.save_steps > 0 && step % config.save_steps === 0) || step === total) {
         const online: LoopState = { rounds, rng: ctx.rng.state, pending, ...(method.state ? { method: method.state() } : {}) };
-        await saveCheckpointAt(run, art, { epoch, dataCursor: { epoch, index: cursor }, rng: { seed: config.seed }, config, num_tokens: numTokens, online }, { limit: config.save_total_limit });
+        await saveCheckpointAt(run, art, { epoch: order.epoch, dataCursor: order.cursor, rng: { seed: config.seed }, config, num_tokens: numTokens, online }, { limit: config.save_total_limit });
       }
     }
     progress.stop();

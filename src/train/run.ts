@@ -13,6 +13,7 @@ import type { Feeds } from '../runtime/session.ts';
 import { saveAdapter } from '../models/peft.ts';
 import { TensorBoardWriter } from './tensorboard.ts';
 import { faultStep } from './checkpoints.ts';
+import { SeededRandom } from '../random.ts';
 import type { TrainConfig } from '../train/config.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
 import type { LrScheduleConfig } from '../optim/schedule.ts';
@@ -350,4 +351,50 @@ export function saveTrained(run: string, weights: Map<string, FloatTensor>, o: {
     if (!o.config.save_merged) finalDir = adapterDir;
   }
   return finalDir;
+}
+
+/** Order of `n` items in an epoch: a seeded shuffle, the same on resume. */
+function epochOrder(n: number, seed: number, epoch: number): number[] {
+  return new SeededRandom(seed * 1000003 + epoch).shuffle(Array.from({ length: n }, (_, i) => i));
+}
+
+/**
+ * Data stage's cursor: where a loop is in its items, a seeded shuffle per epoch. Saved in checkpoints
+ * as `dataCursor` ({ epoch, index }) and restored from it, so a resumed run takes the same batches.
+ */
+export class ItemOrder {
+  private order: number[];
+  constructor(
+    readonly n: number,
+    private readonly seed: number,
+    public epoch = 0,
+    public index = 0,
+  ) {
+    this.order = epochOrder(n, seed, epoch);
+  }
+
+  /**
+   * The next `size` item indices. The next epoch starts when the last one is used up, or with `whole`
+   * when fewer than `size` are left (every batch the same size; the rest of the epoch is skipped).
+   */
+  take(size: number, whole = false): number[] {
+    if (this.index >= this.n || (whole && this.index + size > this.n)) {
+      this.epoch++;
+      this.index = 0;
+      this.order = epochOrder(this.n, this.seed, this.epoch);
+    }
+    const idx = this.order.slice(this.index, this.index + size);
+    this.index += idx.length;
+    return idx;
+  }
+
+  /** The checkpoint's `dataCursor`. */
+  get cursor(): { epoch: number; index: number } {
+    return { epoch: this.epoch, index: this.index };
+  }
+
+  /** Epochs done, as the metrics rows' `epoch` (4 decimals). */
+  get epochs(): number {
+    return Math.round((this.epoch + this.index / this.n) * 1e4) / 1e4;
+  }
 }
