@@ -9,6 +9,8 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { initModelFolder } from '../src/models/init.ts';
+import { runSppo } from '../src/online/sppo.ts';
+import type { Judge } from '../src/online/judges.ts';
 
 const bin = resolve(import.meta.dirname, '..', 'bin', 'prefzoo.mjs');
 const dir = mkdtempSync(join(tmpdir(), 'prefzoo-online-loop-'));
@@ -112,5 +114,38 @@ describe('online loop (nash-md)', () => {
     expect(r.status).toBe(1);
     expect(r.stderr.trim()).toBe('prefzoo: nash-md: setting eval_data=held.jsonl is not honoured by nash-md; remove it');
     expect(existsSync(out)).toBe(false);
+  });
+});
+
+describe('sppo --resume', () => {
+  /** Prefers the shorter text. */
+  const shorter: Judge = {
+    name: 'shorter',
+    async compare(items) {
+      return items.map((c) => (String(c.a).length < String(c.b).length ? 1 : String(c.a).length > String(c.b).length ? 0 : 0.5));
+    },
+    async release() {},
+  };
+  const list = ['1+2=', '3+4=', '5+6=', '7+8='];
+  const base = { learning_rate: 3e-3, batch_size: 2, pad_to_multiple_of: 16, max_length: 32, max_prompt_length: 16, logging_steps: 1, warmup_steps: 0, threads: 1 };
+  const opts = (out: string) => ({ model, prompts: list, judge: shorter, out, iterations: 2, samples: 2, maxNewTokens: 3, params: ['max_steps=3', 'save_steps=1', 'beta=0.1'], base, quiet: true, log: () => {} });
+
+  it('an iteration stopped after its first checkpoint continues from it and from its samples: the same rows and models', async () => {
+    const straight = join(dir, 'sppo-straight');
+    await runSppo(opts(straight));
+    const broken = join(dir, 'sppo-broken');
+    process.env.PREFZOO_FAULT_NAN_AT_STEP = '2';
+    try {
+      await expect(runSppo(opts(broken))).rejects.toThrow(/loss is NaN at step 2: .*iter-1\/train\/checkpoints\/step-00000001/);
+    } finally {
+      delete process.env.PREFZOO_FAULT_NAN_AT_STEP;
+    }
+    expect(existsSync(join(broken, 'iter-2'))).toBe(false);
+    await expect(runSppo(opts(broken))).rejects.toThrow(/holds an unfinished SPPO run.*--resume/);
+    await runSppo({ ...opts(broken), resume: true });
+    for (const t of [1, 2]) expect(rows(join(broken, `iter-${t}`, 'train'))).toEqual(rows(join(straight, `iter-${t}`, 'train')));
+    expect(readFileSync(join(broken, 'iter-1', 'samples.jsonl'), 'utf8')).toBe(readFileSync(join(straight, 'iter-1', 'samples.jsonl'), 'utf8'));
+    expect(Buffer.compare(readFileSync(join(straight, 'final', 'model.safetensors')), readFileSync(join(broken, 'final', 'model.safetensors')))).toBe(0);
+    await expect(runSppo({ ...opts(broken), resume: true })).rejects.toThrow(/already holds an SPPO run/);
   });
 });
