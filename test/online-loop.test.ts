@@ -11,6 +11,13 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { initModelFolder } from '../src/models/init.ts';
 import { runSppo } from '../src/online/sppo.ts';
 import type { Judge } from '../src/online/judges.ts';
+import { runOnline, type OnlineMethod } from '../src/online/loop.ts';
+import { sampleWith } from '../src/online/policy.ts';
+import { buildCausalLM } from '../src/models/index.ts';
+import { sequenceLogps } from '../src/models/logps.ts';
+import { collate } from '../src/models/batch.ts';
+import { modelParamSpecs, optimizerOf } from '../src/train/run.ts';
+import { resolveConfig } from '../src/train/config.ts';
 
 const bin = resolve(import.meta.dirname, '..', 'bin', 'prefzoo.mjs');
 const dir = mkdtempSync(join(tmpdir(), 'prefzoo-online-loop-'));
@@ -147,5 +154,68 @@ describe('sppo --resume', () => {
     expect(readFileSync(join(broken, 'iter-1', 'samples.jsonl'), 'utf8')).toBe(readFileSync(join(straight, 'iter-1', 'samples.jsonl'), 'utf8'));
     expect(Buffer.compare(readFileSync(join(straight, 'final', 'model.safetensors')), readFileSync(join(broken, 'final', 'model.safetensors')))).toBe(0);
     await expect(runSppo({ ...opts(broken), resume: true })).rejects.toThrow(/already holds an SPPO run/);
+  });
+});
+
+describe('online loop: several updates per round', () => {
+  /**
+   * A method taking two updates on each round (as GRPO's num_iterations): SFT on its own samples,
+   * drawn with seeds from the loop's RNG. A checkpoint inside a round must hold the round and the RNG.
+   */
+  const selfTrain: OnlineMethod<string, { promptIds: number[][]; ids: number[][] }> = {
+    name: 'self-sft',
+    spec: (s) => ({
+      params: modelParamSpecs(s.model, s.init, s.lora, false),
+      batchInputs: [
+        { name: 'input_ids', dtype: 'int64', shape: ['rows', 'len'] },
+        { name: 'attention_mask', dtype: 'int64', shape: ['rows', 'len'] },
+        { name: 'loss_mask', dtype: 'float32', shape: ['rows', 'len'] },
+      ],
+      optimizer: optimizerOf(s.config),
+      loss: { name: 'self_sft' },
+      modelConfig: s.model,
+      buildForward(g, p, batch, mode) {
+        const m = buildCausalLM(g, s.model, new Map(Object.entries(p)), { inputIds: batch.input_ids, attentionMask: batch.attention_mask }, { lora: s.lora });
+        const { logp } = sequenceLogps(g, m, batch.loss_mask);
+        if (mode === 'eval') return { outputs: { logp } };
+        return { loss: g.neg(g.reduceMean(logp, undefined, false)), metrics: {} };
+      },
+    }),
+    updatesPerRound: () => 2,
+    async collect(ctx, prompts) {
+      const ys = await sampleWith(ctx.tok, await ctx.policy(), prompts, { n: 1, seed: ctx.rng.nextU32(), maxNewTokens: 4, temperature: 1, topK: 0, topP: 1 });
+      return { promptIds: ys.map((y) => y.promptIds), ids: ys.map((y) => y.ids) };
+    },
+    async microBatches(ctx, r) {
+      const rows = r.ids.map((ids, i) => ({ promptIds: r.promptIds[i], responseIds: [ids], src: { prompt: '', responses: [''] } }));
+      const c = collate(rows, { kind: 'single', padTo: 16, padId: ctx.tok.padId ?? 0, dtype: 'float32', refLogps: () => [0] });
+      return [{ feeds: { input_ids: c.feeds.input_ids, attention_mask: c.feeds.attention_mask, loss_mask: c.feeds.loss_mask }, tokens: c.tokens }];
+    },
+    metrics: (r, u) => ({ update: u, 'completions/mean_length': r.ids.reduce((a, y) => a + y.length, 0) / r.ids.length }),
+  };
+  const list = ['1+2=', '3+4=', '5+6=', '7+8=', '9+0='];
+  const params = ['max_steps=8', 'save_steps=3', 'batch_size=2', 'learning_rate=1e-2', 'logging_steps=1', 'threads=1'];
+  const go = (out: string, resume = false) => runOnline({ model, out, params, resume, quiet: true, log: () => {} }, list, selfTrain, { config: resolveConfig({ params }).config, record: {} });
+
+  it('a run stopped inside a round resumes from the checkpoint holding that round: the same rows and weights', async () => {
+    const straight = join(dir, 'self-straight');
+    const a = await go(straight);
+    expect(a.steps).toBe(8);
+    const want = rows(straight);
+    expect(want.map((r) => r.update)).toEqual([0, 1, 0, 1, 0, 1, 0, 1]);
+    const broken = join(dir, 'self-broken');
+    // Step 3 is the first update of round 2: its checkpoint holds the round, step 4 (its second update) fails.
+    process.env.PREFZOO_FAULT_NAN_AT_STEP = '4';
+    try {
+      await expect(go(broken)).rejects.toThrow(/^self-sft: loss is NaN at step 4/);
+    } finally {
+      delete process.env.PREFZOO_FAULT_NAN_AT_STEP;
+    }
+    const state = JSON.parse(readFileSync(join(broken, 'checkpoints', 'step-00000003', 'state.json'), 'utf8'));
+    expect(state.online.pending.next).toBe(1);
+    expect(state.online.rounds).toBe(2);
+    await go(broken, true);
+    expect(rows(broken)).toEqual(want);
+    expect(Buffer.compare(readFileSync(join(straight, 'final', 'model.safetensors')), readFileSync(join(broken, 'final', 'model.safetensors')))).toBe(0);
   });
 });
