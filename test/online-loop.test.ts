@@ -3,14 +3,16 @@
  * killed with SIGKILL and continued with --resume writing the same metrics rows and final weights as
  * an uninterrupted run, the NaN stop, and the refusal of a setting nash-md does not honour.
  */
-import { spawn, spawnSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { initModelFolder } from '../src/models/init.ts';
+import { bin, killWhen } from './helpers/faults.ts';
 import { runSppo } from '../src/online/sppo.ts';
-import type { Judge } from '../src/online/judges.ts';
+import { loadJudge, type Judge } from '../src/online/judges.ts';
+import { runNashMd } from '../src/online/nash-md.ts';
 import { runOnline, type OnlineMethod } from '../src/online/loop.ts';
 import { sampleWith } from '../src/online/policy.ts';
 import { buildCausalLM } from '../src/models/index.ts';
@@ -19,7 +21,6 @@ import { collate } from '../src/models/batch.ts';
 import { modelParamSpecs, optimizerOf } from '../src/train/run.ts';
 import { resolveConfig } from '../src/train/config.ts';
 
-const bin = resolve(import.meta.dirname, '..', 'bin', 'prefzoo.mjs');
 const dir = mkdtempSync(join(tmpdir(), 'prefzoo-online-loop-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 const model = join(dir, 'model');
@@ -30,11 +31,11 @@ const judge = join(dir, 'judge.mjs');
 const SETTINGS = ['max_steps=12', 'save_steps=3', 'batch_size=2', 'gradient_accumulation_steps=2', 'learning_rate=3e-3', 'warmup_steps=2', 'lr_scheduler=cosine', 'pad_to_multiple_of=16', 'logging_steps=1', 'threads=1', 'beta=0.1', 'mixture_coef=0.5'];
 
 function args(out: string, extra: string[] = []): string[] {
-  return [bin, 'nash-md', '--model', model, '--prompts', prompts, '--judge', `cmd:node ${judge}`, '-o', out, '--max-new-tokens', '4', '--quiet', ...SETTINGS.flatMap((s) => ['--param', s]), ...extra];
+  return ['nash-md', '--model', model, '--prompts', prompts, '--judge', `cmd:node ${judge}`, '-o', out, '--max-new-tokens', '4', '--quiet', ...SETTINGS.flatMap((s) => ['--param', s]), ...extra];
 }
 
-function runSync(out: string, extra: string[] = [], env: Record<string, string> = {}) {
-  return spawnSync(process.execPath, args(out, extra), { encoding: 'utf8', env: { ...process.env, ...env } });
+function runSync(out: string, extra: string[] = []) {
+  return spawnSync(process.execPath, [bin, ...args(out, extra)], { encoding: 'utf8' });
 }
 
 /** metrics.jsonl rows without the wall-clock field. */
@@ -78,21 +79,7 @@ describe('online loop (nash-md)', () => {
     expect(new Set(want.map((r) => r.loss)).size).toBeGreaterThan(1);
 
     const broken = join(dir, 'broken');
-    await new Promise<void>((done, fail) => {
-      const child = spawn(process.execPath, args(broken), { stdio: 'ignore' });
-      const ckpt = join(broken, 'checkpoints', 'step-00000003', 'state.json');
-      const timer = setInterval(() => {
-        if (existsSync(ckpt)) {
-          child.kill('SIGKILL');
-          clearInterval(timer);
-        }
-      }, 2);
-      child.on('exit', (code, signal) => {
-        clearInterval(timer);
-        if (signal === 'SIGKILL') done();
-        else fail(new Error(`the run ended (code ${code}) before it could be killed; make it longer`));
-      });
-    });
+    await killWhen(args(broken), () => existsSync(join(broken, 'checkpoints', 'step-00000003', 'state.json')));
     expect(existsSync(join(broken, 'final'))).toBe(false);
     const b = runSync(broken, ['--resume']);
     expect(b.status, b.stderr).toBe(0);
@@ -102,24 +89,34 @@ describe('online loop (nash-md)', () => {
     expect(Buffer.compare(left, right)).toBe(0);
   });
 
-  it('a NaN loss stops the run in one line, keeping the last good checkpoint, which resumes', () => {
+  /** The same run through the library, with the same external judge. */
+  async function nashMd(out: string, o: { resume?: boolean; params?: string[] } = {}) {
+    const j = await loadJudge(`cmd:node ${judge}`);
+    try {
+      const list = readFileSync(prompts, 'utf8').trim().split('\n');
+      return await runNashMd({ model, prompts: list, promptsFile: prompts, judge: j, out, maxNewTokens: 4, temperature: 1, topK: 0, topP: 1, params: [...SETTINGS, ...(o.params ?? [])], resume: o.resume, quiet: true, log: () => {} });
+    } finally {
+      await j.release();
+    }
+  }
+
+  it('a NaN loss stops the run in one line, keeping the last good checkpoint, which resumes', async () => {
     const out = join(dir, 'nan');
-    const r = runSync(out, [], { PREFZOO_FAULT_NAN_AT_STEP: '5' });
-    expect(r.status).toBe(1);
-    expect(r.stderr.trim().split('\n')).toHaveLength(1);
-    expect(r.stderr.trim()).toMatch(/^prefzoo: nash-md: loss is NaN at step 5: stopping without applying the update\. .*checkpoints\/step-00000003/);
+    process.env.PREFZOO_FAULT_NAN_AT_STEP = '5';
+    try {
+      await expect(nashMd(out)).rejects.toThrow(/^nash-md: loss is NaN at step 5: stopping without applying the update\. The last good checkpoint is .*checkpoints\/step-00000003 \(resume with --resume after lowering learning_rate\)\.$/);
+    } finally {
+      delete process.env.PREFZOO_FAULT_NAN_AT_STEP;
+    }
     expect(readdirSync(join(out, 'checkpoints'))).toEqual(['step-00000003']);
     expect(existsSync(join(out, 'final'))).toBe(false);
-    const again = runSync(out, ['--resume']);
-    expect(again.status, again.stderr).toBe(0);
+    await nashMd(out, { resume: true });
     expect(rows(out)).toEqual(rows(join(dir, 'straight')));
   });
 
-  it('refuses a setting nash-md does not honour, in one line, before writing anything', () => {
+  it('refuses a setting nash-md does not honour, in one line, before writing anything', async () => {
     const out = join(dir, 'refused');
-    const r = runSync(out, ['--param', 'eval_data=held.jsonl']);
-    expect(r.status).toBe(1);
-    expect(r.stderr.trim()).toBe('prefzoo: nash-md: setting eval_data=held.jsonl is not honoured by nash-md; remove it');
+    await expect(nashMd(out, { params: ['eval_data=held.jsonl'] })).rejects.toThrow(/^nash-md: setting eval_data=held.jsonl is not honoured by nash-md; remove it$/);
     expect(existsSync(out)).toBe(false);
   });
 });

@@ -24,7 +24,6 @@
  *
  * Settings a method does not use are refused in one line (`refuseUnhonoured`), never ignored.
  */
-import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { TrainingArtifacts } from '../artifacts/training.ts';
 import type { ArtifactSpec } from '../artifacts/build.ts';
@@ -37,29 +36,12 @@ import type { LoraConfig } from '../models/index.ts';
 import { Decoder } from '../models/generate.ts';
 import { lrAt } from '../optim/schedule.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
-import { loadTokenizer, type LoadedTokenizer } from '../tokenize/index.ts';
+import type { LoadedTokenizer } from '../tokenize/index.ts';
 import { SeededRandom } from '../random.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 import { DEFAULT_CONFIG, resolveConfig, type TrainConfig } from '../train/config.ts';
 import { lastCheckpoint, nonFiniteLoss, saveCheckpointAt } from '../train/checkpoints.ts';
-import {
-  checkDeviceOf,
-  checkSameRun,
-  currentWeights,
-  ensureArtifacts,
-  ItemOrder,
-  loraOf,
-  MetricsLog,
-  optimizerUpdate,
-  prepareRunFolder,
-  runtimeOf,
-  saveTrained,
-  startingParams,
-  stepPlan,
-  type LoopOptions,
-  type MicroBatch,
-  type RunInput,
-} from '../train/run.ts';
+import { currentWeights, ensureArtifacts, inRunFolder, ItemOrder, loraOf, MetricsLog, optimizerUpdate, runtimeOf, saveTrained, startingParams, StepRows, stepPlan, type LoopOptions, type MicroBatch, type RunInput } from '../train/run.ts';
 
 export type { MicroBatch } from '../train/run.ts';
 
@@ -227,20 +209,7 @@ interface LoopState {
 export async function runOnline<Item, Round>(o: OnlineOptions, items: readonly Item[] | ItemLoader<Item>, method: OnlineMethod<Item, Round>, r: OnlineRun): Promise<OnlineResult> {
   refuseUnhonoured(method.name, o, method.honours ?? []);
   if (Array.isArray(items) && items.length === 0) throw new UserError(`${method.name}: nothing to train on (no prompts or rows)`);
-  const { config } = r;
-  await checkDeviceOf(config);
-  // Model and tokenizer first: a bad model folder leaves no run folder behind.
-  const base = loadModel(o.model);
-  const tok = loadTokenizer(o.model, { chatTemplateFile: config.chat_template || undefined });
-  const fresh = prepareRunFolder(o.out, o);
-  if (o.resume && !fresh) checkSameRun(o.out, [{ key: 'model', now: o.model, flag: '--model' }, ...(r.inputs ?? [])]);
-  try {
-    return await runIn(o, items, method, r, base, tok);
-  } catch (e) {
-    // A run that failed before its first checkpoint holds nothing to resume: leave no folder behind.
-    if (fresh && lastCheckpoint(o.out) === null) rmSync(o.out, { recursive: true, force: true });
-    throw e;
-  }
+  return inRunFolder(o, r.config, r.inputs ?? [], (base, tok) => runIn(o, items, method, r, base, tok));
 }
 
 async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | ItemLoader<Item>, method: OnlineMethod<Item, Round>, r: OnlineRun, base: ReturnType<typeof loadModel>, tok: LoadedTokenizer): Promise<OnlineResult> {
@@ -324,8 +293,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
 
   const progress = startProgress(o.progress, method.name, total, o.quiet);
   let last: Record<string, number> = {};
-  let tokensSeen = 0;
-  const tStart = Date.now();
+  const stepRows = new StepRows(numTokens);
   const release = async () => {
     await art.release();
     await decoder?.release();
@@ -349,26 +317,14 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
       }
       pending.next++;
       if (pending.next >= updates) pending = null;
-      tokensSeen += up.tokens;
-      numTokens += up.tokens;
-      const row: Record<string, number> = {
-        step,
-        epoch: order.epochs,
-        ...up.metrics,
-        ...(method.metrics ? method.metrics(round, u) : {}),
-        grad_norm: up.gradNorm,
-        learning_rate: lr,
-        tokens: up.tokens,
-        num_tokens: numTokens,
-        'tokens/s': Math.round(tokensSeen / ((Date.now() - tStart) / 1000)),
-      };
+      const row = stepRows.row(step, order.epochs, up, lr, method.metrics ? method.metrics(round, u) : {});
       last = row;
       if (step % config.logging_steps === 0 || step === total) metrics.row(row);
       progress.update(step, method.progressFields ? method.progressFields(row) : { loss: row.loss });
       if (evalEvery && step % evalEvery === 0 && step !== total) metrics.row({ step, split: 'eval', ...(await method.evaluate!(ctx)) });
       if ((config.save_steps > 0 && step % config.save_steps === 0) || step === total) {
         const online: LoopState = { rounds, rng: ctx.rng.state, pending, ...(method.state ? { method: method.state() } : {}) };
-        await saveCheckpointAt(run, art, { epoch: order.epoch, dataCursor: order.cursor, rng: { seed: config.seed }, config, num_tokens: numTokens, online }, { limit: config.save_total_limit });
+        await saveCheckpointAt(run, art, { epoch: order.epoch, dataCursor: order.cursor, rng: { seed: config.seed }, config, num_tokens: stepRows.numTokens, online }, { limit: config.save_total_limit });
       }
     }
     progress.stop();

@@ -12,7 +12,9 @@ import { readManifest } from '../artifacts/manifest.ts';
 import type { Feeds } from '../runtime/session.ts';
 import { saveAdapter } from '../models/peft.ts';
 import { TensorBoardWriter } from './tensorboard.ts';
-import { faultStep } from './checkpoints.ts';
+import { faultStep, lastCheckpoint } from './checkpoints.ts';
+import { loadModel } from '../models/load.ts';
+import { loadTokenizer, type LoadedTokenizer } from '../tokenize/index.ts';
 import { SeededRandom } from '../random.ts';
 import type { TrainConfig } from '../train/config.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
@@ -243,6 +245,32 @@ export function checkSameRun(run: string, inputs: readonly RunInput[]): void {
 }
 
 /**
+ * Opening stage of a run: the device checked, the starting model and tokenizer loaded (a bad model
+ * folder leaves no run folder behind), the run folder prepared (`prepareRunFolder`; a resumed run
+ * checked to have the `inputs` it was started with, the model always one), then `body`. A run that
+ * fails before its first checkpoint holds nothing to resume: its new folder is removed.
+ */
+export async function inRunFolder<T>(
+  o: { model: string; out: string; resume?: boolean; overwrite?: boolean },
+  config: TrainConfig,
+  inputs: readonly RunInput[],
+  body: (base: ReturnType<typeof loadModel>, tok: LoadedTokenizer) => Promise<T>,
+): Promise<T> {
+  // A device that cannot run here stops the run before anything is read or written.
+  await checkDeviceOf(config);
+  const base = loadModel(o.model);
+  const tok = loadTokenizer(o.model, { chatTemplateFile: config.chat_template || undefined });
+  const fresh = prepareRunFolder(o.out, o);
+  if (o.resume && !fresh) checkSameRun(o.out, [{ key: 'model', now: o.model, flag: '--model' }, ...inputs]);
+  try {
+    return await body(base, tok);
+  } catch (e) {
+    if (fresh && lastCheckpoint(o.out) === null) rmSync(o.out, { recursive: true, force: true });
+    throw e;
+  }
+}
+
+/**
  * Artifacts stage: the training graphs of `spec()` are written to `dir` unless a resumed run already
  * has them for these settings (`builtFor`); a resumed run on another device gets graphs for it, its
  * checkpoints carrying over. Returns whether they were (re)built.
@@ -303,6 +331,23 @@ export async function optimizerUpdate(art: TrainingArtifacts, o: { step: number;
   const metrics: Record<string, number> = {};
   for (const [k, v] of Object.entries(sums)) metrics[k] = v / o.micro;
   return { metrics, gradNorm, tokens };
+}
+
+/**
+ * The metrics row of each optimizer step, with the trainer's conventions: step, epoch, the graph's
+ * metrics (and a loop's `extra`), grad_norm, learning_rate, tokens, the cumulative num_tokens (kept
+ * in checkpoints) and tokens/s since the loop started (the only wall-clock field).
+ */
+export class StepRows {
+  private seen = 0;
+  private readonly t0 = Date.now();
+  constructor(public numTokens = 0) {}
+
+  row(step: number, epoch: number, up: UpdateResult, lr: number, extra: Record<string, number> = {}): Record<string, number> {
+    this.seen += up.tokens;
+    this.numTokens += up.tokens;
+    return { step, epoch, ...up.metrics, ...extra, grad_norm: up.gradNorm, learning_rate: lr, tokens: up.tokens, num_tokens: this.numTokens, 'tokens/s': Math.round(this.seen / ((Date.now() - this.t0) / 1000)) };
+  }
 }
 
 /**

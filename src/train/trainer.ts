@@ -48,25 +48,7 @@ import { loadTokenizer } from '../tokenize/index.ts';
 import { lrAt } from '../optim/schedule.ts';
 import { describePlacement, placement } from '../runtime/placement.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
-import {
-  checkDeviceOf,
-  checkSameRun,
-  currentWeights as artifactWeights,
-  ensureArtifacts,
-  ItemOrder,
-  loraOf,
-  lowMemoryFor,
-  MetricsLog,
-  optimizerOf,
-  optimizerUpdate,
-  prepareRunFolder,
-  runtimeOf,
-  saveTrained,
-  startingParams,
-  stepPlan,
-  type LoopOptions,
-  type MicroBatch,
-} from './run.ts';
+import { currentWeights as artifactWeights, ensureArtifacts, inRunFolder, ItemOrder, loraOf, lowMemoryFor, MetricsLog, optimizerOf, optimizerUpdate, runtimeOf, saveTrained, startingParams, StepRows, stepPlan, type LoopOptions, type MicroBatch, type RunInput } from './run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
 import { canPack, collate } from '../models/batch.ts';
@@ -110,31 +92,15 @@ export { lastCheckpoint } from './checkpoints.ts';
 export { prepareRunFolder } from './run.ts';
 
 export async function train(o: TrainOptions): Promise<TrainResult> {
-  const run = o.out;
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const loss = resolveLoss(o.loss, lossParams);
-  // A device that cannot run here stops the run before anything is read or written.
-  await checkDeviceOf(config);
-  // Model and tokenizer first: a bad model folder leaves no run folder behind.
-  const base = loadModel(o.model);
-  const tok = loadTokenizer(o.model, { chatTemplateFile: config.chat_template || undefined });
-  const fresh = prepareRunFolder(run, o);
-  if (o.resume && !fresh) {
-    // --resume continues a run only with the model, data, loss and reference it was started with.
-    checkSameRun(run, [
-      { key: 'model', now: o.model, flag: '--model' },
-      ...(o.rows ? [] : [{ key: 'data', now: o.data, flag: '--data' }]),
-      { key: 'loss', now: o.loss, flag: '--loss' },
-      { key: 'ref', now: o.refModel, flag: '--ref', optional: true, absent: 'no --ref' },
-    ]);
-  }
-  try {
-    return await trainIn(o, { config, lossParams, loss, base, tok });
-  } catch (e) {
-    // A run that failed before its first checkpoint holds nothing to resume: leave no folder behind.
-    if (fresh && lastCheckpoint(run) === null) rmSync(run, { recursive: true, force: true });
-    throw e;
-  }
+  // --resume continues a run only with the model, data, loss and reference it was started with.
+  const inputs: RunInput[] = [
+    ...(o.rows ? [] : [{ key: 'data', now: o.data, flag: '--data' }]),
+    { key: 'loss', now: o.loss, flag: '--loss' },
+    { key: 'ref', now: o.refModel, flag: '--ref', optional: true, absent: 'no --ref' },
+  ];
+  return inRunFolder(o, config, inputs, (base, tok) => trainIn(o, { config, lossParams, loss, base, tok }));
 }
 
 /** What `train` resolved before the stages: settings, loss, the starting model and its tokenizer. */
@@ -454,8 +420,7 @@ async function loopStage(o: TrainOptions, c0: Setup, d: DataStage, r: ReferenceS
   };
   const progress = startProgress(o.progress, 'train', totalSteps, o.quiet);
   let last: Record<string, number> = {};
-  let tokensSeen = 0;
-  const tStart = Date.now();
+  const stepRows = new StepRows(numTokens);
   while (art.step < totalSteps) {
     const step = art.step + 1;
     const lr = lrAt(step, schedule);
@@ -465,18 +430,7 @@ async function loopStage(o: TrainOptions, c0: Setup, d: DataStage, r: ReferenceS
       await art.release();
       throw nonFiniteLoss(run, art, up.metrics.loss, step);
     }
-    tokensSeen += up.tokens;
-    numTokens += up.tokens;
-    const row = {
-      step,
-      epoch: order.epochs,
-      ...up.metrics,
-      grad_norm: up.gradNorm,
-      learning_rate: lr,
-      tokens: up.tokens,
-      num_tokens: numTokens,
-      'tokens/s': Math.round(tokensSeen / ((Date.now() - tStart) / 1000)),
-    };
+    const row = stepRows.row(step, order.epochs, up, lr);
     last = row;
     if (step % config.logging_steps === 0 || step === totalSteps) metrics.row(row);
     const acc = up.metrics['rewards/accuracies'];
@@ -493,7 +447,7 @@ async function loopStage(o: TrainOptions, c0: Setup, d: DataStage, r: ReferenceS
     if (evalNow) await evaluateAt(step);
     if ((config.save_steps > 0 && step % config.save_steps === 0) || step === totalSteps || (evalNow && config.load_best_model_at_end)) {
       const files: Record<string, Map<string, CheckpointTensor>> = sync ? { [REFERENCE_FILE]: new Map([...reference.weights].map(([k, t]) => [k, { dtype: 'float32' as const, shape: t.shape, data: t.data }])) } : {};
-      await saveCheckpointAt(run, art, { epoch: order.epoch, dataCursor: order.cursor, rng: { seed: config.seed }, config, num_tokens: numTokens }, { limit: config.save_total_limit, best, files });
+      await saveCheckpointAt(run, art, { epoch: order.epoch, dataCursor: order.cursor, rng: { seed: config.seed }, config, num_tokens: stepRows.numTokens }, { limit: config.save_total_limit, best, files });
     }
   }
   progress.stop();
