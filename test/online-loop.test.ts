@@ -13,6 +13,8 @@ import { bin, killWhen } from './helpers/faults.ts';
 import { runSppo } from '../src/online/sppo.ts';
 import { loadJudge, type Judge } from '../src/online/judges.ts';
 import { runNashMd } from '../src/online/nash-md.ts';
+import { pairAccuracy, RewardModel, rewardTrain } from '../src/online/reward-model.ts';
+import { makeMeta } from '../datasets/schema.ts';
 import { runOnline, type OnlineMethod } from '../src/online/loop.ts';
 import { sampleWith } from '../src/online/policy.ts';
 import { buildCausalLM } from '../src/models/index.ts';
@@ -214,5 +216,40 @@ describe('online loop: several updates per round', () => {
     await go(broken, true);
     expect(rows(broken)).toEqual(want);
     expect(Buffer.compare(readFileSync(join(straight, 'final', 'model.safetensors')), readFileSync(join(broken, 'final', 'model.safetensors')))).toBe(0);
+  });
+});
+
+describe('reward-train on the loop', () => {
+  it('evaluates eval_data every eval_steps through the training graphs as the saved model scores it; checkpoints every save_steps', async () => {
+    const pair = (i: number) => ({ prompt: `${i % 10}+${(i * 3) % 10}=`, responses: [`${(i % 10) + ((i * 3) % 10)}`, 'no idea'] });
+    const train = Array.from({ length: 12 }, (_, i) => pair(i));
+    const held = Array.from({ length: 6 }, (_, i) => pair(i + 20));
+    const evalFile = join(dir, 'held.jsonl');
+    writeFileSync(evalFile, held.map((p) => JSON.stringify({ prompt: p.prompt, chosen: p.responses[0], rejected: p.responses[1] })).join('\n') + '\n');
+    const out = join(dir, 'rm');
+    const r = await rewardTrain({
+      model,
+      data: 'pairs',
+      rows: { kind: 'pairwise', meta: makeMeta('pairwise', 'plain', 'test'), examples: train, files: [] },
+      out,
+      params: ['max_steps=6', 'save_steps=2', 'eval_steps=3', `eval_data=${evalFile}`],
+      base: { learning_rate: 3e-3, batch_size: 4, warmup_steps: 0, pad_to_multiple_of: 16, logging_steps: 1, max_length: 32, max_prompt_length: 16, threads: 1 },
+      quiet: true,
+      log: () => {},
+    });
+    expect(readdirSync(join(out, 'checkpoints'))).toEqual(['step-00000002', 'step-00000004', 'step-00000006']);
+    expect(existsSync(join(out, 'artifacts'))).toBe(false);
+    const evals = rows(out).filter((x) => x.split === 'eval');
+    expect(evals.map((x) => x.step)).toEqual([3, 6]);
+    // The final evaluation (artifacts' eval graph) against the saved reward model, scored apart, in float64.
+    const rm = await RewardModel.load(out);
+    const scores = await rm.score(held.flatMap((p) => [{ prompt: p.prompt, response: p.responses[0] }, { prompt: p.prompt, response: p.responses[1] }]));
+    const acc = await pairAccuracy(rm, held);
+    await rm.release();
+    const bt = held.reduce((a, _, i) => a + Math.log1p(Math.exp(-(scores[2 * i] - scores[2 * i + 1]))), 0) / held.length;
+    expect(evals[1].accuracy).toBe(acc);
+    expect(r.eval_accuracy).toBe(acc);
+    expect(evals[1].loss as number).toBeCloseTo(bt, 4);
+    expect(evals[0].loss).not.toBe(evals[1].loss);
   });
 });
