@@ -202,9 +202,11 @@ interface LoopState {
 }
 
 /**
- * Runs `method` over `items` in the run folder `o.out`: settings it does not honour refused, the folder prepared (refused when it holds a
- * run, unless --resume or --overwrite), the artifacts built (kept by a resumed run), the rounds and
- * updates, checkpoints every save_steps and at the end, the trained model saved.
+ * Runs `method` over `items` (or the items `items(…)` reads once the run folder is ready) in the run
+ * folder `o.out`: settings the method does not honour refused, the folder prepared (refused when it
+ * holds a run, unless --resume or --overwrite), the artifacts built (kept by a resumed run), the
+ * rounds and updates, checkpoints every save_steps and at the end, the trained model saved, and the
+ * final evaluation (eval.json) when the method has one and eval_data is set.
  */
 export async function runOnline<Item, Round>(o: OnlineOptions, items: readonly Item[] | ItemLoader<Item>, method: OnlineMethod<Item, Round>, r: OnlineRun): Promise<OnlineResult> {
   refuseUnhonoured(method.name, o, method.honours ?? []);
