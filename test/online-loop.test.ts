@@ -118,7 +118,7 @@ describe('online loop (nash-md)', () => {
 
   it('refuses a setting nash-md does not honour, in one line, before writing anything', async () => {
     const out = join(dir, 'refused');
-    await expect(nashMd(out, { params: ['eval_data=held.jsonl'] })).rejects.toThrow(/^nash-md: setting eval_data=held.jsonl is not honoured by nash-md; remove it$/);
+    await expect(nashMd(out, { params: ['eval_data=held.jsonl'] })).rejects.toThrow(/^setting eval_data cannot be honoured by prefzoo nash-md \(it honours learning_rate, .*save_steps.*\)$/);
     expect(existsSync(out)).toBe(false);
   });
 });

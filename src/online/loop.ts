@@ -40,6 +40,7 @@ import type { LoadedTokenizer } from '../tokenize/index.ts';
 import { SeededRandom } from '../random.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 import { DEFAULT_CONFIG, resolveConfig, type TrainConfig } from '../train/config.ts';
+import { declareCommand, declaredCommands, ONLINE_LOOP_SETTINGS, refuseUnhonoured } from '../train/settings.ts';
 import { lastCheckpoint, nonFiniteLoss, saveCheckpointAt } from '../train/checkpoints.ts';
 import { currentWeights, ensureArtifacts, inRunFolder, ItemOrder, loraOf, MetricsLog, optimizerUpdate, runtimeOf, saveTrained, startingParams, StepRows, stepPlan, type LoopOptions, type MicroBatch, type RunInput } from '../train/run.ts';
 
@@ -98,8 +99,9 @@ export interface OnlineMethod<Item, Round> {
   /** The command's name: progress label, prefix of its messages, `method` in config.json. */
   readonly name: string;
   /**
-   * Settings this method uses beyond the loop's own (`LOOP_HONOURS`), e.g. eval_data with `evaluate`;
-   * any other setting given with --param or --config is refused by `runOnline` before anything is written.
+   * Settings this method uses beyond the loop's own (`LOOP_HONOURS`), e.g. eval_data with `evaluate`,
+   * when its command is not declared in train/settings.ts (`declareCommand`, which then decides); any
+   * other setting given with --param or --config is refused by `runOnline` before anything is written.
    */
   readonly honours?: readonly (keyof TrainConfig)[];
   /** Start with a fresh scalar head on the model (reward models). */
@@ -169,27 +171,20 @@ export interface OnlineResult {
   eval?: Record<string, number>;
 }
 
-/** Settings every online method honours through the loop itself. */
-export const LOOP_HONOURS: readonly (keyof TrainConfig)[] = [
-  'learning_rate', 'batch_size', 'gradient_accumulation_steps', 'num_epochs', 'max_steps', 'warmup_ratio', 'warmup_steps', 'lr_scheduler',
-  'optimizer', 'adam_beta1', 'adam_beta2', 'adam_epsilon', 'momentum', 'weight_decay', 'max_grad_norm', 'pad_to_multiple_of', 'seed',
-  'save_steps', 'save_total_limit', 'logging_steps', 'lora_r', 'lora_alpha', 'lora_target_modules', 'save_adapter', 'save_merged',
-  'save_dtype', 'device', 'compute_dtype', 'threads', 'report_to', 'chat_template',
-];
+/** Settings every online method honours through the loop itself (declared in train/settings.ts). */
+export const LOOP_HONOURS: readonly (keyof TrainConfig)[] = ONLINE_LOOP_SETTINGS;
 
 /**
- * Refuses, in one line, a setting given with --param or --config (different from its default) that
- * `command` does not honour: `honours` and the loop's own `LOOP_HONOURS` are the ones it uses.
+ * Refuses, in one line, a setting given with --param or --config that `command` does not honour,
+ * through the settings table's per-command declarations (train/settings.ts `declareCommand`,
+ * `refuseUnhonoured`). A command not declared there is declared here: the loop's settings and `honours`.
  */
-export function refuseUnhonoured(command: string, o: { params?: readonly string[]; configFile?: string }, honours: readonly string[]): void {
+function refuseUnhonouredBy(command: string, o: { params?: readonly string[]; configFile?: string }, honours: readonly (keyof TrainConfig)[]): void {
+  if (!declaredCommands().some((c) => c.name === command)) declareCommand(command, { honours: [...new Set([...LOOP_HONOURS, ...honours])] });
+  // The settings given: those --param and --config set to something other than the default.
   const { config: given } = resolveConfig({ params: o.params, configFile: o.configFile });
-  const used = new Set<string>([...LOOP_HONOURS, ...honours]);
   const defaults = DEFAULT_CONFIG as unknown as Record<string, unknown>;
-  const set = Object.entries(given as unknown as Record<string, unknown>).filter(([k, v]) => v !== defaults[k] && !used.has(k));
-  if (set.length) {
-    const [k, v] = set[0];
-    throw new UserError(`${command}: setting ${k}=${v} is not honoured by ${command}${set.length > 1 ? ` (nor ${set.slice(1).map(([x]) => x).join(', ')})` : ''}; remove it`);
-  }
+  refuseUnhonoured(command, Object.entries(given as unknown as Record<string, unknown>).filter(([k, v]) => v !== defaults[k]).map(([k]) => k));
 }
 
 /** The loop's part of state.json (`online`). */
@@ -209,7 +204,7 @@ interface LoopState {
  * final evaluation (eval.json) when the method has one and eval_data is set.
  */
 export async function runOnline<Item, Round>(o: OnlineOptions, items: readonly Item[] | ItemLoader<Item>, method: OnlineMethod<Item, Round>, r: OnlineRun): Promise<OnlineResult> {
-  refuseUnhonoured(method.name, o, method.honours ?? []);
+  refuseUnhonouredBy(method.name, o, method.honours ?? []);
   if (Array.isArray(items) && items.length === 0) throw new UserError(`${method.name}: nothing to train on (no prompts or rows)`);
   return inRunFolder(o, r.config, r.inputs ?? [], (base, tok) => runIn(o, items, method, r, base, tok));
 }
@@ -226,6 +221,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
   if (items.length === 0) throw new UserError(`${method.name}: nothing to train on (no prompts or rows)`);
   const runtime = runtimeOf(config, base.config);
   const lora = loraOf(config);
+  if (config.save_adapter && !lora && !method.save) throw new UserError('save_adapter=true needs LoRA (set lora_r)');
   writeJsonAtomic(join(run, 'config.json'), { model: o.model, method: method.name, ...r.record, ...config });
 
   // Step plan: whole rounds per epoch (or every item once, with a short last round), each giving updatesPerRound steps.

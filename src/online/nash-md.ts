@@ -85,7 +85,7 @@ interface NashMdRound {
 }
 
 export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
-  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
+  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'nash-md' });
   const loss = resolveLoss('nash_md', lossParams);
   const m = loss.terms[0].params.mixture_coef as number;
   let ref: Decoder | null = null;

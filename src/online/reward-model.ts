@@ -180,9 +180,6 @@ function pairSeqs(rows: readonly TokenizedExample[]): number[][] {
   return [0, 1].flatMap((j) => rows.map((r) => [...r.promptIds, ...r.responseIds[j]]));
 }
 
-/** Settings reward training uses beyond the online loop's own. */
-const REWARD_HONOURS = ['eval_data', 'eval_steps', 'eval_samples', 'max_samples', 'max_length', 'max_prompt_length', 'truncation'] as const;
-
 /**
  * `prefzoo reward-train`: Bradley–Terry training of a reward head (and the model, or LoRA adapters)
  * on pairwise data, with the trainer's settings (learning_rate, batch_size, max_steps, num_epochs,
@@ -192,7 +189,8 @@ const REWARD_HONOURS = ['eval_data', 'eval_steps', 'eval_samples', 'max_samples'
  */
 export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainResult> {
   const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
-  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
+  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'reward-train' });
+  // The settings it honours are declared in train/settings.ts ('reward-train'); resolveConfig refuses the others.
   const unknown = Object.keys(lossParams);
   if (unknown.length) throw new UserError(`reward-train: unknown setting ${unknown.map((k) => `"${k}"`).join(', ')} (the Bradley–Terry loss has no parameters)`);
   if (existsSync(join(o.out, REWARD_MODEL_FILE))) throw new UserError(`${o.out} already holds a reward model; choose another -o`);
@@ -221,7 +219,6 @@ export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainRes
   };
   const method: OnlineMethod<TokenizedExample, { seqs: number[][] }> = {
     name: 'reward-train',
-    honours: REWARD_HONOURS,
     valueHead: true,
     // Offline rows: every pair once per epoch, the last round short, as in the trainer.
     partialRounds: true,

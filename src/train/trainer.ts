@@ -48,13 +48,14 @@ import { loadTokenizer } from '../tokenize/index.ts';
 import { lrAt } from '../optim/schedule.ts';
 import { describePlacement, placement } from '../runtime/placement.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
-import { currentWeights as artifactWeights, ensureArtifacts, inRunFolder, ItemOrder, loraOf, lowMemoryFor, MetricsLog, optimizerOf, optimizerUpdate, runtimeOf, saveTrained, startingParams, StepRows, stepPlan, type LoopOptions, type MicroBatch, type RunInput } from './run.ts';
+import { currentWeights as artifactWeights, ensureArtifacts, inRunFolder, ItemOrder, loraOf, lowMemoryFor, MetricsLog, optimizerUpdate, runtimeOf, saveTrained, startingParams, StepRows, stepPlan, type LoopOptions, type MicroBatch, type RunInput } from './run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
 import { canPack, collate } from '../models/batch.ts';
 import { readManifest } from '../artifacts/manifest.ts';
 import { readRefColumns, writeRefColumns } from '../../datasets/tokenized.ts';
-import { buildSpec, PROVIDED_KEYS, type TrainProblem } from './graph.ts';
+import { PROVIDED_KEYS, type TrainProblem } from './graph.ts';
+import { problemOf, problemSpec } from './problem.ts';
 import { f16BitsToFloat, float32ToF16 } from '../models/safetensors.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { Scorer } from '../models/scorer.ts';
@@ -204,7 +205,7 @@ async function dataStage(o: TrainOptions, c0: Setup, resuming: boolean, info: (l
   // A resumed run keeps the batch layout its artifacts were built with.
   const builtWith = resuming ? readBuiltLayout(join(run, 'artifacts')) : null;
   const packed = builtWith ?? (config.share_prompt && canPack(kind, kl) && !valueHeadOn);
-  const problem: TrainProblem = { config: base.config, kind, loss, lora, kl, valueHead: valueHeadOn, dataKeys, packed, lengthWeighted, rationale, dense: config.device === 'webgpu', recompute: config.gradient_checkpointing, baseDtype: config.base_dtype };
+  const problem = problemOf(config, { model: base.config, kind, loss, lora, dataKeys, packed });
   return { kind, rows, adapter, lora, valueHeadOn, kl, packed, lengthWeighted, rationale, problem };
 }
 
@@ -299,7 +300,7 @@ async function artifactsStage(o: TrainOptions, c0: Setup, d: DataStage, r: Refer
   const artDir = join(o.out, 'artifacts');
   ensureArtifacts(artDir, config, resuming, () => {
     const init = startingParams(base.config, base.weights, { lora: d.lora, adapter: d.adapter?.weights, valueHead: d.valueHeadOn, seed: config.seed });
-    return buildSpec(d.problem, init, optimizerOf(config));
+    return problemSpec(d.problem, init, config);
   });
   // The artifacts' checkpoint holds the starting weights now: unless a reference scorer, the held-out
   // evaluation or TR-DPO reads the loaded copy again, drop it before the store takes its own (a parameter-sized copy).

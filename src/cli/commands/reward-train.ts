@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { settingsHelp } from '../../train/settings.ts';
 import { DEVICE_HELP, device } from '../flags.ts';
 import { collect } from '../../online/options.ts';
 import { rewardTrain, scorePairs } from '../../online/reward-model.ts';
@@ -15,6 +16,7 @@ export function register(program: Command): void {
     .option('--config <file>', 'JSON object of training settings')
     .option('--resume', 'continue the unfinished run in --out from its newest checkpoint (bit-exact)')
     .option('--overwrite', 'replace an unfinished run in --out')
+    .addHelpText('after', () => `\nSettings it honours (--param key=value or --config), with defaults (docs/settings.md); any other is refused:\n${settingsHelp('reward-train')}`)
     .option('--quiet', 'no progress output')
     .option('--device <device>', `${DEVICE_HELP}; same as --param device=…`)
     .option('--json', 'print a one-line JSON summary')

@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { settingsHelp } from '../../train/settings.ts';
 import { DEVICE_HELP, device } from '../flags.ts';
 import { loadJudge } from '../../online/judges.ts';
 import { collect, intFlag, parseSampling, SAMPLING_FLAGS, type SamplingFlags } from '../../online/options.ts';
@@ -22,6 +23,7 @@ export function register(program: Command): void {
     .option('--config <file>', 'JSON object of training settings')
     .option('--resume', 'continue the unfinished run in --out: complete iterations kept, the interrupted one resumed from its checkpoint (bit-exact)')
     .option('--overwrite', 'replace the run already in --out')
+    .addHelpText('after', () => `\nSettings it honours (--param key=value or --config), with defaults (docs/settings.md); any other is refused:\n${settingsHelp('sppo')}`)
     .option('--quiet', 'no progress output')
     .option('--device <device>', `${DEVICE_HELP}; same as --param device=…`)
     .option('--json', 'print a one-line JSON summary')
