@@ -39,8 +39,8 @@ import type { RuntimeOptions } from '../runtime/session.ts';
 import type { LoadedTokenizer } from '../tokenize/index.ts';
 import { SeededRandom } from '../random.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
-import { DEFAULT_CONFIG, resolveConfig, type TrainConfig } from '../train/config.ts';
-import { declareCommand, declaredCommands, ONLINE_LOOP_SETTINGS, refuseUnhonoured } from '../train/settings.ts';
+import { resolveConfig, type TrainConfig } from '../train/config.ts';
+import { declareCommand, declaredCommands, ONLINE_LOOP_SETTINGS } from '../train/settings.ts';
 import { lastCheckpoint, nonFiniteLoss, saveCheckpointAt } from '../train/checkpoints.ts';
 import { currentWeights, ensureArtifacts, inRunFolder, ItemOrder, loraOf, MetricsLog, optimizerUpdate, runtimeOf, saveTrained, startingParams, StepRows, stepPlan, type LoopOptions, type MicroBatch, type RunInput } from '../train/run.ts';
 
@@ -176,15 +176,13 @@ export const LOOP_HONOURS: readonly (keyof TrainConfig)[] = ONLINE_LOOP_SETTINGS
 
 /**
  * Refuses, in one line, a setting given with --param or --config that `command` does not honour,
- * through the settings table's per-command declarations (train/settings.ts `declareCommand`,
- * `refuseUnhonoured`). A command not declared there is declared here: the loop's settings and `honours`.
+ * through the settings table (train/settings.ts): `resolveConfig` with the command's declaration
+ * (`declareCommand`: honoured settings, its own settings, its loss's parameters). A command not
+ * declared there is declared here with the loop's settings and the method's `honours`.
  */
 function refuseUnhonouredBy(command: string, o: { params?: readonly string[]; configFile?: string }, honours: readonly (keyof TrainConfig)[]): void {
   if (!declaredCommands().some((c) => c.name === command)) declareCommand(command, { honours: [...new Set([...LOOP_HONOURS, ...honours])] });
-  // The settings given: those --param and --config set to something other than the default.
-  const { config: given } = resolveConfig({ params: o.params, configFile: o.configFile });
-  const defaults = DEFAULT_CONFIG as unknown as Record<string, unknown>;
-  refuseUnhonoured(command, Object.entries(given as unknown as Record<string, unknown>).filter(([k, v]) => v !== defaults[k]).map(([k]) => k));
+  resolveConfig({ params: o.params, configFile: o.configFile, command });
 }
 
 /** The loop's part of state.json (`online`). */
