@@ -13,6 +13,7 @@
  *   iter-1/train/         the training run; iter-1/train/final is π_1
  *   …
  *   final/                π_T (a copy)
+ *   metrics.jsonl         every iteration's training rows (field `iteration`, steps numbered on)
  *   sppo.json             settings and a summary per iteration
  */
 import { cpSync, existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
@@ -23,6 +24,7 @@ import { resolveConfig, type TrainConfig } from '../train/config.ts';
 import type { Example, LoadedData } from '../../datasets/examples.ts';
 import type { Text } from '../../datasets/schema.ts';
 import { train } from '../train/trainer.ts';
+import { joinRunMetrics } from '../train/report.ts';
 import { winRates, type Judge } from './judges.ts';
 import { Policy } from './policy.ts';
 import { runtimeOf, type LoopOptions } from '../train/run.ts';
@@ -116,6 +118,8 @@ export async function runSppo(o: SppoOptions): Promise<SppoResult> {
   const finalDir = join(o.out, 'final');
   rmSync(finalDir, { recursive: true, force: true });
   cpSync(current, finalDir, { recursive: true });
+  // Every iteration's rows in RUN/metrics.jsonl (field `iteration`, steps numbered on) for `prefzoo report RUN`.
+  joinRunMetrics(o.out, summary.map((it) => ({ dir: join(o.out, `iter-${it.iteration}`, 'train'), tag: { iteration: it.iteration } })));
   const seconds = Math.round((Date.now() - t0) / 100) / 10;
   writeJsonAtomic(join(o.out, 'sppo.json'), { model: o.model, judge: o.judge.name, iterations: T, samples: K, max_new_tokens: o.maxNewTokens, sampling: { temperature: o.temperature, top_k: o.topK, top_p: o.topP }, ...config, summary });
   return { finalDir, iterations: summary, seconds };
