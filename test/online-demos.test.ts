@@ -13,6 +13,9 @@ import { runOnlineDemo } from '../src/online/demo.ts';
 import { readDemoEval, DEMO_EVAL_FILE } from '../src/train/demo-eval.ts';
 import { joinRunMetrics, readMetrics } from '../src/train/report.ts';
 import { UserError } from '../src/errors.ts';
+import { initModelFolder } from '../src/models/init.ts';
+import { demoPairs } from '../src/train/demo-task.ts';
+import { trainMpo } from '../src/train/mpo.ts';
 
 const quiet = { quiet: true, log: () => {} };
 
@@ -81,6 +84,23 @@ describe('demo run folders hold the evaluation they printed', () => {
       { step: 13, loss: 0.2, iteration: 2 },
     ]);
   });
+
+  // The MPO demo's fix: RPO's NLL term (rpo_alpha) reaches both stages' losses.
+  it('mpo hands rpo_alpha to stage 1 (dpo) and to a stage-2 loss that takes it', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'pz-mpo-rpo-'));
+    const model = join(dir, 'model');
+    initModelFolder(model, 'llama', 'tiny', 0);
+    const pairs = demoPairs(3, 16, 0).train.map((p, i) => ({ ...p, chosen_score: 1 + (i % 4), rejected_score: 0 }));
+    const data = join(dir, 'pairs.jsonl');
+    writeFileSync(data, pairs.map((p) => JSON.stringify(p) + '\n').join(''));
+    const settings = ['max_steps=1', 'batch_size=8', 'max_length=32', 'max_prompt_length=16', 'pad_to_multiple_of=16'];
+    const lossParams = (run: string) => JSON.parse(readFileSync(join(run, 'config.json'), 'utf8')).loss_params;
+    await trainMpo({ model, data, loss: 'mpo', out: join(dir, 'rpo'), params: [...settings, 'rpo_alpha=0.5', 'stage2_loss=ipo'], ...quiet });
+    expect(lossParams(join(dir, 'rpo', 'stage1')).rpo_alpha).toBe('0.5');
+    expect(lossParams(join(dir, 'rpo', 'stage2')).rpo_alpha).toBe('0.5');
+    await trainMpo({ model, data, loss: 'mpo', out: join(dir, 'plain'), params: settings, ...quiet });
+    expect(lossParams(join(dir, 'plain', 'stage1')).rpo_alpha).toBeUndefined();
+  }, 120_000);
 
   it('a damaged demo_eval.json is one line naming the file', () => {
     const dir = mkdtempSync(join(tmpdir(), 'pz-demo-bad-'));

@@ -91,9 +91,11 @@ const WARM_START: Partial<TrainConfig> = { ...COMMON, learning_rate: 3e-3, max_s
 const METHOD: Record<OnlineMethod, { config: Partial<TrainConfig>; params: string[] }> = {
   sppo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 20, warmup_steps: 5 }, params: ['beta=0.1'] },
   nash_md: { config: { ...COMMON, learning_rate: 3e-3, max_steps: 800, warmup_steps: 10 }, params: ['beta=0.05', 'mixture_coef=0.5'] },
-  // DPO in both stages lowers the right answer's likelihood too (measured: 12% → 3% correct samples),
-  // so stage 2 uses ORPO, whose NLL term keeps it up.
-  mpo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 16, warmup_steps: 10 }, params: ['beta=0.1', 'stage2_loss=orpo'] },
+  // Plain DPO in stage 1 pushes the right answer's log-prob down with the wrong one's (measured, seed
+  // 0: the chosen log-prob −2 → −8, correct samples 13% → 1%, junk 0% → 52%), and stage 2 then starts
+  // from, and is referenced to, that broken model (win-rates 0.54–0.72). RPO's NLL term on the chosen
+  // answer (rpo_alpha, both stages) keeps it up: see docs/losses.md, "The demos".
+  mpo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 16, warmup_steps: 10 }, params: ['beta=0.1', 'rpo_alpha=1'] },
 };
 
 const SAMPLING = { temperature: 1, maxNewTokens: 4 };

@@ -22,7 +22,7 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
   const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const [term] = resolveLoss('mpo', lossParams).terms;
-  const p = term.params as { beta: number; label_smoothing: number; delta: number | null; delta_quantile: number; stage2_loss: string };
+  const p = term.params as { beta: number; label_smoothing: number; delta: number | null; delta_quantile: number; stage2_loss: string; rpo_alpha: number };
   if (!config.save_merged) throw new UserError('mpo: stage 2 starts from stage 1\'s merged model, so save_merged=false cannot be used');
   prepareRunFolder(o.out, o);
   const data = o.rows ?? (await loadData(o.data, join(o.out, 'data'), { seed: config.seed }));
@@ -53,7 +53,7 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
       ...o,
       loss: 'dpo',
       out: stage1Dir,
-      params: [...settings, `beta=${p.beta}`, `label_smoothing=${p.label_smoothing}`],
+      params: [...settings, `beta=${p.beta}`, `label_smoothing=${p.label_smoothing}`, ...(p.rpo_alpha > 0 ? [`rpo_alpha=${p.rpo_alpha}`] : [])],
       rows: subset(split.easy),
       overwrite: false,
     });
