@@ -15,6 +15,7 @@
  *   iter-1/iteration.json  the iteration's summary, written when it is complete
  *   …
  *   final/                 π_T (a copy)
+ *   metrics.jsonl          every iteration's training rows (field `iteration`, steps numbered on)
  *   sppo.json              settings and a summary per iteration (written last)
  *
  * --resume continues an unfinished run bit-exact: complete iterations are kept, the samples of the
@@ -29,6 +30,7 @@ import { resolveConfig, type TrainConfig } from '../train/config.ts';
 import type { Example, LoadedData } from '../../datasets/examples.ts';
 import type { Text } from '../../datasets/schema.ts';
 import { train } from '../train/trainer.ts';
+import { joinRunMetrics } from '../train/report.ts';
 import { winRates, type Judge } from './judges.ts';
 import { Policy } from './policy.ts';
 import { runtimeOf, type LoopOptions } from '../train/run.ts';
@@ -150,6 +152,8 @@ export async function runSppo(o: SppoOptions): Promise<SppoResult> {
   const finalDir = join(o.out, 'final');
   rmSync(finalDir, { recursive: true, force: true });
   cpSync(current, finalDir, { recursive: true });
+  // Every iteration's rows in RUN/metrics.jsonl (field `iteration`, steps numbered on) for `prefzoo report RUN`.
+  joinRunMetrics(o.out, summary.map((it) => ({ dir: join(o.out, `iter-${it.iteration}`, 'train'), tag: { iteration: it.iteration } })));
   const seconds = Math.round((Date.now() - t0) / 100) / 10;
   writeJsonAtomic(join(o.out, 'sppo.json'), { model: o.model, judge: o.judge.name, iterations: T, samples: K, max_new_tokens: o.maxNewTokens, sampling: { temperature: o.temperature, top_k: o.topK, top_p: o.topP }, ...config, summary });
   return { finalDir, iterations: summary, seconds };
@@ -167,7 +171,7 @@ function prepareSppoFolder(out: string, o: { resume?: boolean; overwrite?: boole
   sweepStaleTemps(out, true);
   const entries = readdirSync(out);
   if (entries.length === 0) return;
-  const own = /^(iter-\d+|final|sppo\.json)$/;
+  const own = /^(iter-\d+|final|metrics\.jsonl|sppo\.json|demo_eval\.json|report\.html)$/;
   if (o.overwrite) {
     const foreign = entries.filter((e) => !own.test(e));
     if (foreign.length) throw new UserError(`${out}: --overwrite removes only an SPPO run's own files, and this folder also holds ${foreign.slice(0, 4).join(', ')}; choose another -o`);
