@@ -11,9 +11,9 @@
  *   3. held-out accuracy: the share of right answers among num_generations samples (temperature 1)
  *      per held-out prompt, of the starting policy and of the trained one (the same sampler and seed)
  *
- * The run folder keeps the evaluation: eval.json holds the numbers this prints, and metrics.jsonl
- * starts with the starting policy's held-out evaluation (an eval row at step 0), so `prefzoo report
- * RUN/grpo` shows before and after.
+ * The run folder keeps the evaluation: demo_eval.json holds the numbers this prints (src/train/demo-eval.ts),
+ * eval.json the final evaluation of the run, and metrics.jsonl starts with the starting policy's
+ * held-out evaluation (an eval row at step 0), so `prefzoo report RUN/grpo` shows before and after.
  */
 import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -22,7 +22,7 @@ import { makeMeta } from '../../datasets/schema.ts';
 import type { Example } from '../../datasets/examples.ts';
 import { initModelFolder } from '../models/init.ts';
 import { SeededRandom } from '../random.ts';
-import { writeJsonAtomic } from '../io/atomic.ts';
+import { writeDemoEval } from '../train/demo-eval.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
 import { recallPrompts, type OnlineDemoOptions } from './demo.ts';
@@ -131,10 +131,18 @@ export async function runGrpoDemo(o: GrpoDemoOptions): Promise<GrpoDemoResult> {
     seconds: Math.round((Date.now() - t0) / 100) / 10,
     run,
   };
-  // Before and after in the run folder: the starting policy's evaluation as the first metrics row, and eval.json.
+  // Before and after in the run folder: the starting policy's evaluation as the first metrics row
+  // (the report's charts), and demo_eval.json (the report's before → after table).
   const startRow = JSON.stringify({ step: 0, split: 'eval', ...before.metrics });
   writeFileSync(join(run, 'metrics.jsonl'), `${startRow}\n${readFileSync(join(run, 'metrics.jsonl'), 'utf8')}`);
-  const { run: _run, ...summary } = result;
-  writeJsonAtomic(join(run, 'eval.json'), { ...summary, ...Object.fromEntries(Object.entries(r.eval ?? {}).map(([k, v]) => [`final/${k}`, v])) });
+  writeDemoEval(run, {
+    demo: 'grpo',
+    heldout: `${heldout.length} held-out prompts × ${EVAL_SAMPLES} samples at temperature 1 (recall the last digit; reward: accuracy)`,
+    metrics: {
+      heldout_accuracy: { before: result.heldout_accuracy_start, after: result.heldout_accuracy_final },
+      reward_mean: { before: result.reward_mean_start, after: result.reward_mean_final },
+    },
+    values: { steps: result.steps, seconds: result.seconds },
+  });
   return result;
 }

@@ -24,7 +24,6 @@
  *
  * Settings a method does not use are refused in one line (`refuseUnhonoured`), never ignored.
  */
-import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { TrainingArtifacts } from '../artifacts/training.ts';
 import type { ArtifactSpec } from '../artifacts/build.ts';
@@ -37,29 +36,13 @@ import type { LoraConfig } from '../models/index.ts';
 import { Decoder } from '../models/generate.ts';
 import { lrAt } from '../optim/schedule.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
-import { loadTokenizer, type LoadedTokenizer } from '../tokenize/index.ts';
+import type { LoadedTokenizer } from '../tokenize/index.ts';
 import { SeededRandom } from '../random.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
-import { DEFAULT_CONFIG, resolveConfig, type TrainConfig } from '../train/config.ts';
-import { declaredCommands } from '../train/settings.ts';
+import { resolveConfig, type TrainConfig } from '../train/config.ts';
+import { declareCommand, declaredCommands, ONLINE_LOOP_SETTINGS } from '../train/settings.ts';
 import { lastCheckpoint, nonFiniteLoss, saveCheckpointAt } from '../train/checkpoints.ts';
-import {
-  checkDeviceOf,
-  checkSameRun,
-  currentWeights,
-  ensureArtifacts,
-  loraOf,
-  MetricsLog,
-  optimizerUpdate,
-  prepareRunFolder,
-  runtimeOf,
-  saveTrained,
-  startingParams,
-  stepPlan,
-  type LoopOptions,
-  type MicroBatch,
-  type RunInput,
-} from '../train/run.ts';
+import { currentWeights, ensureArtifacts, inRunFolder, ItemOrder, loraOf, MetricsLog, optimizerUpdate, runtimeOf, saveTrained, startingParams, StepRows, stepPlan, type LoopOptions, type MicroBatch, type RunInput } from '../train/run.ts';
 
 export type { MicroBatch } from '../train/run.ts';
 
@@ -116,8 +99,9 @@ export interface OnlineMethod<Item, Round> {
   /** The command's name: progress label, prefix of its messages, `method` in config.json. */
   readonly name: string;
   /**
-   * Settings this method uses beyond the loop's own (`LOOP_HONOURS`), e.g. eval_data with `evaluate`;
-   * any other setting given with --param or --config is refused by `runOnline` before anything is written.
+   * Settings this method uses beyond the loop's own (`LOOP_HONOURS`), e.g. eval_data with `evaluate`,
+   * when its command is not declared in train/settings.ts (`declareCommand`, which then decides); any
+   * other setting given with --param or --config is refused by `runOnline` before anything is written.
    */
   readonly honours?: readonly (keyof TrainConfig)[];
   /** Start with a fresh scalar head on the model (reward models). */
@@ -161,6 +145,12 @@ export interface OnlineOptions extends LoopOptions {
   overwrite?: boolean;
 }
 
+/**
+ * Items read once the run folder is ready (a data stage writing converted files under RUN/data),
+ * tokenized with the run's tokenizer.
+ */
+export type ItemLoader<Item> = (s: { run: string; tok: LoadedTokenizer; info: (line: string) => void }) => Promise<readonly Item[]>;
+
 /** Everything the command resolved before the loop: its settings and what config.json records. */
 export interface OnlineRun {
   config: TrainConfig;
@@ -181,34 +171,18 @@ export interface OnlineResult {
   eval?: Record<string, number>;
 }
 
-/** Settings every online method honours through the loop itself. */
-export const LOOP_HONOURS: readonly (keyof TrainConfig)[] = [
-  'learning_rate', 'batch_size', 'gradient_accumulation_steps', 'num_epochs', 'max_steps', 'warmup_ratio', 'warmup_steps', 'lr_scheduler',
-  'optimizer', 'adam_beta1', 'adam_beta2', 'adam_epsilon', 'momentum', 'weight_decay', 'max_grad_norm', 'pad_to_multiple_of', 'seed',
-  'save_steps', 'save_total_limit', 'logging_steps', 'lora_r', 'lora_alpha', 'lora_target_modules', 'save_adapter', 'save_merged',
-  'save_dtype', 'device', 'compute_dtype', 'threads', 'report_to', 'chat_template',
-];
+/** Settings every online method honours through the loop itself (declared in train/settings.ts). */
+export const LOOP_HONOURS: readonly (keyof TrainConfig)[] = ONLINE_LOOP_SETTINGS;
 
 /**
- * Refuses, in one line, a setting given with --param or --config (different from its default) that
- * `command` does not honour: `honours` and the loop's own `LOOP_HONOURS` are the ones it uses.
+ * Refuses, in one line, a setting given with --param or --config that `command` does not honour,
+ * through the settings table (train/settings.ts): `resolveConfig` with the command's declaration
+ * (`declareCommand`: honoured settings, its own settings, its loss's parameters). A command not
+ * declared there is declared here with the loop's settings and the method's `honours`.
  */
-export function refuseUnhonoured(command: string, o: { params?: readonly string[]; configFile?: string }, honours: readonly string[]): void {
-  // A command declared in the settings table (src/train/settings.ts) was checked by its resolveConfig({ command }).
-  if (declaredCommands().some((c) => c.name === command)) return;
-  const { config: given } = resolveConfig({ params: o.params, configFile: o.configFile });
-  const used = new Set<string>([...LOOP_HONOURS, ...honours]);
-  const defaults = DEFAULT_CONFIG as unknown as Record<string, unknown>;
-  const set = Object.entries(given as unknown as Record<string, unknown>).filter(([k, v]) => v !== defaults[k] && !used.has(k));
-  if (set.length) {
-    const [k, v] = set[0];
-    throw new UserError(`${command}: setting ${k}=${v} is not honoured by ${command}${set.length > 1 ? ` (nor ${set.slice(1).map(([x]) => x).join(', ')})` : ''}; remove it`);
-  }
-}
-
-/** Order of the items in an epoch: the trainer's seeded shuffle, the same on resume. */
-function epochOrder(n: number, seed: number, epoch: number): number[] {
-  return new SeededRandom(seed * 1000003 + epoch).shuffle(Array.from({ length: n }, (_, i) => i));
+function refuseUnhonouredBy(command: string, o: { params?: readonly string[]; configFile?: string }, honours: readonly (keyof TrainConfig)[]): void {
+  if (!declaredCommands().some((c) => c.name === command)) declareCommand(command, { honours: [...new Set([...LOOP_HONOURS, ...honours])] });
+  resolveConfig({ params: o.params, configFile: o.configFile, command });
 }
 
 /** The loop's part of state.json (`online`). */
@@ -221,30 +195,19 @@ interface LoopState {
 }
 
 /**
- * Runs `method` over `items` in the run folder `o.out`: settings it does not honour refused, the folder prepared (refused when it holds a
- * run, unless --resume or --overwrite), the artifacts built (kept by a resumed run), the rounds and
- * updates, checkpoints every save_steps and at the end, the trained model saved.
+ * Runs `method` over `items` (or the items `items(…)` reads once the run folder is ready) in the run
+ * folder `o.out`: settings the method does not honour refused, the folder prepared (refused when it
+ * holds a run, unless --resume or --overwrite), the artifacts built (kept by a resumed run), the
+ * rounds and updates, checkpoints every save_steps and at the end, the trained model saved, and the
+ * final evaluation (eval.json) when the method has one and eval_data is set.
  */
-export async function runOnline<Item, Round>(o: OnlineOptions, items: readonly Item[], method: OnlineMethod<Item, Round>, r: OnlineRun): Promise<OnlineResult> {
-  refuseUnhonoured(method.name, o, method.honours ?? []);
-  if (items.length === 0) throw new UserError(`${method.name}: nothing to train on (no prompts or rows)`);
-  const { config } = r;
-  await checkDeviceOf(config);
-  // Model and tokenizer first: a bad model folder leaves no run folder behind.
-  const base = loadModel(o.model);
-  const tok = loadTokenizer(o.model, { chatTemplateFile: config.chat_template || undefined });
-  const fresh = prepareRunFolder(o.out, o);
-  if (o.resume && !fresh) checkSameRun(o.out, [{ key: 'model', now: o.model, flag: '--model' }, ...(r.inputs ?? [])]);
-  try {
-    return await runIn(o, items, method, r, base, tok);
-  } catch (e) {
-    // A run that failed before its first checkpoint holds nothing to resume: leave no folder behind.
-    if (fresh && lastCheckpoint(o.out) === null) rmSync(o.out, { recursive: true, force: true });
-    throw e;
-  }
+export async function runOnline<Item, Round>(o: OnlineOptions, items: readonly Item[] | ItemLoader<Item>, method: OnlineMethod<Item, Round>, r: OnlineRun): Promise<OnlineResult> {
+  refuseUnhonouredBy(method.name, o, method.honours ?? []);
+  if (Array.isArray(items) && items.length === 0) throw new UserError(`${method.name}: nothing to train on (no prompts or rows)`);
+  return inRunFolder(o, r.config, r.inputs ?? [], (base, tok) => runIn(o, items, method, r, base, tok));
 }
 
-async function runIn<Item, Round>(o: OnlineOptions, items: readonly Item[], method: OnlineMethod<Item, Round>, r: OnlineRun, base: ReturnType<typeof loadModel>, tok: LoadedTokenizer): Promise<OnlineResult> {
+async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | ItemLoader<Item>, method: OnlineMethod<Item, Round>, r: OnlineRun, base: ReturnType<typeof loadModel>, tok: LoadedTokenizer): Promise<OnlineResult> {
   const t0 = Date.now();
   const run = o.out;
   const { config } = r;
@@ -252,8 +215,11 @@ async function runIn<Item, Round>(o: OnlineOptions, items: readonly Item[], meth
   const info = o.quiet && !o.log ? () => {} : log;
   const resuming = !!o.resume && lastCheckpoint(run) !== null;
   if (o.resume && !resuming) info(`no checkpoint in ${run}; starting from the beginning`);
+  const items = typeof given === 'function' ? await given({ run, tok, info }) : given;
+  if (items.length === 0) throw new UserError(`${method.name}: nothing to train on (no prompts or rows)`);
   const runtime = runtimeOf(config, base.config);
   const lora = loraOf(config);
+  if (config.save_adapter && !lora && !method.save) throw new UserError('save_adapter=true needs LoRA (set lora_r)');
   writeJsonAtomic(join(run, 'config.json'), { model: o.model, method: method.name, ...r.record, ...config });
 
   // Step plan: whole rounds per epoch (or every item once, with a short last round), each giving updatesPerRound steps.
@@ -271,8 +237,7 @@ async function runIn<Item, Round>(o: OnlineOptions, items: readonly Item[], meth
   const art = await TrainingArtifacts.load(artDir, runtime);
   let decoder: Decoder | null = null;
   const liveWeights = () => new Map(art.manifest.params.map((p) => [p.name, { shape: p.shape, data: art.param(p.name) as Float32Array }]));
-  let epoch = 0;
-  let cursor = 0;
+  let at = { epoch: 0, index: 0 };
   let rounds = 0;
   let numTokens = 0;
   let pending: LoopState['pending'] = null;
@@ -281,9 +246,7 @@ async function runIn<Item, Round>(o: OnlineOptions, items: readonly Item[], meth
   if (resuming) {
     const ck = lastCheckpoint(run)!;
     const state = art.loadCheckpoint(ck);
-    const c = state.dataCursor as { epoch: number; index: number };
-    epoch = c.epoch;
-    cursor = c.index;
+    at = state.dataCursor as { epoch: number; index: number };
     numTokens = typeof state.num_tokens === 'number' ? state.num_tokens : 0;
     const s = state.online as LoopState | undefined;
     if (!s) throw new UserError(`${ck}: not a checkpoint of an online run (no "online" state); start again with --overwrite`);
@@ -317,24 +280,16 @@ async function runIn<Item, Round>(o: OnlineOptions, items: readonly Item[], meth
   await method.open?.(ctx);
   const evalEvery = method.evaluate && config.eval_data && config.eval_steps > 0 ? config.eval_steps : 0;
 
-  let order = epochOrder(items.length, config.seed, epoch);
+  const order = new ItemOrder(items.length, config.seed, at.epoch, at.index);
   const nextRound = (): { items: Item[]; info: RoundInfo } => {
-    if (cursor >= items.length || (!method.partialRounds && cursor + roundSize > items.length)) {
-      epoch++;
-      cursor = 0;
-      order = epochOrder(items.length, config.seed, epoch);
-    }
-    const info: RoundInfo = { index: rounds, step: art.step + 1, epoch };
-    const idx = order.slice(cursor, cursor + roundSize);
-    cursor += idx.length;
-    rounds++;
+    const idx = order.take(roundSize, !method.partialRounds);
+    const info: RoundInfo = { index: rounds++, step: art.step + 1, epoch: order.epoch };
     return { items: idx.map((i) => items[i]), info };
   };
 
   const progress = startProgress(o.progress, method.name, total, o.quiet);
   let last: Record<string, number> = {};
-  let tokensSeen = 0;
-  const tStart = Date.now();
+  const stepRows = new StepRows(numTokens);
   const release = async () => {
     await art.release();
     await decoder?.release();
@@ -358,26 +313,14 @@ async function runIn<Item, Round>(o: OnlineOptions, items: readonly Item[], meth
       }
       pending.next++;
       if (pending.next >= updates) pending = null;
-      tokensSeen += up.tokens;
-      numTokens += up.tokens;
-      const row: Record<string, number> = {
-        step,
-        epoch: Math.round((epoch + cursor / items.length) * 1e4) / 1e4,
-        ...up.metrics,
-        ...(method.metrics ? method.metrics(round, u) : {}),
-        grad_norm: up.gradNorm,
-        learning_rate: lr,
-        tokens: up.tokens,
-        num_tokens: numTokens,
-        'tokens/s': Math.round(tokensSeen / ((Date.now() - tStart) / 1000)),
-      };
+      const row = stepRows.row(step, order.epochs, up, lr, method.metrics ? method.metrics(round, u) : {});
       last = row;
       if (step % config.logging_steps === 0 || step === total) metrics.row(row);
       progress.update(step, method.progressFields ? method.progressFields(row) : { loss: row.loss });
       if (evalEvery && step % evalEvery === 0 && step !== total) metrics.row({ step, split: 'eval', ...(await method.evaluate!(ctx)) });
       if ((config.save_steps > 0 && step % config.save_steps === 0) || step === total) {
         const online: LoopState = { rounds, rng: ctx.rng.state, pending, ...(method.state ? { method: method.state() } : {}) };
-        await saveCheckpointAt(run, art, { epoch, dataCursor: { epoch, index: cursor }, rng: { seed: config.seed }, config, num_tokens: numTokens, online }, { limit: config.save_total_limit });
+        await saveCheckpointAt(run, art, { epoch: order.epoch, dataCursor: order.cursor, rng: { seed: config.seed }, config, num_tokens: stepRows.numTokens, online }, { limit: config.save_total_limit });
       }
     }
     progress.stop();

@@ -12,7 +12,10 @@ import { readManifest } from '../artifacts/manifest.ts';
 import type { Feeds } from '../runtime/session.ts';
 import { saveAdapter } from '../models/peft.ts';
 import { TensorBoardWriter } from './tensorboard.ts';
-import { faultStep } from './checkpoints.ts';
+import { faultStep, lastCheckpoint } from './checkpoints.ts';
+import { loadModel } from '../models/load.ts';
+import { loadTokenizer, type LoadedTokenizer } from '../tokenize/index.ts';
+import { SeededRandom } from '../random.ts';
 import type { TrainConfig } from '../train/config.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
 import type { LrScheduleConfig } from '../optim/schedule.ts';
@@ -186,7 +189,7 @@ export function modelParamSpecs(config: ModelConfig, init: Map<string, FloatTens
 // final save. Checkpoints and the NaN stop are in checkpoints.ts.
 
 /** What a run folder may hold (what `train`, MPO's stages and the online loops write); --overwrite removes only these. */
-const RUN_ENTRIES = /^(config\.json|data|artifacts|checkpoints|metrics\.jsonl|runs|samples|best\.json|final|adapter|eval\.json|report\.html|stage[12])$/;
+const RUN_ENTRIES = /^(config\.json|data|artifacts|checkpoints|metrics\.jsonl|runs|samples|best\.json|final|adapter|eval\.json|report\.html|demo_eval\.json|stage[12])$/;
 
 /**
  * Run-folder stage: makes `run` ready for a run: created when missing; a folder holding an earlier
@@ -239,6 +242,32 @@ export function checkSameRun(run: string, inputs: readonly RunInput[]): void {
     .filter((i) => !(i.optional && !(i.key in was)) && !same(was[i.key], i.now))
     .map((i) => (was[i.key] ? `${i.flag} ${was[i.key]}` : (i.absent ?? `no ${i.flag}`)));
   if (diff.length) throw new UserError(`--resume: ${run} was started with ${diff.join(', ')}; resume it with those, or start a new run (another -o, or --overwrite)`);
+}
+
+/**
+ * Opening stage of a run: the device checked, the starting model and tokenizer loaded (a bad model
+ * folder leaves no run folder behind), the run folder prepared (`prepareRunFolder`; a resumed run
+ * checked to have the `inputs` it was started with, the model always one), then `body`. A run that
+ * fails before its first checkpoint holds nothing to resume: its new folder is removed.
+ */
+export async function inRunFolder<T>(
+  o: { model: string; out: string; resume?: boolean; overwrite?: boolean },
+  config: TrainConfig,
+  inputs: readonly RunInput[],
+  body: (base: ReturnType<typeof loadModel>, tok: LoadedTokenizer) => Promise<T>,
+): Promise<T> {
+  // A device that cannot run here stops the run before anything is read or written.
+  await checkDeviceOf(config);
+  const base = loadModel(o.model);
+  const tok = loadTokenizer(o.model, { chatTemplateFile: config.chat_template || undefined });
+  const fresh = prepareRunFolder(o.out, o);
+  if (o.resume && !fresh) checkSameRun(o.out, [{ key: 'model', now: o.model, flag: '--model' }, ...inputs]);
+  try {
+    return await body(base, tok);
+  } catch (e) {
+    if (fresh && lastCheckpoint(o.out) === null) rmSync(o.out, { recursive: true, force: true });
+    throw e;
+  }
 }
 
 /**
@@ -305,6 +334,23 @@ export async function optimizerUpdate(art: TrainingArtifacts, o: { step: number;
 }
 
 /**
+ * The metrics row of each optimizer step, with the trainer's conventions: step, epoch, the graph's
+ * metrics (and a loop's `extra`), grad_norm, learning_rate, tokens, the cumulative num_tokens (kept
+ * in checkpoints) and tokens/s since the loop started (the only wall-clock field).
+ */
+export class StepRows {
+  private seen = 0;
+  private readonly t0 = Date.now();
+  constructor(public numTokens = 0) {}
+
+  row(step: number, epoch: number, up: UpdateResult, lr: number, extra: Record<string, number> = {}): Record<string, number> {
+    this.seen += up.tokens;
+    this.numTokens += up.tokens;
+    return { step, epoch, ...up.metrics, ...extra, grad_norm: up.gradNorm, learning_rate: lr, tokens: up.tokens, num_tokens: this.numTokens, 'tokens/s': Math.round(this.seen / ((Date.now() - this.t0) / 1000)) };
+  }
+}
+
+/**
  * The metrics writer: metrics.jsonl rows (one per logging step, `split: "eval"` rows for
  * evaluations) and the same scalars under train/ or eval/ in TensorBoard (report_to=tensorboard).
  * Opened at step `step`, it drops rows logged after it (a resumed run logs them again).
@@ -350,4 +396,50 @@ export function saveTrained(run: string, weights: Map<string, FloatTensor>, o: {
     if (!o.config.save_merged) finalDir = adapterDir;
   }
   return finalDir;
+}
+
+/** Order of `n` items in an epoch: a seeded shuffle, the same on resume. */
+function epochOrder(n: number, seed: number, epoch: number): number[] {
+  return new SeededRandom(seed * 1000003 + epoch).shuffle(Array.from({ length: n }, (_, i) => i));
+}
+
+/**
+ * Data stage's cursor: where a loop is in its items, a seeded shuffle per epoch. Saved in checkpoints
+ * as `dataCursor` ({ epoch, index }) and restored from it, so a resumed run takes the same batches.
+ */
+export class ItemOrder {
+  private order: number[];
+  constructor(
+    readonly n: number,
+    private readonly seed: number,
+    public epoch = 0,
+    public index = 0,
+  ) {
+    this.order = epochOrder(n, seed, epoch);
+  }
+
+  /**
+   * The next `size` item indices. The next epoch starts when the last one is used up, or with `whole`
+   * when fewer than `size` are left (every batch the same size; the rest of the epoch is skipped).
+   */
+  take(size: number, whole = false): number[] {
+    if (this.index >= this.n || (whole && this.index + size > this.n)) {
+      this.epoch++;
+      this.index = 0;
+      this.order = epochOrder(this.n, this.seed, this.epoch);
+    }
+    const idx = this.order.slice(this.index, this.index + size);
+    this.index += idx.length;
+    return idx;
+  }
+
+  /** The checkpoint's `dataCursor`. */
+  get cursor(): { epoch: number; index: number } {
+    return { epoch: this.epoch, index: this.index };
+  }
+
+  /** Epochs done, as the metrics rows' `epoch` (4 decimals). */
+  get epochs(): number {
+    return Math.round((this.epoch + this.index / this.n) * 1e4) / 1e4;
+  }
 }
