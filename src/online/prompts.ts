@@ -1,9 +1,9 @@
 /**
  * Prompts for generation: a text file (one prompt a line), or records with a `prompt` field (plain
  * text or a message list) in any format the dataset readers take (JSON, JSONL, CSV, Parquet, Arrow,
- * gzip'd), e.g. a canonical preference dataset; math sets' `question` (GSM8K) or `problem` (MATH)
- * column stands in for a missing `prompt`. `readPromptRows` keeps each record's other columns (an
- * `answer` for the accuracy reward). Bad records are named by file and line or row.
+ * gzip'd), e.g. a canonical preference dataset. `readPromptRows` (GRPO) keeps each record's other
+ * columns (an `answer` for the accuracy reward) and takes math sets' `question` (GSM8K) or `problem`
+ * (MATH) column for a missing `prompt`. Bad records are named by file and line or row.
  */
 import { readFileSync } from 'node:fs';
 import { openSource, toPlain, where } from '../../datasets/readers.ts';
@@ -23,7 +23,7 @@ function asText(v: unknown, at: string): Text {
 }
 
 export async function readPrompts(file: string): Promise<Text[]> {
-  return (await readPromptRows(file)).map((r) => r.prompt);
+  return (await readPromptRows(file, ['prompt'])).map((r) => r.prompt);
 }
 
 /** A prompt with its whole record (extra columns such as `answer` go to reward functions) and where it stands. */
@@ -35,11 +35,14 @@ export interface PromptRow {
   at: string;
 }
 
-/** Prompt columns, by preference: `prompt`, else the question column of math sets (GSM8K's `question`, MATH's `problem`). */
+/** Prompt columns of GRPO's prompt files, by preference: `prompt`, else the question column of math sets (GSM8K's `question`, MATH's `problem`). */
 export const PROMPT_COLUMNS = ['prompt', 'question', 'problem'] as const;
 
-/** Like `readPrompts`, keeping each record's other columns and its place in the file. */
-export async function readPromptRows(file: string): Promise<PromptRow[]> {
+/**
+ * Like `readPrompts`, keeping each record's other columns and its place in the file; the prompt is
+ * the first of `columns` a record has (`readPrompts`: `prompt` only).
+ */
+export async function readPromptRows(file: string, columns: readonly string[] = PROMPT_COLUMNS): Promise<PromptRow[]> {
   if (/\.txt(\.gz)?$/.test(file)) {
     let text: string;
     try {
@@ -62,8 +65,8 @@ export async function readPromptRows(file: string): Promise<PromptRow[]> {
       if (it.error) throw new UserError(`${at}: ${it.error}`);
       const rec = toPlain(it.value) as Record<string, unknown> | null;
       if (!rec || typeof rec !== 'object' || Array.isArray(rec)) throw new UserError(`${at}: expected an object with a "prompt" field`);
-      const column = PROMPT_COLUMNS.find((c) => c in rec);
-      if (!column) throw new UserError(`${at}: missing field "prompt" (or "question" / "problem")`);
+      const column = columns.find((c) => c in rec);
+      if (!column) throw new UserError(`${at}: missing field "prompt"${columns.length > 1 ? ` (or ${columns.slice(1).map((c) => `"${c}"`).join(' / ')})` : ''}`);
       const prompt = asText(rec[column], at);
       const row: Record<string, unknown> = { ...rec, prompt };
       if (column !== 'prompt') delete row[column];
