@@ -11,6 +11,7 @@
  * multiple of the alignment. Tensor types written here: F32, F16 and Q8_0 (blocks of 32 values
  * along a row: an f16 scale d = max|x|/127, then 32 int8 q = round(x/d); 34 bytes a block).
  */
+import type { GgufValue } from '../models/family.ts';
 import { float32ToF16 } from '../models/safetensors.ts';
 
 export const GGUF_VERSION = 3;
@@ -27,24 +28,6 @@ export type GgmlType = keyof typeof GGML_TYPE;
 export const FILE_TYPE: Record<GgmlType, number> = { F32: 0, F16: 1, Q8_0: 7 };
 
 export const Q8_0_BLOCK = 32;
-
-export type MetaValue =
-  | { type: 'u32' | 'i32' | 'f32' | 'u64' | 'u8'; value: number }
-  | { type: 'bool'; value: boolean }
-  | { type: 'string'; value: string }
-  | { type: 'array'; of: 'string'; value: string[] }
-  | { type: 'array'; of: 'i32' | 'f32' | 'u32'; value: ArrayLike<number> };
-
-export const meta = {
-  u32: (value: number): MetaValue => ({ type: 'u32', value }),
-  i32: (value: number): MetaValue => ({ type: 'i32', value }),
-  f32: (value: number): MetaValue => ({ type: 'f32', value }),
-  bool: (value: boolean): MetaValue => ({ type: 'bool', value }),
-  str: (value: string): MetaValue => ({ type: 'string', value }),
-  strings: (value: string[]): MetaValue => ({ type: 'array', of: 'string', value }),
-  i32s: (value: ArrayLike<number>): MetaValue => ({ type: 'array', of: 'i32', value }),
-  f32s: (value: ArrayLike<number>): MetaValue => ({ type: 'array', of: 'f32', value }),
-};
 
 export interface GgufTensor {
   name: string;
@@ -156,7 +139,7 @@ class Bytes {
   }
 }
 
-function writeValue(b: Bytes, v: MetaValue): void {
+function writeValue(b: Bytes, v: GgufValue): void {
   switch (v.type) {
     case 'u8':
       return b.u8(v.value);
@@ -185,7 +168,7 @@ function writeValue(b: Bytes, v: MetaValue): void {
  * The whole file as chunks (header, then each tensor's bytes with its padding), ready for an atomic
  * write. Metadata keys are written in the given order; `general.alignment` is left at its default.
  */
-export function encodeGguf(metadata: Map<string, MetaValue>, tensors: readonly GgufTensor[]): Uint8Array[] {
+export function encodeGguf(metadata: Map<string, GgufValue>, tensors: readonly GgufTensor[]): Uint8Array[] {
   const head = new Bytes();
   head.u8(0x47); // G
   head.u8(0x47); // G

@@ -17,7 +17,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { UserError } from '../errors.ts';
 import type { ModelConfig } from '../models/config.ts';
-import { type MetaValue, meta } from './gguf-file.ts';
+import { type GgufValue, ggufValue as meta } from '../models/family.ts';
 import { readJsonIfAny } from './source.ts';
 
 const NORMAL = 1;
@@ -66,7 +66,7 @@ function firstId(v: number | number[] | null | undefined): number | undefined {
 }
 
 /** The `tokenizer.*` metadata of the model folder `dir`, padded to the embedding's `vocab_size` rows. */
-export function ggufTokenizer(dir: string, config: ModelConfig): Map<string, MetaValue> {
+export function ggufTokenizer(dir: string, config: ModelConfig): Map<string, GgufValue> {
   const file = path.join(dir, 'tokenizer.json');
   const tj = readJsonIfAny(dir, 'tokenizer.json');
   if (!tj) throw new UserError(`${dir}: no tokenizer.json; the GGUF file carries the tokenizer, so the fast tokenizer file is needed`);
@@ -87,7 +87,7 @@ export function ggufTokenizer(dir: string, config: ModelConfig): Map<string, Met
     scores[id] = score;
   };
 
-  const out = new Map<string, MetaValue>();
+  const out = new Map<string, GgufValue>();
   if (model.type === 'BPE') {
     const vocab = model.vocab as Record<string, number>;
     const merges = ((model.merges ?? []) as (string | [string, string])[]).map((m) => (Array.isArray(m) ? `${m[0]} ${m[1]}` : m));
@@ -124,7 +124,7 @@ export function ggufTokenizer(dir: string, config: ModelConfig): Map<string, Met
     } else if (unk !== null && tokens[id] === unk) types[id] = UNKNOWN;
   }
   // Keys in the order llama.cpp's converter writes them.
-  const ordered = new Map<string, MetaValue>([['tokenizer.ggml.model', out.get('tokenizer.ggml.model')!]]);
+  const ordered = new Map<string, GgufValue>([['tokenizer.ggml.model', out.get('tokenizer.ggml.model')!]]);
   if (out.has('tokenizer.ggml.pre')) ordered.set('tokenizer.ggml.pre', out.get('tokenizer.ggml.pre')!);
   ordered.set('tokenizer.ggml.tokens', meta.strings(tokens as string[]));
   if (model.type !== 'BPE' || model.byte_fallback) ordered.set('tokenizer.ggml.scores', meta.f32s(scores));

@@ -20,12 +20,11 @@ import { fileError, releaseTemp, removeTemp, tempPath, writeJsonAtomic } from '.
 import { Graph, attr, type Tensor } from '../onnx/graph.ts';
 import { saveModel } from '../onnx/proto.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
-import { type ModelConfig } from '../models/config.ts';
-import { cacheShape } from '../models/decode.ts';
+import type { ModelConfig } from '../models/family.ts';
+import { familyFor } from '../models/families.ts';
 import { decodeIndex, pastName, reshapeRt } from '../models/layers.ts';
 import { Params } from '../models/params.ts';
 import { float32ToF16 } from '../models/safetensors.ts';
-import { decodeHidden, decodeWindow, headWeight } from './families.ts';
 import { type ExportSource, TOKENIZER_FILES, readJsonIfAny } from './source.ts';
 
 /** Weight precisions of the ONNX export and the file each goes to (transformers.js's `dtype` names). */
@@ -74,11 +73,13 @@ export function quantizeRows(data: Float32Array, rows: number, cols: number): { 
 
 /** The decoder graph transformers.js runs (see the file comment for its inputs and outputs). */
 export function buildOnnxExportGraph(c: ModelConfig, weights: Map<string, FloatTensor>, dtype: OnnxDtype = 'fp32'): Graph {
+  const fam = familyFor(c);
+  if (!fam.onnx) throw new UserError(`--format onnx: ${c.model_type} has no ONNX export names (its family file's onnx slot)`);
   const g = new Graph('prefzoo_export');
   const ids = g.input('input_ids', 'int64', ['batch_size', 'sequence_length']);
   const attn = g.input('attention_mask', 'int64', ['batch_size', 'total_sequence_length']);
-  const positions = g.input('position_ids', 'int64', ['batch_size', 'sequence_length']);
-  const { layers, kvHeads, headDim } = cacheShape(c);
+  const positions = fam.onnx.extraInputs.includes('position_ids') ? g.input('position_ids', 'int64', ['batch_size', 'sequence_length']) : null;
+  const { layers, kvHeads, headDim } = fam.cacheShape(c);
   const past = new Map<string, Tensor>();
   for (let i = 0; i < layers; i++) {
     for (const kv of ['key', 'value'] as const) {
@@ -88,10 +89,12 @@ export function buildOnnxExportGraph(c: ModelConfig, weights: Map<string, FloatT
   const names = [...weights.keys()];
   const P = new Params(weightTensors(g, weights, names, dtype), c);
   // The mask (causal, padding, sliding window) from the attention mask; the rotary or learned
-  // positions from position_ids, as the HF models take them (equal for every real token).
-  const ix = { ...decodeIndex(g, ids, attn, decodeWindow(c)), positions };
-  const hidden = decodeHidden(g, c, P, ix, past); // [B·S, D]
-  const head = headWeight(c, P);
+  // positions from position_ids when Optimum names them, as the HF models take them (equal to the
+  // mask's count for every real token).
+  const ix0 = decodeIndex(g, ids, attn, fam.window(c));
+  const ix = positions ? { ...ix0, positions } : ix0;
+  const hidden = fam.decode(g, c, P, ix, past); // [B·S, D]
+  const head = fam.headWeight(c, P);
   const V = head.shape![0] as number;
   const flat = g.gemm(hidden, head, null, { transB: true }); // [B·S, V]
   g.output(reshapeRt(g, flat, g.concat([ix.shapeBS, g.ints([V])], 0), ['batch_size', 'sequence_length', V]), 'logits');

@@ -6,15 +6,15 @@
  * else the tanh-approximated GELU: released Gemma configs say `"hidden_act": "gelu"`, which HF
  * overrides with the tanh approximation the models were trained with.
  */
-import type { Activation, LlamaConfig } from './config.ts';
+import type { Activation, LlamaConfig } from './family.ts';
 import { activation, rmsNorm } from './layers.ts';
-import type { LlamaFamily } from './llama.ts';
+import { llamaFamily } from './llama.ts';
 
 function mlpActivation(c: LlamaConfig): Activation {
   return c.hidden_activation as Activation;
 }
 
-export const GEMMA: LlamaFamily = {
+export const GEMMA = llamaFamily({
   model_type: 'gemma',
   hfClass: 'GemmaForCausalLM',
   defaults: {
@@ -28,6 +28,8 @@ export const GEMMA: LlamaFamily = {
     tie_word_embeddings: true,
   },
   fields: (r) => ({ hidden_activation: r.activation('hidden_activation', 'gelu_pytorch_tanh') }),
+  // llama.cpp's gemma: tanh-GELU, norms stored as 1 + w, the head always tied.
+  gguf: { arch: 'gemma', normPlusOne: true, activations: ['gelu_pytorch_tanh', 'gelu_new', 'gelu_fast'], activation: mlpActivation },
   normInit: 0,
   embed: (g, c, P, flatIds) => g.mul(P.rows('model.embed_tokens.weight', flatIds), Math.sqrt(c.hidden_size)),
   norm: (g, c, x, w) => rmsNorm(g, x, g.add(w, 1), c.rms_norm_eps),
@@ -35,4 +37,4 @@ export const GEMMA: LlamaFamily = {
     const gate = activation(g, mlpActivation(c), proj('mlp.gate_proj', x, c.mlp_bias));
     return proj('mlp.down_proj', g.mul(gate, proj('mlp.up_proj', x, c.mlp_bias)), c.mlp_bias);
   },
-};
+});
