@@ -18,6 +18,9 @@ import { loadTokenizer } from '../src/tokenize/index.ts';
 import type { Message } from '../datasets/names.ts';
 import { promptIds } from '../src/online/prompts.ts';
 import { readExportSource } from '../src/export/source.ts';
+import { initLora } from '../src/models/lora.ts';
+import { type LoadedAdapter, loadAdapter, saveAdapter } from '../src/models/peft.ts';
+import { Normal } from '../src/random.ts';
 import { exportOnnx, ONNX_DTYPES } from '../src/export/onnx.ts';
 import { parseModel } from '../src/onnx/proto.ts';
 import { EXPORT_ARCHS, EXPORT_PROMPT, noisyTinyModel } from './helpers/export-fixtures.ts';
@@ -29,10 +32,14 @@ env.allowLocalModels = true;
 const root = mkdtempSync(join(tmpdir(), 'pz-export-onnx-'));
 const messages: Message[] = [{ role: 'user', content: EXPORT_PROMPT }];
 
-/** prefzoo's per-token log-probs of `ids` (token 0 has none), from the graph `prefzoo logps` runs. */
-async function prefzooLogps(dir: string, ids: number[]): Promise<{ sum: number; perToken: number[] }> {
+/**
+ * prefzoo's per-token log-probs of `ids` (token 0 has none), from the graph `prefzoo logps` runs;
+ * with `adapter`, the unmerged LoRA forward (base weights plus the adapter's product at each projection).
+ */
+async function prefzooLogps(dir: string, ids: number[], adapter?: LoadedAdapter): Promise<{ sum: number; perToken: number[] }> {
   const { config, weights } = loadModel(dir);
-  const s = await Session.fromGraph(buildLogpsGraph(config, { weights, perToken: true }), {});
+  if (adapter) for (const [k, v] of adapter.weights) weights.set(k, v);
+  const s = await Session.fromGraph(buildLogpsGraph(config, { weights, perToken: true, lora: adapter?.lora }), {});
   const T = ids.length;
   const out = await s.run({
     input_ids: toOrt('int64', BigInt64Array.from(ids.map(BigInt)), [1, T]),
@@ -141,6 +148,31 @@ describe('export --format onnx, loaded by transformers.js', () => {
     }
     expect(Math.abs(logps.get('fp16')! - logps.get('fp32')!)).toBeLessThan(0.01 * Math.abs(logps.get('fp32')!));
     expect(Math.abs(logps.get('q8')! - logps.get('fp32')!)).toBeLessThan(0.05 * Math.abs(logps.get('fp32')!));
+  });
+
+  it('exports a LoRA adapter folder merged into its base: log-probs equal the unmerged adapter forward', async () => {
+    const base = dirs.get('qwen2')!;
+    const { config } = loadModel(base);
+    const lora = { rank: 4, alpha: 8, targets: ['q_proj', 'v_proj', 'down_proj'] };
+    // B starts at zero in a fresh adapter, which would make merging invisible: give it values.
+    const w = initLora(config, lora, 3);
+    const rng = new Normal(11);
+    for (const [k, t] of w) if (k.includes('lora_B')) t.data.set(rng.fill(t.data.length, 0.2));
+    const adapterDir = join(root, 'qwen2-adapter');
+    saveAdapter(adapterDir, w, { config, lora, baseModel: base });
+    const out = join(root, 'qwen2-merged-onnx');
+    exportOnnx(readExportSource(adapterDir), out); // the adapter folder names its base
+    const ids = [256, ...Array.from({ length: 20 }, (_, i) => 30 + ((i * 37) % 400))];
+    const model = await AutoModelForCausalLM.from_pretrained(out, { dtype: 'fp32', local_files_only: true });
+    try {
+      const theirs = (await transformersLogps(model, ids)).reduce((a, b) => a + b, 0);
+      const merged = await prefzooLogps(base, ids, loadAdapter(adapterDir, config));
+      const plain = await prefzooLogps(base, ids);
+      expect(Math.abs(theirs - merged.sum)).toBeLessThanOrEqual(1e-4 * Math.abs(merged.sum));
+      expect(Math.abs(theirs - plain.sum), 'the adapter changes the model').toBeGreaterThan(1e-2);
+    } finally {
+      await model.dispose();
+    }
   });
 
   it('refuses a bad --format in one line', async () => {
