@@ -18,6 +18,7 @@ import { register as rewardTrain } from './reward-train.ts';
 import { register as doctor } from './doctor.ts';
 import { register as artifacts } from './artifacts.ts';
 import { register as grpoCmd } from './grpo.ts';
+import { register as exportCmd } from './export.ts';
 
 /** Every `prefzoo` subcommand: one module each, one line here each. */
 export const commands: Array<(program: Command) => void> = [
@@ -40,4 +41,5 @@ export const commands: Array<(program: Command) => void> = [
   doctor,
   artifacts,
   grpoCmd,
+  exportCmd,
 ];
