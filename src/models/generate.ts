@@ -86,6 +86,12 @@ export class Decoder {
     return { logits: out.logits.data as Float32Array, cache: { rows, length: L, tensors } };
   }
 
+  /** Ends ONNX Runtime's profiling of both sessions (created with `runtime.profilePrefix`), writing the traces. */
+  endProfiling(): void {
+    this.prefillSession.endProfiling();
+    this.stepSession.endProfiling();
+  }
+
   async release(): Promise<void> {
     await this.prefillSession.release();
     await this.stepSession.release();
@@ -135,6 +141,13 @@ export interface Generated {
   stopped: boolean;
 }
 
+let timer: ((label: string, ms: number) => void) | null = null;
+
+/** Reports how long each piece of a generation step takes (scripts/bench/decode-profile.ts); null stops. */
+export function setGenerateTimer(t: ((label: string, ms: number) => void) | null): void {
+  timer = t;
+}
+
 /** One decoder of a mixture and its weight w_i in softmax(Σ w_i·logits_i). */
 export interface MixturePart {
   decoder: Decoder;
@@ -178,8 +191,13 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
     const got = new Map<number, number[]>(rowsIdx.map((r) => [r, []]));
     let L = P0;
     for (let step = 0; active.length > 0; step++) {
+      let t0 = timer ? performance.now() : 0;
       const results: { logits: Float32Array; cache: KVCache }[] = [];
       for (let k = 0; k < parts.length; k++) results.push(await parts[k].decoder.forward(ids, mask, B, caches[k]));
+      if (timer) {
+        timer(step === 0 ? 'prefill' : 'forward', performance.now() - t0);
+        t0 = performance.now();
+      }
       caches = results.map((r) => r.cache);
       const V = parts[0].decoder.vocabSize;
       const keep: number[] = [];
@@ -196,6 +214,10 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
           next.push(tok);
         }
       });
+      if (timer) {
+        timer('sample', performance.now() - t0);
+        t0 = performance.now();
+      }
       if (keep.length === 0) break;
       if (keep.length < B) caches = caches.map((c) => selectCacheRows(c!, keep));
       const newMask = new BigInt64Array(keep.length * (L + 1));
@@ -208,6 +230,7 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
       L += 1;
       mask = newMask;
       ids = BigInt64Array.from(next.map(BigInt));
+      timer?.('bookkeeping', performance.now() - t0);
     }
   }
   return out;

@@ -85,21 +85,33 @@ export function samplingDistribution(logits: ArrayLike<number>, o: Required<Samp
   return { ids, probs };
 }
 
+/** Scratch for the unnormalised probabilities of one row (sampling is synchronous: one row at a time). */
+let weights = new Float64Array(0);
+
 /** Draws one token id from a row of logits. */
 export function sampleToken(logits: ArrayLike<number>, o: Required<SamplingOptions>, rng: SeededRandom): number {
   if (o.temperature === 0) return argmax(logits);
   if (o.topK === 0 && o.topP === 1) {
-    // The common case without a candidate list: one pass for the max, one for the sum, one to draw.
+    // The common case without a candidate list: one pass for the max, one for the weights and their
+    // sum, one to draw. Each weight is one exp, kept for the draw (the exp is most of the cost).
+    const V = logits.length;
+    if (weights.length < V) weights = new Float64Array(V);
+    const e = weights;
     let max = -Infinity;
-    for (let i = 0; i < logits.length; i++) if (logits[i] > max) max = logits[i];
+    for (let i = 0; i < V; i++) if (logits[i] > max) max = logits[i];
     let z = 0;
-    for (let i = 0; i < logits.length; i++) z += Math.exp((logits[i] - max) / o.temperature);
+    const t = o.temperature;
+    for (let i = 0; i < V; i++) {
+      const w = Math.exp((logits[i] - max) / t);
+      e[i] = w;
+      z += w;
+    }
     let u = rng.next() * z;
-    for (let i = 0; i < logits.length; i++) {
-      u -= Math.exp((logits[i] - max) / o.temperature);
+    for (let i = 0; i < V; i++) {
+      u -= e[i];
       if (u < 0) return i;
     }
-    return logits.length - 1;
+    return V - 1;
   }
   const { ids, probs } = samplingDistribution(logits, o);
   let u = rng.next();
