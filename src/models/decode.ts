@@ -6,8 +6,10 @@
  *   prefill:  input_ids [B, S], attention_mask [B, S]                        → logits [B, V], present.*
  *   step:     input_ids [B, S], attention_mask [B, P+S], past.i.key/value    → logits [B, V], present.*
  *
- * `past.<i>.key`, `past.<i>.value` and `present.<i>.key`, `present.<i>.value` are `[B, KV, P, hd]`
- * (keys after rotary embedding); `present` = past ++ the S new positions. `logits` are those of each
+ * `past.<i>.key`, `past.<i>.value` are `[B, KV, P, hd]` (keys after rotary embedding) and
+ * `present.<i>.key`, `present.<i>.value` `[B, KV, S, hd]`: only the S new positions' own, which the
+ * caller writes into its cache (the graph never copies the cache). The past may be a preallocated
+ * cache with unfilled slots: the attention mask's zeros hide them. `logits` are those of each
  * row's last new position. Positions count the real tokens before each token (exclusive cumulative
  * sum of the attention mask over past and new positions), exactly as the training forward counts
  * them, so left-padded prompts decode as they would alone and the cache reproduces a full

@@ -2,8 +2,11 @@
  * Batched sampling with a key/value cache. A `Decoder` holds the prefill and step sessions of one
  * model; `generateIds` left-pads a batch of prompts, prefills once, then feeds one token per step,
  * drawing each row's token from the (mixture of the) decoders' logits with that row's own random
- * stream. Finished rows leave the batch (their cache rows are dropped), so a long answer in the batch
- * does not make the short ones pay.
+ * stream. The cache is preallocated (`SlotCache`: fixed shapes, grown a chunk of slots at a time) and
+ * each step writes only its new keys/values into it; the step graph attends over unfilled slots
+ * masked out, and the logits and new keys/values land in buffers allocated once. Finished rows leave
+ * the batch (the rows after them move up in place), so a long answer in the batch does not make the
+ * short ones pay.
  */
 import type { ModelConfig } from './config.ts';
 import type { FloatTensor } from './checkpoint.ts';
@@ -70,7 +73,8 @@ export class Decoder {
 
   /**
    * Runs S new tokens per row. `ids` [B, S]; `mask` [B, L] covers the cache and the new tokens.
-   * Returns the logits of each row's last new token `[B, V]` and the extended cache.
+   * Returns the logits of each row's last new token `[B, V]` and the extended cache (a new one:
+   * `cache` is not changed).
    */
   async forward(ids: BigInt64Array, mask: BigInt64Array, rows: number, cache: KVCache | null): Promise<{ logits: Float32Array; cache: KVCache }> {
     const S = ids.length / rows;
@@ -78,12 +82,53 @@ export class Decoder {
     const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [rows, S]), attention_mask: toOrt('int64', mask, [rows, L]) };
     if (cache) Object.assign(feeds, cache.tensors);
     const out = await (cache ? this.stepSession : this.prefillSession).run(feeds);
-    const { layers } = cacheShape(this.config);
+    const { layers, kvHeads: KV, headDim: hd } = cacheShape(this.config);
     const tensors: Feeds = {};
     for (let i = 0; i < layers; i++) {
-      for (const kv of ['key', 'value'] as const) tensors[pastName(i, kv)] = out[presentName(i, kv)];
+      for (const kv of ['key', 'value'] as const) {
+        const cur = out[presentName(i, kv)].data as Float32Array;
+        if (!cache) {
+          tensors[pastName(i, kv)] = toOrt('float32', cur, [rows, KV, S, hd]);
+          continue;
+        }
+        // past ++ new along the positions, row and head by row and head.
+        const past = cache.tensors[pastName(i, kv)].data as Float32Array;
+        const P = cache.length;
+        const full = new Float32Array(rows * KV * (P + S) * hd);
+        for (let r = 0; r < rows * KV; r++) {
+          full.set(past.subarray(r * P * hd, (r + 1) * P * hd), r * (P + S) * hd);
+          full.set(cur.subarray(r * S * hd, (r + 1) * S * hd), (r * (P + S) + P) * hd);
+        }
+        tensors[pastName(i, kv)] = toOrt('float32', full, [rows, KV, P + S, hd]);
+      }
     }
     return { logits: out.logits.data as Float32Array, cache: { rows, length: L, tensors } };
+  }
+
+  /**
+   * Prefills `ids` [B, S] under `mask` [B, S] into a new cache with room for `capacity` positions
+   * (grown as needed); returns the logits of each row's last token `[B, V]` and the cache.
+   */
+  async prefill(ids: BigInt64Array, mask: BigInt64Array, rows: number, capacity: number): Promise<{ logits: Float32Array; cache: SlotCache }> {
+    const S = ids.length / rows;
+    const out = await this.prefillSession.run({ ...this.params, input_ids: toOrt('int64', ids, [rows, S]), attention_mask: toOrt('int64', mask, [rows, S]) });
+    const cache = new SlotCache(cacheShape(this.config), rows, Math.max(capacity, S), this.vocabSize);
+    cache.write((name) => out[name].data as Float32Array, S);
+    cache.setMask(mask, S);
+    return { logits: out.logits.data as Float32Array, cache };
+  }
+
+  /**
+   * One token per row `ids` [B] into `cache` (B = cache.rows): its keys and values are written into
+   * the cache's next slot. Returns the logits `[B, V]`, in the cache's buffer (valid until its next step).
+   */
+  async step(ids: BigInt64Array, cache: SlotCache): Promise<Float32Array> {
+    cache.reserve(1);
+    const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [cache.rows, 1]), attention_mask: cache.stepMask() };
+    Object.assign(feeds, cache.pastFeeds());
+    await this.stepSession.run(feeds, cache.outputs());
+    cache.write((name) => cache.newSlot(name), 1);
+    return cache.logits();
   }
 
   /** Ends ONNX Runtime's profiling of both sessions (created with `runtime.profilePrefix`), writing the traces. */
@@ -111,6 +156,133 @@ export function selectCacheRows(cache: KVCache, keep: number[]): KVCache {
     tensors[name] = toOrt('float32', dst, [keep.length, KV, L, hd]) as OrtTensor;
   }
   return { rows: keep.length, length: cache.length, tensors };
+}
+
+/** Cache slots are added this many at a time: fixed shapes between, and attention over at most this many unfilled slots. */
+const SLOT_CHUNK = 32;
+
+/**
+ * A batch's key/value cache in place: per layer and kind one `[B, KV, capacity, hd]` buffer, of
+ * which the first `length` positions are written; `mask` `[B, capacity]` marks the real ones (left
+ * padding and unwritten slots are 0). A step feeds the whole buffer with its mask and writes its own
+ * keys/values into slot `length`; when the slots run out the buffers grow by a chunk, the only copy
+ * of the cache. The step's outputs (logits, new keys/values) go to buffers allocated with it.
+ */
+export class SlotCache {
+  length = 0;
+  private buffers = new Map<string, Float32Array>();
+  private mask: BigInt64Array;
+  private fresh = new Map<string, Float32Array>();
+  private logitsBuf: Float32Array;
+
+  constructor(
+    private readonly geom: { layers: number; kvHeads: number; headDim: number },
+    public rows: number,
+    public capacity: number,
+    private readonly vocab: number,
+  ) {
+    const { layers, kvHeads: KV, headDim: hd } = geom;
+    for (let i = 0; i < layers; i++) {
+      for (const kv of ['key', 'value'] as const) {
+        this.buffers.set(pastName(i, kv), new Float32Array(rows * KV * capacity * hd));
+        this.fresh.set(presentName(i, kv), new Float32Array(rows * KV * hd));
+      }
+    }
+    this.mask = new BigInt64Array(rows * capacity);
+    this.logitsBuf = new Float32Array(rows * vocab);
+  }
+
+  /** Copies the first `n` prompt mask columns (`[B, n]`) in. */
+  setMask(mask: BigInt64Array, n: number): void {
+    for (let b = 0; b < this.rows; b++) this.mask.set(mask.subarray(b * n, (b + 1) * n), b * this.capacity);
+  }
+
+  /** Makes room for `n` more positions (growing every buffer by whole chunks). */
+  reserve(n: number): void {
+    if (this.length + n <= this.capacity) return;
+    const cap = Math.ceil((this.length + n) / SLOT_CHUNK) * SLOT_CHUNK;
+    const { kvHeads: KV, headDim: hd } = this.geom;
+    for (const [name, old] of this.buffers) {
+      const grown = new Float32Array(this.rows * KV * cap * hd);
+      for (let r = 0; r < this.rows * KV; r++) grown.set(old.subarray(r * this.capacity * hd, (r * this.capacity + this.length) * hd), r * cap * hd);
+      this.buffers.set(name, grown);
+    }
+    const mask = new BigInt64Array(this.rows * cap);
+    for (let b = 0; b < this.rows; b++) mask.set(this.mask.subarray(b * this.capacity, b * this.capacity + this.length), b * cap);
+    this.mask = mask;
+    this.capacity = cap;
+  }
+
+  /** Writes `n` new positions per row (`src(presentName)`: `[B, KV, n, hd]`) into the next slots. */
+  write(src: (name: string) => Float32Array, n: number): void {
+    const { layers, kvHeads: KV, headDim: hd } = this.geom;
+    this.reserve(n);
+    const cap = this.capacity;
+    for (let i = 0; i < layers; i++) {
+      for (const kv of ['key', 'value'] as const) {
+        const from = src(presentName(i, kv));
+        const to = this.buffers.get(pastName(i, kv))!;
+        if (n === 1) {
+          for (let r = 0; r < this.rows * KV; r++) {
+            const o = (r * cap + this.length) * hd;
+            for (let d = 0; d < hd; d++) to[o + d] = from[r * hd + d];
+          }
+        } else {
+          for (let r = 0; r < this.rows * KV; r++) to.set(from.subarray(r * n * hd, (r + 1) * n * hd), (r * cap + this.length) * hd);
+        }
+      }
+    }
+    for (let b = 0; b < this.rows; b++) this.mask.fill(1n, b * cap + this.length, b * cap + this.length + n);
+    this.length += n;
+  }
+
+  /** The attention mask of a one-token step: the cache's slots, then the new token. */
+  stepMask(): OrtTensor {
+    const cap = this.capacity;
+    const m = new BigInt64Array(this.rows * (cap + 1));
+    for (let b = 0; b < this.rows; b++) {
+      m.set(this.mask.subarray(b * cap, (b + 1) * cap), b * (cap + 1));
+      m[b * (cap + 1) + cap] = 1n;
+    }
+    return toOrt('int64', m, [this.rows, cap + 1]) as OrtTensor;
+  }
+
+  /** The cache buffers as the step's past inputs (the first `rows` rows, not copied). */
+  pastFeeds(): Feeds {
+    const { kvHeads: KV, headDim: hd } = this.geom;
+    const feeds: Feeds = {};
+    const n = this.rows * KV * this.capacity * hd;
+    for (const [name, buf] of this.buffers) feeds[name] = toOrt('float32', buf.length === n ? buf : buf.subarray(0, n), [this.rows, KV, this.capacity, hd]);
+    return feeds;
+  }
+
+  /** Preallocated outputs of a step: logits `[B, V]` and each layer's new keys/values `[B, KV, 1, hd]`. */
+  outputs(): Record<string, OrtTensor> {
+    const { kvHeads: KV, headDim: hd } = this.geom;
+    const out: Record<string, OrtTensor> = { logits: toOrt('float32', this.logits(), [this.rows, this.vocab]) as OrtTensor };
+    for (const [name, buf] of this.fresh) out[name] = toOrt('float32', buf.subarray(0, this.rows * KV * hd), [this.rows, KV, 1, hd]) as OrtTensor;
+    return out;
+  }
+
+  newSlot(name: string): Float32Array {
+    return this.fresh.get(name)!;
+  }
+
+  logits(): Float32Array {
+    return this.logitsBuf.subarray(0, this.rows * this.vocab);
+  }
+
+  /** Keeps rows `keep` (ascending), moving them up in place. */
+  keepRows(keep: number[]): void {
+    const { kvHeads: KV, headDim: hd } = this.geom;
+    const row = KV * this.capacity * hd;
+    keep.forEach((b, i) => {
+      if (b === i) return;
+      for (const buf of this.buffers.values()) buf.copyWithin(i * row, b * row, (b + 1) * row);
+      this.mask.copyWithin(i * this.capacity, b * this.capacity, (b + 1) * this.capacity);
+    });
+    this.rows = keep.length;
+  }
 }
 
 export interface GenerateRequest {
@@ -177,33 +349,42 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
       throw new UserError(`a prompt of ${P0} tokens plus max_new_tokens ${o.maxNewTokens} exceeds the model's ${maxPos} positions`);
     }
     let B = rowsIdx.length;
-    let ids = new BigInt64Array(B * P0).fill(BigInt(o.padId));
-    let mask = new BigInt64Array(B * P0);
+    const prompt = new BigInt64Array(B * P0).fill(BigInt(o.padId));
+    const mask = new BigInt64Array(B * P0);
     rowsIdx.forEach((r, b) => {
       const p = reqs[r].promptIds;
       for (let t = 0; t < p.length; t++) {
-        ids[b * P0 + P0 - p.length + t] = BigInt(p[t]);
+        prompt[b * P0 + P0 - p.length + t] = BigInt(p[t]);
         mask[b * P0 + P0 - p.length + t] = 1n;
       }
     });
-    let caches: (KVCache | null)[] = parts.map(() => null);
+    // The prompt and a chunk of slots to start with; the cache grows a chunk at a time as rows go on.
+    const capacity = Math.max(P0, Math.min(Math.ceil((P0 + 1) / SLOT_CHUNK) * SLOT_CHUNK, P0 + o.maxNewTokens - 1));
+    const caches: SlotCache[] = [];
     let active = rowsIdx.slice();
     const got = new Map<number, number[]>(rowsIdx.map((r) => [r, []]));
-    let L = P0;
+    const V = parts[0].decoder.vocabSize;
+    let ids = prompt;
     for (let step = 0; active.length > 0; step++) {
       let t0 = timer ? performance.now() : 0;
-      const results: { logits: Float32Array; cache: KVCache }[] = [];
-      for (let k = 0; k < parts.length; k++) results.push(await parts[k].decoder.forward(ids, mask, B, caches[k]));
+      const logits: Float32Array[] = [];
+      for (let k = 0; k < parts.length; k++) {
+        if (step === 0) {
+          const r = await parts[k].decoder.prefill(prompt, mask, B, capacity);
+          caches.push(r.cache);
+          logits.push(r.logits);
+        } else {
+          logits.push(await parts[k].decoder.step(ids, caches[k]));
+        }
+      }
       if (timer) {
         timer(step === 0 ? 'prefill' : 'forward', performance.now() - t0);
         t0 = performance.now();
       }
-      caches = results.map((r) => r.cache);
-      const V = parts[0].decoder.vocabSize;
       const keep: number[] = [];
       const next: number[] = [];
       active.forEach((r, b) => {
-        const row = mixLogits(results.map((res, k) => ({ logits: res.logits.subarray(b * V, b * V + limit), weight: parts[k].weight })));
+        const row = mixLogits(logits.map((l, k) => ({ logits: l.subarray(b * V, b * V + limit), weight: parts[k].weight })));
         const tok = sampleToken(row, sampling, reqs[r].rng);
         const seq = got.get(r)!;
         seq.push(tok);
@@ -219,17 +400,10 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
         t0 = performance.now();
       }
       if (keep.length === 0) break;
-      if (keep.length < B) caches = caches.map((c) => selectCacheRows(c!, keep));
-      const newMask = new BigInt64Array(keep.length * (L + 1));
-      keep.forEach((b, i) => {
-        newMask.set(mask.subarray(b * L, (b + 1) * L), i * (L + 1));
-        newMask[i * (L + 1) + L] = 1n;
-      });
+      if (keep.length < B) for (const c of caches) c.keepRows(keep);
       active = keep.map((b) => active[b]);
       B = keep.length;
-      L += 1;
-      mask = newMask;
-      ids = BigInt64Array.from(next.map(BigInt));
+      ids = BigInt64Array.from(next, BigInt);
       timer?.('bookkeeping', performance.now() - t0);
     }
   }

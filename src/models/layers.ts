@@ -5,7 +5,7 @@
  * Gemm and its weight gradient one Gemm, with no batched-matmul reductions; only attention reshapes
  * to `[B, heads, T, head_dim]`. The second half holds the blocks of KV-cached decoding (src/models/decode.ts).
  */
-import { Graph, Tensor, type Dim, type Shape } from '../onnx/graph.ts';
+import { Graph, Tensor, attr, type Dim, type Shape } from '../onnx/graph.ts';
 import type { Activation } from './config.ts';
 
 export type FloatDType = 'float32' | 'float64';
@@ -294,29 +294,54 @@ export function decodeHeads(g: Graph, x: Tensor, ix: DecodeIndex, n: number, hd:
 }
 
 /**
- * Attention of S new queries `[B, H, S, hd]` (already scaled) over the cache `[B, KV, L, hd]`.
+ * A layer's keys or values in a decode graph, `[B, KV, ·, hd]`: the cache fed in (`past`, `[B, KV, P, hd]`;
+ * null in the prefill) and the new tokens' own (`cur`, `[B, KV, S, hd]`). They are never concatenated:
+ * attention scores the two parts apart, so a step neither copies the cache nor returns it.
+ */
+export interface CachedKV {
+  past: Tensor | null;
+  cur: Tensor;
+}
+
+/**
+ * Attention of S new queries `[B, H, S, hd]` (already scaled) over the cached and new keys/values:
+ * scores over both (concatenated: `[·, P + S]`, the order of `ix.mask`), one softmax, then the
+ * probabilities split back and each part multiplied by its own values. Cache slots the mask hides
+ * (zero in the attention mask) get probability 0, so a preallocated cache may hold unfilled slots.
  * Grouped queries fold into the row axis, as in `attention`. Returns `[B·S, H·hd]`.
  */
-export function cachedAttention(g: Graph, ix: DecodeIndex, q: Tensor, k: Tensor, v: Tensor, H: number, KV: number, hd: number): Tensor {
+export function cachedAttention(g: Graph, ix: DecodeIndex, q: Tensor, k: CachedKV, v: CachedKV, H: number, KV: number, hd: number): Tensor {
   const group = H / KV;
-  const kT = g.transpose(k, [0, 1, 3, 2]); // [B, KV, hd, L]
+  const qg = group === 1 ? q : g.reshape(q, [0, KV, -1, hd]); // [B, KV, group·S, hd]
+  const scores = (keys: Tensor) => g.matmul(qg, g.transpose(keys, [0, 1, 3, 2])); // [B, KV, group·S, ·]
+  let s = k.past ? g.concat([scores(k.past), scores(k.cur)], -1) : scores(k.cur);
+  if (group > 1) s = g.reshape(s, [0, H, -1, 0]); // [B, H, S, P+S]
+  let p = g.softmax(g.add(s, ix.mask), -1);
+  if (group > 1) p = g.reshape(p, [0, KV, -1, 0]);
   let ctx: Tensor;
-  if (group === 1) {
-    ctx = g.matmul(g.softmax(g.add(g.matmul(q, kT), ix.mask), -1), v);
+  if (v.past) {
+    const sizes = g.concat([g.shapeOf(v.past, 2, 3), g.shapeOf(v.cur, 2, 3)], 0);
+    const [pPast, pCur] = g.op('Split', [p, sizes], { axis: attr.int(-1) }, [
+      { dtype: p.dtype, shape: null },
+      { dtype: p.dtype, shape: null },
+    ]);
+    ctx = g.add(g.matmul(pPast, v.past), g.matmul(pCur, v.cur));
   } else {
-    const qg = g.reshape(q, [0, KV, -1, hd]); // [B, KV, group·S, hd]
-    const s = g.reshape(g.matmul(qg, kT), [0, H, -1, 0]); // [B, H, S, L]
-    const p = g.reshape(g.softmax(g.add(s, ix.mask), -1), [0, KV, -1, 0]);
-    ctx = g.reshape(g.matmul(p, v), [0, H, -1, hd]); // [B, H, S, hd]
+    ctx = g.matmul(p, v.cur);
   }
+  if (group > 1) ctx = g.reshape(ctx, [0, H, -1, hd]); // [B, H, S, hd]
   return g.reshape(g.transpose(ctx, [0, 2, 1, 3]), [-1, H * hd]);
 }
 
-/** Appends the new keys/values to the layer's cache and marks the result as the present outputs. */
-export function extendCache(g: Graph, layer: number, k: Tensor, v: Tensor, past: Map<string, Tensor> | null): [Tensor, Tensor] {
-  const full = (kv: 'key' | 'value', x: Tensor) => {
-    const p = past?.get(pastName(layer, kv));
-    return g.output(p ? g.concat([p, x], 2) : g.identity(x), presentName(layer, kv));
+/**
+ * The layer's keys and values for attention (the cache `past` and the new ones), and the new ones
+ * marked as the `present` outputs: a step returns only its own `[B, KV, S, hd]`, which the caller
+ * writes into its cache.
+ */
+export function extendCache(g: Graph, layer: number, k: Tensor, v: Tensor, past: Map<string, Tensor> | null): [CachedKV, CachedKV] {
+  const part = (kv: 'key' | 'value', x: Tensor): CachedKV => {
+    g.output(x, presentName(layer, kv));
+    return { past: past?.get(pastName(layer, kv)) ?? null, cur: x };
   };
-  return [full('key', k), full('value', v)];
+  return [part('key', k), part('value', v)];
 }
