@@ -47,7 +47,7 @@ await generateIds([{ decoder: dec, weight: 1 }], reqs(), { ...opts, maxNewTokens
 const wall = performance.now() - t0;
 const cpu = process.cpuUsage(c0);
 setGenerateTimer(null);
-dec.endProfiling();
+await dec.endProfiling();
 await dec.release();
 
 const sum = (xs: number[]) => xs.reduce((x, y) => x + y, 0);

@@ -34,7 +34,19 @@ export interface DecodeGraphOptions {
   weights?: Map<string, FloatTensor>;
   /** Decode with these LoRA adapters (their tensors become parameters too). */
   lora?: LoraConfig | null;
+  /** What the graph returns for the last position: the logits (default), or the token it picks (see {@link DecodeHead}). */
+  head?: DecodeHead;
 }
+
+/**
+ * The graph's last step. `logits` `[B, V]` for the host to sample from. `greedy`: `token` `[B]`, the
+ * first argmax of the logits below `vocab_limit` `[1]`. `sample`: `token` `[B]` drawn as
+ * src/models/sampling.ts's sampleToken draws without top-k/top-p, in float64: weights
+ * e^((l − max)/temperature) over the ids below `vocab_limit`, and the first id whose running sum
+ * exceeds `uniform` `[B, 1]` (each row's draw in [0, 1)) times their total. The logits never leave
+ * the graph. (float64 throughout: CPU only.)
+ */
+export type DecodeHead = 'logits' | 'greedy' | 'sample';
 
 /** Cache geometry of a config: layers, key/value heads, head size. */
 export function cacheShape(c: ModelConfig): { layers: number; kvHeads: number; headDim: number } {
@@ -64,6 +76,22 @@ export function buildDecodeGraph(config: ModelConfig, o: DecodeGraphOptions): Gr
   // Only each row's last new position needs logits: [B·S, D] → [B, S, D] → [B, D].
   const D = headW.shape![1] as number;
   const last = g.squeeze(g.slice(g.reshape(hidden, g.concat([ix.shapeBS, g.ints([D])], 0)), [-1], [2 ** 40], [1]), [1]);
-  g.output(g.gemm(last, headW, null, { transB: true }), 'logits');
+  const logits = g.gemm(last, headW, null, { transB: true });
+  const head = o.head ?? 'logits';
+  if (head === 'logits') {
+    g.output(logits, 'logits');
+    return g;
+  }
+  const limited = g.slice(logits, g.ints([0]), g.input('vocab_limit', 'int64', [1]), [1]); // [B, V']
+  if (head === 'greedy') {
+    g.output(g.argMax(limited, 1, false), 'token');
+    return g;
+  }
+  const x = g.cast(limited, 'float64');
+  const w = g.exp(g.div(g.sub(x, g.reduceMax(x, [1], true)), g.input('temperature', 'float64', [])));
+  const running = g.cumSum(w, 1);
+  const total = g.slice(running, [-1], [2 ** 40], [1]); // [B, 1]: the sum in the running order
+  const beyond = g.cast(g.greater(running, g.mul(g.input('uniform', 'float64', ['batch', 1]), total)), 'int32');
+  g.output(g.argMax(beyond, 1, false), 'token');
   return g;
 }

@@ -16,7 +16,7 @@ import { Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from 
 import { UserError } from '../errors.ts';
 import type { SeededRandom } from '../random.ts';
 import type { LoadedTokenizer } from '../tokenize/index.ts';
-import { buildDecodeGraph, cacheShape, pastName, presentName } from './decode.ts';
+import { buildDecodeGraph, cacheShape, pastName, presentName, type DecodeHead } from './decode.ts';
 import { mixLogits, sampleToken, samplingOptions, type SamplingOptions } from './sampling.ts';
 
 /** The cache of a batch: `[B, KV, L, hd]` per layer and kind, as fed back under the past names. */
@@ -36,25 +36,45 @@ export interface DecoderOptions {
   lora?: LoraConfig | null;
 }
 
+/**
+ * What a step returns for each row: `greedy` the argmax, `sample` a draw with each row's `uniform`
+ * number, both among the ids below `limit`, picked inside the graph (see `DecodeHead`); no pick,
+ * the logits.
+ */
+export type Pick = { head: 'greedy'; limit: number } | { head: 'sample'; limit: number; temperature: number; uniform: Float64Array };
+
 export class Decoder {
   private params: Feeds = {};
+  /** Prefill and step sessions by head, built on first use (a decoder that only samples never builds the logits graphs). */
+  private readonly sessions = new Map<string, Promise<Session>>();
 
   private constructor(
     readonly config: ModelConfig,
-    private readonly prefillSession: Session,
-    private readonly stepSession: Session,
     private readonly shapes: Map<string, number[]>,
     readonly baked: boolean,
+    private readonly build: { weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; runtime?: RuntimeOptions },
   ) {}
 
   static async create(config: ModelConfig, weights: Map<string, FloatTensor>, o: DecoderOptions = {}): Promise<Decoder> {
     const bake = o.bake ?? false;
-    const gw = bake ? weights : undefined;
-    const prefill = await Session.fromGraph(buildDecodeGraph(config, { past: false, weights: gw, lora: o.lora }), o.runtime);
-    const step = await Session.fromGraph(buildDecodeGraph(config, { past: true, weights: gw, lora: o.lora }), o.runtime);
-    const d = new Decoder(config, prefill, step, modelParameterShapes(config, { lora: o.lora }), bake);
+    const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime: o.runtime });
     if (!bake) d.setWeights((name) => weights.get(name)?.data);
     return d;
+  }
+
+  private session(past: boolean, head: DecodeHead): Promise<Session> {
+    const key = `${past ? 'step' : 'prefill'}/${head}`;
+    let s = this.sessions.get(key);
+    if (!s) {
+      s = Session.fromGraph(buildDecodeGraph(this.config, { past, weights: this.build.weights, lora: this.build.lora, head }), this.build.runtime);
+      this.sessions.set(key, s);
+    }
+    return s;
+  }
+
+  /** Whether the graph can pick tokens (its float64 sampling runs on the CPU only). */
+  get picksTokens(): boolean {
+    return (this.build.runtime?.ep ?? 'cpu') === 'cpu';
   }
 
   /** Feeds these parameter values from now on (graph-input decoders only); arrays are not copied. */
@@ -81,7 +101,7 @@ export class Decoder {
     const L = mask.length / rows;
     const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [rows, S]), attention_mask: toOrt('int64', mask, [rows, L]) };
     if (cache) Object.assign(feeds, cache.tensors);
-    const out = await (cache ? this.stepSession : this.prefillSession).run(feeds);
+    const out = await (await this.session(cache !== null, 'logits')).run(feeds);
     const { layers, kvHeads: KV, headDim: hd } = cacheShape(this.config);
     const tensors: Feeds = {};
     for (let i = 0; i < layers; i++) {
@@ -107,40 +127,57 @@ export class Decoder {
 
   /**
    * Prefills `ids` [B, S] under `mask` [B, S] into a new cache with room for `capacity` positions
-   * (grown as needed); returns the logits of each row's last token `[B, V]` and the cache.
+   * (grown as needed); returns each row's pick for its last token (the logits `[B, V]` without one)
+   * and the cache.
    */
-  async prefill(ids: BigInt64Array, mask: BigInt64Array, rows: number, capacity: number): Promise<{ logits: Float32Array; cache: SlotCache }> {
+  async prefill(ids: BigInt64Array, mask: BigInt64Array, rows: number, capacity: number, pick?: Pick): Promise<Picked & { cache: SlotCache }> {
     const S = ids.length / rows;
-    const out = await this.prefillSession.run({ ...this.params, input_ids: toOrt('int64', ids, [rows, S]), attention_mask: toOrt('int64', mask, [rows, S]) });
+    const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [rows, S]), attention_mask: toOrt('int64', mask, [rows, S]) };
+    if (pick) Object.assign(feeds, pickFeeds(pick, rows));
+    const out = await (await this.session(false, pick?.head ?? 'logits')).run(feeds);
     const cache = new SlotCache(cacheShape(this.config), rows, Math.max(capacity, S), this.vocabSize);
     cache.write((name) => out[name].data as Float32Array, S);
     cache.setMask(mask, S);
-    return { logits: out.logits.data as Float32Array, cache };
+    return pick ? { tokens: out.token.data as BigInt64Array, cache } : { logits: out.logits.data as Float32Array, cache };
   }
 
   /**
    * One token per row `ids` [B] into `cache` (B = cache.rows): its keys and values are written into
-   * the cache's next slot. Returns the logits `[B, V]`, in the cache's buffer (valid until its next step).
+   * the cache's next slot. Returns each row's pick (the logits `[B, V]` without one), in the cache's
+   * buffers (valid until its next step).
    */
-  async step(ids: BigInt64Array, cache: SlotCache): Promise<Float32Array> {
+  async step(ids: BigInt64Array, cache: SlotCache, pick?: Pick): Promise<Picked> {
     cache.reserve(1);
     const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [cache.rows, 1]), attention_mask: cache.stepMask() };
     Object.assign(feeds, cache.pastFeeds());
-    await this.stepSession.run(feeds, cache.outputs());
+    if (pick) Object.assign(feeds, pickFeeds(pick, cache.rows));
+    await (await this.session(true, pick?.head ?? 'logits')).run(feeds, cache.outputs(pick !== undefined));
     cache.write((name) => cache.newSlot(name), 1);
-    return cache.logits();
+    return pick ? { tokens: cache.tokens() } : { logits: cache.logits() };
   }
 
-  /** Ends ONNX Runtime's profiling of both sessions (created with `runtime.profilePrefix`), writing the traces. */
-  endProfiling(): void {
-    this.prefillSession.endProfiling();
-    this.stepSession.endProfiling();
+  /** Ends ONNX Runtime's profiling of the sessions built so far (`runtime.profilePrefix`), writing the traces. */
+  async endProfiling(): Promise<void> {
+    for (const s of this.sessions.values()) (await s).endProfiling();
   }
 
   async release(): Promise<void> {
-    await this.prefillSession.release();
-    await this.stepSession.release();
+    const all = await Promise.allSettled(this.sessions.values());
+    this.sessions.clear();
+    for (const r of all) if (r.status === 'fulfilled') await r.value.release();
   }
+}
+
+/** A step's result: the picked tokens `[B]`, or the logits `[B, V]`. */
+export type Picked = { tokens: BigInt64Array; logits?: undefined } | { logits: Float32Array; tokens?: undefined };
+
+function pickFeeds(pick: Pick, rows: number): Feeds {
+  const feeds: Feeds = { vocab_limit: toOrt('int64', BigInt64Array.of(BigInt(pick.limit)), [1]) };
+  if (pick.head === 'sample') {
+    feeds.temperature = toOrt('float64', Float64Array.of(pick.temperature), []);
+    feeds.uniform = toOrt('float64', pick.uniform.subarray(0, rows), [rows, 1]);
+  }
+  return feeds;
 }
 
 /** Keeps cache rows `keep` (in that order). */
@@ -174,6 +211,7 @@ export class SlotCache {
   private mask: BigInt64Array;
   private fresh = new Map<string, Float32Array>();
   private logitsBuf: Float32Array;
+  private tokenBuf: BigInt64Array;
 
   constructor(
     private readonly geom: { layers: number; kvHeads: number; headDim: number },
@@ -190,6 +228,7 @@ export class SlotCache {
     }
     this.mask = new BigInt64Array(rows * capacity);
     this.logitsBuf = new Float32Array(rows * vocab);
+    this.tokenBuf = new BigInt64Array(rows);
   }
 
   /** Copies the first `n` prompt mask columns (`[B, n]`) in. */
@@ -256,10 +295,12 @@ export class SlotCache {
     return feeds;
   }
 
-  /** Preallocated outputs of a step: logits `[B, V]` and each layer's new keys/values `[B, KV, 1, hd]`. */
-  outputs(): Record<string, OrtTensor> {
+  /** Preallocated outputs of a step: logits `[B, V]` (or the picked `token` `[B]`) and each layer's new keys/values `[B, KV, 1, hd]`. */
+  outputs(picked: boolean): Record<string, OrtTensor> {
     const { kvHeads: KV, headDim: hd } = this.geom;
-    const out: Record<string, OrtTensor> = { logits: toOrt('float32', this.logits(), [this.rows, this.vocab]) as OrtTensor };
+    const out: Record<string, OrtTensor> = picked
+      ? { token: toOrt('int64', this.tokens(), [this.rows]) as OrtTensor }
+      : { logits: toOrt('float32', this.logits(), [this.rows, this.vocab]) as OrtTensor };
     for (const [name, buf] of this.fresh) out[name] = toOrt('float32', buf.subarray(0, this.rows * KV * hd), [this.rows, KV, 1, hd]) as OrtTensor;
     return out;
   }
@@ -270,6 +311,10 @@ export class SlotCache {
 
   logits(): Float32Array {
     return this.logitsBuf.subarray(0, this.rows * this.vocab);
+  }
+
+  tokens(): BigInt64Array {
+    return this.tokenBuf.subarray(0, this.rows);
   }
 
   /** Keeps rows `keep` (ascending), moving them up in place. */
@@ -339,6 +384,7 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
   const stop = new Set(o.stopIds);
   const limit = Math.min(o.vocabLimit ?? config.vocab_size, config.vocab_size);
   const out: Generated[] = new Array(reqs.length);
+  const inGraph = parts.length === 1 && parts[0].weight === 1 && parts[0].decoder.picksTokens && (sampling.temperature === 0 || (sampling.topK === 0 && sampling.topP === 1));
   // Similar prompt lengths share a batch (less padding); each row's stream makes the order irrelevant.
   const order = reqs.map((_, i) => i).sort((a, b) => reqs[a].promptIds.length - reqs[b].promptIds.length);
   const batchSize = o.batchSize ?? 32;
@@ -364,17 +410,22 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
     let active = rowsIdx.slice();
     const got = new Map<number, number[]>(rowsIdx.map((r) => [r, []]));
     const V = parts[0].decoder.vocabSize;
+    // One model without top-k/top-p: the graph picks the tokens (each row's uniform drawn here, from
+    // its own stream, as sampleToken would draw it), and the logits never reach JavaScript.
+    const uniform = new Float64Array(B);
+    const pick: Pick | undefined = !inGraph ? undefined : sampling.temperature === 0 ? { head: 'greedy', limit } : { head: 'sample', limit, temperature: sampling.temperature, uniform };
     let ids = prompt;
     for (let step = 0; active.length > 0; step++) {
       let t0 = timer ? performance.now() : 0;
-      const logits: Float32Array[] = [];
+      if (pick?.head === 'sample') active.forEach((r, b) => (uniform[b] = reqs[r].rng.next()));
+      const results: Picked[] = [];
       for (let k = 0; k < parts.length; k++) {
         if (step === 0) {
-          const r = await parts[k].decoder.prefill(prompt, mask, B, capacity);
+          const r = await parts[k].decoder.prefill(prompt, mask, B, capacity, pick);
           caches.push(r.cache);
-          logits.push(r.logits);
+          results.push(r);
         } else {
-          logits.push(await parts[k].decoder.step(ids, caches[k]));
+          results.push(await parts[k].decoder.step(ids, caches[k], pick));
         }
       }
       if (timer) {
@@ -384,8 +435,14 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
       const keep: number[] = [];
       const next: number[] = [];
       active.forEach((r, b) => {
-        const row = mixLogits(logits.map((l, k) => ({ logits: l.subarray(b * V, b * V + limit), weight: parts[k].weight })));
-        const tok = sampleToken(row, sampling, reqs[r].rng);
+        const tokens = results[0].tokens;
+        const tok = tokens
+          ? Number(tokens[b])
+          : sampleToken(
+              mixLogits(results.map((res, k) => ({ logits: res.logits!.subarray(b * V, b * V + limit), weight: parts[k].weight }))),
+              sampling,
+              reqs[r].rng,
+            );
         const seq = got.get(r)!;
         seq.push(tok);
         if (stop.has(tok)) out[r] = { ids: seq, stopped: true };
