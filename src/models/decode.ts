@@ -44,9 +44,10 @@ export interface DecodeGraphOptions {
  * src/models/sampling.ts's sampleToken draws without top-k/top-p, in float64: weights
  * e^((l − max)/temperature) over the ids below `vocab_limit`, and the first id whose running sum
  * exceeds `uniform` `[B, 1]` (each row's draw in [0, 1)) times their total. The logits never leave
- * the graph. (float64 throughout: CPU only.)
+ * the graph. `sample-t1` is `sample` at temperature 1, without the division (x/1 = x). (float64
+ * throughout: CPU only.)
  */
-export type DecodeHead = 'logits' | 'greedy' | 'sample';
+export type DecodeHead = 'logits' | 'greedy' | 'sample' | 'sample-t1';
 
 /** Cache geometry of a config: layers, key/value heads, head size. */
 export function cacheShape(c: ModelConfig): { layers: number; kvHeads: number; headDim: number } {
@@ -87,8 +88,9 @@ export function buildDecodeGraph(config: ModelConfig, o: DecodeGraphOptions): Gr
     g.output(g.argMax(limited, 1, false), 'token');
     return g;
   }
-  const x = g.cast(limited, 'float64');
-  const w = g.exp(g.div(g.sub(x, g.reduceMax(x, [1], true)), g.input('temperature', 'float64', [])));
+  // The max of float32 values is one of them: taken before the cast, it is the same number.
+  const shifted = g.sub(g.cast(limited, 'float64'), g.cast(g.reduceMax(limited, [1], true), 'float64'));
+  const w = g.exp(head === 'sample' ? g.div(shifted, g.input('temperature', 'float64', [])) : shifted);
   const running = g.cumSum(w, 1);
   const total = g.slice(running, [-1], [2 ** 40], [1]); // [B, 1]: the sum in the running order
   const beyond = g.cast(g.greater(running, g.mul(g.input('uniform', 'float64', ['batch', 1]), total)), 'int32');

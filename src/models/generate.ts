@@ -134,7 +134,7 @@ export class Decoder {
     const S = ids.length / rows;
     const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [rows, S]), attention_mask: toOrt('int64', mask, [rows, S]) };
     if (pick) Object.assign(feeds, pickFeeds(pick, rows));
-    const out = await (await this.session(false, pick?.head ?? 'logits')).run(feeds);
+    const out = await (await this.session(false, headOf(pick))).run(feeds);
     const cache = new SlotCache(cacheShape(this.config), rows, Math.max(capacity, S), this.vocabSize);
     cache.write((name) => out[name].data as Float32Array, S);
     cache.setMask(mask, S);
@@ -151,7 +151,7 @@ export class Decoder {
     const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [cache.rows, 1]), attention_mask: cache.stepMask() };
     Object.assign(feeds, cache.pastFeeds());
     if (pick) Object.assign(feeds, pickFeeds(pick, cache.rows));
-    await (await this.session(true, pick?.head ?? 'logits')).run(feeds, cache.outputs(pick !== undefined));
+    await (await this.session(true, headOf(pick))).run(feeds, cache.outputs(pick !== undefined));
     cache.write((name) => cache.newSlot(name), 1);
     return pick ? { tokens: cache.tokens() } : { logits: cache.logits() };
   }
@@ -171,10 +171,14 @@ export class Decoder {
 /** A step's result: the picked tokens `[B]`, or the logits `[B, V]`. */
 export type Picked = { tokens: BigInt64Array; logits?: undefined } | { logits: Float32Array; tokens?: undefined };
 
+function headOf(pick: Pick | undefined): DecodeHead {
+  return !pick ? 'logits' : pick.head === 'sample' && pick.temperature === 1 ? 'sample-t1' : pick.head;
+}
+
 function pickFeeds(pick: Pick, rows: number): Feeds {
   const feeds: Feeds = { vocab_limit: toOrt('int64', BigInt64Array.of(BigInt(pick.limit)), [1]) };
   if (pick.head === 'sample') {
-    feeds.temperature = toOrt('float64', Float64Array.of(pick.temperature), []);
+    if (pick.temperature !== 1) feeds.temperature = toOrt('float64', Float64Array.of(pick.temperature), []);
     feeds.uniform = toOrt('float64', pick.uniform.subarray(0, rows), [rows, 1]);
   }
   return feeds;
