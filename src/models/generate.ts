@@ -348,6 +348,8 @@ export interface GenerateOptions extends SamplingOptions {
   padId: number;
   /** Rows per forward pass (default 32). */
   batchSize?: number;
+  /** Sample on the host from the logits even where the graph could pick the tokens (for measuring). */
+  hostSampling?: boolean;
   /**
    * Only ids below this are drawn: embeddings are often padded past the tokenizer's vocabulary, and
    * those rows (never trained) must not be sampled. Default: the model's vocab_size.
@@ -388,7 +390,7 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
   const stop = new Set(o.stopIds);
   const limit = Math.min(o.vocabLimit ?? config.vocab_size, config.vocab_size);
   const out: Generated[] = new Array(reqs.length);
-  const inGraph = parts.length === 1 && parts[0].weight === 1 && parts[0].decoder.picksTokens && (sampling.temperature === 0 || (sampling.topK === 0 && sampling.topP === 1));
+  const inGraph = !o.hostSampling && parts.length === 1 && parts[0].weight === 1 && parts[0].decoder.picksTokens && (sampling.temperature === 0 || (sampling.topK === 0 && sampling.topP === 1));
   // Similar prompt lengths share a batch (less padding); each row's stream makes the order irrelevant.
   const order = reqs.map((_, i) => i).sort((a, b) => reqs[a].promptIds.length - reqs[b].promptIds.length);
   const batchSize = o.batchSize ?? 32;
