@@ -9,7 +9,10 @@
  *
  *   scripts/bench/decode [--arch llama] [--preset small] [--batch 8] [--prompt 32] [--new 64] [--runs 3] [--baked] [--json]
  */
-import os from 'node:os';
+import os, { tmpdir } from 'node:os';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { writeTokenizer } from '../../src/tokenize/generate.ts';
 import { type Arch, type ModelConfig, type Preset, countParameters, presetArch, presetConfig } from '../../src/models/config.ts';
 import { initWeights } from '../../src/models/init.ts';
 import { Decoder, generateIds, type GenerateRequest } from '../../src/models/generate.ts';
@@ -59,8 +62,17 @@ export interface GenerateBenchResult {
   load_average: number;
 }
 
-/** Matrix-product parameters a decode step reads: every weight but the embedding table (unless tied, when it is the head). */
-function matmulParams(c: ModelConfig): number {
+function generatedVocabSize(): number {
+  const dir = mkdtempSync(join(tmpdir(), 'prefzoo-generate-bench-'));
+  try {
+    return writeTokenizer(dir).vocabSize;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/** Matrix-product parameters a decode step reads: every weight but the embedding tables (unless tied: then the token table is the head). */
+export function matmulParams(c: ModelConfig): number {
   const V = c.vocab_size;
   const D = c.model_type === 'gpt2' ? c.n_embd : c.hidden_size;
   const embeds = c.model_type === 'gpt2' ? V * D + c.n_positions * D : V * D;
@@ -83,6 +95,13 @@ function memoryBandwidth(): number {
   return best;
 }
 
+/** FLOPs of one decode step of B rows over a cache of L positions: 2 per matmul weight per row, and q·k plus p·v per head. */
+export function decodeStepFlops(c: ModelConfig, B: number, L: number): number {
+  const { layers, headDim } = cacheShape(c);
+  const H = c.model_type === 'gpt2' ? c.n_head : c.num_attention_heads;
+  return 2 * B * matmulParams(c) + 4 * B * layers * H * headDim * L;
+}
+
 function median(xs: number[]): number {
   const s = [...xs].sort((a, b) => a - b);
   const m = s.length >> 1;
@@ -90,11 +109,14 @@ function median(xs: number[]): number {
 }
 
 const round = (x: number, d = 1) => Math.round(x * 10 ** d) / 10 ** d;
+/** Four significant digits (the tiny preset's figures are small). */
+const sig = (x: number) => Number(x.toPrecision(4));
 
 export async function runGenerateBench(o: GenerateBenchOptions): Promise<GenerateBenchResult> {
   const log = o.log ?? (() => {});
   const arch = o.arch ?? presetArch(o.preset) ?? 'llama';
-  const config = presetConfig(arch, o.preset, {});
+  // tiny takes its vocabulary from the generated tokenizer, as init-model does.
+  const config = presetConfig(arch, o.preset, o.preset === 'tiny' ? { vocabSize: generatedVocabSize() } : {});
   const weights = initWeights(config, 0);
   const { batch: B, prompt: P, newTokens: N } = o;
   const runs = o.runs ?? 3;
@@ -122,12 +144,7 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
   // Before the MatMul peak and bandwidth probes, which allocate their own buffers.
   const rss = Math.round(process.resourceUsage().maxRSS / 1024);
   const msStep = median(steps);
-  const { layers, kvHeads, headDim } = cacheShape(config);
-  const H = config.model_type === 'gpt2' ? config.n_head : config.num_attention_heads;
-  const avgLen = P + N / 2;
-  // Matrix products of one step: 2 flops per weight per row, and q·k plus p·v over the cache.
-  const flops = 2 * B * matmulParams(config) + 4 * B * layers * H * headDim * avgLen;
-  void kvHeads;
+  const flops = decodeStepFlops(config, B, P + N / 2);
   const peak = o.skipPeak ? null : (await measureMatmulPeak(o.runtime)).gflops;
   const bw = memoryBandwidth();
   const weightBytes = matmulParams(config) * 4;
@@ -144,14 +161,14 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
     prefill_ms: round(median(prefills)),
     decode_tokens_per_s: round(B / (msStep / 1000)),
     tokens_per_s: round(B / (msStep / 1000)),
-    ms_per_step: round(msStep, 2),
-    step_ms_runs: steps.map((s) => round(s, 2)),
-    gflop_per_step: round(flops / 1e9, 2),
+    ms_per_step: sig(msStep),
+    step_ms_runs: steps.map(sig),
+    gflop_per_step: sig(flops / 1e9),
     matmul_peak_gflops: peak === null ? null : round(peak),
-    flop_bound_ms: peak === null ? null : round(flops / peak / 1e6, 2),
-    weight_mb_per_step: round(weightBytes / 1e6),
+    flop_bound_ms: peak === null ? null : sig(flops / peak / 1e6),
+    weight_mb_per_step: sig(weightBytes / 1e6),
     memory_gb_per_s: round(bw),
-    bandwidth_bound_ms: round(weightBytes / (bw * 1e9) * 1000, 2),
+    bandwidth_bound_ms: sig((weightBytes / (bw * 1e9)) * 1000),
     peak_rss_mb: rss,
     load_average: round(os.loadavg()[0], 2),
   };
