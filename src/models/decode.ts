@@ -4,10 +4,10 @@
  * through families.ts), the shared blocks in layers.ts.
  *
  *   prefill:  input_ids [B, S], attention_mask [B, S]                        → logits [B, V], present.*
- *   step:     input_ids [B, S], attention_mask [B, P+S], past.i.key/value    → logits [B, V], present.*
+ *   step:     input_ids [B, 1], attention_mask [B, P+1], past.i.key/value    → logits [B, V], present.*
  *
  * `past.<i>.key`, `past.<i>.value` are `[B, KV, P, hd]` (keys after rotary embedding) and
- * `present.<i>.key`, `present.<i>.value` `[B, KV, S, hd]`: only the S new positions' own, which the
+ * `present.<i>.key`, `present.<i>.value` `[B, KV, S, hd]` (S = 1 in a step): only the new positions' own, which the
  * caller writes into its cache (the graph never copies the cache). The past may be a preallocated
  * cache with unfilled slots: the attention mask's zeros hide them. `logits` are those of each
  * row's last new position. Positions count the real tokens before each token (exclusive cumulative
@@ -57,7 +57,8 @@ export function cacheShape(c: ModelConfig): CacheShape {
 /** Builds the prefill (`past: false`) or step (`past: true`) graph of `config` (float32). */
 export function buildDecodeGraph(config: ModelConfig, o: DecodeGraphOptions): Graph {
   const g = new Graph(o.past ? 'prefzoo_decode_step' : 'prefzoo_decode_prefill');
-  const ids = g.input('input_ids', 'int64', ['batch', 'new']);
+  // A step feeds one token per row; the prefill any number.
+  const ids = g.input('input_ids', 'int64', ['batch', o.past ? 1 : 'new']);
   const attn = g.input('attention_mask', 'int64', ['batch', o.past ? 'total' : 'new']);
   const { layers, kvHeads, headDim } = cacheShape(config);
   let past: Map<string, Tensor> | null = null;

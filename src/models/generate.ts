@@ -92,13 +92,14 @@ export class Decoder {
   }
 
   /**
-   * Runs S new tokens per row. `ids` [B, S]; `mask` [B, L] covers the cache and the new tokens.
+   * Runs S new tokens per row (S = 1 with a cache). `ids` [B, S]; `mask` [B, L] covers the cache and the new tokens.
    * Returns the logits of each row's last new token `[B, V]` and the extended cache (a new one:
    * `cache` is not changed).
    */
   async forward(ids: BigInt64Array, mask: BigInt64Array, rows: number, cache: KVCache | null): Promise<{ logits: Float32Array; cache: KVCache }> {
     const S = ids.length / rows;
     const L = mask.length / rows;
+    if (cache && S !== 1) throw new Error(`decoder: a step with a cache feeds one token per row, got ${S}`);
     const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [rows, S]), attention_mask: toOrt('int64', mask, [rows, L]) };
     if (cache) Object.assign(feeds, cache.tensors);
     const out = await (await this.session(cache !== null, 'logits')).run(feeds);

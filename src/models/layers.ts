@@ -5,7 +5,7 @@
  * Gemm and its weight gradient one Gemm, with no batched-matmul reductions; only attention reshapes
  * to `[B, heads, T, head_dim]`. The second half holds the blocks of KV-cached decoding (src/models/decode.ts).
  */
-import { Graph, Tensor, attr, type Dim, type Shape } from '../onnx/graph.ts';
+import { Graph, Tensor, type Dim, type Shape } from '../onnx/graph.ts';
 import type { Activation } from './family.ts';
 
 export type FloatDType = 'float32' | 'float64';
@@ -306,7 +306,8 @@ export interface CachedKV {
 /**
  * Attention of S new queries `[B, H, S, hd]` (already scaled) over the cached and new keys/values:
  * scores over both (concatenated: `[·, P + S]`, the order of `ix.mask`), one softmax, then the
- * probabilities split back and each part multiplied by its own values. Cache slots the mask hides
+ * probabilities split back and each part multiplied by its own values. With a cache, S is 1 (the
+ * step graph's one new token per row). Cache slots the mask hides
  * (zero in the attention mask) get probability 0, so a preallocated cache may hold unfilled slots.
  * Grouped queries fold into the row axis, as in `attention`. Returns `[B·S, H·hd]`.
  */
@@ -320,11 +321,9 @@ export function cachedAttention(g: Graph, ix: DecodeIndex, q: Tensor, k: CachedK
   if (group > 1) p = g.reshape(p, [0, KV, -1, 0]);
   let ctx: Tensor;
   if (v.past) {
-    const sizes = g.concat([g.shapeOf(v.past, 2, 3), g.shapeOf(v.cur, 2, 3)], 0);
-    const [pPast, pCur] = g.op('Split', [p, sizes], { axis: attr.int(-1) }, [
-      { dtype: p.dtype, shape: null },
-      { dtype: p.dtype, shape: null },
-    ]);
+    // A step feeds one new token, so the split is at a constant (no shape arithmetic: WebGPU runs it).
+    const pPast = g.slice(p, [0], [-1], [-1]);
+    const pCur = g.slice(p, [-1], [2 ** 40], [-1]);
     ctx = g.add(g.matmul(pPast, v.past), g.matmul(pCur, v.cur));
   } else {
     ctx = g.matmul(p, v.cur);
