@@ -93,7 +93,10 @@ class Block(nn.Module):
         self.up_proj = nn.Linear(d, c['inter'], bias=False)
         self.down_proj = nn.Linear(c['inter'], d, bias=False)
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin, mask, cache=None):
+        """One layer. With `cache` (a list, empty before the prefill), decoding as HF's eager attention
+        and DynamicCache do: the new keys/values are concatenated to the layer's cache (kept in the
+        list), then repeated to every query head."""
         B, T, _ = x.shape
         y = self.input_layernorm(x)
         q = self.q_proj(y).view(B, T, self.h, self.hd)
@@ -104,33 +107,11 @@ class Block(nn.Module):
         v = self.v_proj(y).view(B, T, self.kv, self.hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        rep = self.h // self.kv
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-        scores = q @ k.transpose(2, 3) / math.sqrt(self.hd) + mask
-        ctx = torch.softmax(scores, dim=-1) @ v
-        x = x + self.o_proj(ctx.transpose(1, 2).reshape(B, T, -1))
-        y = self.post_attention_layernorm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
-
-
-    def decode(self, x, cos, sin, mask, cache):
-        """One layer over new tokens with a key/value cache, as HF's eager attention and DynamicCache:
-        the new keys/values are concatenated to the layer's cache, then repeated to every query head."""
-        B, T, _ = x.shape
-        y = self.input_layernorm(x)
-        q = self.q_proj(y).view(B, T, self.h, self.hd)
-        k = self.k_proj(y).view(B, T, self.kv, self.hd)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = self.v_proj(y).view(B, T, self.kv, self.hd).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        if cache:
-            k = torch.cat((cache[0], k), 2)
-            v = torch.cat((cache[1], v), 2)
-        cache[:] = [k, v]
+        if cache is not None:
+            if cache:
+                k = torch.cat((cache[0], k), 2)
+                v = torch.cat((cache[1], v), 2)
+            cache[:] = [k, v]
         rep = self.h // self.kv
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
@@ -191,7 +172,7 @@ class Llama(nn.Module):
         mask = torch.zeros(B, 1, T, L).masked_fill(~allowed, torch.finfo(torch.float32).min)
         x = self.embed_tokens(ids)
         for layer, cache in zip(self.layers, caches):
-            x = layer.decode(x, cos, sin, mask, cache)
+            x = layer(x, cos, sin, mask, cache)
         x = self.norm(x[:, -1])
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return x @ w.t()
