@@ -57,8 +57,9 @@ export function cacheShape(c: ModelConfig): CacheShape {
 /** Builds the prefill (`past: false`) or step (`past: true`) graph of `config` (float32). */
 export function buildDecodeGraph(config: ModelConfig, o: DecodeGraphOptions): Graph {
   const g = new Graph(o.past ? 'prefzoo_decode_step' : 'prefzoo_decode_prefill');
-  // A step feeds one token per row; the prefill any number.
-  const ids = g.input('input_ids', 'int64', ['batch', o.past ? 1 : 'new']);
+  // A step feeds one token per row (its attention relies on it), the prefill any number; the dim
+  // stays symbolic in both, as the shapes built from it are carried on the device under WebGPU.
+  const ids = g.input('input_ids', 'int64', ['batch', 'new']);
   const attn = g.input('attention_mask', 'int64', ['batch', o.past ? 'total' : 'new']);
   const { layers, kvHeads, headDim } = cacheShape(config);
   let past: Map<string, Tensor> | null = null;
