@@ -17,7 +17,7 @@ import { type Arch, type ModelConfig, type Preset, countParameters, presetArch, 
 import { initWeights } from '../../src/models/init.ts';
 import { Decoder, generateIds, type GenerateRequest } from '../../src/models/generate.ts';
 import { sampleRandom } from '../../src/models/sampling.ts';
-import { cacheShape } from '../../src/models/decode.ts';
+import { familyFor } from '../../src/models/families.ts';
 import { measureMatmulPeak } from '../../src/runtime/peak.ts';
 import type { RuntimeOptions } from '../../src/runtime/session.ts';
 
@@ -73,11 +73,10 @@ function generatedVocabSize(): number {
 
 /** Matrix-product parameters a decode step reads: every weight but the embedding tables (unless tied: then the token table is the head). */
 export function matmulParams(c: ModelConfig): number {
-  const V = c.vocab_size;
-  const D = c.model_type === 'gpt2' ? c.n_embd : c.hidden_size;
-  const embeds = c.model_type === 'gpt2' ? V * D + c.n_positions * D : V * D;
-  const tied = c.tie_word_embeddings;
-  return countParameters(c) - embeds + (tied ? V * D : 0);
+  const fam = familyFor(c);
+  const D = fam.hiddenSize(c);
+  const embeds = c.vocab_size * D + (fam.learnedPositions ? fam.maxPositions(c) * D : 0);
+  return countParameters(c) - embeds + (c.tie_word_embeddings ? c.vocab_size * D : 0);
 }
 
 /** Memory read bandwidth, GB/s: the fastest of a few sums over 256 MB through a copy (read + write counted). */
@@ -95,11 +94,14 @@ function memoryBandwidth(): number {
   return best;
 }
 
-/** FLOPs of one decode step of B rows over a cache of L positions: 2 per matmul weight per row, and q·k plus p·v per head. */
+/**
+ * FLOPs of one decode step of B rows over a cache of L positions: 2 per matmul weight per row, and
+ * q·k plus p·v over the query width, taken as the hidden size (exact for llama's and gpt2's presets;
+ * a model with wider heads, such as qwen3's, counts less attention than it does).
+ */
 export function decodeStepFlops(c: ModelConfig, B: number, L: number): number {
-  const { layers, headDim } = cacheShape(c);
-  const H = c.model_type === 'gpt2' ? c.n_head : c.num_attention_heads;
-  return 2 * B * matmulParams(c) + 4 * B * layers * H * headDim * L;
+  const fam = familyFor(c);
+  return 2 * B * matmulParams(c) + 4 * B * fam.numLayers(c) * fam.hiddenSize(c) * L;
 }
 
 function median(xs: number[]): number {
