@@ -17,6 +17,7 @@ import { register as nashMd } from './nash-md.ts';
 import { register as rewardTrain } from './reward-train.ts';
 import { register as doctor } from './doctor.ts';
 import { register as artifacts } from './artifacts.ts';
+import { register as exportCmd } from './export.ts';
 
 /** Every `prefzoo` subcommand: one module each, one line here each. */
 export const commands: Array<(program: Command) => void> = [
@@ -38,4 +39,5 @@ export const commands: Array<(program: Command) => void> = [
   rewardTrain,
   doctor,
   artifacts,
+  exportCmd,
 ];
