@@ -3,7 +3,7 @@
  * sampling of a random-initialised preset, every row decoding exactly `--new` tokens (no stop ids),
  * multinomial sampling at temperature 1. The weights are fed to the graphs as inputs, as the online
  * loops feed their live policy (`--baked` bakes them in, as `prefzoo generate` does). Reports prefill
- * time, decode tokens/s and ms per step (the median of `--runs` generations, prefill subtracted),
+ * time, decode tokens/s and ms per step (the median of `--runs` generations, timed after the prefill),
  * peak RSS (of the generation, before the probes below), and the two lower bounds of a step: its matrix-product FLOPs at this machine's MatMul
  * peak, and reading its matrix weights once at this machine's memory bandwidth.
  *
@@ -15,7 +15,7 @@ import { join } from 'node:path';
 import { writeTokenizer } from '../../src/tokenize/generate.ts';
 import { type Arch, type ModelConfig, type Preset, countParameters, presetArch, presetConfig } from '../../src/models/config.ts';
 import { initWeights } from '../../src/models/init.ts';
-import { Decoder, generateIds, type GenerateRequest } from '../../src/models/generate.ts';
+import { Decoder, generateIds, setGenerateTimer, type GenerateRequest } from '../../src/models/generate.ts';
 import { sampleRandom } from '../../src/models/sampling.ts';
 import { familyFor } from '../../src/models/families.ts';
 import { measureMatmulPeak } from '../../src/runtime/peak.ts';
@@ -126,20 +126,29 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
   const V = config.vocab_size;
   const reqs = (seed: number): GenerateRequest[] =>
     Array.from({ length: B }, (_, i) => ({ promptIds: Array.from({ length: P }, (_, t) => 16 + ((i * 7919 + t * 104729) % (Math.min(V, 4096) - 16))), rng: sampleRandom(seed, i, 0) }));
+  // The generation's own spans: the prefill, and everything after it (each step's run, pick, bookkeeping).
   const gen = async (seed: number, n: number) => {
+    let decode = 0;
+    setGenerateTimer((label, ms) => {
+      if (label !== 'prefill') decode += ms;
+    });
     const t0 = performance.now();
-    await generateIds([{ decoder: dec, weight: 1 }], reqs(seed), { temperature: 1, maxNewTokens: n, stopIds: [], padId: 0, batchSize: B });
-    return performance.now() - t0;
+    try {
+      await generateIds([{ decoder: dec, weight: 1 }], reqs(seed), { temperature: 1, maxNewTokens: n, stopIds: [], padId: 0, batchSize: B });
+    } finally {
+      setGenerateTimer(null);
+    }
+    return { total: performance.now() - t0, decode };
   };
   log(`${arch} ${o.preset}, batch ${B}, prompt ${P}, ${N} new tokens: warming up`);
   await gen(1, Math.min(N, 4));
   const prefills: number[] = [];
   const steps: number[] = [];
   for (let r = 0; r < runs; r++) {
-    const prefill = await gen(10 + r, 1);
-    const total = await gen(20 + r, N);
+    const prefill = (await gen(10 + r, 1)).total;
+    const { decode } = await gen(20 + r, N);
     prefills.push(prefill);
-    steps.push(Math.max(1e-3, total - prefill) / Math.max(1, N - 1));
+    steps.push(decode / Math.max(1, N - 1));
     log(`run ${r + 1}/${runs}: prefill ${prefill.toFixed(1)} ms, ${steps[r].toFixed(2)} ms/step`);
   }
   await dec.release();

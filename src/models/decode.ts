@@ -21,7 +21,7 @@ import type { ModelConfig } from './config.ts';
 import type { FloatTensor } from './checkpoint.ts';
 import { familyFor } from './families.ts';
 import type { CacheShape } from './family.ts';
-import { decodeIndex, pastName } from './layers.ts';
+import { decodeIndex, pastName, type PastCache } from './layers.ts';
 import type { LoraConfig } from './lora.ts';
 import { declareParameters, modelParameterShapes, parameterInitializers, Params } from './params.ts';
 
@@ -62,9 +62,9 @@ export function buildDecodeGraph(config: ModelConfig, o: DecodeGraphOptions): Gr
   const ids = g.input('input_ids', 'int64', ['batch', 'new']);
   const attn = g.input('attention_mask', 'int64', ['batch', o.past ? 'total' : 'new']);
   const { layers, kvHeads, headDim } = cacheShape(config);
-  let past: Map<string, Tensor> | null = null;
+  let past: PastCache | null = null;
   if (o.past) {
-    past = new Map();
+    past = Object.assign(new Map<string, Tensor>(), { inPlace: true });
     for (let i = 0; i < layers; i++) {
       for (const kv of ['key', 'value'] as const) past.set(pastName(i, kv), g.input(pastName(i, kv), 'float32', ['batch', kvHeads, 'past', headDim]));
     }

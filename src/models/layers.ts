@@ -333,14 +333,20 @@ export function cachedAttention(g: Graph, ix: DecodeIndex, q: Tensor, k: CachedK
 }
 
 /**
- * The layer's keys and values for attention (the cache `past` and the new ones), and the new ones
- * marked as the `present` outputs: a step returns only its own `[B, KV, S, hd]`, which the caller
- * writes into its cache.
+ * A decode graph's past keys/values by name. `inPlace` (prefzoo's own step graph): the caller keeps
+ * the cache and writes each step's new keys/values into it, so `present` is only the new ones and
+ * attention reads the two parts apart. Without it (graphs for other runtimes, e.g. the transformers.js
+ * export), `present` is past ++ new, as HF's caches return it.
  */
-export function extendCache(g: Graph, layer: number, k: Tensor, v: Tensor, past: Map<string, Tensor> | null): [CachedKV, CachedKV] {
+export type PastCache = Map<string, Tensor> & { inPlace?: boolean };
+
+/** The layer's keys and values for attention, and the `present` outputs (see {@link PastCache}). */
+export function extendCache(g: Graph, layer: number, k: Tensor, v: Tensor, past: PastCache | null): [CachedKV, CachedKV] {
   const part = (kv: 'key' | 'value', x: Tensor): CachedKV => {
+    const p = past?.get(pastName(layer, kv)) ?? null;
+    if (p && !past!.inPlace) return { past: null, cur: g.output(g.concat([p, x], 2), presentName(layer, kv)) };
     g.output(x, presentName(layer, kv));
-    return { past: past?.get(pastName(layer, kv)) ?? null, cur: x };
+    return { past: p, cur: x };
   };
   return [part('key', k), part('value', v)];
 }
