@@ -5,7 +5,7 @@
 import * as arrow from 'apache-arrow';
 import { open, rename, rm, stat, type FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import { UserError } from '../src/errors.ts';
+import { BadInputError, UserError } from '../src/errors.ts';
 import { uniform } from '../src/random.ts';
 import { fileError, releaseTemp, removeTemp, tempPath } from '../src/io/atomic.ts';
 import { BatchBuilder } from './columns.ts';
@@ -194,7 +194,7 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
           } catch (e) {
             if (!(e instanceof RecordError)) throw e;
             const loc = where(src, item.pos);
-            if (onInvalid === 'error') throw new UserError(`${loc}: ${e.message}`);
+            if (onInvalid === 'error') throw new BadInputError(`${loc}: ${e.message}`, { file: src.path, [src.unit === 'line' ? 'line' : 'row']: item.pos });
             skipped++;
             const entry = src.unit === 'line' ? { file: src.path, line: item.pos } : { file: src.path, row: item.pos };
             skippedLines.push(JSON.stringify({ ...entry, field: e.field ?? null, reason: e.message }) + '\n');

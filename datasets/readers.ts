@@ -10,7 +10,7 @@ import { open, readFile, stat } from 'node:fs/promises';
 import { Transform, type Readable } from 'node:stream';
 import { StringDecoder } from 'node:string_decoder';
 import { createGunzip, gunzipSync } from 'node:zlib';
-import { UserError } from '../src/errors.ts';
+import { BadInputError, UserError } from '../src/errors.ts';
 import { errorText, readParquetBatches } from './parquet.ts';
 
 export type InputFormat = 'json' | 'jsonl' | 'csv' | 'tsv' | 'parquet' | 'arrow';
@@ -228,7 +228,7 @@ async function* jsonArrayItems(src: Source): AsyncGenerator<Item[]> {
   let first = true;
   const stringEnd = /["\\]/g;
   const fail = (msg: string): never => {
-    throw new UserError(`${src.path}:${line}: invalid JSON (${msg})`);
+    throw new BadInputError(`${src.path}:${line}: invalid JSON (${msg})`, { file: src.path, line });
   };
 
   let bare = false; // the element in progress is a bare scalar (number, true, null)

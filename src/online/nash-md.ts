@@ -80,7 +80,7 @@ function nashMdSpec(config: ModelConfig, init: Map<string, FloatTensor>, lora: L
 
 export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
   const t0 = Date.now();
-  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const log = o.log ?? (() => {});
   if (o.prompts.length === 0) throw new UserError('nash-md: no prompts');
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const loss = resolveLoss('nash_md', lossParams);

@@ -184,7 +184,7 @@ export async function pairAccuracy(rm: RewardModel, examples: { prompt: Text; re
  */
 export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainResult> {
   const t0 = Date.now();
-  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const log = o.log ?? (() => {});
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const unknown = Object.keys(lossParams);
   if (unknown.length) throw new UserError(`reward-train: unknown setting ${unknown.map((k) => `"${k}"`).join(', ')} (the Bradley–Terry loss has no parameters)`);

@@ -35,7 +35,7 @@ export interface LoopOptions {
   progress?: ProgressFactory;
   /** No progress even when `progress` is given. */
   quiet?: boolean;
-  /** Where plain progress and summary lines go (default stderr). */
+  /** Where plain progress and summary lines go (default: nowhere; the CLI passes stderr). */
   log?: (line: string) => void;
 }
 

@@ -181,7 +181,7 @@ async function trainIn(
   c0: { config: TrainConfig; lossParams: Record<string, string | number | boolean>; loss: ReturnType<typeof resolveLoss>; base: ReturnType<typeof loadModel>; tok: ReturnType<typeof loadTokenizer> },
 ): Promise<TrainResult> {
   const t0 = Date.now();
-  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const log = o.log ?? (() => {});
   // Notes on what the run does: --quiet silences them on stderr (errors still speak); a caller's own
   // `log` still receives them.
   const info = o.quiet && !o.log ? () => {} : log;

@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { DEFAULT_CONFIG } from '../../train/config.ts';
 import { trainAny } from '../../train/mpo.ts';
 import { collect } from '../flags.ts';
-import { terminalProgress } from '../progress.ts';
+import { terminalLog, terminalProgress } from '../progress.ts';
 
 /** One-line notes of the workflow settings (TrainConfig's doc comments say more). */
 const NOTES: Partial<Record<string, string>> = {
@@ -39,7 +39,7 @@ export function register(program: Command): void {
     .option('--json', 'print a one-line JSON summary when done')
     .addHelpText('after', `\nSettings (--param key=value or --config), with defaults:\n${SETTINGS}\nAny other key is passed to the loss (e.g. beta, label_smoothing, epsilon, tau); every pairwise loss but sppo\nalso takes rationale_weight=0 (adds γ·(−log π(rationale | prompt, chosen, rejected)) on rows with a rationale).\n\nrewards/accuracies: ${TIES}`)
     .action(async (o: { model: string; data: string; loss: string; out: string; param: string[]; config?: string; resume?: boolean; overwrite?: boolean; ref?: string; adapter?: string; refOnTheFly?: boolean; quiet?: boolean; json?: boolean }) => {
-      const r = await trainAny({ model: o.model, data: o.data, loss: o.loss, out: o.out, params: o.refOnTheFly ? [...o.param, 'ref_on_the_fly=true'] : o.param, configFile: o.config, resume: o.resume, overwrite: o.overwrite, quiet: o.quiet, refModel: o.ref, adapter: o.adapter, progress: terminalProgress });
+      const r = await trainAny({ model: o.model, data: o.data, loss: o.loss, out: o.out, params: o.refOnTheFly ? [...o.param, 'ref_on_the_fly=true'] : o.param, configFile: o.config, resume: o.resume, overwrite: o.overwrite, quiet: o.quiet, refModel: o.ref, adapter: o.adapter, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
       const summary = { steps: r.steps, seconds: Math.round(r.seconds * 10) / 10, final: r.finalDir, loss: r.last.loss, 'rewards/accuracies': r.last['rewards/accuracies'], ...(r.eval ? { eval: r.eval.overall } : {}) };
       if (o.json) process.stdout.write(JSON.stringify(summary) + '\n');
       else process.stdout.write(`trained ${r.steps} steps in ${summary.seconds}s; final model in ${r.finalDir}; metrics in ${o.out}/metrics.jsonl\n`);
