@@ -31,6 +31,8 @@ export interface ConvertOptions extends ValidateOptions, WriteOptions {
   batchRows?: number;
   /** Bytes of text per Arrow batch handed to the writer. */
   batchBytes?: number;
+  /** Stops the conversion between input batches (nothing is left written). */
+  signal?: AbortSignal;
 }
 
 export interface ConvertSummary {
@@ -137,6 +139,7 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
       let fileKind: Kind | null = null;
       const readBefore = read;
       for await (const items of src.items()) {
+        opts.signal?.throwIfAborted();
         for (const item of items) {
           read++;
           try {
