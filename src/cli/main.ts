@@ -62,6 +62,11 @@ function cleanupOnSignals(): void {
 
 export async function main(argv: string[]): Promise<void> {
   cleanupOnSignals();
+  // `prefzoo train --help | head`: a reader that stops early is not an error.
+  process.stdout.on('error', (e: NodeJS.ErrnoException) => {
+    if (e.code !== 'EPIPE') throw e;
+    process.exit(0);
+  });
   try {
     const name = commandOf(argv.slice(2));
     const program = await buildProgram(name ? [name] : []);
