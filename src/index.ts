@@ -54,7 +54,15 @@ export { UserError, BadInputError, DamagedFileError, DeviceUnavailableError, Abo
 export type { ProgressFactory, ProgressReporter, ProgressFields } from './progress.ts';
 export type { ConvertSummary, InspectReport, TokenReport, TokenizeSummary, TrainResult, TrainConfig, EvalSummary, ModelSource, Sample, SamplingOptions, Text, Judge, SppoResult, NashMdResult, RewardTrainResult, ScorePairsResult, InitModelResult, Arch, Preset, ExecutionProvider, RuntimeOptions, TruncationConfig };
 export type { Comparison } from './online/judges.ts';
-export type { Message } from '../datasets/names.ts';
+export type { Message, Role } from '../datasets/names.ts';
+export type { InputFormat } from '../datasets/readers.ts';
+export type { PrefzooMeta } from '../datasets/schema.ts';
+export type { LengthStats } from '../datasets/inspect.ts';
+export type { TokenLengths } from './train/token-stats.ts';
+export type { ModelConfig } from './models/config.ts';
+export type { FloatTensor } from './models/checkpoint.ts';
+export type { OptLevel } from './runtime/session.ts';
+export type { SppoIteration } from './online/sppo.ts';
 export type { Kind, LossModule, ParamSpec, Schedule } from '../losses/index.ts';
 /** The loss zoo: every loss by name, mixtures such as `dpo:0.8,sft:0.2`, and binding parameters. */
 export { listLosses, getLoss, parseLossSpec, resolveLoss, scheduleOf, type LossTerm, BoundLoss } from '../losses/index.ts';
@@ -134,6 +142,7 @@ async function withTempDir<T>(prefix: string, f: (dir: string) => Promise<T>): P
 
 // ─── data ─────────────────────────────────────────────────────────────────────────────────────────
 
+/** Options of {@link convert}: format detection, field mapping, validation, sharding. */
 export interface ConvertOptions extends Omit<ConvertFileOptions, 'signal'>, Pick<JobOptions, 'signal'> {}
 
 /**
@@ -144,6 +153,7 @@ export function convert(inputs: string | string[], output: string, options: Conv
   return guarded(options, () => convertFiles(Array.isArray(inputs) ? inputs : [inputs], output, options));
 }
 
+/** Options of {@link inspect}. */
 export interface InspectOptions {
   /** Also count the tokens of a preference dataset with this model folder's tokenizer and chat template. */
   tokenizer?: string;
@@ -158,6 +168,7 @@ export async function inspect(file: string, options: InspectOptions = {}): Promi
   return { ...report, tokens };
 }
 
+/** Options of {@link tokenize}. */
 export interface TokenizeOptions extends Omit<TokenizeFileOptions, 'signal' | 'progress'>, Pick<JobOptions, 'signal' | 'progress'> {}
 
 /** Adds model-ready token columns to canonical Parquet `input`, written to `output` (`prefzoo tokenize`). */
@@ -167,6 +178,7 @@ export function tokenize(input: string, output: string, options: TokenizeOptions
 
 // ─── models ───────────────────────────────────────────────────────────────────────────────────────
 
+/** Options of {@link initModel}. */
 export interface InitModelOptions {
   /** Folder to write (created if missing; model files in it are replaced). */
   output: string;
@@ -206,6 +218,7 @@ export function initModel(options: InitModelOptions): InitModelResult {
 
 // ─── training and evaluation ──────────────────────────────────────────────────────────────────────
 
+/** Options of {@link train}: the model, data, loss and run folder, and settings by name. */
 export interface TrainOptions extends Omit<TrainerOptions, 'progress' | 'log' | 'quiet' | 'rows' | 'base'>, JobOptions {
   /** Settings and loss parameters by name; applied after `configFile` and `params`. */
   settings?: Settings;
@@ -219,6 +232,7 @@ export function train(options: TrainOptions): Promise<TrainResult> {
   return guarded(options, (progress) => trainAny({ ...options, params: paramsOf(options), progress, log: options.log }));
 }
 
+/** Options of {@link evaluate}. */
 export interface EvaluateOptions extends JobOptions {
   /** The policy: a model folder (HF layout, e.g. RUN/final). */
   model: ModelSource;
@@ -268,6 +282,7 @@ export function evaluate(options: EvaluateOptions): Promise<EvalSummary> {
 
 // ─── generation and online methods ───────────────────────────────────────────────────────────────
 
+/** Options of {@link generate}: sampling (temperature, top-k, top-p), count, seed. */
 export interface GenerateOptions extends SamplingOptions, Pick<JobOptions, 'signal'> {
   /** Model folder (HF layout). */
   model: string;
@@ -318,7 +333,8 @@ async function withJudge<T>(spec: JudgeSpec, runtime: RuntimeOptions | undefined
   }
 }
 
-interface OnlineCommon extends Omit<LoopOptions, 'progress' | 'log' | 'quiet' | 'base'>, JobOptions, SamplingOptions {
+/** What the online methods share: prompts, a judge, sampling, settings. */
+export interface OnlineOptions extends Omit<LoopOptions, 'progress' | 'log' | 'quiet' | 'base'>, JobOptions, SamplingOptions {
   /** Prompts, or a file of them (.txt, one a line, or records with a "prompt" field). */
   prompts: string | readonly Text[];
   /** Compares responses; a string is loaded (and released) here. */
@@ -327,7 +343,8 @@ interface OnlineCommon extends Omit<LoopOptions, 'progress' | 'log' | 'quiet' | 
   settings?: Settings;
 }
 
-export interface SppoOptions extends OnlineCommon, Pick<SppoLoopOptions, 'iterations' | 'samples'> {}
+/** Options of {@link sppo}: T iterations of K samples per prompt. */
+export interface SppoOptions extends OnlineOptions, Pick<SppoLoopOptions, 'iterations' | 'samples'> {}
 
 /** SPPO iterations (`prefzoo sppo`): sample K responses per prompt, estimate win-rates with the judge, train the sppo loss. */
 export function sppo(options: SppoOptions): Promise<SppoResult> {
@@ -337,7 +354,8 @@ export function sppo(options: SppoOptions): Promise<SppoResult> {
   });
 }
 
-export interface NashMdOptions extends OnlineCommon {}
+/** Options of {@link nashMd}. */
+export interface NashMdOptions extends OnlineOptions {}
 
 /** On-policy Nash-MD (`prefzoo nash-md`): each step samples from the policy and its mixture with the reference, judges, steps. */
 export function nashMd(options: NashMdOptions): Promise<NashMdResult> {
@@ -347,6 +365,7 @@ export function nashMd(options: NashMdOptions): Promise<NashMdResult> {
   });
 }
 
+/** Options of {@link rewardTrain}. */
 export interface RewardTrainOptions extends Omit<LoopOptions, 'progress' | 'log' | 'quiet' | 'base'>, JobOptions {
   /** Pairwise preference data (canonical Parquet or any file `convert` accepts). */
   data: string;

@@ -28,6 +28,7 @@ export interface LoopOptions {
   out: string;
   /** Trainer settings and loss parameters, as `key=value`. */
   params?: string[];
+  /** A JSON file of settings; `params` override it. */
   configFile?: string;
   /** Settings applied under --config and --param (the demos' defaults). */
   base?: Partial<TrainConfig>;

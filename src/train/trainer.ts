@@ -68,8 +68,11 @@ import { TensorBoardWriter } from './tensorboard.ts';
 import { EvalSampler } from './samples.ts';
 
 export interface TrainOptions extends LoopOptions {
+  /** Canonical Parquet (a file, its shards, a folder of shards, a glob) or any file `convert` accepts. */
   data: string;
+  /** A loss of the zoo (`dpo`, `ipo`, …) or a weighted mixture (`dpo:0.8,sft:0.2`). */
   loss: string;
+  /** Continue from the last complete checkpoint in the run folder. */
   resume?: boolean;
   /** Replace the contents of a non-empty run folder (otherwise it is refused unless resuming). */
   overwrite?: boolean;
@@ -225,7 +228,7 @@ async function trainIn(
   if (all((r) => r.src.label !== undefined)) dataKeys.add('labels');
   {
     const missing = loss.keys(kind).required.filter((k) => !PROVIDED_KEYS.has(k) && !dataKeys.has(k));
-    // Name the data's columns (DATA.md), not the batch keys the loss reads.
+    // Name the data's columns (docs/data.md), not the batch keys the loss reads.
     const column: Record<string, string> = { chosen_probs: 'chosen_prob', rejected_probs: 'rejected_prob', chosen_scores: 'chosen_score', rejected_scores: 'rejected_score', rewards: 'reward', labels: 'label' };
     const cols = [...new Set(missing.map((k) => column[k] ?? k))];
     if (missing.length) throw new UserError(`${o.data}: loss ${o.loss} needs column${cols.length > 1 ? 's' : ''} ${cols.join(', ')}, which the data does not have in every row`);
