@@ -1,255 +1,64 @@
 /**
- * Hugging Face `config.json` of the architectures prefzoo builds: the llama family (`llama`, `qwen2`,
- * and `qwen3`, `mistral`, `gemma`, `phi3`, each in its own file beside llama.ts) and `gpt2`. Fields
- * keep their HF names so a config read from a model folder is written back unchanged (unknown keys
- * such as `rope_scaling` or `transformers_version` are preserved as-is).
+ * Hugging Face `config.json` of the architectures prefzoo builds, read, written and preset. Each
+ * architecture's fields, defaults, presets and tensor names live in its family file (llama.ts and the
+ * members beside it, gpt2.ts), found through the registry (families.ts); the config types are in
+ * family.ts. Fields keep their HF names so a config read from a model folder is written back
+ * unchanged (unknown keys such as `rope_scaling` or `transformers_version` are preserved as-is).
  */
 import fs from 'node:fs';
 import path from 'node:path';
 import { UserError } from '../errors.ts';
 import { writeFileAtomic } from '../io/atomic.ts';
-import { GEMMA } from './gemma.ts';
-import { LLAMA, QWEN2, type LlamaFamily } from './llama.ts';
-import { MISTRAL } from './mistral.ts';
-import { PHI3 } from './phi3.ts';
-import { QWEN3 } from './qwen3.ts';
+import { type Arch, type LlamaConfig, type ModelConfig, type SpecialIds, FieldReader } from './family.ts';
+import { ARCHES, familyFor, familyOf, releasedPreset, releasedPresets } from './families.ts';
 
-export type LlamaType = 'llama' | 'qwen2' | 'qwen3' | 'mistral' | 'gemma' | 'phi3';
-export type Arch = LlamaType | 'gpt2';
-export const ARCHES: readonly Arch[] = ['llama', 'qwen2', 'qwen3', 'mistral', 'gemma', 'phi3', 'gpt2'];
+export { ACTIVATIONS, FieldReader } from './family.ts';
+export type { Activation, Arch, CommonConfig, Gpt2Config, LlamaConfig, LlamaType, ModelConfig } from './family.ts';
+export { ARCHES } from './families.ts';
 
-/** The member of the llama family a model_type names (looked up when called, so the files may import each other). */
-export function familyOf(type: LlamaType): LlamaFamily {
-  switch (type) {
-    case 'llama':
-      return LLAMA;
-    case 'qwen2':
-      return QWEN2;
-    case 'qwen3':
-      return QWEN3;
-    case 'mistral':
-      return MISTRAL;
-    case 'gemma':
-      return GEMMA;
-    case 'phi3':
-      return PHI3;
-  }
-}
-
-/** Activations the HF configs name (`hidden_act` / `activation_function`). */
-export const ACTIVATIONS = ['silu', 'gelu', 'gelu_new', 'gelu_pytorch_tanh', 'gelu_fast', 'quick_gelu', 'relu'] as const;
-export type Activation = (typeof ACTIVATIONS)[number];
-
-interface CommonConfig {
-  architectures?: string[];
-  vocab_size: number;
-  tie_word_embeddings: boolean;
-  bos_token_id?: number | null;
-  eos_token_id?: number | number[] | null;
-  pad_token_id?: number | null;
-  torch_dtype?: string;
-  /** Unknown keys from the file, kept so that saving writes them back. */
-  [key: string]: unknown;
-}
-
-/**
- * The llama family (decoder with RMSNorm, rotary embeddings, grouped-query attention, gated MLP):
- * `llama`, `qwen2` and the members in their own files. Llama's `attention_bias` puts biases on q, k,
- * v and o; Qwen2 always has q/k/v biases and never an o bias — use {@link attentionBiases} rather
- * than reading the field directly. Fields only one member has (`sliding_window`,
- * `partial_rotary_factor`, …) are read by that member's file and kept under their HF names.
- */
-export interface LlamaConfig extends CommonConfig {
-  model_type: LlamaType;
-  hidden_size: number;
-  intermediate_size: number;
-  num_attention_heads: number;
-  num_key_value_heads: number;
-  num_hidden_layers: number;
-  /** Per-head dimension; defaults to hidden_size / num_attention_heads. */
-  head_dim: number;
-  rms_norm_eps: number;
-  rope_theta: number;
-  max_position_embeddings: number;
-  attention_bias: boolean;
-  mlp_bias: boolean;
-  hidden_act: Activation;
-}
-
-/** `gpt2` (learned positions, LayerNorm, fused c_attn, Conv1D weights stored as [in, out]). */
-export interface Gpt2Config extends CommonConfig {
-  model_type: 'gpt2';
-  n_embd: number;
-  n_layer: number;
-  n_head: number;
-  n_positions: number;
-  layer_norm_epsilon: number;
-  /** MLP width; null in the file means 4 * n_embd, resolved by {@link gpt2Inner}. */
-  n_inner: number | null;
-  activation_function: Activation;
-}
-
-export type ModelConfig = LlamaConfig | Gpt2Config;
-
-/** Which attention projections carry a bias. */
+/** Which attention projections carry a bias (Qwen2: q/k/v always, o never; else `attention_bias` on all four). */
 export function attentionBiases(c: LlamaConfig): { qkv: boolean; o: boolean } {
-  return familyOf(c.model_type).biases?.(c) ?? { qkv: c.attention_bias, o: c.attention_bias };
-}
-
-export function gpt2Inner(c: Gpt2Config): number {
-  return c.n_inner ?? 4 * c.n_embd;
+  return familyFor(c).attentionBiases?.(c) ?? { qkv: c.attention_bias, o: c.attention_bias };
 }
 
 /** Width of the residual stream, whichever architecture. */
 export function hiddenSize(c: ModelConfig): number {
-  return c.model_type === 'gpt2' ? c.n_embd : c.hidden_size;
+  return familyFor(c).hiddenSize(c);
 }
 
 export function numLayers(c: ModelConfig): number {
-  return c.model_type === 'gpt2' ? c.n_layer : c.num_hidden_layers;
+  return familyFor(c).numLayers(c);
 }
 
 export function maxPositions(c: ModelConfig): number {
-  return c.model_type === 'gpt2' ? c.n_positions : c.max_position_embeddings;
+  return familyFor(c).maxPositions(c);
 }
 
-export class FieldReader {
-  constructor(
-    readonly raw: Record<string, unknown>,
-    private readonly where: string,
-  ) {}
-
-  private fail(key: string, want: string): never {
-    throw new UserError(`${this.where}: "${key}" must be ${want}, got ${JSON.stringify(this.raw[key])}`);
-  }
-
-  int(key: string, dflt?: number): number {
-    const v = this.raw[key];
-    if (v === undefined || v === null) {
-      if (dflt === undefined) throw new UserError(`${this.where}: missing required field "${key}"`);
-      return dflt;
-    }
-    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v <= 0) this.fail(key, 'a positive integer');
-    return v;
-  }
-
-  positive(key: string, dflt: number): number {
-    const v = this.raw[key];
-    if (v === undefined || v === null) return dflt;
-    if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) this.fail(key, 'a positive number');
-    return v;
-  }
-
-  bool(key: string, dflt: boolean): boolean {
-    const v = this.raw[key];
-    if (v === undefined || v === null) return dflt;
-    if (typeof v !== 'boolean') this.fail(key, 'true or false');
-    return v;
-  }
-
-  activation(key: string, dflt: Activation): Activation {
-    const v = this.raw[key];
-    if (v === undefined || v === null) return dflt;
-    if (typeof v !== 'string' || !(ACTIVATIONS as readonly string[]).includes(v)) this.fail(key, `one of ${ACTIVATIONS.join(', ')}`);
-    return v as Activation;
-  }
-
-  optionalTokenId(key: string): number | null | undefined {
-    const v = this.raw[key];
-    if (v === undefined || v === null) return v as null | undefined;
-    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0) this.fail(key, 'a token id (non-negative integer) or null');
-    return v;
-  }
-
-  optionalTokenIds(key: string): number | number[] | null | undefined {
-    const v = this.raw[key];
-    if (Array.isArray(v)) {
-      if (!v.every((x) => typeof x === 'number' && Number.isSafeInteger(x) && x >= 0)) this.fail(key, 'a token id or a list of token ids');
-      return v as number[];
-    }
-    return this.optionalTokenId(key);
-  }
+/** The most positions a sequence may have where positions are a learned table (GPT-2), or null where rotary positions go on. */
+export function positionLimit(c: ModelConfig): number | null {
+  const f = familyFor(c);
+  return f.learnedPositions ? f.maxPositions(c) : null;
 }
 
 /**
- * Validates a parsed config.json and fills the defaults HF's config classes use. `where` names the
- * file in error messages.
+ * Validates a parsed config.json and fills the defaults HF's config classes use (the family's
+ * `parse`). `where` names the file in error messages.
  */
 export function parseConfig(raw: unknown, where = 'config.json'): ModelConfig {
   if (raw === null || typeof raw !== 'object' || Array.isArray(raw)) throw new UserError(`${where}: must be a JSON object`);
   const obj = raw as Record<string, unknown>;
   const type = obj.model_type;
   if (typeof type !== 'string') throw new UserError(`${where}: missing "model_type" (expected one of ${ARCHES.join(', ')})`);
-  if (!(ARCHES as readonly string[]).includes(type)) {
-    throw new UserError(`${where}: model_type "${type}" is not supported (supported: ${ARCHES.join(', ')})`);
-  }
+  const family = familyOf(type, where);
   const r = new FieldReader(obj, where);
-  const ids = {
+  const ids: SpecialIds = {
     bos_token_id: r.optionalTokenId('bos_token_id'),
     eos_token_id: r.optionalTokenIds('eos_token_id'),
     pad_token_id: r.optionalTokenId('pad_token_id'),
   };
   // Keep absent optional ids absent, so a read-then-write round trip does not add keys.
-  for (const k of Object.keys(ids) as (keyof typeof ids)[]) if (ids[k] === undefined) delete ids[k];
-
-  if (type === 'gpt2') {
-    const n_embd = r.int('n_embd', 768);
-    const n_head = r.int('n_head', 12);
-    if (n_embd % n_head !== 0) throw new UserError(`${where}: n_embd ${n_embd} is not divisible by n_head ${n_head}`);
-    const inner = obj.n_inner;
-    const cfg: Gpt2Config = {
-      ...obj,
-      model_type: 'gpt2',
-      vocab_size: r.int('vocab_size', 50257),
-      n_embd,
-      n_layer: r.int('n_layer', 12),
-      n_head,
-      n_positions: r.int('n_positions', 1024),
-      layer_norm_epsilon: r.positive('layer_norm_epsilon', 1e-5),
-      n_inner: inner === undefined || inner === null ? null : r.int('n_inner'),
-      activation_function: r.activation('activation_function', 'gelu_new'),
-      // GPT-2 always shares the embedding with the output head.
-      tie_word_embeddings: r.bool('tie_word_embeddings', true),
-      ...ids,
-    };
-    return cfg;
-  }
-
-  const fam = familyOf(type as LlamaType);
-  const d = fam.defaults;
-  const hidden_size = r.int('hidden_size', 4096);
-  const num_attention_heads = r.int('num_attention_heads', d.num_attention_heads ?? 32);
-  const num_key_value_heads = r.int('num_key_value_heads', d.num_key_value_heads ?? num_attention_heads);
-  if (num_attention_heads % num_key_value_heads !== 0) {
-    throw new UserError(`${where}: num_attention_heads ${num_attention_heads} is not a multiple of num_key_value_heads ${num_key_value_heads}`);
-  }
-  if (obj.head_dim == null && d.head_dim === undefined && hidden_size % num_attention_heads !== 0) {
-    throw new UserError(`${where}: hidden_size ${hidden_size} is not divisible by num_attention_heads ${num_attention_heads} (set head_dim explicitly)`);
-  }
-  const head_dim = r.int('head_dim', d.head_dim ?? hidden_size / num_attention_heads);
-  if (head_dim % 2 !== 0) throw new UserError(`${where}: head_dim ${head_dim} must be even for rotary embeddings`);
-  const cfg: LlamaConfig = {
-    ...obj,
-    model_type: type as LlamaType,
-    vocab_size: r.int('vocab_size', d.vocab_size),
-    hidden_size,
-    intermediate_size: r.int('intermediate_size', d.intermediate_size),
-    num_attention_heads,
-    num_key_value_heads,
-    num_hidden_layers: r.int('num_hidden_layers', d.num_hidden_layers ?? 32),
-    head_dim,
-    rms_norm_eps: r.positive('rms_norm_eps', d.rms_norm_eps ?? 1e-6),
-    rope_theta: r.positive('rope_theta', 10000),
-    max_position_embeddings: r.int('max_position_embeddings', d.max_position_embeddings),
-    attention_bias: r.bool('attention_bias', d.attention_bias ?? false),
-    mlp_bias: r.bool('mlp_bias', false),
-    hidden_act: r.activation('hidden_act', d.hidden_act ?? 'silu'),
-    tie_word_embeddings: r.bool('tie_word_embeddings', d.tie_word_embeddings ?? false),
-    ...ids,
-  };
-  // The member's own fields (sliding_window, partial_rotary_factor, …), validated by its file.
-  Object.assign(cfg, fam.fields?.(r, cfg, where));
-  return cfg;
+  for (const k of Object.keys(ids) as (keyof SpecialIds)[]) if (ids[k] === undefined) delete ids[k];
+  return family.parse(r, ids, where);
 }
 
 /** Reads and validates `DIR/config.json`. */
@@ -291,36 +100,14 @@ export interface PresetOptions {
 
 /**
  * Presets of `init-model` and `bench`: `tiny` and `small` for every architecture, and shapes of
- * released models (random weights, real shapes) for their own architecture.
+ * released models (random weights, real shapes; each family lists its own) for their own architecture.
  */
-export const PRESETS = ['tiny', 'small', 'smollm2-360m', 'qwen2.5-0.5b', 'qwen2.5-1.5b', 'qwen3-0.6b'] as const;
-export type Preset = (typeof PRESETS)[number];
-
-/** The shape fields of released models' config.json (Hugging Face Hub, as published), by preset. */
-const RELEASED: Record<Exclude<Preset, 'tiny' | 'small'>, Record<string, unknown>> = {
-  'smollm2-360m': {
-    model_type: 'llama', vocab_size: 49152, hidden_size: 960, intermediate_size: 2560, num_hidden_layers: 32, num_attention_heads: 15,
-    num_key_value_heads: 5, max_position_embeddings: 8192, rms_norm_eps: 1e-5, rope_theta: 100000, tie_word_embeddings: true,
-    attention_bias: false, mlp_bias: false, hidden_act: 'silu',
-  },
-  'qwen2.5-0.5b': {
-    model_type: 'qwen2', vocab_size: 151936, hidden_size: 896, intermediate_size: 4864, num_hidden_layers: 24, num_attention_heads: 14,
-    num_key_value_heads: 2, max_position_embeddings: 32768, rms_norm_eps: 1e-6, rope_theta: 1000000, tie_word_embeddings: true, hidden_act: 'silu',
-  },
-  'qwen2.5-1.5b': {
-    model_type: 'qwen2', vocab_size: 151936, hidden_size: 1536, intermediate_size: 8960, num_hidden_layers: 28, num_attention_heads: 12,
-    num_key_value_heads: 2, max_position_embeddings: 32768, rms_norm_eps: 1e-6, rope_theta: 1000000, tie_word_embeddings: true, hidden_act: 'silu',
-  },
-  'qwen3-0.6b': {
-    model_type: 'qwen3', vocab_size: 151936, hidden_size: 1024, intermediate_size: 3072, num_hidden_layers: 28, num_attention_heads: 16,
-    num_key_value_heads: 8, head_dim: 128, max_position_embeddings: 40960, rms_norm_eps: 1e-6, rope_theta: 1000000, tie_word_embeddings: true,
-    attention_bias: false, hidden_act: 'silu',
-  },
-};
+export const PRESETS: readonly string[] = ['tiny', 'small', ...releasedPresets()];
+export type Preset = string;
 
 /** The architecture a preset builds when none is named (released shapes fix theirs). */
 export function presetArch(preset: Preset): Arch | null {
-  return preset === 'tiny' || preset === 'small' ? null : (RELEASED[preset].model_type as Arch);
+  return (releasedPreset(preset)?.family.model_type as Arch | undefined) ?? null;
 }
 
 /**
@@ -331,69 +118,28 @@ export function presetArch(preset: Preset): Arch | null {
  * - smollm2-360m, qwen2.5-0.5b, qwen2.5-1.5b, qwen3-0.6b: those models' shapes and vocabulary sizes;
  *   `arch` must be the model's own.
  */
-export function presetConfig(arch: Arch, preset: Preset, opts: PresetOptions = {}): ModelConfig {
-  if (!(ARCHES as readonly string[]).includes(arch)) throw new UserError(`--arch: "${arch}" is not one of ${ARCHES.join(', ')}`);
-  if (!(PRESETS as readonly string[]).includes(preset)) throw new UserError(`--preset: "${preset}" is not one of ${PRESETS.join(', ')}`);
+export function presetConfig(arch: string, preset: Preset, opts: PresetOptions = {}): ModelConfig {
+  if (!ARCHES.includes(arch)) throw new UserError(`--arch: "${arch}" is not one of ${ARCHES.join(', ')}`);
+  if (!PRESETS.includes(preset)) throw new UserError(`--preset: "${preset}" is not one of ${PRESETS.join(', ')}`);
+  const family = familyOf(arch);
   const ids: Record<string, number> = {};
   if (opts.bosTokenId !== undefined) ids.bos_token_id = opts.bosTokenId;
   if (opts.eosTokenId !== undefined) ids.eos_token_id = opts.eosTokenId;
   if (opts.padTokenId !== undefined) ids.pad_token_id = opts.padTokenId;
-  if (preset !== 'tiny' && preset !== 'small') {
-    const shape = RELEASED[preset];
-    if (shape.model_type !== arch) throw new UserError(`--preset ${preset} is a ${shape.model_type} model, not ${arch} (leave out --arch or pass --arch ${shape.model_type})`);
+  const released = releasedPreset(preset);
+  if (released) {
+    const { shape } = released;
+    const own = released.family.model_type;
+    if (released.family !== family) throw new UserError(`--preset ${preset} is a ${own} model, not ${arch} (leave out --arch or pass --arch ${own})`);
     const vocab_size = opts.vocabSize === undefined ? shape.vocab_size : Math.ceil(opts.vocabSize / 64) * 64;
-    return parseConfig({ architectures: [hfClass(arch)], ...shape, vocab_size, ...ids, torch_dtype: 'float32' }, `preset ${preset}`);
+    return parseConfig({ architectures: [family.hfClass], ...shape, vocab_size, ...ids, torch_dtype: 'float32' }, `preset ${preset}`);
   }
   const tiny = preset === 'tiny';
   const wanted = opts.vocabSize ?? (tiny ? undefined : 32000);
   if (wanted === undefined) throw new Error('presetConfig: the tiny preset needs the tokenizer size (vocabSize)');
   const vocab_size = Math.ceil(wanted / 64) * 64;
-  let raw: Record<string, unknown>;
-  if (arch === 'gpt2') {
-    raw = {
-      architectures: [hfClass('gpt2')],
-      model_type: 'gpt2',
-      vocab_size,
-      n_embd: tiny ? 64 : 512,
-      n_layer: tiny ? 2 : 8,
-      n_head: tiny ? 4 : 8,
-      n_positions: tiny ? 512 : 2048,
-      n_inner: null,
-      activation_function: 'gelu_new',
-      layer_norm_epsilon: 1e-5,
-      tie_word_embeddings: true,
-      ...ids,
-      torch_dtype: 'float32',
-    };
-  } else {
-    raw = {
-      architectures: [hfClass(arch)],
-      model_type: arch,
-      vocab_size,
-      hidden_size: tiny ? 64 : 512,
-      intermediate_size: tiny ? 172 : 1376,
-      num_hidden_layers: tiny ? 2 : 8,
-      num_attention_heads: tiny ? 4 : 8,
-      num_key_value_heads: tiny ? 2 : 4,
-      head_dim: tiny ? 16 : 64,
-      hidden_act: familyOf(arch).defaults.hidden_act ?? 'silu',
-      max_position_embeddings: tiny ? 512 : 2048,
-      rms_norm_eps: 1e-6,
-      rope_theta: 10000,
-      // Qwen2's q/k/v biases come with its model_type (HF's Qwen2Config has no attention_bias switch).
-      ...(arch === 'qwen2' ? {} : { attention_bias: false, mlp_bias: false }),
-      tie_word_embeddings: tiny || familyOf(arch).defaults.tie_word_embeddings === true,
-      // The member's own fields at demo sizes (a sliding window shorter than test sequences, …).
-      ...familyOf(arch).preset?.(tiny),
-      ...ids,
-      torch_dtype: 'float32',
-    };
-  }
+  const raw = { architectures: [family.hfClass], model_type: arch, ...family.preset(tiny, vocab_size), ...ids, torch_dtype: 'float32' };
   return parseConfig(raw, `preset ${arch}/${preset}`);
-}
-
-function hfClass(arch: Arch): string {
-  return arch === 'gpt2' ? 'GPT2LMHeadModel' : familyOf(arch).hfClass;
 }
 
 /**
@@ -402,40 +148,7 @@ function hfClass(arch: Arch): string {
  * Tied output heads are not listed, as HF does not save them.
  */
 export function parameterShapes(c: ModelConfig): Map<string, number[]> {
-  const s = new Map<string, number[]>();
-  if (c.model_type === 'gpt2') {
-    const d = c.n_embd;
-    const inner = gpt2Inner(c);
-    s.set('transformer.wte.weight', [c.vocab_size, d]);
-    s.set('transformer.wpe.weight', [c.n_positions, d]);
-    for (let i = 0; i < c.n_layer; i++) {
-      const p = `transformer.h.${i}.`;
-      s.set(p + 'ln_1.weight', [d]);
-      s.set(p + 'ln_1.bias', [d]);
-      s.set(p + 'attn.c_attn.weight', [d, 3 * d]);
-      s.set(p + 'attn.c_attn.bias', [3 * d]);
-      s.set(p + 'attn.c_proj.weight', [d, d]);
-      s.set(p + 'attn.c_proj.bias', [d]);
-      s.set(p + 'ln_2.weight', [d]);
-      s.set(p + 'ln_2.bias', [d]);
-      s.set(p + 'mlp.c_fc.weight', [d, inner]);
-      s.set(p + 'mlp.c_fc.bias', [inner]);
-      s.set(p + 'mlp.c_proj.weight', [inner, d]);
-      s.set(p + 'mlp.c_proj.bias', [d]);
-    }
-    s.set('transformer.ln_f.weight', [d]);
-    s.set('transformer.ln_f.bias', [d]);
-    if (!c.tie_word_embeddings) s.set('lm_head.weight', [c.vocab_size, d]);
-    return s;
-  }
-  s.set('model.embed_tokens.weight', [c.vocab_size, c.hidden_size]);
-  const fam = familyOf(c.model_type);
-  for (let i = 0; i < c.num_hidden_layers; i++) {
-    for (const [name, shape] of (fam.layerShapes ?? LLAMA.layerShapes!)(c, `model.layers.${i}.`)) s.set(name, shape);
-  }
-  s.set('model.norm.weight', [c.hidden_size]);
-  if (!c.tie_word_embeddings) s.set('lm_head.weight', [c.vocab_size, c.hidden_size]);
-  return s;
+  return familyFor(c).parameterShapes(c);
 }
 
 /** Total number of parameters of a model with this config (tied heads counted once). */

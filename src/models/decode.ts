@@ -1,7 +1,7 @@
 /**
  * Incremental decoding graphs with a key/value cache, built from the same HF parameter names as the
- * training forward; each architecture's layers are in its own file (llama.ts, gpt2.ts), the shared
- * blocks in layers.ts.
+ * training forward; each architecture's layers are in its family file (llama.ts, gpt2.ts, …, found
+ * through families.ts), the shared blocks in layers.ts.
  *
  *   prefill:  input_ids [B, S], attention_mask [B, S]                        → logits [B, V], present.*
  *   step:     input_ids [B, S], attention_mask [B, P+S], past.i.key/value    → logits [B, V], present.*
@@ -17,9 +17,9 @@
 import { Graph, type Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from './config.ts';
 import type { FloatTensor } from './checkpoint.ts';
-import { gpt2CacheShape, gpt2Decode, gpt2HeadWeight } from './gpt2.ts';
+import { familyFor } from './families.ts';
+import type { CacheShape } from './family.ts';
 import { decodeIndex, pastName } from './layers.ts';
-import { attentionWindow, llamaCacheShape, llamaDecode, llamaHeadWeight } from './llama.ts';
 import type { LoraConfig } from './lora.ts';
 import { declareParameters, modelParameterShapes, parameterInitializers, Params } from './params.ts';
 
@@ -35,8 +35,8 @@ export interface DecodeGraphOptions {
 }
 
 /** Cache geometry of a config: layers, key/value heads, head size. */
-export function cacheShape(c: ModelConfig): { layers: number; kvHeads: number; headDim: number } {
-  return c.model_type === 'gpt2' ? gpt2CacheShape(c) : llamaCacheShape(c);
+export function cacheShape(c: ModelConfig): CacheShape {
+  return familyFor(c).cacheShape(c);
 }
 
 /** Builds the prefill (`past: false`) or step (`past: true`) graph of `config` (float32). */
@@ -56,9 +56,10 @@ export function buildDecodeGraph(config: ModelConfig, o: DecodeGraphOptions): Gr
     ? parameterInitializers(g, o.weights, modelParameterShapes(config, { lora: o.lora }).keys())
     : declareParameters(g, config, { dtype: 'float32', lora: o.lora });
   const P = new Params(params, config, o.lora);
-  const ix = decodeIndex(g, ids, attn, config.model_type === 'gpt2' ? null : attentionWindow(config));
-  const hidden = config.model_type === 'gpt2' ? gpt2Decode(g, config, P, ix, past) : llamaDecode(g, config, P, ix, past);
-  const headW = config.model_type === 'gpt2' ? gpt2HeadWeight(config, P) : llamaHeadWeight(config, P);
+  const family = familyFor(config);
+  const ix = decodeIndex(g, ids, attn, family.window(config));
+  const hidden = family.decode(g, config, P, ix, past);
+  const headW = family.headWeight(config, P);
   // Only each row's last new position needs logits: [B·S, D] → [B, S, D] → [B, D].
   const D = headW.shape![1] as number;
   const last = g.squeeze(g.slice(g.reshape(hidden, g.concat([ix.shapeBS, g.ints([D])], 0)), [-1], [2 ** 40], [1]), [1]);

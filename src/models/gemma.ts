@@ -6,15 +6,15 @@
  * else the tanh-approximated GELU: released Gemma configs say `"hidden_act": "gelu"`, which HF
  * overrides with the tanh approximation the models were trained with.
  */
-import type { Activation, LlamaConfig } from './config.ts';
+import type { Activation, LlamaConfig } from './family.ts';
 import { activation, rmsNorm } from './layers.ts';
-import type { LlamaFamily } from './llama.ts';
+import { llamaFamily } from './llama.ts';
 
 function mlpActivation(c: LlamaConfig): Activation {
   return c.hidden_activation as Activation;
 }
 
-export const GEMMA: LlamaFamily = {
+export const GEMMA = llamaFamily({
   model_type: 'gemma',
   hfClass: 'GemmaForCausalLM',
   defaults: {
@@ -35,4 +35,4 @@ export const GEMMA: LlamaFamily = {
     const gate = activation(g, mlpActivation(c), proj('mlp.gate_proj', x, c.mlp_bias));
     return proj('mlp.down_proj', g.mul(gate, proj('mlp.up_proj', x, c.mlp_bias)), c.mlp_bias);
   },
-};
+});

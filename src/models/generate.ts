@@ -5,7 +5,7 @@
  * stream. Finished rows leave the batch (their cache rows are dropped), so a long answer in the batch
  * does not make the short ones pay.
  */
-import type { ModelConfig } from './config.ts';
+import { type ModelConfig, maxPositions } from './config.ts';
 import type { FloatTensor } from './checkpoint.ts';
 import type { LoraConfig } from './lora.ts';
 import { modelParameterShapes } from './params.ts';
@@ -150,7 +150,7 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
   const sampling = samplingOptions(o);
   if (!(Number.isInteger(o.maxNewTokens) && o.maxNewTokens >= 1)) throw new UserError(`--max-new-tokens must be a positive integer, got ${o.maxNewTokens}`);
   const config = parts[0].decoder.config;
-  const maxPos = config.model_type === 'gpt2' ? config.n_positions : config.max_position_embeddings;
+  const maxPos = maxPositions(config);
   const stop = new Set(o.stopIds);
   const limit = Math.min(o.vocabLimit ?? config.vocab_size, config.vocab_size);
   const out: Generated[] = new Array(reqs.length);

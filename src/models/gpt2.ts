@@ -7,9 +7,16 @@
  * model over S new tokens per row with a key/value cache.
  */
 import type { Graph, Tensor } from '../onnx/graph.ts';
-import type { Gpt2Config } from './config.ts';
+import { UserError } from '../errors.ts';
+import type { Family, Gpt2Config } from './family.ts';
 import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, decodeHeads, extendCache, layerNorm, project, reshapeTo, splitHeads } from './layers.ts';
+import type { LoraModule } from './lora.ts';
 import type { Params } from './params.ts';
+
+/** MLP width: `n_inner`, or 4 · n_embd when the file says null. */
+export function gpt2Inner(c: Gpt2Config): number {
+  return c.n_inner ?? 4 * c.n_embd;
+}
 
 /**
  * Sizes and the query scale of layer i: HF's scale_attn_weights (default on) divides the scores by
@@ -25,7 +32,7 @@ function dims(c: Gpt2Config): { D: number; H: number; hd: number; eps: number; s
 }
 
 /** Final hidden states `[N, D]` (after `ln_f`). */
-export function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): Tensor {
+function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): Tensor {
   const { D, H, hd, eps, scale: scaleOf } = dims(c);
 
   let h = g.scope('embed', () => {
@@ -64,12 +71,12 @@ export function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): 
 }
 
 /** The output head's weight `[V, D]`: the token embedding when tied (always, in released GPT-2s). */
-export function gpt2HeadWeight(c: Gpt2Config, P: Params): Tensor {
+function gpt2HeadWeight(c: Gpt2Config, P: Params): Tensor {
   return P.get(c.tie_word_embeddings ? 'transformer.wte.weight' : 'lm_head.weight');
 }
 
 /** Final hidden states `[B·S, D]` of S new tokens per row, reading and extending the key/value cache `past`. */
-export function gpt2Decode(g: Graph, c: Gpt2Config, P: Params, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor {
+function gpt2Decode(g: Graph, c: Gpt2Config, P: Params, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor {
   const { D, H, hd, eps, scale: scaleOf } = dims(c);
   let h = g.add(g.gather(P.get('transformer.wte.weight'), ix.flatIds, 0), g.gather(P.get('transformer.wpe.weight'), g.reshape(ix.positions, [-1]), 0));
   for (let i = 0; i < c.n_layer; i++) {
@@ -89,7 +96,7 @@ export function gpt2Decode(g: Graph, c: Gpt2Config, P: Params, ix: DecodeIndex, 
 }
 
 /** Cache geometry: layers, key/value heads (every head has its own), head size. */
-export function gpt2CacheShape(c: Gpt2Config): { layers: number; kvHeads: number; headDim: number } {
+function gpt2CacheShape(c: Gpt2Config): { layers: number; kvHeads: number; headDim: number } {
   return { layers: c.n_layer, kvHeads: c.n_head, headDim: c.n_embd / c.n_head };
 }
 
@@ -97,8 +104,104 @@ export function gpt2CacheShape(c: Gpt2Config): { layers: number; kvHeads: number
  * HF's original GPT-2 checkpoints name tensors without the `transformer.` prefix and carry attention
  * mask buffers (`attn.bias`, `attn.masked_bias`); this maps such names onto the model's own.
  */
-export function normalizeGpt2Name(name: string): string | null {
+function normalizeGpt2Name(name: string): string | null {
   if (/\.attn\.(masked_)?bias$/.test(name)) return null;
   if (name.startsWith('transformer.') || name.startsWith('lm_head.') || name.startsWith('value_head.')) return name;
   return 'transformer.' + name;
 }
+
+/** HF tensor names and shapes; Conv1D weights `[in, out]`. */
+function gpt2ParameterShapes(c: Gpt2Config): Map<string, number[]> {
+  const s = new Map<string, number[]>();
+  const d = c.n_embd;
+  const inner = gpt2Inner(c);
+  s.set('transformer.wte.weight', [c.vocab_size, d]);
+  s.set('transformer.wpe.weight', [c.n_positions, d]);
+  for (let i = 0; i < c.n_layer; i++) {
+    const p = `transformer.h.${i}.`;
+    s.set(p + 'ln_1.weight', [d]);
+    s.set(p + 'ln_1.bias', [d]);
+    s.set(p + 'attn.c_attn.weight', [d, 3 * d]);
+    s.set(p + 'attn.c_attn.bias', [3 * d]);
+    s.set(p + 'attn.c_proj.weight', [d, d]);
+    s.set(p + 'attn.c_proj.bias', [d]);
+    s.set(p + 'ln_2.weight', [d]);
+    s.set(p + 'ln_2.bias', [d]);
+    s.set(p + 'mlp.c_fc.weight', [d, inner]);
+    s.set(p + 'mlp.c_fc.bias', [inner]);
+    s.set(p + 'mlp.c_proj.weight', [inner, d]);
+    s.set(p + 'mlp.c_proj.bias', [d]);
+  }
+  s.set('transformer.ln_f.weight', [d]);
+  s.set('transformer.ln_f.bias', [d]);
+  if (!c.tie_word_embeddings) s.set('lm_head.weight', [c.vocab_size, d]);
+  return s;
+}
+
+function gpt2Projections(c: Gpt2Config): LoraModule[] {
+  const mods: LoraModule[] = [];
+  const d = c.n_embd;
+  const inner = gpt2Inner(c);
+  for (let i = 0; i < c.n_layer; i++) {
+    const p = `transformer.h.${i}.`;
+    mods.push({ name: p + 'attn.c_attn', in: d, out: 3 * d, layout: 'conv1d' });
+    mods.push({ name: p + 'attn.c_proj', in: d, out: d, layout: 'conv1d' });
+    mods.push({ name: p + 'mlp.c_fc', in: d, out: inner, layout: 'conv1d' });
+    mods.push({ name: p + 'mlp.c_proj', in: inner, out: d, layout: 'conv1d' });
+  }
+  return mods;
+}
+
+export const GPT2: Family<Gpt2Config> = {
+  model_type: 'gpt2',
+  hfClass: 'GPT2LMHeadModel',
+  parse(r, ids, where) {
+    const obj = r.raw;
+    const n_embd = r.int('n_embd', 768);
+    const n_head = r.int('n_head', 12);
+    if (n_embd % n_head !== 0) throw new UserError(`${where}: n_embd ${n_embd} is not divisible by n_head ${n_head}`);
+    const inner = obj.n_inner;
+    return {
+      ...obj,
+      // The registry found this family by the file's model_type.
+      model_type: obj.model_type as 'gpt2',
+      vocab_size: r.int('vocab_size', 50257),
+      n_embd,
+      n_layer: r.int('n_layer', 12),
+      n_head,
+      n_positions: r.int('n_positions', 1024),
+      layer_norm_epsilon: r.positive('layer_norm_epsilon', 1e-5),
+      n_inner: inner === undefined || inner === null ? null : r.int('n_inner'),
+      activation_function: r.activation('activation_function', 'gelu_new'),
+      // GPT-2 always shares the embedding with the output head.
+      tie_word_embeddings: r.bool('tie_word_embeddings', true),
+      ...ids,
+    };
+  },
+  preset: (tiny, vocab_size) => ({
+    vocab_size,
+    n_embd: tiny ? 64 : 512,
+    n_layer: tiny ? 2 : 8,
+    n_head: tiny ? 4 : 8,
+    n_positions: tiny ? 512 : 2048,
+    n_inner: null,
+    activation_function: 'gelu_new',
+    layer_norm_epsilon: 1e-5,
+    tie_word_embeddings: true,
+  }),
+  hiddenSize: (c) => c.n_embd,
+  numLayers: (c) => c.n_layer,
+  maxPositions: (c) => c.n_positions,
+  learnedPositions: true,
+  parameterShapes: gpt2ParameterShapes,
+  embedding: 'transformer.wte.weight',
+  normalizeName: normalizeGpt2Name,
+  // The residual output projections start scaled by 1/√(2·n_layer), as GPT-2's paper and HF do.
+  initStd: (c, name, std) => (name.endsWith('c_proj.weight') ? std / Math.sqrt(2 * c.n_layer) : std),
+  window: () => null,
+  hidden: gpt2Hidden,
+  headWeight: gpt2HeadWeight,
+  decode: gpt2Decode,
+  cacheShape: gpt2CacheShape,
+  projections: gpt2Projections,
+};

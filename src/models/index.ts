@@ -1,13 +1,12 @@
 /**
- * Causal language models as ONNX graphs: `buildCausalLM` dispatches on `model_type` and returns the
+ * Causal language models as ONNX graphs: `buildCausalLM` runs the config's family (families.ts) and returns the
  * final hidden states, the logits on demand, and the batch's index tensors; `valueHead` reads a
  * scalar per row from the hidden state at a chosen position.
  */
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from './config.ts';
-import { gpt2HeadWeight, gpt2Hidden } from './gpt2.ts';
+import { familyFor } from './families.ts';
 import { type BatchIndex, type FloatDType, batchIndex, lmHead, packedBatchIndex } from './layers.ts';
-import { attentionWindow, llamaHeadWeight, llamaHidden } from './llama.ts';
 import type { LoraConfig } from './lora.ts';
 import { Params, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT } from './params.ts';
 
@@ -51,22 +50,23 @@ export interface CausalLM {
  * or `parameterInitializers`). The float type is the embedding's (float32, or float64 for checks).
  */
 export function buildCausalLM(g: Graph, config: ModelConfig, params: Map<string, Tensor>, inputs: CausalLMInputs, opts: CausalLMOptions = {}): CausalLM {
+  const family = familyFor(config);
   const P = new Params(params, config, opts.lora);
-  const embed = P.raw(config.model_type === 'gpt2' ? 'transformer.wte.weight' : 'model.embed_tokens.weight');
+  const embed = P.raw(family.embedding);
   // float16 base weights (LoRA's base_dtype) compute in float32.
   const dtype = (embed.dtype === 'float16' ? 'float32' : embed.dtype) as FloatDType;
   if (dtype !== 'float32' && dtype !== 'float64') throw new Error(`model parameters must be float32, float64 or (frozen) float16, got ${embed.dtype}`);
   if (opts.batch && (opts.batch.ids !== inputs.inputIds || opts.batch.dtype !== dtype)) throw new Error('buildCausalLM: opts.batch belongs to other inputs');
   const indexOf = (): BatchIndex => {
-    const window = config.model_type === 'gpt2' ? null : attentionWindow(config);
+    const window = family.window(config);
     if (inputs.packed) return packedBatchIndex(g, inputs.inputIds, inputs.packed.positionIds, inputs.packed.segmentIds, dtype, window);
     if (!inputs.attentionMask) throw new Error('buildCausalLM: an attention mask or packed positions and segments are needed');
     return batchIndex(g, inputs.inputIds, inputs.attentionMask, dtype, window);
   };
   const shared = opts.batch ?? indexOf();
   const bi = opts.attentionPieces ? { ...shared, pieces: opts.attentionPieces } : shared;
-  const hidden = config.model_type === 'gpt2' ? gpt2Hidden(g, config, P, bi) : llamaHidden(g, config, P, bi);
-  const headWeight = config.model_type === 'gpt2' ? gpt2HeadWeight(config, P) : llamaHeadWeight(config, P);
+  const hidden = family.hidden(g, config, P, bi);
+  const headWeight = family.headWeight(config, P);
   let logits: Tensor | undefined;
   return {
     config,

@@ -7,9 +7,9 @@ import fs from 'node:fs';
 import { UserError } from '../errors.ts';
 import { writeTokenizer } from '../tokenize/index.ts';
 import { type FloatTensor, saveCheckpoint } from './checkpoint.ts';
-import { type Arch, type ModelConfig, type Preset, countParameters, familyOf, hiddenSize, parseConfig, parameterShapes, presetConfig } from './config.ts';
+import { type ModelConfig, type Preset, countParameters, hiddenSize, parseConfig, parameterShapes, presetConfig } from './config.ts';
+import { familyFor } from './families.ts';
 import { Normal } from '../random.ts';
-
 
 /** HF's `initializer_range` default. */
 export const INIT_STD = 0.02;
@@ -18,14 +18,13 @@ export const INIT_STD = 0.02;
 export function initWeights(c: ModelConfig, seed: number, std = INIT_STD): Map<string, FloatTensor> {
   const rng = new Normal(seed);
   const out = new Map<string, FloatTensor>();
-  const layers = c.model_type === 'gpt2' ? c.n_layer : c.num_hidden_layers;
+  const family = familyFor(c);
   for (const [name, shape] of parameterShapes(c)) {
     const n = shape.reduce((a, b) => a * b, 1);
     let data: Float32Array;
-    if (/(norm|ln_\d|ln_f)\.weight$/.test(name)) data = new Float32Array(n).fill(c.model_type === 'gpt2' ? 1 : (familyOf(c.model_type).normInit ?? 1));
+    if (/(norm|ln_\d|ln_f)\.weight$/.test(name)) data = new Float32Array(n).fill(family.normInit ?? 1);
     else if (name.endsWith('.bias')) data = new Float32Array(n);
-    else if (c.model_type === 'gpt2' && name.endsWith('c_proj.weight')) data = rng.fill(n, std / Math.sqrt(2 * layers));
-    else data = rng.fill(n, std);
+    else data = rng.fill(n, family.initStd?.(c, name, std) ?? std);
     out.set(name, { shape, data });
   }
   return out;
@@ -52,7 +51,7 @@ export interface InitModelResult {
  * config.json and model.safetensors sized to it (tiny: the tokenizer's vocabulary; the other presets
  * their own).
  */
-export function initModelFolder(dir: string, arch: Arch, preset: Preset, seed: number): InitModelResult {
+export function initModelFolder(dir: string, arch: string, preset: Preset, seed: number): InitModelResult {
   return writeInitModel(dir, seed, (tok) =>
     presetConfig(arch, preset, { vocabSize: preset === 'tiny' ? tok.vocabSize : undefined, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId }),
   );

@@ -6,7 +6,7 @@
  * to `[B, heads, T, head_dim]`. The second half holds the blocks of KV-cached decoding (src/models/decode.ts).
  */
 import { Graph, Tensor, type Dim, type Shape } from '../onnx/graph.ts';
-import type { Activation } from './config.ts';
+import type { Activation } from './family.ts';
 
 export type FloatDType = 'float32' | 'float64';
 

@@ -5,14 +5,14 @@
  * Parameters are looked up by their HF names.
  *
  * `llama` and `qwen2` live here; `qwen3`, `mistral`, `gemma` and `phi3` each have a file beside this
- * one holding a {@link LlamaFamily}: the pieces of this decoder they change (config fields, tensor
- * names, norms, projections, MLP, rotary width, sliding window), each written once and used by both
- * the training forward and the KV-cache decode (llamaDecode below), which run the same
- * {@link llamaStack} and differ only in how a layer attends.
+ * one holding a {@link LlamaMember} made a {@link Family} by {@link llamaFamily}: the pieces of this
+ * decoder they change (config fields, tensor names, norms, projections, MLP, rotary width, sliding
+ * window), each written once and used by both the training forward and the KV-cache decode
+ * (llamaDecode below), which run the same {@link llamaStack} and differ only in how a layer attends.
  */
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import { UserError } from '../errors.ts';
-import { type Activation, type FieldReader, type LlamaConfig, type LlamaType, attentionBiases, familyOf } from './config.ts';
+import type { Activation, Family, FieldReader, GgufNames, LlamaConfig, LlamaType, OnnxNames, SpecialIds } from './family.ts';
 import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, extendCache, project, reshapeRt, rmsNorm, splitHeads } from './layers.ts';
 import type { LoraModule } from './lora.ts';
 import type { Params } from './params.ts';
@@ -25,7 +25,7 @@ export type Proj = (name: string, x: Tensor, hasBias: boolean) => Tensor;
  * piece; hooks see 2-D activations `[N, ·]` or per-head tensors `[B, T, heads, hd]`, the same in the
  * training forward and in decoding.
  */
-export interface LlamaFamily {
+export interface LlamaMember {
   model_type: LlamaType;
   /** HF's class name, written to `architectures`. */
   hfClass: string;
@@ -49,6 +49,13 @@ export interface LlamaFamily {
   normInit?: number;
   /** Member-specific fields of the tiny/small presets. */
   preset?(tiny: boolean): Record<string, unknown>;
+  /** HF's config class has no `attention_bias`/`mlp_bias` switch (Qwen2: biases come with the model_type), so presets leave them out. */
+  noBiasSwitch?: boolean;
+  /** Released models' shapes, by preset name (see {@link Family.released}). */
+  released?: Record<string, Record<string, unknown>>;
+  /** The member's names in exported formats, passed on to its {@link Family} as they are. */
+  onnx?: OnnxNames;
+  gguf?: GgufNames<LlamaConfig>;
   /** Which attention projections carry biases (default: `attention_bias` on q, k, v and o). */
   biases?(c: LlamaConfig): { qkv: boolean; o: boolean };
   /** HF tensor names and shapes of one layer (prefix `model.layers.i.`). */
@@ -71,12 +78,12 @@ export interface LlamaFamily {
   window?(c: LlamaConfig): number | null;
 }
 
-function llamaLayerShapes(c: LlamaConfig, p: string): [string, number[]][] {
+/** Llama's layer tensors, with the biases `bias` says. */
+export function llamaLayerShapes(c: LlamaConfig, p: string, bias = llamaBiases(c)): [string, number[]][] {
   const d = c.hidden_size;
   const q = c.num_attention_heads * c.head_dim;
   const kv = c.num_key_value_heads * c.head_dim;
   const ffn = c.intermediate_size;
-  const bias = attentionBiases(c);
   const s: [string, number[]][] = [[p + 'input_layernorm.weight', [d]]];
   for (const [m, out] of [['q', q], ['k', kv], ['v', kv]] as const) {
     s.push([`${p}self_attn.${m}_proj.weight`, [out, d]]);
@@ -109,17 +116,31 @@ function llamaProjections(c: LlamaConfig, p: string): LoraModule[] {
   ];
 }
 
+function llamaBiases(c: LlamaConfig): { qkv: boolean; o: boolean } {
+  return { qkv: c.attention_bias, o: c.attention_bias };
+}
+
+/** Which attention projections of a member carry a bias. */
+function attentionBiases(m: LlamaMember, c: LlamaConfig): { qkv: boolean; o: boolean } {
+  return m.biases?.(c) ?? llamaBiases(c);
+}
+
 /** Llama: every hook is the default. */
-export const LLAMA: LlamaFamily = {
+export const LLAMA_MEMBER: LlamaMember = {
   model_type: 'llama',
   hfClass: 'LlamaForCausalLM',
   defaults: { vocab_size: 32000, intermediate_size: 11008, max_position_embeddings: 2048 },
-  layerShapes: llamaLayerShapes,
-  projections: llamaProjections,
+  released: {
+    'smollm2-360m': {
+      model_type: 'llama', vocab_size: 49152, hidden_size: 960, intermediate_size: 2560, num_hidden_layers: 32, num_attention_heads: 15,
+      num_key_value_heads: 5, max_position_embeddings: 8192, rms_norm_eps: 1e-5, rope_theta: 100000, tie_word_embeddings: true,
+      attention_bias: false, mlp_bias: false, hidden_act: 'silu',
+    },
+  },
 };
 
 /** Qwen2: llama with q/k/v biases always and no o bias. */
-export const QWEN2: LlamaFamily = {
+const QWEN2_MEMBER: LlamaMember = {
   model_type: 'qwen2',
   hfClass: 'Qwen2ForCausalLM',
   defaults: { vocab_size: 151936, intermediate_size: 22016, max_position_embeddings: 32768, attention_bias: true },
@@ -129,15 +150,26 @@ export const QWEN2: LlamaFamily = {
     return {};
   },
   biases: () => ({ qkv: true, o: false }),
+  noBiasSwitch: true,
+  released: {
+    'qwen2.5-0.5b': {
+      model_type: 'qwen2', vocab_size: 151936, hidden_size: 896, intermediate_size: 4864, num_hidden_layers: 24, num_attention_heads: 14,
+      num_key_value_heads: 2, max_position_embeddings: 32768, rms_norm_eps: 1e-6, rope_theta: 1000000, tie_word_embeddings: true, hidden_act: 'silu',
+    },
+    'qwen2.5-1.5b': {
+      model_type: 'qwen2', vocab_size: 151936, hidden_size: 1536, intermediate_size: 8960, num_hidden_layers: 28, num_attention_heads: 12,
+      num_key_value_heads: 2, max_position_embeddings: 32768, rms_norm_eps: 1e-6, rope_theta: 1000000, tie_word_embeddings: true, hidden_act: 'silu',
+    },
+  },
 };
 
 /** The layer tensors and adapter targets of a member (its hooks, or llama's). */
-export function layerShapes(c: LlamaConfig, p: string): [string, number[]][] {
-  return (familyOf(c.model_type).layerShapes ?? llamaLayerShapes)(c, p);
+function layerShapes(m: LlamaMember, c: LlamaConfig, p: string): [string, number[]][] {
+  return m.layerShapes ? m.layerShapes(c, p) : llamaLayerShapes(c, p, attentionBiases(m, c));
 }
 
-export function layerProjections(c: LlamaConfig, p: string): LoraModule[] {
-  return (familyOf(c.model_type).projections ?? llamaProjections)(c, p);
+function layerProjections(m: LlamaMember, c: LlamaConfig, p: string): LoraModule[] {
+  return (m.projections ?? llamaProjections)(c, p);
 }
 
 /** inv_freq[i] = 1/θ^(2i/d), i < d/2 (HF's default rotary frequencies). */
@@ -146,8 +178,8 @@ export function ropeInvFreq(theta: number, headDim: number): number[] {
 }
 
 /** How many leading dims of each head rotate. */
-export function rotaryDim(c: LlamaConfig): number {
-  return familyOf(c.model_type).rotaryDim?.(c) ?? c.head_dim;
+function rotaryDim(m: LlamaMember, c: LlamaConfig): number {
+  return m.rotaryDim?.(c) ?? c.head_dim;
 }
 
 function scalingNumber(s: Record<string, unknown>, key: string, dflt?: number): number {
@@ -164,8 +196,8 @@ function scalingNumber(s: Record<string, unknown>, key: string, dflt?: number): 
  * ones kept, a smooth blend between `original_max_position_embeddings / high_freq_factor` and
  * `/ low_freq_factor`). Other variants change attention itself and are refused.
  */
-export function rotaryFrequencies(c: LlamaConfig): number[] {
-  const base = ropeInvFreq(c.rope_theta, rotaryDim(c));
+function rotaryFrequencies(m: LlamaMember, c: LlamaConfig): number[] {
+  const base = ropeInvFreq(c.rope_theta, rotaryDim(m, c));
   const raw = c.rope_scaling as unknown;
   if (raw === undefined || raw === null) return base;
   if (typeof raw !== 'object' || Array.isArray(raw)) throw new UserError(`config.json: rope_scaling must be an object or null, got ${JSON.stringify(raw)}`);
@@ -211,10 +243,10 @@ export interface RopeTables {
   sinQ: Tensor;
 }
 
-export function ropeTables(g: Graph, c: LlamaConfig, positions: Tensor, dtype: 'float32' | 'float64'): RopeTables {
+function ropeTables(m: LlamaMember, g: Graph, c: LlamaConfig, positions: Tensor, dtype: 'float32' | 'float64'): RopeTables {
   return g.scope('rope', () => {
-    const rd = rotaryDim(c);
-    const invFreq = g.constant(rotaryFrequencies(c), dtype, [rd / 2]);
+    const rd = rotaryDim(m, c);
+    const invFreq = g.constant(rotaryFrequencies(m, c), dtype, [rd / 2]);
     const freqs = g.mul(g.unsqueeze(g.cast(positions, dtype), [2]), invFreq); // [B, T, rd/2]
     const emb = g.unsqueeze(g.concat([freqs, freqs], -1), [2]); // [B, T, 1, rd]
     const cos = g.cos(emb);
@@ -234,13 +266,12 @@ export interface Attend {
 }
 
 /** The decoder: embeddings, every layer, the final norm → `[N, D]`. */
-export function llamaStack(g: Graph, c: LlamaConfig, P: Params, flatIds: Tensor, at: Attend): Tensor {
-  const fam = familyOf(c.model_type);
+function llamaStack(fam: LlamaMember, g: Graph, c: LlamaConfig, P: Params, flatIds: Tensor, at: Attend): Tensor {
   const H = c.num_attention_heads;
   const KV = c.num_key_value_heads;
   const hd = c.head_dim;
-  const rd = rotaryDim(c);
-  const bias = attentionBiases(c);
+  const rd = rotaryDim(fam, c);
+  const bias = attentionBiases(fam, c);
   const norm = (x: Tensor, w: string) => (fam.norm ? fam.norm(g, c, x, P.get(w)) : rmsNorm(g, x, P.get(w), c.rms_norm_eps));
   const { cos, sin, cosQ, sinQ } = at.rope;
 
@@ -277,18 +308,18 @@ export function llamaStack(g: Graph, c: LlamaConfig, P: Params, flatIds: Tensor,
 }
 
 /** The sliding window of a config (a token sees at most this many positions), or null. */
-export function attentionWindow(c: LlamaConfig): number | null {
-  return familyOf(c.model_type).window?.(c) ?? null;
+function attentionWindow(m: LlamaMember, c: LlamaConfig): number | null {
+  return m.window?.(c) ?? null;
 }
 
 /** Final hidden states `[N, D]` (after the last RMSNorm) of the training forward. */
-export function llamaHidden(g: Graph, c: LlamaConfig, P: Params, bi: BatchIndex): Tensor {
+function llamaHidden(m: LlamaMember, g: Graph, c: LlamaConfig, P: Params, bi: BatchIndex): Tensor {
   const H = c.num_attention_heads;
   const KV = c.num_key_value_heads;
   const hd = c.head_dim;
-  return llamaStack(g, c, P, bi.flatIds, {
+  return llamaStack(m, g, c, P, bi.flatIds, {
     heads: (x, n) => splitHeads(g, bi, x, n, hd),
-    rope: ropeTables(g, c, bi.positions, bi.dtype),
+    rope: ropeTables(m, g, c, bi.positions, bi.dtype),
     attend: (_i, q, k, v) =>
       attention(
         g,
@@ -304,19 +335,19 @@ export function llamaHidden(g: Graph, c: LlamaConfig, P: Params, bi: BatchIndex)
 }
 
 /** The output head's weight `[V, D]`: the embedding when tied. */
-export function llamaHeadWeight(c: LlamaConfig, P: Params): Tensor {
+function llamaHeadWeight(c: LlamaConfig, P: Params): Tensor {
   return P.get(c.tie_word_embeddings ? 'model.embed_tokens.weight' : 'lm_head.weight');
 }
 
 /** Final hidden states `[B·S, D]` of S new tokens per row: the same layers, attending over the key/value cache `past`. */
-export function llamaDecode(g: Graph, c: LlamaConfig, P: Params, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor {
+function llamaDecode(m: LlamaMember, g: Graph, c: LlamaConfig, P: Params, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor {
   const H = c.num_attention_heads;
   const KV = c.num_key_value_heads;
   const hd = c.head_dim;
   const byToken = (x: Tensor, n: number) => reshapeRt(g, x, g.concat([ix.shapeBS, g.ints([n, hd])], 0), ['B', 'S', n, hd]); // [B, S, n, hd]
-  return llamaStack(g, c, P, ix.flatIds, {
+  return llamaStack(m, g, c, P, ix.flatIds, {
     heads: byToken,
-    rope: ropeTables(g, c, ix.positions, 'float32'),
+    rope: ropeTables(m, g, c, ix.positions, 'float32'),
     attend(i, q, k, v) {
       const [kc, vc] = extendCache(g, i, g.transpose(k, [0, 2, 1, 3]), g.transpose(v, [0, 2, 1, 3]), past);
       return cachedAttention(g, ix, g.transpose(q, [0, 2, 1, 3]), kc, vc, H, KV, hd);
@@ -325,6 +356,110 @@ export function llamaDecode(g: Graph, c: LlamaConfig, P: Params, ix: DecodeIndex
 }
 
 /** Cache geometry: layers, key/value heads, head size. */
-export function llamaCacheShape(c: LlamaConfig): { layers: number; kvHeads: number; headDim: number } {
+function llamaCacheShape(c: LlamaConfig): { layers: number; kvHeads: number; headDim: number } {
   return { layers: c.num_hidden_layers, kvHeads: c.num_key_value_heads, headDim: c.head_dim };
 }
+
+/** Validates a llama-family config.json: the shared fields with the member's defaults, then the member's own. */
+function parseLlama(m: LlamaMember, r: FieldReader, ids: SpecialIds, where: string): LlamaConfig {
+  const obj = r.raw;
+  const d = m.defaults;
+  const hidden_size = r.int('hidden_size', 4096);
+  const num_attention_heads = r.int('num_attention_heads', d.num_attention_heads ?? 32);
+  const num_key_value_heads = r.int('num_key_value_heads', d.num_key_value_heads ?? num_attention_heads);
+  if (num_attention_heads % num_key_value_heads !== 0) {
+    throw new UserError(`${where}: num_attention_heads ${num_attention_heads} is not a multiple of num_key_value_heads ${num_key_value_heads}`);
+  }
+  if (obj.head_dim == null && d.head_dim === undefined && hidden_size % num_attention_heads !== 0) {
+    throw new UserError(`${where}: hidden_size ${hidden_size} is not divisible by num_attention_heads ${num_attention_heads} (set head_dim explicitly)`);
+  }
+  const head_dim = r.int('head_dim', d.head_dim ?? hidden_size / num_attention_heads);
+  if (head_dim % 2 !== 0) throw new UserError(`${where}: head_dim ${head_dim} must be even for rotary embeddings`);
+  const cfg: LlamaConfig = {
+    ...obj,
+    // The registry found this family by the file's model_type.
+    model_type: obj.model_type as LlamaType,
+    vocab_size: r.int('vocab_size', d.vocab_size),
+    hidden_size,
+    intermediate_size: r.int('intermediate_size', d.intermediate_size),
+    num_attention_heads,
+    num_key_value_heads,
+    num_hidden_layers: r.int('num_hidden_layers', d.num_hidden_layers ?? 32),
+    head_dim,
+    rms_norm_eps: r.positive('rms_norm_eps', d.rms_norm_eps ?? 1e-6),
+    rope_theta: r.positive('rope_theta', 10000),
+    max_position_embeddings: r.int('max_position_embeddings', d.max_position_embeddings),
+    attention_bias: r.bool('attention_bias', d.attention_bias ?? false),
+    mlp_bias: r.bool('mlp_bias', false),
+    hidden_act: r.activation('hidden_act', d.hidden_act ?? 'silu'),
+    tie_word_embeddings: r.bool('tie_word_embeddings', d.tie_word_embeddings ?? false),
+    ...ids,
+  };
+  // The member's own fields (sliding_window, partial_rotary_factor, …), validated by its file.
+  Object.assign(cfg, m.fields?.(r, cfg, where));
+  return cfg;
+}
+
+/** The tiny (hidden 64, 2 layers, 4 heads, 2 KV heads, FFN 172, tied) and small (hidden 512, 8 layers) presets of a member. */
+function llamaPreset(m: LlamaMember, tiny: boolean, vocab_size: number): Record<string, unknown> {
+  return {
+    vocab_size,
+    hidden_size: tiny ? 64 : 512,
+    intermediate_size: tiny ? 172 : 1376,
+    num_hidden_layers: tiny ? 2 : 8,
+    num_attention_heads: tiny ? 4 : 8,
+    num_key_value_heads: tiny ? 2 : 4,
+    head_dim: tiny ? 16 : 64,
+    hidden_act: m.defaults.hidden_act ?? 'silu',
+    max_position_embeddings: tiny ? 512 : 2048,
+    rms_norm_eps: 1e-6,
+    rope_theta: 10000,
+    ...(m.noBiasSwitch ? {} : { attention_bias: false, mlp_bias: false }),
+    tie_word_embeddings: tiny || m.defaults.tie_word_embeddings === true,
+    // The member's own fields at demo sizes (a sliding window shorter than test sequences, …).
+    ...m.preset?.(tiny),
+  };
+}
+
+/** A member of the llama family as a {@link Family}: llama's decoder with the member's hooks. */
+export function llamaFamily(m: LlamaMember): Family<LlamaConfig> {
+  return {
+    model_type: m.model_type,
+    hfClass: m.hfClass,
+    parse: (r, ids, where) => parseLlama(m, r, ids, where),
+    preset: (tiny, vocab_size) => llamaPreset(m, tiny, vocab_size),
+    released: m.released,
+    hiddenSize: (c) => c.hidden_size,
+    numLayers: (c) => c.num_hidden_layers,
+    maxPositions: (c) => c.max_position_embeddings,
+    learnedPositions: false,
+    parameterShapes(c) {
+      const s = new Map<string, number[]>();
+      s.set('model.embed_tokens.weight', [c.vocab_size, c.hidden_size]);
+      for (let i = 0; i < c.num_hidden_layers; i++) {
+        for (const [name, shape] of layerShapes(m, c, `model.layers.${i}.`)) s.set(name, shape);
+      }
+      s.set('model.norm.weight', [c.hidden_size]);
+      if (!c.tie_word_embeddings) s.set('lm_head.weight', [c.vocab_size, c.hidden_size]);
+      return s;
+    },
+    embedding: 'model.embed_tokens.weight',
+    normInit: m.normInit,
+    attentionBiases: (c) => attentionBiases(m, c),
+    window: (c) => attentionWindow(m, c),
+    hidden: (g, c, P, bi) => llamaHidden(m, g, c, P, bi),
+    headWeight: llamaHeadWeight,
+    decode: (g, c, P, ix, past) => llamaDecode(m, g, c, P, ix, past),
+    cacheShape: llamaCacheShape,
+    projections(c) {
+      const mods: LoraModule[] = [];
+      for (let i = 0; i < c.num_hidden_layers; i++) mods.push(...layerProjections(m, c, `model.layers.${i}.`));
+      return mods;
+    },
+    onnx: m.onnx,
+    gguf: m.gguf,
+  };
+}
+
+export const LLAMA = llamaFamily(LLAMA_MEMBER);
+export const QWEN2 = llamaFamily(QWEN2_MEMBER);

@@ -1,11 +1,12 @@
 /**
  * A model folder's config and weights, checked against the parameters the graph needs: every
- * tensor present with its expected shape (errors name the file), GPT-2 names normalised.
+ * tensor present with its expected shape (errors name the file), older layouts' names normalised
+ * by the family (GPT-2's).
  */
 import { UserError } from '../errors.ts';
 import { type Checkpoint, type FloatTensor, loadCheckpoint } from './checkpoint.ts';
 import { type ModelConfig, readConfig } from './config.ts';
-import { normalizeGpt2Name } from './gpt2.ts';
+import { familyFor } from './families.ts';
 import { type ParameterOptions, modelParameterShapes } from './params.ts';
 
 export interface LoadedModel {
@@ -18,9 +19,10 @@ export interface LoadedModel {
 export function loadModel(dir: string, opts: ParameterOptions = {}): LoadedModel {
   const config = readConfig(dir);
   const ckpt: Checkpoint = loadCheckpoint(dir);
-  if (config.model_type === 'gpt2') {
+  const normalize = familyFor(config).normalizeName;
+  if (normalize) {
     for (const name of [...ckpt.keys()]) {
-      const to = normalizeGpt2Name(name);
+      const to = normalize(name);
       if (to === name) continue;
       const t = ckpt.get(name)!;
       const file = ckpt.files.get(name)!;

@@ -7,8 +7,8 @@
  */
 import { UserError } from '../errors.ts';
 import type { FloatTensor } from './checkpoint.ts';
-import { type ModelConfig, gpt2Inner } from './config.ts';
-import { layerProjections } from './llama.ts';
+import type { ModelConfig } from './config.ts';
+import { familyFor } from './families.ts';
 import { Normal } from '../random.ts';
 
 export interface LoraConfig {
@@ -39,21 +39,7 @@ export function loraScale(lora: LoraConfig): number {
 
 /** Every projection of the architecture (the LM head and embeddings are not adapter targets). */
 export function projectionModules(c: ModelConfig): LoraModule[] {
-  const mods: LoraModule[] = [];
-  if (c.model_type === 'gpt2') {
-    const d = c.n_embd;
-    const inner = gpt2Inner(c);
-    for (let i = 0; i < c.n_layer; i++) {
-      const p = `transformer.h.${i}.`;
-      mods.push({ name: p + 'attn.c_attn', in: d, out: 3 * d, layout: 'conv1d' });
-      mods.push({ name: p + 'attn.c_proj', in: d, out: d, layout: 'conv1d' });
-      mods.push({ name: p + 'mlp.c_fc', in: d, out: inner, layout: 'conv1d' });
-      mods.push({ name: p + 'mlp.c_proj', in: inner, out: d, layout: 'conv1d' });
-    }
-    return mods;
-  }
-  for (let i = 0; i < c.num_hidden_layers; i++) mods.push(...layerProjections(c, `model.layers.${i}.`));
-  return mods;
+  return familyFor(c).projections(c);
 }
 
 /** Checks a LoRA config and returns the modules it adapts; an unmatched target is a user error. */

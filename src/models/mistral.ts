@@ -5,10 +5,10 @@
  * training forward (src/models/layers.ts `windowed`) and of the cache mask in decoding; `null`
  * (Mistral v0.2 onwards) means plain causal attention.
  */
-import type { LlamaConfig } from './config.ts';
-import type { LlamaFamily } from './llama.ts';
+import type { LlamaConfig } from './family.ts';
+import { llamaFamily } from './llama.ts';
 
-export const MISTRAL: LlamaFamily = {
+export const MISTRAL = llamaFamily({
   model_type: 'mistral',
   hfClass: 'MistralForCausalLM',
   defaults: { vocab_size: 32000, intermediate_size: 14336, max_position_embeddings: 4096 * 32, num_key_value_heads: 8 },
@@ -19,4 +19,4 @@ export const MISTRAL: LlamaFamily = {
   // A window shorter than the demo and test sequences, so that it matters there.
   preset: (tiny) => ({ sliding_window: tiny ? 6 : 256 }),
   window: (c: LlamaConfig) => (c.sliding_window as number | null) ?? null,
-};
+});

@@ -18,7 +18,7 @@ import { UserError } from '../errors.ts';
 import { readSafetensors, tensorToFloat32, writeSafetensors, type TensorToWrite } from './safetensors.ts';
 import type { FloatTensor } from './checkpoint.ts';
 import type { ModelConfig } from './config.ts';
-import { loraParameterShapes, type LoraConfig } from './lora.ts';
+import { loraParameterShapes, projectionModules, type LoraConfig } from './lora.ts';
 
 export const ADAPTER_WEIGHTS = 'adapter_model.safetensors';
 export const ADAPTER_CONFIG = 'adapter_config.json';
@@ -48,7 +48,7 @@ export function saveAdapter(dir: string, weights: Map<string, FloatTensor>, o: {
     lora_dropout: 0,
     // PEFT matches these against the end of each module path exactly as loraModules does.
     target_modules: o.lora.targets.includes('all-linear') ? 'all-linear' : [...o.lora.targets],
-    fan_in_fan_out: o.config.model_type === 'gpt2',
+    fan_in_fan_out: projectionModules(o.config).some((m) => m.layout === 'conv1d'),
     bias: 'none',
     use_rslora: false,
     use_dora: false,

@@ -6,16 +6,16 @@
  * adapts the fused modules as PEFT does (`qkv_proj`, `o_proj`, `gate_up_proj`, `down_proj`).
  */
 import { UserError } from '../errors.ts';
-import type { LlamaConfig } from './config.ts';
+import type { LlamaConfig } from './family.ts';
 import { activation } from './layers.ts';
-import type { LlamaFamily } from './llama.ts';
+import { llamaFamily } from './llama.ts';
 import type { LoraModule } from './lora.ts';
 
 function sizes(c: LlamaConfig) {
   return { d: c.hidden_size, q: c.num_attention_heads * c.head_dim, kv: c.num_key_value_heads * c.head_dim, ffn: c.intermediate_size };
 }
 
-export const PHI3: LlamaFamily = {
+export const PHI3 = llamaFamily({
   model_type: 'phi3',
   hfClass: 'Phi3ForCausalLM',
   defaults: { vocab_size: 32064, intermediate_size: 8192, max_position_embeddings: 4096, rms_norm_eps: 1e-5 },
@@ -60,4 +60,4 @@ export const PHI3: LlamaFamily = {
   },
   rotaryDim: (c) => Math.floor(c.head_dim * ((c.partial_rotary_factor as number | undefined) ?? 1)),
   window: (c) => (c.sliding_window as number | null | undefined) ?? null,
-};
+});

@@ -5,11 +5,11 @@
  * tied or untied head. Everything else is llama's (src/models/llama.ts), in training and decoding.
  */
 import { UserError } from '../errors.ts';
-import type { LlamaConfig } from './config.ts';
-import { type LlamaFamily, LLAMA } from './llama.ts';
+import type { LlamaConfig } from './family.ts';
+import { llamaFamily, llamaLayerShapes } from './llama.ts';
 import { rmsNorm } from './layers.ts';
 
-export const QWEN3: LlamaFamily = {
+export const QWEN3 = llamaFamily({
   model_type: 'qwen3',
   hfClass: 'Qwen3ForCausalLM',
   defaults: { vocab_size: 151936, intermediate_size: 22016, max_position_embeddings: 32768, head_dim: 128, attention_bias: false },
@@ -17,10 +17,17 @@ export const QWEN3: LlamaFamily = {
     if (r.bool('use_sliding_window', false)) throw new UserError(`${where}: qwen3 with "use_sliding_window": true is not supported (its windowed layers differ by max_window_layers)`);
     return {};
   },
+  released: {
+    'qwen3-0.6b': {
+      model_type: 'qwen3', vocab_size: 151936, hidden_size: 1024, intermediate_size: 3072, num_hidden_layers: 28, num_attention_heads: 16,
+      num_key_value_heads: 8, head_dim: 128, max_position_embeddings: 40960, rms_norm_eps: 1e-6, rope_theta: 1000000, tie_word_embeddings: true,
+      attention_bias: false, hidden_act: 'silu',
+    },
+  },
   layerShapes(c: LlamaConfig, p: string) {
-    return [...LLAMA.layerShapes!(c, p), [p + 'self_attn.q_norm.weight', [c.head_dim]], [p + 'self_attn.k_norm.weight', [c.head_dim]]];
+    return [...llamaLayerShapes(c, p), [p + 'self_attn.q_norm.weight', [c.head_dim]], [p + 'self_attn.k_norm.weight', [c.head_dim]]];
   },
   headNorm(g, c, p, q, k, P) {
     return [rmsNorm(g, q, P.get(p + 'self_attn.q_norm.weight'), c.rms_norm_eps), rmsNorm(g, k, P.get(p + 'self_attn.k_norm.weight'), c.rms_norm_eps)];
   },
-};
+});

@@ -1,7 +1,7 @@
 import type { Command } from 'commander';
 import fs from 'node:fs';
 import { UserError } from '../../errors.ts';
-import { ARCHES, PRESETS, type Arch, type Preset, presetArch } from '../../models/config.ts';
+import { ARCHES, PRESETS, presetArch } from '../../models/config.ts';
 import { initModelFolder, initModelFromConfig } from '../../models/init.ts';
 
 export function register(program: Command): void {
@@ -37,10 +37,10 @@ export function register(program: Command): void {
         process.stdout.write(`wrote ${r.config.model_type} from ${o.config} (${r.parameters.toLocaleString('en-US')} parameters, vocabulary ${r.config.vocab_size}) to ${o.output}\n`);
         return;
       }
-      if (!(PRESETS as readonly string[]).includes(o.preset)) throw new UserError(`--preset: "${o.preset}" is not one of ${PRESETS.join(', ')}`);
-      const arch = o.arch ?? presetArch(o.preset as Preset) ?? 'llama';
-      if (!(ARCHES as readonly string[]).includes(arch)) throw new UserError(`--arch: "${arch}" is not one of ${ARCHES.join(', ')}`);
-      const r = initModelFolder(o.output, arch as Arch, o.preset as Preset, Number(o.seed));
+      if (!PRESETS.includes(o.preset)) throw new UserError(`--preset: "${o.preset}" is not one of ${PRESETS.join(', ')}`);
+      const arch = o.arch ?? presetArch(o.preset) ?? 'llama';
+      if (!ARCHES.includes(arch)) throw new UserError(`--arch: "${arch}" is not one of ${ARCHES.join(', ')}`);
+      const r = initModelFolder(o.output, arch, o.preset, Number(o.seed));
       process.stdout.write(`wrote ${arch} ${o.preset} (${r.parameters.toLocaleString('en-US')} parameters, vocabulary ${r.config.vocab_size}) to ${o.output}\n`);
     });
 }

@@ -2,7 +2,7 @@ import fs from 'node:fs';
 import type { Command } from 'commander';
 import { UserError } from '../../errors.ts';
 import { writeFileAtomic } from '../../io/atomic.ts';
-import { maxPositions } from '../../models/config.ts';
+import { positionLimit } from '../../models/config.ts';
 import { loadModel } from '../../models/load.ts';
 import { buildLogpsGraph } from '../../models/logps.ts';
 import { Session, toOrt } from '../../runtime/session.ts';
@@ -62,7 +62,7 @@ export function register(program: Command): void {
       const threads = positiveInt('--threads', o.threads);
       const ep = device(o.device);
       const { config, weights } = loadModel(o.model);
-      const rows = readRows(o.input, config.vocab_size, config.model_type === 'gpt2' ? maxPositions(config) : null);
+      const rows = readRows(o.input, config.vocab_size, positionLimit(config));
       const session = await Session.fromGraph(buildLogpsGraph(config, { weights, dense: ep === 'webgpu' }), { ep, threads });
       const lines: string[] = [];
       for (let start = 0; start < rows.length; start += batchSize) {

@@ -1,0 +1,217 @@
+/**
+ * What a family file declares about an architecture, and the config types it reads: a {@link Family}
+ * is one object per HF `model_type` (src/models/llama.ts, gpt2.ts, qwen3.ts, …) holding its config
+ * fields and defaults, presets, HF tensor names, training forward, KV-cached decode, LoRA targets and,
+ * optionally, its names in exported formats. src/models/families.ts lists them; everything else asks
+ * the registry, never compares `model_type`. This file imports no family, so the families, the
+ * registry and config.ts all stand on it without cycles.
+ */
+import { UserError } from '../errors.ts';
+import type { Graph, Tensor } from '../onnx/graph.ts';
+import type { BatchIndex, DecodeIndex } from './layers.ts';
+import type { LoraModule } from './lora.ts';
+import type { Params } from './params.ts';
+
+/** The model_types prefzoo ships (the registry may hold more: {@link Family} objects registered at run time). */
+export type LlamaType = 'llama' | 'qwen2' | 'qwen3' | 'mistral' | 'gemma' | 'phi3';
+export type Arch = LlamaType | 'gpt2';
+
+/** Activations the HF configs name (`hidden_act` / `activation_function`). */
+export const ACTIVATIONS = ['silu', 'gelu', 'gelu_new', 'gelu_pytorch_tanh', 'gelu_fast', 'quick_gelu', 'relu'] as const;
+export type Activation = (typeof ACTIVATIONS)[number];
+
+export interface CommonConfig {
+  architectures?: string[];
+  vocab_size: number;
+  tie_word_embeddings: boolean;
+  bos_token_id?: number | null;
+  eos_token_id?: number | number[] | null;
+  pad_token_id?: number | null;
+  torch_dtype?: string;
+  /** Unknown keys from the file, kept so that saving writes them back. */
+  [key: string]: unknown;
+}
+
+/**
+ * The llama family (decoder with RMSNorm, rotary embeddings, grouped-query attention, gated MLP):
+ * `llama`, `qwen2` and the members in their own files. Llama's `attention_bias` puts biases on q, k,
+ * v and o; Qwen2 always has q/k/v biases and never an o bias — use `attentionBiases` (config.ts) rather
+ * than reading the field directly. Fields only one member has (`sliding_window`,
+ * `partial_rotary_factor`, …) are read by that member's file and kept under their HF names.
+ */
+export interface LlamaConfig extends CommonConfig {
+  model_type: LlamaType;
+  hidden_size: number;
+  intermediate_size: number;
+  num_attention_heads: number;
+  num_key_value_heads: number;
+  num_hidden_layers: number;
+  /** Per-head dimension; defaults to hidden_size / num_attention_heads. */
+  head_dim: number;
+  rms_norm_eps: number;
+  rope_theta: number;
+  max_position_embeddings: number;
+  attention_bias: boolean;
+  mlp_bias: boolean;
+  hidden_act: Activation;
+}
+
+/** `gpt2` (learned positions, LayerNorm, fused c_attn, Conv1D weights stored as [in, out]). */
+export interface Gpt2Config extends CommonConfig {
+  model_type: 'gpt2';
+  n_embd: number;
+  n_layer: number;
+  n_head: number;
+  n_positions: number;
+  layer_norm_epsilon: number;
+  /** MLP width; null in the file means 4 * n_embd, resolved by `gpt2Inner` (gpt2.ts). */
+  n_inner: number | null;
+  activation_function: Activation;
+}
+
+export type ModelConfig = LlamaConfig | Gpt2Config;
+
+export class FieldReader {
+  constructor(
+    readonly raw: Record<string, unknown>,
+    private readonly where: string,
+  ) {}
+
+  private fail(key: string, want: string): never {
+    throw new UserError(`${this.where}: "${key}" must be ${want}, got ${JSON.stringify(this.raw[key])}`);
+  }
+
+  int(key: string, dflt?: number): number {
+    const v = this.raw[key];
+    if (v === undefined || v === null) {
+      if (dflt === undefined) throw new UserError(`${this.where}: missing required field "${key}"`);
+      return dflt;
+    }
+    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v <= 0) this.fail(key, 'a positive integer');
+    return v;
+  }
+
+  positive(key: string, dflt: number): number {
+    const v = this.raw[key];
+    if (v === undefined || v === null) return dflt;
+    if (typeof v !== 'number' || !Number.isFinite(v) || v <= 0) this.fail(key, 'a positive number');
+    return v;
+  }
+
+  bool(key: string, dflt: boolean): boolean {
+    const v = this.raw[key];
+    if (v === undefined || v === null) return dflt;
+    if (typeof v !== 'boolean') this.fail(key, 'true or false');
+    return v;
+  }
+
+  activation(key: string, dflt: Activation): Activation {
+    const v = this.raw[key];
+    if (v === undefined || v === null) return dflt;
+    if (typeof v !== 'string' || !(ACTIVATIONS as readonly string[]).includes(v)) this.fail(key, `one of ${ACTIVATIONS.join(', ')}`);
+    return v as Activation;
+  }
+
+  optionalTokenId(key: string): number | null | undefined {
+    const v = this.raw[key];
+    if (v === undefined || v === null) return v as null | undefined;
+    if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0) this.fail(key, 'a token id (non-negative integer) or null');
+    return v;
+  }
+
+  optionalTokenIds(key: string): number | number[] | null | undefined {
+    const v = this.raw[key];
+    if (Array.isArray(v)) {
+      if (!v.every((x) => typeof x === 'number' && Number.isSafeInteger(x) && x >= 0)) this.fail(key, 'a token id or a list of token ids');
+      return v as number[];
+    }
+    return this.optionalTokenId(key);
+  }
+}
+
+/** The special token ids of config.json, read by config.ts before the family's own fields (absent ones left out). */
+export interface SpecialIds {
+  bos_token_id?: number | null;
+  eos_token_id?: number | number[] | null;
+  pad_token_id?: number | null;
+}
+
+/** Key/value cache geometry: layers, key/value heads, head size (cache tensors are `[B, kvHeads, P, headDim]`). */
+export interface CacheShape {
+  layers: number;
+  kvHeads: number;
+  headDim: number;
+}
+
+/**
+ * ONNX export names of a family (optional; filled by the exporter): what Optimum's export of this
+ * model_type takes beyond `input_ids`, `attention_mask`, `past_key_values.N.key|value`.
+ */
+export interface OnnxNames {
+  /** Extra graph inputs Optimum names for this model_type, e.g. `['position_ids']`. */
+  extraInputs: string[];
+}
+
+/** GGUF export names of a family (optional; filled by the exporter), as llama.cpp expects them. */
+export interface GgufNames<C extends ModelConfig = ModelConfig> {
+  /** `general.architecture` (llama.cpp's name, e.g. `llama`, `qwen2`, `gpt2`). */
+  arch: string;
+  /** llama.cpp's tensor name of an HF tensor (`model.layers.0.self_attn.q_proj.weight` → `blk.0.attn_q.weight`); null drops it. */
+  tensorName(hfName: string): string | null;
+  /** The architecture's metadata keys (`<arch>.context_length`, `<arch>.block_count`, …) for this config. */
+  metadata(c: C): Record<string, unknown>;
+}
+
+/**
+ * Everything about one architecture. Methods see the family's own config type `C`; the registry
+ * hands them configs it parsed with this family's {@link Family.parse}.
+ */
+export interface Family<C extends ModelConfig = ModelConfig> {
+  /** The `model_type` of config.json. */
+  model_type: string;
+  /** HF's class name, written to `architectures`. */
+  hfClass: string;
+  /**
+   * Validates config.json's fields (read through `r`, messages naming `where`) and fills the
+   * defaults of HF's config class; returns `{ ...r.raw, <fields>, ...ids }` so unknown keys survive.
+   */
+  parse(r: FieldReader, ids: SpecialIds, where: string): C;
+  /** The tiny and small presets' fields (config.ts adds `architectures`, `model_type`, special ids, `torch_dtype`), `vocab_size` first. */
+  preset(tiny: boolean, vocab_size: number): Record<string, unknown>;
+  /** Shapes of released models (random weights, real shapes), by preset name: config.json fields with `model_type` first. */
+  released?: Record<string, Record<string, unknown>>;
+  /** Width of the residual stream. */
+  hiddenSize(c: C): number;
+  numLayers(c: C): number;
+  /** Positions the model was built for (`max_position_embeddings`, `n_positions`). */
+  maxPositions(c: C): number;
+  /** Positions are a learned table: a sequence past {@link maxPositions} cannot be scored at all. */
+  learnedPositions: boolean;
+  /** HF tensor names and shapes of a checkpoint (tied heads not listed, as HF does not save them). */
+  parameterShapes(c: C): Map<string, number[]>;
+  /** Name of the token-embedding table (its dtype is the forward's). */
+  embedding: string;
+  /** Maps a checkpoint's tensor name onto the model's own (older HF layouts); null drops the tensor. */
+  normalizeName?(name: string): string | null;
+  /** Initial value of norm weights (HF's `_init_weights`; default 1). */
+  normInit?: number;
+  /** Standard deviation of a fresh weight `name` given the default `std` (default: `std`). */
+  initStd?(c: C, name: string, std: number): number;
+  /** Which attention projections carry biases, where the config decides. */
+  attentionBiases?(c: C): { qkv: boolean; o: boolean };
+  /** A token attends to at most this many positions (itself included); null: no window. */
+  window(c: C): number | null;
+  /** The training forward: final hidden states `[N, D]` (after the final norm) of a batch. */
+  hidden(g: Graph, c: C, P: Params, bi: BatchIndex): Tensor;
+  /** The output head's weight `[V, D]` (the token embedding when tied). */
+  headWeight(c: C, P: Params): Tensor;
+  /** The KV-cached decode: final hidden states `[B·S, D]` of S new tokens per row over the cache `past`. */
+  decode(g: Graph, c: C, P: Params, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor;
+  cacheShape(c: C): CacheShape;
+  /** Every projection that can carry a LoRA adapter (the LM head and embeddings are not targets). */
+  projections(c: C): LoraModule[];
+  /** ONNX export names (optional until the exporter fills them). */
+  onnx?: OnnxNames;
+  /** GGUF export names (optional; a family without them is refused by the GGUF exporter). */
+  gguf?: GgufNames<C>;
+}
