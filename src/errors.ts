@@ -26,10 +26,10 @@ export type UserErrorKind = 'user' | 'bad-input' | 'damaged-file' | 'device-unav
  */
 export class UserError extends Error {
   readonly kind: UserErrorKind = 'user';
-  readonly file?: string;
-  readonly line?: number;
-  readonly row?: number;
-  readonly setting?: string;
+  declare readonly file?: string;
+  declare readonly line?: number;
+  declare readonly row?: number;
+  declare readonly setting?: string;
 
   constructor(message: string, where: ErrorLocation = {}) {
     super(message);
