@@ -34,7 +34,8 @@ beforeAll(() => {
   const r = sh('npm', ['pack', '--json', '--pack-destination', work], { cwd: repo });
   packed = JSON.parse(r.stdout.slice(r.stdout.indexOf('[')))[0];
   mkdirSync(app);
-  writeFileSync(join(app, 'package.json'), JSON.stringify({ name: 'app', version: '1.0.0', private: true, type: 'module' }));
+  // As `npm init -y` writes it (CommonJS by default): the examples are .mts, ES modules either way.
+  writeFileSync(join(app, 'package.json'), JSON.stringify({ name: 'app', version: '1.0.0', private: true }));
   sh('npm', ['install', join(work, packed.filename), '--prefer-offline', '--no-audit', '--no-fund'], { cwd: app, env: INSTALL_ENV });
 }, 600_000);
 
@@ -63,7 +64,7 @@ describe('the npm package', () => {
   it('typechecks the examples (and a wrong option type as an error) against the shipped .d.ts, and runs convert → train (2 steps) → evaluate', () => {
     cpSync(join(repo, 'examples'), join(app, 'examples'), { recursive: true, filter: (f) => !f.endsWith('README.md') });
     // A consumer without a mistake compiles; one with a wrong type (a number for the model folder) must not.
-    writeFileSync(join(app, 'examples', 'wrong.ts'), "import { train } from 'prefzoo';\n// @ts-expect-error model is a folder name\nawait train({ model: 1, data: 'd', loss: 'dpo', out: 'o' });\n");
+    writeFileSync(join(app, 'examples', 'wrong.mts'), "import { train } from 'prefzoo';\n// @ts-expect-error model is a folder name\nawait train({ model: 1, data: 'd', loss: 'dpo', out: 'o' });\n");
     const tsconfig = {
       compilerOptions: { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', strict: true, skipLibCheck: false, outDir: 'out', types: ['node'], typeRoots: [join(repo, 'node_modules', '@types')] },
       include: ['examples'],
@@ -72,7 +73,7 @@ describe('the npm package', () => {
     // The @ts-expect-error above is itself an error if the option types were loose (unused directive).
     sh(process.execPath, [tsc, '-p', '.'], { cwd: app });
 
-    const r = sh(process.execPath, [join('out', 'convert-train-evaluate.js'), join(work, 'run')], { cwd: app, env: { ...process.env, STEPS: '2' } });
+    const r = sh(process.execPath, [join('out', 'convert-train-evaluate.mjs'), join(work, 'run')], { cwd: app, env: { ...process.env, STEPS: '2' } });
     expect(r.stdout).toMatch(/^converted 64 pairwise rows/m);
     expect(r.stdout).toMatch(/^trained 2 steps in/m);
     expect(r.stdout).toMatch(/^accuracy [01]\.\d{3}, margin -?\d+\.\d{4} over 64 pairs$/m);

@@ -2,7 +2,7 @@
  * The main job through the library: a preference file → canonical Parquet → DPO training → held-out
  * accuracy against the reference. Runs on the CPU in about a minute with a tiny random model.
  *
- *   npx tsx examples/convert-train-evaluate.ts [WORK_DIR]      (STEPS=2 for a quick check)
+ *   npx tsx examples/convert-train-evaluate.mts [WORK_DIR]      (STEPS=2 for a quick check)
  */
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';

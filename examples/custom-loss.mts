@@ -2,7 +2,7 @@
  * The loss zoo from code: list the losses and their parameters, then train with a weighted mixture
  * of two (DPO plus an SFT term on the chosen responses), with a loss parameter set by name.
  *
- *   npx tsx examples/custom-loss.ts [WORK_DIR]      (STEPS=2 for a quick check)
+ *   npx tsx examples/custom-loss.mts [WORK_DIR]      (STEPS=2 for a quick check)
  */
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
