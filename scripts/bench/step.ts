@@ -21,8 +21,9 @@ import { describePlacement, placement } from '../../src/runtime/placement.ts';
 import { readManifest, type ArtifactTarget } from '../../src/artifacts/manifest.ts';
 import { collate } from '../../src/models/batch.ts';
 import type { TokenizedExample } from '../../datasets/examples.ts';
-import { buildSpec } from '../../src/train/graph.ts';
-import { LOW_MEMORY_RUNTIME, lowMemoryFor } from '../../src/train/run.ts';
+import { problemOf, problemSpec } from '../../src/train/problem.ts';
+import { DEFAULT_CONFIG, type TrainConfig } from '../../src/train/config.ts';
+import { artifactsOf, loraOf, LOW_MEMORY_RUNTIME, lowMemoryFor } from '../../src/train/run.ts';
 import { mallocAdvice, mmapThreshold } from '../../src/runtime/malloc.ts';
 import { collectGarbage } from '../../src/runtime/gc.ts';
 import { resolveLoss } from '../../losses/index.ts';
@@ -208,26 +209,38 @@ export interface BenchModelOptions {
   baseDtype?: 'float32' | 'float16';
 }
 
+/**
+ * The trainer's settings a bench run stands for: train's defaults (AdamW, β 0.9/0.999, ε 1e-8, no
+ * decay, clip 1, one micro-batch per step) with the bench's LoRA (alpha = 2·rank on every
+ * projection), recomputation, base dtype, prompt sharing and device.
+ */
+export function benchSettings(m: BenchModelOptions & { sharePrompt?: boolean; target?: ArtifactTarget; computeDtype?: 'float32' | 'float16' }): TrainConfig {
+  return {
+    ...DEFAULT_CONFIG,
+    lora_r: m.loraRank ?? 0,
+    lora_alpha: 2 * (m.loraRank ?? 0),
+    lora_target_modules: 'all-linear',
+    gradient_checkpointing: m.gradientCheckpointing ?? false,
+    base_dtype: m.baseDtype ?? 'float32',
+    share_prompt: m.sharePrompt ?? true,
+    device: m.target === 'webgpu' ? 'webgpu' : 'cpu',
+    compute_dtype: m.computeDtype ?? 'float32',
+    gradient_accumulation_steps: 1,
+  };
+}
+
 export function prepareBench(dir: string, preset: Preset, pairs: number, seqLen: number, sharePrompt = true, target: ArtifactTarget = 'cpu', computeDtype: 'float32' | 'float16' = 'float32', m: BenchModelOptions = {}): BenchSetup {
   // The model init-model writes (same tokenizer, config and seed), kept in memory.
   const tok = writeTokenizer(path.join(dir, 'tokenizer'));
   const arch = presetArch(preset) ?? 'llama';
   const config = presetConfig(arch, preset, { vocabSize: preset === 'tiny' ? tok.vocabSize : undefined, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId }) as LlamaConfig;
   const weights = initWeights(config, 0);
-  const lora = m.loraRank ? { rank: m.loraRank, alpha: 2 * m.loraRank, targets: ['all-linear'] } : null;
+  const settings = benchSettings({ ...m, sharePrompt, target, computeDtype });
+  const lora = loraOf(settings);
   if (lora) for (const [k, v] of initLora(config, lora, 0)) weights.set(k, v);
-  const problem = {
-    config,
-    kind: 'pairwise' as const,
-    loss: resolveLoss('dpo'),
-    lora,
-    valueHead: false,
-    dataKeys: new Set<string>(),
-    packed: sharePrompt,
-    recompute: m.gradientCheckpointing ?? false,
-    baseDtype: m.baseDtype ?? 'float32',
-  };
-  const spec = buildSpec(problem, weights, { type: 'adamw', betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0, maxGradNorm: 1 });
+  // The problem train and artifacts build from the same settings (src/train/problem.ts).
+  const problem = problemOf(settings, { model: config, kind: 'pairwise', loss: resolveLoss('dpo'), lora, dataKeys: new Set() });
+  const spec = problemSpec(problem, weights, settings);
   weights.clear();
   const trainableParams = spec.params.filter((p) => p.trainable).reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0);
   // No initial checkpoint on disk: the weights go straight into the runner's store.
@@ -235,8 +248,8 @@ export function prepareBench(dir: string, preset: Preset, pairs: number, seqLen:
   spec.params = spec.params.map((p) => ({ ...p, data: undefined }));
   const artDir = path.join(dir, 'artifacts');
   // The bench never accumulates micro-batches, as the trainer at gradient_accumulation_steps=1.
-  buildArtifacts({ ...spec, gradientAccumulation: false }, artDir, { target, computeDtype });
-  return { config, params: countParameters(config), trainableParams, artDir, initial, rows: benchPairs(config.vocab_size, pairs, seqLen), padId: tok.padId, packed: sharePrompt };
+  buildArtifacts(spec, artDir, artifactsOf(settings));
+  return { config, params: countParameters(config), trainableParams, artDir, initial, rows: benchPairs(config.vocab_size, pairs, seqLen), padId: tok.padId, packed: !!problem.packed };
 }
 
 async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void): Promise<BenchResult> {

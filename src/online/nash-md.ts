@@ -82,7 +82,7 @@ export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
   const t0 = Date.now();
   const log = o.log ?? (() => {});
   if (o.prompts.length === 0) throw new UserError('nash-md: no prompts');
-  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
+  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'nash-md' });
   const loss = resolveLoss('nash_md', lossParams);
   const m = loss.terms[0].params.mixture_coef as number;
   if (existsSync(join(o.out, 'metrics.jsonl'))) throw new UserError(`${o.out} already holds a nash-md run; choose another -o`);

@@ -185,7 +185,7 @@ export async function pairAccuracy(rm: RewardModel, examples: { prompt: Text; re
 export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainResult> {
   const t0 = Date.now();
   const log = o.log ?? (() => {});
-  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
+  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'reward-train' });
   const unknown = Object.keys(lossParams);
   if (unknown.length) throw new UserError(`reward-train: unknown setting ${unknown.map((k) => `"${k}"`).join(', ')} (the Bradley–Terry loss has no parameters)`);
   if (existsSync(join(o.out, REWARD_MODEL_FILE))) throw new UserError(`${o.out} already holds a reward model; choose another -o`);

@@ -66,7 +66,7 @@ export async function runSppo(o: SppoOptions): Promise<SppoResult> {
   if (!(Number.isInteger(T) && T >= 1)) throw new UserError(`--iterations must be a positive integer, got ${o.iterations}`);
   if (!(Number.isInteger(K) && K >= 2)) throw new UserError(`--samples must be an integer ≥ 2 (win-rates compare samples with each other), got ${o.samples}`);
   if (o.prompts.length === 0) throw new UserError('sppo: no prompts');
-  const { config } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
+  const { config } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'sppo' });
   if (existsSync(join(o.out, 'sppo.json'))) throw new UserError(`${o.out} already holds an SPPO run; choose another -o`);
   mkdirSync(o.out, { recursive: true });
   const text = o.prompts.some((p) => typeof p !== 'string') ? 'messages' : 'plain';

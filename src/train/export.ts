@@ -2,8 +2,9 @@
  * `prefzoo artifacts`: the training artifacts of a model and a loss, written to a folder without
  * data or a run: training, eval and optimizer graphs (and the fused step graph), the checkpoint of
  * the starting parameters, and artifacts.json. The batch inputs are those the loss reads, for the
- * kind the loss takes first (or `kind`); the settings (LoRA, optimizer, share_prompt, …) are the
- * trainer's, from --param and --config.
+ * kind the loss takes first (or `kind`); the settings (LoRA, optimizer, share_prompt, device, …) are
+ * the trainer's, from --param and --config, turned into the problem by problem.ts as `train` does;
+ * a setting that only matters while steps run (learning_rate, batch_size, …) is refused.
  */
 import { existsSync, readdirSync, renameSync, rmSync } from 'node:fs';
 import { basename, dirname, join } from 'node:path';
@@ -11,11 +12,10 @@ import type { Kind } from '../../datasets/schema.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { buildArtifacts } from '../artifacts/build.ts';
 import { UserError } from '../errors.ts';
-import { canPack } from '../models/batch.ts';
 import { loadModel } from '../models/load.ts';
 import { resolveConfig } from './config.ts';
-import { buildSpec, PROVIDED_KEYS, type TrainProblem } from './graph.ts';
-import { loraOf, optimizerOf, startingParams } from './run.ts';
+import { problemOf, problemSpec } from './problem.ts';
+import { artifactsOf, loraOf, startingParams } from './run.ts';
 
 export interface ExportOptions {
   model: string;
@@ -42,7 +42,7 @@ export interface ExportResult {
 }
 
 export function exportArtifacts(o: ExportOptions): ExportResult {
-  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params });
+  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, command: 'artifacts', loss: o.loss });
   const loss = resolveLoss(o.loss, lossParams);
   const asked = o.kind ?? loss.kinds[0];
   if (asked === 'nash_md') throw new UserError(`loss ${o.loss} trains on its own samples; prefzoo nash-md builds its artifacts`);
@@ -50,21 +50,16 @@ export function exportArtifacts(o: ExportOptions): ExportResult {
   const kind = asked as Kind;
   if (existsSync(o.out) && readdirSync(o.out).length > 0) throw new UserError(`${o.out}: exists and is not empty; choose another -o`);
   const base = loadModel(o.model);
-  const keys = loss.keys(kind);
-  const valueHead = keys.required.includes('values');
-  // The artifacts read every column the loss needs from the data (rewards, scores, labels, …).
-  const dataKeys = new Set(keys.required.filter((k) => !PROVIDED_KEYS.has(k)));
-  const kl = kind === 'single' && (keys.oneOf ?? []).some((set) => set.includes('policy_kl_logps'));
-  const packed = config.share_prompt && canPack(kind, kl) && !valueHead;
   const lora = loraOf(config);
-  const problem: TrainProblem = { config: base.config, kind, loss, lora, kl, valueHead, dataKeys, packed };
-  const init = startingParams(base.config, base.weights, { lora, valueHead, seed: config.seed });
-  const spec = buildSpec(problem, init, optimizerOf(config));
+  // No data: the artifacts read every column the loss needs from the batch (rewards, scores, labels, …).
+  const problem = problemOf(config, { model: base.config, kind, loss, lora });
+  const init = startingParams(base.config, base.weights, { lora, valueHead: problem.valueHead, seed: config.seed });
+  const spec = problemSpec(problem, init, config);
   // Built next to the target and renamed, so a failed build leaves no half-written folder.
   const tmp = join(dirname(o.out), `.${basename(o.out)}.tmp-${process.pid}`);
   rmSync(tmp, { recursive: true, force: true });
   try {
-    buildArtifacts(spec, tmp);
+    buildArtifacts(spec, tmp, artifactsOf(config));
     rmSync(o.out, { recursive: true, force: true });
     renameSync(tmp, o.out);
   } catch (e) {
@@ -76,7 +71,7 @@ export function exportArtifacts(o: ExportOptions): ExportResult {
     kind,
     params: spec.params.length,
     trainable: spec.params.filter((p) => p.trainable).length,
-    packed,
+    packed: !!problem.packed,
     files: readdirSync(o.out).sort(),
   };
 }

@@ -51,13 +51,14 @@ import { lrAt } from '../optim/schedule.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
 import { describePlacement, placement } from '../runtime/placement.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
-import { currentWeights as artifactWeights, artifactsOf, builtFor, checkDeviceOf, loraOf, lowMemoryFor, optimizerOf, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from './run.ts';
+import { currentWeights as artifactWeights, artifactsOf, builtFor, checkDeviceOf, loraOf, lowMemoryFor, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from './run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
 import { canPack, collate } from '../models/batch.ts';
 import { readManifest } from '../artifacts/manifest.ts';
 import { readRefColumns, writeRefColumns } from '../../datasets/tokenized.ts';
-import { buildSpec, PROVIDED_KEYS, type TrainProblem } from './graph.ts';
+import { PROVIDED_KEYS } from './graph.ts';
+import { problemOf, problemSpec } from './problem.ts';
 import { f16BitsToFloat, float32ToF16 } from '../models/safetensors.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { SeededRandom } from '../random.ts';
@@ -245,7 +246,7 @@ async function trainIn(
   // A resumed run keeps the batch layout its artifacts were built with.
   const builtWith = resuming ? readBuiltLayout(join(run, 'artifacts')) : null;
   const packed = builtWith ?? (config.share_prompt && canPack(kind, kl) && !valueHeadOn);
-  const problem: TrainProblem = { config: base.config, kind, loss, lora, kl, valueHead: valueHeadOn, dataKeys, packed, lengthWeighted, rationale, dense: config.device === 'webgpu', recompute: config.gradient_checkpointing, baseDtype: config.base_dtype };
+  const problem = problemOf(config, { model: base.config, kind, loss, lora, dataKeys, packed });
 
   // The reference: --ref's model, else the starting policy (the base model with --adapter's adapter
   // merged in, LoRA's fresh adapters being zero). Its log-probs are scored once and cached in the run,
@@ -320,9 +321,7 @@ async function trainIn(
   if (!resuming || !existsSync(join(artDir, 'artifacts.json')) || !builtFor(readManifest(artDir), config)) {
     const init = startingParams(base.config, base.weights, { lora, adapter: adapter?.weights, valueHead: valueHeadOn, seed: config.seed });
     rmSync(artDir, { recursive: true, force: true });
-    // Running sums of gradients only when micro-batches are accumulated: otherwise every step would
-    // feed parameter-sized zeros (545 MB for Qwen's embedding alone) into them.
-    buildArtifacts({ ...buildSpec(problem, init, optimizerOf(config)), gradientAccumulation: config.gradient_accumulation_steps > 1 }, artDir, artifactsOf(config));
+    buildArtifacts(problemSpec(problem, init, config), artDir, artifactsOf(config));
   }
   // The artifacts' checkpoint holds the starting weights now: unless a reference scorer, the held-out
   // evaluation or TR-DPO reads the loaded copy again, drop it before the store takes its own (a parameter-sized copy).

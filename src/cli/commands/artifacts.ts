@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { settingsHelp } from '../../train/settings.ts';
 import { exportArtifacts } from '../../train/export.ts';
 import { collect } from '../flags.ts';
 
@@ -11,7 +12,8 @@ export function register(program: Command): void {
     .requiredOption('-o, --out <dir>', 'the artifacts folder (must not exist, or be empty)')
     .option('--kind <kind>', "data kind the batch inputs follow: pairwise, listwise or single (default: the loss's first)")
     .option('--param <key=value>', 'a training setting (lora_r, optimizer, share_prompt, …) or loss parameter (repeatable); see prefzoo train --help', collect, [])
-    .option('--config <file>', 'JSON object of settings (and loss parameters); --param overrides it')
+    .option('--config <file>', "JSON object of settings (and loss parameters), or YAML with TRL's names; --param overrides it")
+    .addHelpText('after', () => `\nSettings it honours (--param key=value or --config), with defaults (docs/settings.md); any other is refused:\n${settingsHelp('artifacts')}`)
     .option('--json', 'print one JSON line: dir, kind, params, trainable, packed, files')
     .action((o: { model: string; loss: string; out: string; kind?: string; param: string[]; config?: string; json?: boolean }) => {
       const r = exportArtifacts({ model: o.model, loss: o.loss, out: o.out, kind: o.kind, params: o.param, configFile: o.config });

@@ -6,6 +6,8 @@ import type { OptLevel } from '../../runtime/session.ts';
 import { type BenchOptions, runBench } from '../../../scripts/bench/step.ts';
 import { PRESETS, type Preset } from '../../models/config.ts';
 import { DEVICE_HELP, device, positiveInt } from '../flags.ts';
+import { coerceSetting, TRAIN_SETTINGS } from '../../train/settings.ts';
+import type { TrainConfig } from '../../train/config.ts';
 
 export function register(program: Command): void {
   program
@@ -14,13 +16,13 @@ export function register(program: Command): void {
     .option('--preset <preset>', `model: tiny, small (the init-model llama; 56M parameters, vocabulary 32000) or a released shape with random weights: ${PRESETS.slice(2).join(', ')}`, 'small')
     .option('--lora [rank]', 'train LoRA adapters (alpha = 2·rank) on every projection instead of every weight (rank default 16)')
     .option('--gradient-checkpointing', "recompute each layer's activations in the backward (train's gradient_checkpointing=true)")
-    .option('--base-dtype <dtype>', "with --lora: hold the frozen base weights in float32 or float16 (train's base_dtype)", 'float32')
+    .option('--base-dtype <dtype>', `with --lora: hold the frozen base weights in ${TRAIN_SETTINGS.base_dtype.choices.join(' or ')} (train's base_dtype)`, TRAIN_SETTINGS.base_dtype.default)
     .option('--steps <n>', 'timed steps, after the warm-up (default 5)')
     .option('--warmup <n>', "untimed steps first (default 5: ONNX Runtime's memory arena and the allocator settle over the first runs)")
     .option('--pairs <n>', 'preference pairs per batch (default 4)')
     .option('--seq <n>', 'tokens per sequence, half prompt and half completion (default 256)')
     .option('--device <device>', `${DEVICE_HELP}; on a device the JSON also says where each graph's nodes run`, 'cpu')
-    .option('--compute-dtype <dtype>', 'float32, or float16 matrix products with float32 weights and reductions (GPU only)', 'float32')
+    .option('--compute-dtype <dtype>', `${TRAIN_SETTINGS.compute_dtype.choices.join(' or ')}: ${TRAIN_SETTINGS.compute_dtype.doc} (train's compute_dtype)`, TRAIN_SETTINGS.compute_dtype.default)
     .option('--threads <n>', 'intra-op threads (default: ONNX Runtime picks one per core)')
     .option('--opt-level <level>', 'graph optimisation level: disabled, basic, extended or all (default extended)')
     .option('--no-peak', 'skip the MatMul peak measurement')
@@ -28,11 +30,12 @@ export function register(program: Command): void {
     .option('--update <where>', 'where the AdamW update runs: host (in place, in this process), graph (in the fused step graph) or auto (default: host on the CPU)')
     .option('--json', 'print one JSON line')
     .action(async (o: { preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
-      if (o.computeDtype !== 'float32' && o.computeDtype !== 'float16') throw new UserError(`--compute-dtype: "${o.computeDtype}" is not one of float32, float16`);
+      // The dtype flags are train's settings of the same names: checked against their rows of the table.
+      const computeDtype = coerceSetting('compute_dtype', TRAIN_SETTINGS.compute_dtype, o.computeDtype, '--compute-dtype') as TrainConfig['compute_dtype'];
+      const baseDtype = coerceSetting('base_dtype', TRAIN_SETTINGS.base_dtype, o.baseDtype, '--base-dtype') as TrainConfig['base_dtype'];
       if (o.computeDtype === 'float16' && o.device === 'cpu') throw new UserError('--compute-dtype float16 is for the GPU (--device webgpu or cuda)');
       if (!(PRESETS as readonly string[]).includes(o.preset)) throw new UserError(`--preset: "${o.preset}" is not one of ${PRESETS.join(', ')}`);
       const loraRank = o.lora === undefined || o.lora === false ? 0 : o.lora === true ? 16 : positiveInt('--lora', o.lora, 16);
-      if (o.baseDtype !== 'float32' && o.baseDtype !== 'float16') throw new UserError(`--base-dtype: "${o.baseDtype}" is not one of float32, float16`);
       if (o.baseDtype === 'float16' && !loraRank) throw new UserError('--base-dtype float16 needs --lora (only frozen weights can be held in float16)');
       const levels = ['disabled', 'basic', 'extended', 'all'];
       if (o.optLevel !== undefined && !levels.includes(o.optLevel)) throw new UserError(`--opt-level: "${o.optLevel}" is not one of ${levels.join(', ')}`);
@@ -43,7 +46,7 @@ export function register(program: Command): void {
         preset: o.preset as Preset,
         loraRank,
         gradientCheckpointing: o.gradientCheckpointing ?? false,
-        baseDtype: o.baseDtype,
+        baseDtype,
         steps: positiveInt('--steps', o.steps, 5),
         warmup: o.warmup === '0' ? 0 : positiveInt('--warmup', o.warmup, 5),
         pairs: positiveInt('--pairs', o.pairs, 4),
@@ -52,7 +55,7 @@ export function register(program: Command): void {
         skipPeak: !o.peak,
         sharePrompt: o.sharePrompt,
         update: o.update as BenchOptions['update'],
-        computeDtype: o.computeDtype,
+        computeDtype,
         progress: (label, total) => new Progress(label, total, { plainEverySeconds: 0 }),
         log: (line) => process.stderr.write(`bench: ${line}\n`),
       });

@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { settingsHelp } from '../../train/settings.ts';
 import { DEVICE_HELP, device } from '../flags.ts';
 import { loadJudge } from '../../online/judges.ts';
 import { runNashMd } from '../../online/nash-md.ts';
@@ -18,6 +19,7 @@ export function register(program: Command): void {
   cmd
     .option('--param <key=value>', 'a training setting (batch_size = prompts per step, max_steps, learning_rate, …) or beta / mixture_coef (repeatable)', collect, [])
     .option('--config <file>', 'JSON object of training settings')
+    .addHelpText('after', () => `\nSettings it honours (--param key=value or --config), with defaults (docs/settings.md); any other is refused:\n${settingsHelp('nash-md')}`)
     .option('--quiet', 'no progress output')
     .option('--device <device>', `${DEVICE_HELP}; same as --param device=…`)
     .option('--json', 'print a one-line JSON summary')

@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { settingsHelp } from '../../train/settings.ts';
 import { DEVICE_HELP, device } from '../flags.ts';
 import { collect } from '../../online/options.ts';
 import { rewardTrain, scorePairs } from '../../online/reward-model.ts';
@@ -13,6 +14,7 @@ export function register(program: Command): void {
     .requiredOption('-o, --out <dir>', 'the reward model folder (HF layout with value_head.*), metrics.jsonl, reward_model.json')
     .option('--param <key=value>', 'a training setting (learning_rate, batch_size, max_steps, num_epochs, lora_r, eval_data, …; repeatable)', collect, [])
     .option('--config <file>', 'JSON object of training settings')
+    .addHelpText('after', () => `\nSettings it honours (--param key=value or --config), with defaults (docs/settings.md); any other is refused:\n${settingsHelp('reward-train')}`)
     .option('--quiet', 'no progress output')
     .option('--device <device>', `${DEVICE_HELP}; same as --param device=…`)
     .option('--json', 'print a one-line JSON summary')

@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { settingsHelp } from '../../train/settings.ts';
 import { DEVICE_HELP, device } from '../flags.ts';
 import { loadJudge } from '../../online/judges.ts';
 import { collect, intFlag, parseSampling, SAMPLING_FLAGS, type SamplingFlags } from '../../online/options.ts';
@@ -20,6 +21,7 @@ export function register(program: Command): void {
   cmd
     .option('--param <key=value>', 'a training setting or the loss\'s beta (repeatable), e.g. beta=0.1 num_epochs=2', collect, [])
     .option('--config <file>', 'JSON object of training settings')
+    .addHelpText('after', () => `\nSettings it honours (--param key=value or --config), with defaults (docs/settings.md); any other is refused:\n${settingsHelp('sppo')}`)
     .option('--quiet', 'no progress output')
     .option('--device <device>', `${DEVICE_HELP}; same as --param device=…`)
     .option('--json', 'print a one-line JSON summary')
