@@ -12,14 +12,12 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { COMMANDS } from '../src/cli/commands/index.ts';
-import { AbortedError, DeviceUnavailableError, UserError, convert, evaluate, initModel, train } from '../src/index.ts';
+import { AbortedError, BadInputError, DeviceUnavailableError, UserError, convert, evaluate, initModel, train } from '../src/index.ts';
 import { BIN } from './helpers/cli.ts';
 
 const execFileAsync = promisify(execFile);
 const repo = resolve(__dirname, '..');
 const tsc = join(repo, 'node_modules', 'typescript', 'bin', 'tsc');
-const work = mkdtempSync(join(tmpdir(), 'prefzoo-package-'));
-const app = join(work, 'app');
 /** What the README's install line sets; npm's own notices aside, nothing else is needed. */
 const INSTALL_ENV = { ...process.env, ONNXRUNTIME_NODE_INSTALL: 'skip' };
 
@@ -29,21 +27,25 @@ function sh(cmd: string, args: string[], o: { cwd: string; env?: NodeJS.ProcessE
   return r;
 }
 
-let packed: { filename: string; files: { path: string }[] };
-
-beforeAll(() => {
-  // prepack builds dist/ (tsconfig.build.json); the tarball lands outside the repo.
-  const r = sh('npm', ['pack', '--json', '--pack-destination', work], { cwd: repo });
-  packed = JSON.parse(r.stdout.slice(r.stdout.indexOf('[')))[0];
-  mkdirSync(app);
-  // As `npm init -y` writes it (CommonJS by default): the examples are .mts, ES modules either way.
-  writeFileSync(join(app, 'package.json'), JSON.stringify({ name: 'app', version: '1.0.0', private: true }));
-  sh('npm', ['install', join(work, packed.filename), '--prefer-offline', '--no-audit', '--no-fund'], { cwd: app, env: INSTALL_ENV });
-}, 600_000);
-
-afterAll(() => rmSync(work, { recursive: true, force: true }));
-
 describe('the npm package', () => {
+  let packed: { filename: string; files: { path: string }[] };
+  let work = '';
+  let app = '';
+
+  beforeAll(() => {
+    work = mkdtempSync(join(tmpdir(), 'prefzoo-package-'));
+    app = join(work, 'app');
+    // prepack builds dist/ (tsconfig.build.json); the tarball lands outside the repo.
+    const r = sh('npm', ['pack', '--json', '--pack-destination', work], { cwd: repo });
+    packed = JSON.parse(r.stdout.slice(r.stdout.indexOf('[')))[0];
+    mkdirSync(app);
+    // As `npm init -y` writes it (CommonJS by default): the examples are .mts, ES modules either way.
+    writeFileSync(join(app, 'package.json'), JSON.stringify({ name: 'app', version: '1.0.0', private: true }));
+    sh('npm', ['install', join(work, packed.filename), '--prefer-offline', '--no-audit', '--no-fund'], { cwd: app, env: INSTALL_ENV });
+  }, 600_000);
+
+  afterAll(() => rmSync(work, { recursive: true, force: true }));
+
   it('ships the compiled library, its types and the bin, and no tests, CI, scripts or sources', () => {
     const files = packed.files.map((f) => f.path);
     for (const f of ['package.json', 'bin/prefzoo.mjs', 'dist/src/index.js', 'dist/src/index.d.ts', 'dist/src/cli/main.js', 'dist/datasets/parquet-reader.mjs', 'dist/datasets/parquet-worker.mjs', 'dist/src/runtime/placement-probe.mjs']) {
@@ -131,6 +133,23 @@ describe('the library from the sources', () => {
     expect(existsSync(join(dir, 'run', 'final'))).toBe(false);
     // Aborted before it starts: refused at once.
     await expect(evaluate({ model: join(dir, 'm'), ref: join(dir, 'm'), data: join(dir, 'p.parquet'), signal: AbortSignal.abort() })).rejects.toBeInstanceOf(AbortedError);
+  });
+
+  it('a bad setting, loss parameter or record is a BadInputError naming the setting, or the file and line', async () => {
+    const base = { model: join(dir, 'm'), data: join(dir, 'p.parquet'), loss: 'dpo', out: join(dir, 'bad') };
+    const range = await train({ ...base, settings: { max_steps: -3 } }).catch((e: unknown) => e);
+    expect(range).toBeInstanceOf(BadInputError);
+    expect((range as BadInputError).setting).toBe('max_steps');
+    const typo = await train({ ...base, settings: { learning_rat: 1e-4 } }).catch((e: unknown) => e);
+    expect((typo as BadInputError).setting).toBe('learning_rat');
+    expect((typo as Error).message).toContain("did you mean 'learning_rate'?");
+    const beta = await train({ ...base, settings: { beta: -1 } }).catch((e: unknown) => e);
+    expect(beta).toBeInstanceOf(BadInputError);
+    expect((beta as BadInputError).setting).toBe('beta');
+    writeFileSync(join(dir, 'broken.jsonl'), `${JSON.stringify({ prompt: 'a', chosen: 'b', rejected: 'c' })}\n{"prompt": "a", "chosen": \n`);
+    const record = await convert(join(dir, 'broken.jsonl'), join(dir, 'broken.parquet')).catch((e: unknown) => e);
+    expect(record).toMatchObject({ kind: 'bad-input', file: join(dir, 'broken.jsonl'), line: 2 });
+    expect(existsSync(join(dir, 'bad'))).toBe(false);
   });
 
   it('a broken Vulkan setup: the command prints one line, nothing native before it; the API throws DeviceUnavailableError', async () => {
