@@ -1,6 +1,6 @@
 /**
  * The main job through the library: a preference file → canonical Parquet → DPO training → held-out
- * accuracy against the reference. Runs on the CPU in about a minute with a tiny random model.
+ * accuracy against the reference, with a tiny random model on the CPU.
  *
  *   npx tsx examples/convert-train-evaluate.mts [WORK_DIR]      (STEPS=2 for a quick check)
  */
