@@ -7,7 +7,8 @@
  *   stage 1: DPO from π_ref on the easy pairs;
  *   stage 2: `stage2_loss` (DPO by default) on the hard pairs, with the stage-1 model as reference.
  * The stages are orchestrated by the trainer; this module is the per-step loss of a stage (DPO with
- * β and ε), the split, and the parameters the trainer reads (`delta`, `delta_quantile`, `stage2_loss`).
+ * β and ε, and RPO's NLL term when `rpo_alpha` > 0), the split, and the parameters the trainer reads
+ * (`delta`, `delta_quantile`, `stage2_loss`).
  */
 import { UserError } from '../src/errors.ts';
 import { spec } from './core/params.ts';
@@ -20,6 +21,7 @@ export interface MpoParams extends Params {
   delta: number | null;
   delta_quantile: number;
   stage2_loss: string;
+  rpo_alpha: number;
 }
 
 /** Pairwise losses stage 2 may use (kept equal to the registry's pairwise losses by a test). */
@@ -82,7 +84,9 @@ export const mpo = pairwiseLoss<MpoParams>({
     { name: 'delta_quantile', type: 'number', default: 0.5, min: 0, max: 1, doc: 'δ as this quantile of the margins, when delta is unset' },
     { name: 'stage2_loss', type: 'enum', default: 'dpo', choices: MPO_STAGE2_LOSSES.filter((n) => n !== 'mpo'), doc: 'loss of stage 2 (hard pairs, stage-1 model as reference)' },
   ],
-  options: [],
+  // rpo_alpha (the chosen response's NLL) goes to both stages: without it stage 1's DPO can push the
+  // chosen answers' likelihood down with the rejected ones' until the policy samples neither.
+  options: ['rpo_alpha'],
   ref(h, p) {
     const b = p.beta;
     return marginRef(h.B, (i) => b * (h.lw[i] - h.ll[i]), (z) => logisticRef(z, p.label_smoothing), () => b, () => -b);

@@ -202,6 +202,7 @@ const CASES: Case[] = [
   { spec: 'dro', stopsGradient: true },
   { spec: 'dro', params: { tau: 0.3 }, weighted: true, stopsGradient: true },
   { spec: 'mpo', params: { delta: 0.5 } },
+  { spec: 'mpo', params: { rpo_alpha: 0.5 } },
   ...['lambda', 'pair_logistic', 'pair_hinge', 'list_mle', 'softmax'].map((variant) => ({ spec: 'lipo', params: { variant, beta: 0.5 } })),
   { spec: 'lipo', weighted: true },
   { spec: 'sppo' },

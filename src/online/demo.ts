@@ -12,6 +12,8 @@
  *   4. `win_rate_vs_start`: on the held-out prompts, samples of the final policy against samples of
  *      π_0, judged (a correct answer beats a wrong one, equal correctness ties at ½);
  *      `win_rate_vs_start_train_prompts`: the same on the training prompts with fresh samples
+ *   5. the figures are kept in the method's run folder (RUN/demo_eval.json, see train/demo-eval.ts),
+ *      which is `run` in the result: `prefzoo report RUN` shows them with the training curves
  */
 import type { ProgressFactory } from '../progress.ts';
 import { mkdirSync, mkdtempSync } from 'node:fs';
@@ -25,6 +27,7 @@ import type { Example, LoadedData } from '../../datasets/examples.ts';
 import { trainMpo } from '../train/mpo.ts';
 import { SeededRandom } from '../random.ts';
 import { train } from '../train/trainer.ts';
+import { writeDemoEval } from '../train/demo-eval.ts';
 import { taskCorrect, TaskJudge, type Judge } from './judges.ts';
 import { runNashMd } from './nash-md.ts';
 import { Policy } from './policy.ts';
@@ -45,6 +48,8 @@ export interface OnlineDemoOptions {
   log?: (line: string) => void;
   /** Extra `key=value` settings for the method's training (e.g. beta=0.2, max_steps=100). */
   params?: string[];
+  /** Steps of the SFT warm start that makes π_0 (default 400; tests shorten it). */
+  warmStartSteps?: number;
 }
 
 export interface OnlineDemoResult {
@@ -62,6 +67,7 @@ export interface OnlineDemoResult {
   heldout_prompts: number;
   samples_per_prompt: number;
   seconds: number;
+  /** The method's run folder (metrics.jsonl, final/, demo_eval.json): `prefzoo report` takes it. */
   run: string;
 }
 
@@ -84,10 +90,15 @@ const WARM_START: Partial<TrainConfig> = { ...COMMON, learning_rate: 3e-3, max_s
 /** Per-method settings, tuned to finish in a couple of minutes on two cores. */
 const METHOD: Record<OnlineMethod, { config: Partial<TrainConfig>; params: string[] }> = {
   sppo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 20, warmup_steps: 5 }, params: ['beta=0.1'] },
-  nash_md: { config: { ...COMMON, learning_rate: 3e-3, max_steps: 800, warmup_steps: 10 }, params: ['beta=0.05', 'mixture_coef=0.5'] },
-  // DPO in both stages lowers the right answer's likelihood too (measured: 12% → 3% correct samples),
-  // so stage 2 uses ORPO, whose NLL term keeps it up.
-  mpo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 16, warmup_steps: 10 }, params: ['beta=0.1', 'stage2_loss=orpo'] },
+  // The opponent y′ is drawn mostly from π_0 (mixture_coef 0.9, TRL's default is 0.5): with a verifier
+  // and m = 0.5 the opponent improves with the policy, so most comparisons become ties and the signal
+  // vanishes; near π_0 a right answer keeps beating it (docs/losses.md, "The demos").
+  nash_md: { config: { ...COMMON, learning_rate: 3e-3, max_steps: 800, warmup_steps: 10 }, params: ['beta=0.05', 'mixture_coef=0.9'] },
+  // Plain DPO in stage 1 pushes the right answer's log-prob down with the wrong one's (measured, seed
+  // 0: the chosen log-prob −2 → −8, correct samples 13% → 1%, junk 0% → 52%), and stage 2 then starts
+  // from, and is referenced to, that broken model (win-rates 0.54–0.72). RPO's NLL term on the chosen
+  // answer (rpo_alpha, both stages) keeps it up: see docs/losses.md, "The demos".
+  mpo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 16, warmup_steps: 10 }, params: ['beta=0.1', 'rpo_alpha=1'] },
 };
 
 const SAMPLING = { temperature: 1, maxNewTokens: 4 };
@@ -154,7 +165,8 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
   // π_0: the answer format, with no preference among the prompt's digits.
   const sftRows: Example[] = [];
   for (let k = 0; k < 4; k++) for (const p of trainPrompts) sftRows.push({ prompt: p, responses: [digitOf(p, rand.int(DIGITS)), digitOf(p, rand.int(DIGITS))] });
-  const start = await train({ model: join(dir, 'model'), data: 'sft.jsonl', rows: rowsOf('pairwise', sftRows), loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed }, quiet, progress: o.progress, log, overwrite: true });
+  const warm = { ...WARM_START, seed: o.seed, ...(o.warmStartSteps !== undefined ? { max_steps: o.warmStartSteps } : {}) };
+  const start = await train({ model: join(dir, 'model'), data: 'sft.jsonl', rows: rowsOf('pairwise', sftRows), loss: 'sft', out: join(dir, 'start'), base: warm, quiet, progress: o.progress, log, overwrite: true });
   const pi0 = start.finalDir;
 
   const judge = new TaskJudge();
@@ -187,7 +199,8 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
   const s1 = await sampleAndScore(finalDir, heldPrompts, seed + 1);
   const t0s = await sampleAndScore(pi0, trainPrompts, seed + 2);
   const t1s = await sampleAndScore(finalDir, trainPrompts, seed + 3);
-  return {
+  const run = join(dir, o.method);
+  const r: OnlineDemoResult = {
     method: o.method,
     win_rate_vs_start: await winRate(judge, heldPrompts, s1.texts, s0.texts),
     win_rate_vs_start_train_prompts: await winRate(judge, trainPrompts, t1s.texts, t0s.texts),
@@ -198,6 +211,17 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
     heldout_prompts: heldPrompts.length,
     samples_per_prompt: EVAL_SAMPLES,
     seconds: Math.round((Date.now() - t0) / 100) / 10,
-    run: dir,
+    run,
   };
+  // What was printed stays in the run folder for `prefzoo report RUN`.
+  writeDemoEval(run, {
+    demo: o.method,
+    heldout: `${heldPrompts.length} held-out prompts and the ${trainPrompts.length} training prompts, ${EVAL_SAMPLES} samples each at temperature ${SAMPLING.temperature}; before = π_0 (${pi0}), after = ${finalDir}`,
+    metrics: {
+      heldout_accuracy: { before: r.heldout_accuracy_start, after: r.heldout_accuracy_final },
+      train_accuracy: { before: r.train_accuracy_start, after: r.train_accuracy_final },
+    },
+    values: { win_rate_vs_start: r.win_rate_vs_start, win_rate_vs_start_train_prompts: r.win_rate_vs_start_train_prompts, seconds: r.seconds },
+  });
+  return r;
 }

@@ -8,31 +8,28 @@
  * as in "Training language models to follow instructions with human feedback" (2022). The folder is
  * an ordinary HF model folder whose safetensors also hold the head, plus `reward_model.json`.
  */
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as arrow from 'apache-arrow';
 import { readCanonical, writeCanonical } from '../../datasets/parquet.ts';
 import { orderColumns } from '../../datasets/schema.ts';
-import { buildArtifacts, type ArtifactSpec } from '../artifacts/build.ts';
-import { TrainingArtifacts } from '../artifacts/training.ts';
+import type { ArtifactSpec } from '../artifacts/build.ts';
 import { UserError } from '../errors.ts';
-import { startProgress } from '../progress.ts';
 import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
 import { loadModel } from '../models/load.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { modelParameterShapes, parameterInitializers, VALUE_HEAD_WEIGHT } from '../models/params.ts';
 import { Graph, type Tensor } from '../onnx/graph.ts';
-import { lrAt } from '../optim/schedule.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import { loadTokenizer, tokenizePromptResponse, type LoadedTokenizer } from '../tokenize/index.ts';
 import { resolveConfig, type TrainConfig } from '../train/config.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
 import type { Text } from '../../datasets/schema.ts';
-import { SeededRandom } from '../random.ts';
 import { negLogSigmoid } from '../../losses/core/ops.ts';
-import { artifactsOf, checkDeviceOf, loraOf, modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from '../train/run.ts';
+import { modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder } from '../train/run.ts';
+import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions } from './loop.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 
 export const REWARD_MODEL_FILE = 'reward_model.json';
@@ -153,7 +150,7 @@ function rewardSpec(config: ModelConfig, init: Map<string, FloatTensor>, lora: L
   };
 }
 
-export interface RewardTrainOptions extends LoopOptions {
+export interface RewardTrainOptions extends OnlineOptions {
   data: string;
   rows?: LoadedData;
 }
@@ -162,7 +159,7 @@ export interface RewardTrainResult {
   dir: string;
   steps: number;
   seconds: number;
-  /** Mean over the last logged steps. */
+  /** The last step's metrics row. */
   last: Record<string, number>;
   /** Pairwise accuracy r(y_w) > r(y_l) over the training pairs with the final weights. */
   train_accuracy: number;
@@ -178,87 +175,97 @@ export async function pairAccuracy(rm: RewardModel, examples: { prompt: Text; re
   return ok / examples.length;
 }
 
+/** Sequences [chosen_1..chosen_B, rejected_1..rejected_B] of pairs: the layout the Bradley–Terry graph reads. */
+function pairSeqs(rows: readonly TokenizedExample[]): number[][] {
+  return [0, 1].flatMap((j) => rows.map((r) => [...r.promptIds, ...r.responseIds[j]]));
+}
+
 /**
  * `prefzoo reward-train`: Bradley–Terry training of a reward head (and the model, or LoRA adapters)
- * on pairwise data, with the trainer's settings (learning_rate, batch_size, max_steps, num_epochs, …).
+ * on pairwise data, with the trainer's settings (learning_rate, batch_size, max_steps, num_epochs,
+ * save_steps, eval_data/eval_steps, …), on the online loop (loop.ts): every pair once per epoch in
+ * a seeded shuffle, checkpoints under OUT/checkpoints, --resume bit-exact. The reward model is written
+ * into `out` itself (HF layout with value_head.*), with reward_model.json last.
  */
 export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainResult> {
-  const t0 = Date.now();
   const log = o.log ?? (() => {});
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'reward-train' });
+  // The settings it honours are declared in train/settings.ts ('reward-train'); resolveConfig refuses the others.
   const unknown = Object.keys(lossParams);
   if (unknown.length) throw new UserError(`reward-train: unknown setting ${unknown.map((k) => `"${k}"`).join(', ')} (the Bradley–Terry loss has no parameters)`);
   if (existsSync(join(o.out, REWARD_MODEL_FILE))) throw new UserError(`${o.out} already holds a reward model; choose another -o`);
-  mkdirSync(o.out, { recursive: true });
-  const work = join(o.out, '.work');
-  const base = loadModel(o.model);
-  const tok = loadTokenizer(o.model);
-  const data = o.rows ?? (await loadData(o.data, work, { seed: config.seed }));
-  if (data.kind !== 'pairwise') throw new UserError(`${o.data}: reward-train needs pairwise data (prompt, chosen, rejected); this is ${data.kind}`);
-  const { rows } = tokenizeExamples(data.examples, tok, config);
-  log(`reward-train: ${rows.length} pairs from ${o.data}`);
-
-  const lora = loraOf(config);
-  const init = startingParams(base.config, base.weights, { lora, valueHead: true, seed: config.seed });
-  const artDir = join(work, 'artifacts');
-  await checkDeviceOf(config);
-  buildArtifacts(rewardSpec(base.config, init, lora, config), artDir, artifactsOf(config));
-  const art = await TrainingArtifacts.load(artDir, runtimeOf(config, base.config));
-
-  const perEpoch = Math.max(1, Math.floor(Math.ceil(rows.length / config.batch_size) / config.gradient_accumulation_steps));
-  const { total, schedule } = stepPlan(config, perEpoch);
-  let order: number[] = [];
-  let cursor = 0;
-  let epoch = 0;
-  const nextBatch = (): TokenizedExample[] => {
-    if (cursor >= order.length) {
-      order = new SeededRandom(config.seed * 1000003 + epoch++).shuffle(rows.map((_, i) => i));
-      cursor = 0;
+  let examples: LoadedData['examples'] = [];
+  let evalRows: TokenizedExample[] | null = null;
+  const B = config.batch_size;
+  /** Pair accuracy and loss of the live weights on eval_data, through the artifacts' eval graph. */
+  const evaluate = async (ctx: OnlineContext): Promise<Record<string, number>> => {
+    if (!evalRows) {
+      const ev = await loadData(config.eval_data, join(ctx.run, 'data'), { seed: config.seed, kind: 'pairwise', maxRows: config.eval_samples });
+      evalRows = tokenizeExamples(ev.examples, ctx.tok, config).rows;
     }
-    const idx = order.slice(cursor, cursor + config.batch_size);
-    cursor += idx.length;
-    return idx.map((i) => rows[i]);
+    let ok = 0;
+    let loss = 0;
+    for (let s = 0; s < evalRows.length; s += B) {
+      const batch = evalRows.slice(s, s + B);
+      const out = await ctx.art.evaluate(batchFeeds(pairSeqs(batch), ctx.tok.padId ?? 0, config.pad_to_multiple_of).feeds);
+      const r = out.reward.data as Float32Array;
+      batch.forEach((_, i) => {
+        const margin = r[i] - r[batch.length + i];
+        if (margin > 0) ok++;
+        loss += Math.log1p(Math.exp(-Math.abs(margin))) + Math.max(0, -margin);
+      });
+    }
+    return { accuracy: ok / evalRows.length, loss: loss / evalRows.length };
   };
-  const metricsFile = join(o.out, 'metrics.jsonl');
-  writeFileSync(metricsFile, '');
-  const progress = startProgress(o.progress, 'reward-train', total, o.quiet);
-  let last: Record<string, number> = {};
-  for (let step = 1; step <= total; step++) {
-    const sums: Record<string, number> = {};
-    for (let k = 0; k < config.gradient_accumulation_steps; k++) {
-      const b = nextBatch();
-      const seqs = [0, 1].flatMap((j) => b.map((r) => [...r.promptIds, ...r.responseIds[j]]));
-      const m = await art.computeGradients(batchFeeds(seqs, tok.padId ?? 0, config.pad_to_multiple_of).feeds);
-      for (const [key, v] of Object.entries(m)) sums[key] = (sums[key] ?? 0) + v / config.gradient_accumulation_steps;
-    }
-    if (!Number.isFinite(sums.loss)) {
-      progress.stop();
-      await art.release();
-      throw new UserError(`reward-train: loss is ${sums.loss} at step ${step}; lower learning_rate`);
-    }
-    const lr = lrAt(step, schedule);
-    const { gradNorm } = await art.optimizerStep(lr);
-    last = { step, ...sums, grad_norm: gradNorm, learning_rate: lr };
-    if (step % config.logging_steps === 0 || step === total) writeFileSync(metricsFile, JSON.stringify(last) + '\n', { flag: 'a' });
-    progress.update(step, { loss: sums.loss, acc: sums.accuracy });
-  }
-  progress.stop();
-  const weights = new Map<string, FloatTensor>();
-  await art.toHost();
-  for (const p of art.manifest.params) weights.set(p.name, { shape: p.shape, data: Float32Array.from(art.param(p.name) as Float32Array) });
-  await art.release();
-  saveModelFolder(o.out, weights, { config: base.config, lora, sourceDir: o.model, dtype: config.save_dtype, into: true });
-  rmSync(join(work, 'artifacts'), { recursive: true, force: true });
-  const rm = await RewardModel.load(o.out, runtimeOf(config, base.config));
-  const result: RewardTrainResult = { dir: o.out, steps: total, seconds: 0, last, train_accuracy: await pairAccuracy(rm, data.examples) };
-  if (config.eval_data) {
-    const ev = await loadData(config.eval_data, work, { seed: config.seed, kind: 'pairwise' });
-    result.eval_accuracy = await pairAccuracy(rm, ev.examples);
-  }
+  const method: OnlineMethod<TokenizedExample, { seqs: number[][] }> = {
+    name: 'reward-train',
+    valueHead: true,
+    // Offline rows: every pair once per epoch, the last round short, as in the trainer.
+    partialRounds: true,
+    spec: (s) => rewardSpec(s.model, s.init, s.lora, s.config),
+    async collect(_ctx, rows) {
+      // Micro-batches of batch_size pairs, each laid out [chosen…, rejected…].
+      const seqs: number[][] = [];
+      for (let k = 0; k < rows.length; k += B) seqs.push(...pairSeqs(rows.slice(k, k + B)));
+      return { seqs };
+    },
+    async microBatches(ctx, r) {
+      const out = [];
+      for (let k = 0; k < r.seqs.length; k += 2 * B) {
+        const b = batchFeeds(r.seqs.slice(k, k + 2 * B), ctx.tok.padId ?? 0, config.pad_to_multiple_of);
+        out.push({ feeds: b.feeds, tokens: b.tokens });
+      }
+      return out;
+    },
+    progressFields: (row) => ({ loss: row.loss, acc: row.accuracy }),
+    evaluate,
+    async save(ctx, weights) {
+      saveModelFolder(o.out, weights, { config: ctx.model, lora: ctx.lora, sourceDir: o.model, dtype: config.save_dtype, into: true });
+      return o.out;
+    },
+  };
+  const r = await runOnline(
+    o,
+    async ({ run, tok, info }) => {
+      const data = o.rows ?? (await loadData(o.data, join(run, 'data'), { seed: config.seed, maxRows: config.max_samples }));
+      if (data.kind !== 'pairwise') throw new UserError(`${o.data}: reward-train needs pairwise data (prompt, chosen, rejected); this is ${data.kind}`);
+      examples = data.examples;
+      const { rows, truncated } = tokenizeExamples(data.examples, tok, config, data.tokens);
+      info(`reward-train: ${rows.length} pairs from ${o.data}${truncated ? `, ${truncated} truncated` : ''}`);
+      return rows;
+    },
+    method,
+    { config, record: { data: o.data, loss: 'bradley_terry' }, inputs: o.rows ? [] : [{ key: 'data', now: o.data, flag: '--data' }] },
+  );
+  // The training graphs are not part of the model folder.
+  rmSync(join(o.out, 'artifacts'), { recursive: true, force: true });
+  const rm = await RewardModel.load(o.out, runtimeOf(config));
+  const result: RewardTrainResult = { dir: o.out, steps: r.steps, seconds: 0, last: r.last, train_accuracy: await pairAccuracy(rm, examples) };
   await rm.release();
-  result.seconds = Math.round((Date.now() - t0) / 100) / 10;
+  if (r.eval) result.eval_accuracy = r.eval.accuracy;
+  result.seconds = r.seconds;
   writeJsonAtomic(join(o.out, REWARD_MODEL_FILE), { base_model: o.model, data: o.data, loss: 'bradley_terry', ...config, result });
-  log(`reward-train: ${total} steps in ${result.seconds}s; pair accuracy ${result.train_accuracy.toFixed(3)} (train)${result.eval_accuracy !== undefined ? `, ${result.eval_accuracy.toFixed(3)} (eval)` : ''}`);
+  log(`reward-train: ${r.steps} steps in ${result.seconds}s; pair accuracy ${result.train_accuracy.toFixed(3)} (train)${result.eval_accuracy !== undefined ? `, ${result.eval_accuracy.toFixed(3)} (eval)` : ''}`);
   return result;
 }
 

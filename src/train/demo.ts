@@ -9,7 +9,9 @@
  * more log-probability to the right answer than to the wrong one (ties count wrong). It is ≈ 0.5
  * for a random model, so "before" and "after" are comparable; the implicit-reward accuracy against
  * the starting model is reported too (0 before training: every reward is 0, a tie, and ties count
- * as wrong everywhere, as in TRL: see losses/metrics.ts).
+ * as wrong everywhere, as in TRL: see losses/metrics.ts). Both, and every metric of the held-out
+ * evaluation before and after, are kept in the run folder (demo_eval.json, see demo-eval.ts), so
+ * `prefzoo report RUN` shows what the demo printed.
  */
 import type { ProgressFactory } from '../progress.ts';
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
@@ -23,6 +25,7 @@ import { evaluateRows } from '../eval/evaluate.ts';
 import type { TrainConfig } from './config.ts';
 import { demoLists, demoPairs, demoSingles } from './demo-task.ts';
 import { trainAny } from './mpo.ts';
+import { writeDemoEval } from './demo-eval.ts';
 
 /** Settings that make the tiny model learn the task in a couple of minutes on two cores. */
 export const DEMO_CONFIG: Partial<TrainConfig> = {
@@ -103,7 +106,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   const base = { ...DEMO_CONFIG, seed: o.seed, ...(o.steps ? { max_steps: o.steps } : {}) };
   const r = await trainAny({ model, data: trainParquet, loss: o.loss, out: run, base, params: o.params, quiet, progress: o.progress, log, overwrite: true });
   const after = await evaluateRows({ policy: r.finalDir, ref: model, data: testParquet, workDir: dir, quiet: true });
-  return {
+  const result: DemoResult = {
     loss: o.loss,
     kind,
     accuracy_before: before.overall.preference_accuracy,
@@ -114,4 +117,18 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
     seconds: Math.round(((Date.now() - t0) / 1000) * 10) / 10,
     run,
   };
+  // What was printed stays in the run folder for `prefzoo report`: the two headline figures under
+  // their printed names, then every metric of the held-out evaluation before and after.
+  const both = Object.keys(before.overall).filter((k) => k in after.overall);
+  writeDemoEval(run, {
+    demo: o.loss,
+    heldout: `${pairs.test.length} held-out pairs (${testParquet}); before = the initialised model, after = ${r.finalDir}`,
+    metrics: {
+      accuracy: { before: result.accuracy_before, after: result.accuracy_after },
+      reward_accuracy: { before: result.reward_accuracy_before, after: result.reward_accuracy_after },
+      ...Object.fromEntries(both.map((k) => [`eval/${k}`, { before: before.overall[k], after: after.overall[k] }])),
+    },
+    values: { steps: result.steps, seconds: result.seconds },
+  });
+  return result;
 }

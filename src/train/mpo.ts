@@ -7,8 +7,9 @@
  * Run folder: RUN/stage1/ and RUN/stage2/ are ordinary training runs; RUN/final is stage 2's final
  * model; RUN/metrics.jsonl holds both stages' rows (field `stage`, steps numbered on from stage 1).
  */
-import { cpSync, existsSync, readFileSync, rmSync } from 'node:fs';
-import { writeFileAtomic, writeJsonAtomic } from '../io/atomic.ts';
+import { cpSync, existsSync, rmSync } from 'node:fs';
+import { writeJsonAtomic } from '../io/atomic.ts';
+import { joinRunMetrics } from './report.ts';
 import { join } from 'node:path';
 import { mpoSplit } from '../../losses/mpo.ts';
 import { UserError } from '../errors.ts';
@@ -21,7 +22,7 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
   const log = o.log ?? (() => {});
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const [term] = resolveLoss('mpo', lossParams).terms;
-  const p = term.params as { beta: number; label_smoothing: number; delta: number | null; delta_quantile: number; stage2_loss: string };
+  const p = term.params as { beta: number; label_smoothing: number; delta: number | null; delta_quantile: number; stage2_loss: string; rpo_alpha: number };
   if (!config.save_merged) throw new UserError('mpo: stage 2 starts from stage 1\'s merged model, so save_merged=false cannot be used');
   prepareRunFolder(o.out, o);
   const data = o.rows ?? (await loadData(o.data, join(o.out, 'data'), { seed: config.seed }));
@@ -52,7 +53,7 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
       ...o,
       loss: 'dpo',
       out: stage1Dir,
-      params: [...settings, `beta=${p.beta}`, `label_smoothing=${p.label_smoothing}`],
+      params: [...settings, `beta=${p.beta}`, `label_smoothing=${p.label_smoothing}`, ...(p.rpo_alpha > 0 ? [`rpo_alpha=${p.rpo_alpha}`] : [])],
       rows: subset(split.easy),
       overwrite: false,
     });
@@ -70,13 +71,10 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
     overwrite: false,
   });
   // Both stages' metrics in one file; stage 2's steps continue after stage 1's.
-  const rows1 = readFileSync(join(stage1Dir, 'metrics.jsonl'), 'utf8').split('\n').filter(Boolean).map((l) => ({ ...JSON.parse(l), stage: 1 }));
-  const offset = rows1.filter((r) => r.split !== 'eval').reduce((m, r) => Math.max(m, r.step), 0);
-  const rows2 = readFileSync(join(o.out, 'stage2', 'metrics.jsonl'), 'utf8').split('\n').filter(Boolean).map((l) => {
-    const r = JSON.parse(l);
-    return { ...r, step: r.step + offset, stage: 2 };
-  });
-  writeFileAtomic(join(o.out, 'metrics.jsonl'), [...rows1, ...rows2].map((r) => JSON.stringify(r) + '\n').join(''));
+  joinRunMetrics(o.out, [
+    { dir: stage1Dir, tag: { stage: 1 } },
+    { dir: join(o.out, 'stage2'), tag: { stage: 2 } },
+  ]);
   writeJsonAtomic(join(o.out, 'config.json'), { model: o.model, data: o.data, loss: 'mpo', ...config, loss_params: lossParams, split: { delta: split.delta, easy: split.easy.length, hard: split.hard.length } });
   const finalDir = join(o.out, 'final');
   rmSync(finalDir, { recursive: true, force: true });

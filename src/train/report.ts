@@ -1,12 +1,14 @@
 /**
  * `prefzoo report RUN` → RUN/report.html: loss, accuracy and margin curves as inline SVG (no
- * scripts, no network), the final evaluation table and the run's config.
+ * scripts, no network), the final evaluation table (eval.json, and a demo's before → after from
+ * demo_eval.json) and the run's config.
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { writeFileAtomic } from '../io/atomic.ts';
 import { join } from 'node:path';
 import { UserError } from '../errors.ts';
 import { readSamples } from './samples.ts';
+import { demoEvalTable, readDemoEval } from './demo-eval.ts';
 
 export type MetricRow = Record<string, number | string>;
 
@@ -25,6 +27,22 @@ export function readMetrics(runDir: string): MetricRow[] {
       }
     });
   return rows;
+}
+
+/**
+ * Writes OUT/metrics.jsonl from runs that ran one after another (MPO's stages, SPPO's iterations):
+ * each part's rows carry its `tag` fields, and its steps are numbered on after the previous parts'
+ * last training step, so one report draws the whole schedule.
+ */
+export function joinRunMetrics(out: string, parts: readonly { dir: string; tag: Record<string, number> }[]): void {
+  const rows: MetricRow[] = [];
+  let offset = 0;
+  for (const part of parts) {
+    const own = readMetrics(part.dir);
+    for (const r of own) rows.push({ ...r, ...(typeof r.step === 'number' ? { step: r.step + offset } : {}), ...part.tag });
+    offset += own.filter((r) => r.split !== 'eval' && typeof r.step === 'number').reduce((m, r) => Math.max(m, r.step as number), 0);
+  }
+  writeFileAtomic(join(out, 'metrics.jsonl'), rows.map((r) => JSON.stringify(r) + '\n').join(''));
 }
 
 function esc(s: string): string {
@@ -97,10 +115,13 @@ export function renderReport(runDir: string): string {
     )
     .join('\n');
   const evalFile = join(runDir, 'eval.json');
-  let evalTable = '<p>No final evaluation recorded (eval.json is absent).</p>';
+  // A demo's run holds the before → after evaluation the demo printed (demo-eval.ts).
+  const demo = readDemoEval(runDir);
+  let evalTable = demo ? demoEvalTable(demo) : '<p>No final evaluation recorded (eval.json is absent).</p>';
   if (existsSync(evalFile)) {
     const ev = JSON.parse(readFileSync(evalFile, 'utf8')) as Record<string, unknown>;
     evalTable =
+      (demo ? evalTable : '') +
       '<table><tr><th>metric</th><th>value</th></tr>' +
       Object.entries(ev)
         .filter(([, v]) => typeof v === 'number' || typeof v === 'string')

@@ -278,9 +278,18 @@ declareCommand('artifacts', {
 });
 /** SPPO trains each iteration with `train` on its own samples (read in memory: max_samples does not apply). */
 declareCommand('sppo', { honours: Object.keys(TRAIN_SETTINGS).filter((k) => k !== 'max_samples') as (keyof typeof TRAIN_SETTINGS)[], lossParams: 'sppo' });
-declareCommand('nash-md', { honours: [...OPTIMIZER, ...SCHEDULE, ...LORA, ...RUNTIME, 'batch_size', 'pad_to_multiple_of', 'save_dtype'], lossParams: 'nash_md' });
+/**
+ * What the online loop (src/online/loop.ts) honours for every method on it: the optimizer and its
+ * schedule, micro-batches and accumulation, LoRA, the device, checkpoints, logging and saving.
+ */
+export const ONLINE_LOOP_SETTINGS = [
+  ...OPTIMIZER, ...SCHEDULE, ...LORA, ...RUNTIME,
+  'batch_size', 'gradient_accumulation_steps', 'pad_to_multiple_of', 'save_steps', 'save_total_limit', 'report_to', 'chat_template', 'save_dtype', 'save_merged', 'save_adapter',
+] as const satisfies readonly (keyof typeof TRAIN_SETTINGS)[];
+declareCommand('nash-md', { honours: ONLINE_LOOP_SETTINGS, lossParams: 'nash_md' });
+/** The reward model is saved into the output folder itself, merged: save_merged and save_adapter do not apply. */
 declareCommand('reward-train', {
-  honours: [...OPTIMIZER, ...SCHEDULE, ...LORA, ...RUNTIME, 'batch_size', 'gradient_accumulation_steps', 'pad_to_multiple_of', 'save_dtype', 'max_length', 'max_prompt_length', 'truncation', 'eval_data'],
+  honours: [...ONLINE_LOOP_SETTINGS.filter((k) => k !== 'save_merged' && k !== 'save_adapter'), 'max_length', 'max_prompt_length', 'truncation', 'max_samples', 'eval_data', 'eval_steps', 'eval_samples'],
   lossParams: 'none',
 });
 

@@ -26,13 +26,11 @@
  * given), or `--ref DIR`. Under TR-DPO (sync_ref_model) it moves toward the policy every
  * ref_model_sync_steps steps and its log-probs are computed for every batch.
  */
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, rmSync } from 'node:fs';
 import { join, relative, resolve } from 'node:path';
-import { appendLine, sweepStaleTemps, writeFileAtomic } from '../io/atomic.ts';
 import type { Kind } from '../../datasets/schema.ts';
 import { UserError } from '../errors.ts';
 import { startProgress } from '../progress.ts';
-import { buildArtifacts } from '../artifacts/build.ts';
 import { collectGarbage } from '../runtime/gc.ts';
 import { mallocAdvice } from '../runtime/malloc.ts';
 import { TrainingArtifacts } from '../artifacts/training.ts';
@@ -40,7 +38,7 @@ import { loadModel } from '../models/load.ts';
 import { countParameters } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { mergeLora, type LoraConfig } from '../models/index.ts';
-import { loadAdapter, saveAdapter } from '../models/peft.ts';
+import { loadAdapter } from '../models/peft.ts';
 import { readSafetensors, tensorToFloat32 } from '../models/safetensors.ts';
 import type { CheckpointTensor } from '../artifacts/checkpoint.ts';
 import { copyWeights, loadReferenceModel, sameParameters, softUpdate, type ReferenceModel } from './reference.ts';
@@ -48,24 +46,21 @@ import { identityDiff, readIdentity, refCacheIdentity, writeIdentity } from './i
 import { tokenizeRationales } from './rationale.ts';
 import { loadTokenizer } from '../tokenize/index.ts';
 import { lrAt } from '../optim/schedule.ts';
-import type { OptimizerConfig } from '../optim/config.ts';
 import { describePlacement, placement } from '../runtime/placement.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
-import { currentWeights as artifactWeights, artifactsOf, builtFor, checkDeviceOf, loraOf, lowMemoryFor, runtimeOf, saveModelFolder, startingParams, stepPlan, type LoopOptions } from './run.ts';
+import { currentWeights as artifactWeights, ensureArtifacts, inRunFolder, ItemOrder, loraOf, lowMemoryFor, MetricsLog, optimizerUpdate, runtimeOf, saveTrained, startingParams, StepRows, stepPlan, type LoopOptions, type MicroBatch, type RunInput } from './run.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
 import { canPack, collate } from '../models/batch.ts';
 import { readManifest } from '../artifacts/manifest.ts';
 import { readRefColumns, writeRefColumns } from '../../datasets/tokenized.ts';
-import { PROVIDED_KEYS } from './graph.ts';
+import { PROVIDED_KEYS, type TrainProblem } from './graph.ts';
 import { problemOf, problemSpec } from './problem.ts';
 import { f16BitsToFloat, float32ToF16 } from '../models/safetensors.ts';
 import { resolveLoss } from '../../losses/index.ts';
-import { SeededRandom } from '../random.ts';
 import { Scorer } from '../models/scorer.ts';
 import { Evaluator, type EvalSummary } from '../eval/evaluate.ts';
-import { CKPT_DIR, bestMetricName, completeCheckpoints, improves, metricValue, pruneCheckpoints, stepDir, type Best } from './checkpoints.ts';
-import { TensorBoardWriter } from './tensorboard.ts';
+import { bestMetricName, completeCheckpoints, improves, lastCheckpoint, metricValue, nonFiniteLoss, saveCheckpointAt, stepDir, type Best } from './checkpoints.ts';
 import { EvalSampler } from './samples.ts';
 
 export interface TrainOptions extends LoopOptions {
@@ -97,102 +92,69 @@ export interface TrainResult {
 /** TR-DPO's moving reference, saved with each checkpoint so a resumed run continues it. */
 const REFERENCE_FILE = 'reference.safetensors';
 
-/** The newest complete checkpoint (state.json present: it is written last, then the folder renamed). */
-export function lastCheckpoint(run: string): string | null {
-  const all = completeCheckpoints(run);
-  return all.length ? all[all.length - 1] : null;
-}
-
-/** Order of examples in an epoch: a seeded shuffle, the same on resume. */
-function epochOrder(n: number, seed: number, epoch: number): number[] {
-  return new SeededRandom(seed * 1000003 + epoch).shuffle(Array.from({ length: n }, (_, i) => i));
-}
-
-/** A fault hook for tests: poisons the reference log-probs of one step so the loss turns NaN. */
-function faultStep(): number {
-  const v = process.env.PREFZOO_FAULT_NAN_AT_STEP;
-  return v ? Number(v) : -1;
-}
-
-/** What a run folder may hold (what `train` and MPO's stages write); --overwrite removes only these. */
-const RUN_ENTRIES = /^(config\.json|data|artifacts|checkpoints|metrics\.jsonl|runs|samples|best\.json|final|adapter|eval\.json|report\.html|stage[12])$/;
-
-/**
- * Makes `run` ready for a run: created when missing; a folder holding an earlier run is refused
- * unless the call resumes it or `overwrite` clears it (only a run's own entries are removed).
- * Temporaries a killed process left are swept first. Returns whether the folder is new (empty).
- */
-export function prepareRunFolder(run: string, o: { resume?: boolean; overwrite?: boolean }): boolean {
-  if (!existsSync(run)) {
-    mkdirSync(run, { recursive: true });
-    return true;
-  }
-  sweepStaleTemps(run, true);
-  const entries = readdirSync(run);
-  if (entries.length === 0) return true;
-  if (o.resume) return false;
-  if (!o.overwrite) {
-    throw new UserError(`${run}: not empty (holds ${entries.slice(0, 4).join(', ')}${entries.length > 4 ? ', …' : ''}); continue that run with --resume, replace it with --overwrite, or choose another -o`);
-  }
-  const foreign = entries.filter((e) => !RUN_ENTRIES.test(e));
-  if (foreign.length) throw new UserError(`${run}: --overwrite removes only a run's own files, and this folder also holds ${foreign.slice(0, 4).join(', ')}; choose another -o`);
-  for (const e of entries) rmSync(join(run, e), { recursive: true, force: true });
-  return true;
-}
-
-/** --resume continues a run only with the model, data, loss and reference it was started with. */
-function checkSameRun(run: string, o: TrainOptions): void {
-  const file = join(run, 'config.json');
-  if (!existsSync(file)) return;
-  let was: { model?: string; data?: string; loss?: string; ref?: string | null };
-  try {
-    was = JSON.parse(readFileSync(file, 'utf8'));
-  } catch {
-    throw new UserError(`${file}: not valid JSON; the run cannot be resumed (start it again with --overwrite)`);
-  }
-  const same = (a: string | null | undefined, b: string | null | undefined) => (a ?? null) === (b ?? null) || (!!a && !!b && resolve(a) === resolve(b));
-  const diff = [
-    !same(was.model, o.model) ? `--model ${was.model}` : null,
-    !o.rows && !same(was.data, o.data) ? `--data ${was.data}` : null,
-    (was.loss ?? '').trim() !== o.loss.trim() ? `--loss ${was.loss}` : null,
-    'ref' in was && !same(was.ref, o.refModel) ? (was.ref ? `--ref ${was.ref}` : 'no --ref') : null,
-  ].filter(Boolean);
-  if (diff.length) throw new UserError(`--resume: ${run} was started with ${diff.join(', ')}; resume it with those, or start a new run (another -o, or --overwrite)`);
-}
+export { lastCheckpoint } from './checkpoints.ts';
+export { prepareRunFolder } from './run.ts';
 
 export async function train(o: TrainOptions): Promise<TrainResult> {
-  const run = o.out;
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const loss = resolveLoss(o.loss, lossParams);
-  // A device that cannot run here stops the run before anything is read or written.
-  await checkDeviceOf(config);
-  // Model and tokenizer first: a bad model folder leaves no run folder behind.
-  const base = loadModel(o.model);
-  const tok = loadTokenizer(o.model, { chatTemplateFile: config.chat_template || undefined });
-  const fresh = prepareRunFolder(run, o);
-  if (o.resume && !fresh) checkSameRun(run, o);
-  try {
-    return await trainIn(o, { config, lossParams, loss, base, tok });
-  } catch (e) {
-    // A run that failed before its first checkpoint holds nothing to resume: leave no folder behind.
-    if (fresh && lastCheckpoint(run) === null) rmSync(run, { recursive: true, force: true });
-    throw e;
-  }
+  // --resume continues a run only with the model, data, loss and reference it was started with.
+  const inputs: RunInput[] = [
+    ...(o.rows ? [] : [{ key: 'data', now: o.data, flag: '--data' }]),
+    { key: 'loss', now: o.loss, flag: '--loss' },
+    { key: 'ref', now: o.refModel, flag: '--ref', optional: true, absent: 'no --ref' },
+  ];
+  return inRunFolder(o, config, inputs, (base, tok) => trainIn(o, { config, lossParams, loss, base, tok }));
 }
 
-async function trainIn(
-  o: TrainOptions,
-  c0: { config: TrainConfig; lossParams: Record<string, string | number | boolean>; loss: ReturnType<typeof resolveLoss>; base: ReturnType<typeof loadModel>; tok: ReturnType<typeof loadTokenizer> },
-): Promise<TrainResult> {
+/** What `train` resolved before the stages: settings, loss, the starting model and its tokenizer. */
+interface Setup {
+  config: TrainConfig;
+  lossParams: Record<string, string | number | boolean>;
+  loss: ReturnType<typeof resolveLoss>;
+  base: ReturnType<typeof loadModel>;
+  tok: ReturnType<typeof loadTokenizer>;
+}
+
+/** The run's stages, in order: data → reference → artifacts → loop → save. */
+async function trainIn(o: TrainOptions, c0: Setup): Promise<TrainResult> {
   const t0 = Date.now();
   const log = o.log ?? (() => {});
   // Notes on what the run does: --quiet silences them on stderr (errors still speak); a caller's own
   // `log` still receives them.
   const info = o.quiet && !o.log ? () => {} : log;
+  const resuming = !!o.resume && lastCheckpoint(o.out) !== null;
+  if (o.resume && !resuming) info(`no checkpoint in ${o.out}; starting from the beginning`);
+  const data = await dataStage(o, c0, resuming, info);
+  const ref = await referenceStage(o, c0, data, resuming);
+  const art = await artifactsStage(o, c0, data, ref, resuming, info);
+  const done = await loopStage(o, c0, data, ref, art, resuming, info);
+  const saved = await saveStage(o, c0, data, art, done, info);
+  return { steps: saved.steps, seconds: (Date.now() - t0) / 1000, finalDir: saved.finalDir, config: c0.config, last: done.last, eval: saved.eval };
+}
+
+/** The data stage's result: tokenized rows and the training problem they make. */
+interface DataStage {
+  kind: Kind;
+  rows: TokenizedExample[];
+  adapter: ReturnType<typeof loadAdapter> | null;
+  lora: LoraConfig | null;
+  valueHeadOn: boolean;
+  kl: boolean;
+  packed: boolean;
+  lengthWeighted: boolean;
+  rationale: boolean;
+  problem: TrainProblem;
+}
+
+/**
+ * Data stage: the rows read (converted under RUN/data) and tokenized, checked against what the loss
+ * needs (kind, columns, rationales, KTO's mismatched pairs), and the training problem (LoRA, value
+ * head, packing) they make.
+ */
+async function dataStage(o: TrainOptions, c0: Setup, resuming: boolean, info: (l: string) => void): Promise<DataStage> {
+  const { config, loss, base, tok } = c0;
   const run = o.out;
-  const { config, lossParams, loss, base, tok } = c0;
-  const resuming = !!o.resume && lastCheckpoint(run) !== null;
-  if (o.resume && !resuming) info(`no checkpoint in ${run}; starting from the beginning`);
   const kinds = new Set(loss.kinds);
   const data: LoadedData = o.rows ?? (await loadData(o.data, join(run, 'data'), { seed: config.seed, maxRows: config.max_samples }));
   if (!kinds.has(data.kind)) {
@@ -247,10 +209,30 @@ async function trainIn(
   const builtWith = resuming ? readBuiltLayout(join(run, 'artifacts')) : null;
   const packed = builtWith ?? (config.share_prompt && canPack(kind, kl) && !valueHeadOn);
   const problem = problemOf(config, { model: base.config, kind, loss, lora, dataKeys, packed });
+  return { kind, rows, adapter, lora, valueHeadOn, kl, packed, lengthWeighted, rationale, problem };
+}
 
-  // The reference: --ref's model, else the starting policy (the base model with --adapter's adapter
-  // merged in, LoRA's fresh adapters being zero). Its log-probs are scored once and cached in the run,
-  // or for every batch (ref_on_the_fly, and always under TR-DPO, whose reference moves).
+/** The reference stage's result: the reference model, and its log-probs cached per row or scored per batch. */
+interface ReferenceStage {
+  reference: ReferenceModel;
+  /** TR-DPO: the reference moves toward the policy. */
+  sync: boolean;
+  /** Cached log-probs per row (data order); empty when they are scored per batch. */
+  ref: number[][];
+  /** Scores every batch (ref_on_the_fly, TR-DPO). */
+  refScorer: Scorer | null;
+}
+
+/**
+ * Reference stage: --ref's model, else the starting policy (the base model with --adapter's adapter
+ * merged in, LoRA's fresh adapters being zero). Its log-probs are scored once and cached in the run,
+ * or for every batch (ref_on_the_fly, and always under TR-DPO, whose reference moves: a resumed run
+ * reads where it had moved from its checkpoint). Writes config.json.
+ */
+async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming: boolean): Promise<ReferenceStage> {
+  const { config, lossParams, base, tok } = c0;
+  const { kind, rows, adapter, kl } = d;
+  const run = o.out;
   const reference: ReferenceModel = o.refModel
     ? loadReferenceModel(o.refModel, o.model, base.config)
     : adapter
@@ -308,53 +290,77 @@ async function trainIn(
     await writeRefColumns(refFile, kind, ref);
     writeIdentity(idFile, identity);
   }
+  return { reference, sync, ref, refScorer };
+}
 
-  // Steps.
-  const perEpoch = Math.ceil(rows.length / config.batch_size);
-  const stepsPerEpoch = Math.max(1, Math.floor(perEpoch / config.gradient_accumulation_steps));
-  const { total: totalSteps, schedule } = stepPlan(config, stepsPerEpoch);
-
-  // Artifacts: built once per run (a resumed run reuses them).
-  const artDir = join(run, 'artifacts');
-  // Graphs are written for the device (WebGPU's are lowered; they run on the CPU too). A resumed run
-  // on another device gets graphs for it; its checkpoints carry over, being stored by name.
-  if (!resuming || !existsSync(join(artDir, 'artifacts.json')) || !builtFor(readManifest(artDir), config)) {
-    const init = startingParams(base.config, base.weights, { lora, adapter: adapter?.weights, valueHead: valueHeadOn, seed: config.seed });
-    rmSync(artDir, { recursive: true, force: true });
-    buildArtifacts(problemSpec(problem, init, config), artDir, artifactsOf(config));
-  }
+/**
+ * Artifacts stage: the training graphs built once per run (a resumed run reuses them; written for
+ * the device, WebGPU's lowered), then loaded. The loaded starting weights are let go of first when
+ * nothing reads them again.
+ */
+async function artifactsStage(o: TrainOptions, c0: Setup, d: DataStage, r: ReferenceStage, resuming: boolean, info: (l: string) => void): Promise<TrainingArtifacts> {
+  const { config, base } = c0;
+  const artDir = join(o.out, 'artifacts');
+  ensureArtifacts(artDir, config, resuming, () => {
+    const init = startingParams(base.config, base.weights, { lora: d.lora, adapter: d.adapter?.weights, valueHead: d.valueHeadOn, seed: config.seed });
+    return problemSpec(d.problem, init, config);
+  });
   // The artifacts' checkpoint holds the starting weights now: unless a reference scorer, the held-out
   // evaluation or TR-DPO reads the loaded copy again, drop it before the store takes its own (a parameter-sized copy).
-  if (!refScorer && !config.eval_data && !sync) {
+  if (!r.refScorer && !config.eval_data && !r.sync) {
     base.weights.clear();
     if (lowMemoryFor(config.gradient_checkpointing, countParameters(base.config))) collectGarbage();
   }
   const art = await TrainingArtifacts.load(artDir, runtimeOf(config, base.config));
-  info(`steps: ${packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
+  info(`steps: ${d.packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
   const advice = mallocAdvice(config.gradient_checkpointing, config.device);
   if (advice) info(advice);
   if (config.device !== 'cpu') {
     const graph = join(artDir, (art.manifest.step ?? art.manifest.training).file);
     info(`device ${config.device}: step graph nodes ${describePlacement(await placement(graph, runtimeOf(config, base.config)))}; parameters, optimizer state and gradients stay on the device`);
   }
+  return art;
+}
 
-  let epoch = 0;
-  let cursor = 0;
+/** What the loop stage hands to the save stage. */
+interface LoopDone {
+  totalSteps: number;
+  last: Record<string, number>;
+  best: Best | null;
+  metrics: MetricsLog;
+  evaluator: Evaluator | null;
+  sampler: EvalSampler | null;
+}
+
+/**
+ * Loop stage: optimizer steps (`optimizerUpdate` over gradient_accumulation_steps micro-batches of a
+ * seeded shuffle) until the step plan's total, with metrics rows, progress, the NaN stop, TR-DPO's
+ * reference updates, held-out evaluations (and the best checkpoint), checkpoints every save_steps
+ * and at the end. A resumed run continues from its newest checkpoint.
+ */
+async function loopStage(o: TrainOptions, c0: Setup, d: DataStage, r: ReferenceStage, art: TrainingArtifacts, resuming: boolean, info: (l: string) => void): Promise<LoopDone> {
+  const { config, lossParams, base, tok } = c0;
+  const { kind, rows, lora, kl, packed, lengthWeighted, rationale, valueHeadOn } = d;
+  const { reference, sync, ref, refScorer } = r;
+  const run = o.out;
+  const perEpoch = Math.ceil(rows.length / config.batch_size);
+  const stepsPerEpoch = Math.max(1, Math.floor(perEpoch / config.gradient_accumulation_steps));
+  const { total: totalSteps, schedule } = stepPlan(config, stepsPerEpoch);
+
   // Issue 17 (items 6, 7): cumulative tokens, the best checkpoint so far, TensorBoard, eval samples.
   let numTokens = 0;
   let best: Best | null = null;
+  let at = { epoch: 0, index: 0 };
   const bestMetric = bestMetricName(kind, config.metric_for_best_model);
   if (resuming) {
     const ck = lastCheckpoint(run)!;
     const state = art.loadCheckpoint(ck);
-    const c = state.dataCursor as { epoch: number; index: number };
-    epoch = c.epoch;
-    cursor = c.index;
+    at = state.dataCursor as { epoch: number; index: number };
     numTokens = typeof state.num_tokens === 'number' ? state.num_tokens : 0;
     best = (state.best as Best | undefined) ?? null;
     info(`resuming from ${ck} (step ${state.step})`);
   }
-  const tb = config.report_to === 'tensorboard' ? TensorBoardWriter.open(join(run, 'runs'), resuming ? { resumeStep: art.step } : {}) : null;
+  const order = new ItemOrder(rows.length, config.seed, at.epoch, at.index);
 
   // Held-out evaluation: data and reference scores prepared once, the policy scored every eval_steps.
   const evaluator = config.eval_data
@@ -376,125 +382,63 @@ async function trainIn(
     const w = artifactWeights(art);
     return lora ? mergeLora(w, base.config, lora) : w;
   };
-
   const sampler =
     evaluator && config.eval_generate > 0
       ? new EvalSampler({ run, prompts: evaluator.prompts(config.eval_generate), tok, ref: { config: reference.config, weights: reference.weights }, maxNewTokens: config.eval_generate_max_new_tokens, runtime: runtimeOf(config, reference.config) })
       : null;
-  const metricsFile = join(run, 'metrics.jsonl');
-  /** One metrics.jsonl row (and the same scalars under train/ or eval/ in TensorBoard). */
-  const logRow = (row: Record<string, unknown>) => {
-    appendLine(metricsFile, JSON.stringify(row));
-    const { step: at, split, ...values } = row;
-    tb?.scalars(at as number, Object.fromEntries(Object.entries(values).map(([k, v]) => [`${split === 'eval' ? 'eval' : 'train'}/${k}`, v])));
-  };
+  const metrics = MetricsLog.open(run, { step: art.step, tensorboard: config.report_to === 'tensorboard', resuming });
   /** Evaluates the current weights at `step`: a metrics row, samples, and the best checkpoint so far. */
   const evaluateAt = async (step: number): Promise<void> => {
     await art.toHost();
     const weights = { config: base.config, weights: currentWeights() };
     const ev = await evaluator!.evaluate(weights, { quiet: true });
-    logRow({ step, split: 'eval', ...ev.overall });
+    metrics.row({ step, split: 'eval', ...ev.overall });
     if (sampler) await sampler.write(step, weights);
     if (config.load_best_model_at_end) {
       const value = metricValue(ev.overall, bestMetric);
       if (improves(value, best, bestMetric)) best = { step, metric: bestMetric, value, checkpoint: relative(run, stepDir(run, step)) };
     }
   };
-  if (existsSync(metricsFile)) {
-    // Drop rows logged after the checkpoint we resume from (all of them when a --resume found no
-    // complete checkpoint and starts over): they will be logged again.
-    const kept = readFileSync(metricsFile, 'utf8').split('\n').filter((l) => l.trim() && JSON.parse(l).step <= art.step);
-    writeFileAtomic(metricsFile, kept.map((l) => l + '\n').join(''));
-  }
-  let order = epochOrder(rows.length, config.seed, epoch);
-  const nextBatch = (): TokenizedExample[] => {
-    if (cursor >= rows.length) {
-      epoch++;
-      cursor = 0;
-      order = epochOrder(rows.length, config.seed, epoch);
+  const refOf = new Map(config.ref_on_the_fly ? [] : rows.map((row, i) => [row, ref[i]]));
+  /** One micro-batch: the next batch_size rows (reference log-probs scored now when they are not cached). */
+  const microBatch = async (): Promise<MicroBatch> => {
+    const batch = order.take(config.batch_size).map((i) => rows[i]);
+    if (refScorer) {
+      const fresh = await refScorer.score(kind, batch, { batchSize: batch.length, padTo: config.pad_to_multiple_of });
+      const freshKl = kl ? await refScorer.score(kind, batch.map((row) => ({ ...row, responseIds: [row.klResponseIds!] })), { batchSize: batch.length, padTo: config.pad_to_multiple_of }) : null;
+      batch.forEach((ex, i) => refOf.set(ex, freshKl ? [fresh.logps[i][0], freshKl.logps[i][0]] : fresh.logps[i]));
     }
-    const idx = order.slice(cursor, cursor + config.batch_size);
-    cursor += idx.length;
-    return idx.map((i) => rows[i]);
+    const c = collate(batch, {
+      kind,
+      padTo: config.pad_to_multiple_of,
+      padId: tok.padId ?? 0,
+      dtype: 'float32',
+      refLogps: (ex) => refOf.get(ex)!,
+      valueIndex: valueHeadOn,
+      kl,
+      packed,
+      ldAlpha: lengthWeighted ? config.ld_alpha : undefined,
+      rationale,
+    });
+    return { feeds: c.feeds, tokens: c.tokens };
   };
-  const refOf = new Map(config.ref_on_the_fly ? [] : rows.map((r, i) => [r, ref[i]]));
-  const fault = faultStep();
   const progress = startProgress(o.progress, 'train', totalSteps, o.quiet);
   let last: Record<string, number> = {};
-  let tokensSeen = 0;
-  const tStart = Date.now();
+  const stepRows = new StepRows(numTokens);
   while (art.step < totalSteps) {
     const step = art.step + 1;
-    const sums: Record<string, number> = {};
-    let tokens = 0;
     const lr = lrAt(step, schedule);
-    let gradNorm = NaN;
-    for (let micro = 0; micro < config.gradient_accumulation_steps; micro++) {
-      const batch = nextBatch();
-      if (refScorer) {
-        const fresh = await refScorer.score(kind, batch, { batchSize: batch.length, padTo: config.pad_to_multiple_of });
-        const freshKl = kl ? await refScorer.score(kind, batch.map((r) => ({ ...r, responseIds: [r.klResponseIds!] })), { batchSize: batch.length, padTo: config.pad_to_multiple_of }) : null;
-        batch.forEach((ex, i) => refOf.set(ex, freshKl ? [fresh.logps[i][0], freshKl.logps[i][0]] : fresh.logps[i]));
-      }
-      const c = collate(batch, {
-        kind,
-        padTo: config.pad_to_multiple_of,
-        padId: tok.padId ?? 0,
-        dtype: 'float32',
-        refLogps: (ex) => refOf.get(ex)!,
-        valueIndex: valueHeadOn,
-        kl,
-        packed,
-        ldAlpha: lengthWeighted ? config.ld_alpha : undefined,
-        rationale,
-      });
-      if (step === fault) (c.feeds.ref_logps.data as Float32Array).fill(NaN);
-      // The last micro-batch applies the update (one fused graph run when nothing was accumulated);
-      // ONNX Runtime keeps the old parameters when that batch's loss is not finite.
-      const final = micro === config.gradient_accumulation_steps - 1;
-      const m = await art.trainStep(c.feeds, { lr, accumulate: !final });
-      if (final) gradNorm = m.grad_norm;
-      delete m.grad_norm;
-      for (const [k, v] of Object.entries(m)) sums[k] = (sums[k] ?? 0) + v;
-      tokens += c.tokens;
-      // A non-finite micro-batch poisons the sum: stop before any update is applied.
-      if (!Number.isFinite(m.loss)) {
-        sums.loss = m.loss;
-        break;
-      }
-    }
-    const micro = config.gradient_accumulation_steps;
-    const metrics: Record<string, number> = {};
-    for (const [k, v] of Object.entries(sums)) metrics[k] = v / micro;
-    if (!Number.isFinite(metrics.loss)) {
+    const up = await optimizerUpdate(art, { step, lr, micro: config.gradient_accumulation_steps, batch: microBatch });
+    if (!Number.isFinite(up.metrics.loss)) {
       progress.stop();
       await art.release();
-      const good = lastCheckpoint(run);
-      // Before any update the learning rate cannot be the cause: the inputs to the first step are.
-      const advice =
-        art.step === 0
-          ? 'No update had been applied yet, so the learning rate is not the cause: the starting weights, the reference log-probs or a loss parameter give a non-finite loss.'
-          : good
-            ? `The last good checkpoint is ${good} (resume with --resume after lowering learning_rate).`
-            : 'No checkpoint was written yet (lower learning_rate and start again).';
-      throw new UserError(`loss is ${metrics.loss} at step ${step}: stopping without applying the update. ${advice}`);
+      throw nonFiniteLoss(run, art, up.metrics.loss, step);
     }
-    tokensSeen += tokens;
-    numTokens += tokens;
-    const row = {
-      step,
-      epoch: Math.round((epoch + cursor / rows.length) * 1e4) / 1e4,
-      ...metrics,
-      grad_norm: gradNorm,
-      learning_rate: lr,
-      tokens: tokens,
-      num_tokens: numTokens,
-      'tokens/s': Math.round(tokensSeen / ((Date.now() - tStart) / 1000)),
-    };
+    const row = stepRows.row(step, order.epochs, up, lr);
     last = row;
-    if (step % config.logging_steps === 0 || step === totalSteps) logRow(row);
-    const acc = metrics['rewards/accuracies'];
-    progress.update(step, { loss: metrics.loss, ...(acc !== undefined ? { acc } : {}), 'tok/s': row['tokens/s'] });
+    if (step % config.logging_steps === 0 || step === totalSteps) metrics.row(row);
+    const acc = up.metrics['rewards/accuracies'];
+    progress.update(step, { loss: up.metrics.loss, ...(acc !== undefined ? { acc } : {}), 'tok/s': row['tokens/s'] });
     if (sync && step % config.ref_model_sync_steps === 0) {
       // In place: the reference scorer's parameter feeds are views of these arrays, so its next batch
       // already sees the updated reference.
@@ -506,23 +450,27 @@ async function trainIn(
     const evalNow = evaluator && config.eval_steps > 0 && step % config.eval_steps === 0 && (step !== totalSteps || config.load_best_model_at_end);
     if (evalNow) await evaluateAt(step);
     if ((config.save_steps > 0 && step % config.save_steps === 0) || step === totalSteps || (evalNow && config.load_best_model_at_end)) {
-      const dir = stepDir(run, step);
-      mkdirSync(join(run, CKPT_DIR), { recursive: true });
-      await art.toHost();
-      const bestNow = best as Best | null;
       const files: Record<string, Map<string, CheckpointTensor>> = sync ? { [REFERENCE_FILE]: new Map([...reference.weights].map(([k, t]) => [k, { dtype: 'float32' as const, shape: t.shape, data: t.data }])) } : {};
-      art.saveCheckpoint(dir, { epoch, dataCursor: { epoch, index: cursor }, rng: { seed: config.seed }, config, num_tokens: numTokens, ...(bestNow ? { best: bestNow } : {}) }, files);
-      if (bestNow) writeJsonAtomic(join(run, 'best.json'), bestNow);
-      pruneCheckpoints(run, config.save_total_limit, bestNow ? stepDir(run, bestNow.step) : null);
+      await saveCheckpointAt(run, art, { epoch: order.epoch, dataCursor: order.cursor, rng: { seed: config.seed }, config, num_tokens: stepRows.numTokens }, { limit: config.save_total_limit, best, files });
     }
   }
   progress.stop();
   await refScorer?.release();
+  return { totalSteps, last, best, metrics, evaluator, sampler };
+}
 
-  // Final model in HF layout: base weights with adapters merged (the value head saved beside), with
-  // load_best_model_at_end the weights of the best checkpoint; the adapter alone in PEFT's layout on request.
+/**
+ * Save stage: the final model in HF layout (base weights with adapters merged, the value head saved
+ * beside; with load_best_model_at_end the weights of the best checkpoint), the adapter alone in PEFT's
+ * layout on request, then the final held-out evaluation (eval.json and its metrics row).
+ */
+async function saveStage(o: TrainOptions, c0: Setup, d: DataStage, art: TrainingArtifacts, done: LoopDone, info: (l: string) => void): Promise<{ steps: number; finalDir: string; eval?: EvalSummary }> {
+  const { config, base } = c0;
+  const { lora } = d;
+  const { totalSteps, evaluator, sampler, metrics } = done;
+  const run = o.out;
   await art.toHost();
-  const chosen = config.load_best_model_at_end ? (best as Best | null) : null;
+  const chosen = config.load_best_model_at_end ? done.best : null;
   if (chosen && chosen.step !== art.step) {
     const dir = stepDir(run, chosen.step);
     if (!completeCheckpoints(run).includes(dir)) throw new UserError(`${dir}: the best checkpoint is missing; cannot load it`);
@@ -530,13 +478,7 @@ async function trainIn(
     info(`final model: the best checkpoint (step ${chosen.step}, ${chosen.metric} ${chosen.value})`);
   }
   const weightsNow = artifactWeights(art);
-  let finalDir = join(run, 'final');
-  if (config.save_merged) saveModelFolder(finalDir, weightsNow, { config: base.config, lora, sourceDir: o.model, dtype: config.save_dtype });
-  if (config.save_adapter && lora) {
-    const adapterDir = join(run, 'adapter');
-    saveAdapter(adapterDir, weightsNow, { config: base.config, lora, baseModel: o.model });
-    if (!config.save_merged) finalDir = adapterDir;
-  }
+  const finalDir = saveTrained(run, weightsNow, { config, model: base.config, lora, sourceDir: o.model });
   await art.release();
 
   let evalSummary: EvalSummary | undefined;
@@ -546,11 +488,11 @@ async function trainIn(
     writeJsonAtomic(join(run, 'eval.json'), { ...evalSummary.overall, ...(chosen ? { best_step: chosen.step } : {}) });
     // With load_best_model_at_end the last step was evaluated in the loop (when it is an eval step).
     if (!config.load_best_model_at_end) {
-      logRow({ step: totalSteps, split: 'eval', ...evalSummary.overall });
+      metrics.row({ step: totalSteps, split: 'eval', ...evalSummary.overall });
       if (sampler) await sampler.write(totalSteps, finalModel);
     }
   }
-  return { steps: totalSteps, seconds: (Date.now() - t0) / 1000, finalDir, config, last, eval: evalSummary };
+  return { steps: totalSteps, finalDir, eval: evalSummary };
 }
 
 /** Whether the artifacts in `dir` take packed (shared-prompt) batches; null when there are none yet. */

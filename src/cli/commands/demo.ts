@@ -51,7 +51,7 @@ async function onlineDemoCommand(o: { method: string; seed: number; params: stri
       `win-rate of the final policy's samples vs the starting policy's on ${r.heldout_prompts} held-out prompts: ${r.win_rate_vs_start.toFixed(3)}`,
       `win-rate on the training prompts (fresh samples): ${r.win_rate_vs_start_train_prompts.toFixed(3)}`,
       `correct answers, held-out prompts: ${r.heldout_accuracy_start.toFixed(3)} → ${r.heldout_accuracy_final.toFixed(3)}; training prompts: ${r.train_accuracy_start.toFixed(3)} → ${r.train_accuracy_final.toFixed(3)}`,
-      `run folder: ${r.run}`,
+      `run folder: ${r.run} (try: npx prefzoo report ${r.run})`,
     ].join('\n') + '\n',
   );
 }

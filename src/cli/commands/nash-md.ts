@@ -14,21 +14,23 @@ export function register(program: Command): void {
     .requiredOption('--model <dir>', 'starting policy, also the reference π_ref (Hugging Face model folder)')
     .requiredOption('--prompts <file>', 'prompts: .txt (one a line) or records with a "prompt" field')
     .requiredOption('--judge <spec>', 'task (the built-in addition task), reward:DIR (a reward model), or cmd:COMMAND (JSONL on stdin/stdout)')
-    .requiredOption('-o, --out <dir>', 'run folder: metrics.jsonl, config.json, final/');
+    .requiredOption('-o, --out <dir>', 'run folder: config.json, artifacts/, checkpoints/ (every save_steps), metrics.jsonl, final/');
   for (const [flag, doc, dflt] of SAMPLING_FLAGS) cmd.option(flag, doc, dflt);
   cmd
-    .option('--param <key=value>', 'a training setting (batch_size = prompts per step, max_steps, learning_rate, …) or beta / mixture_coef (repeatable)', collect, [])
+    .option('--param <key=value>', 'a training setting (batch_size = prompts per micro-batch, gradient_accumulation_steps, max_steps, learning_rate, save_steps, …) or beta / mixture_coef (repeatable); settings nash-md does not use are refused', collect, [])
     .option('--config <file>', 'JSON object of training settings')
+    .option('--resume', 'continue the run in --out from its newest checkpoint (bit-exact: same samples, same updates)')
+    .option('--overwrite', 'replace the run already in --out')
     .addHelpText('after', () => `\nSettings it honours (--param key=value or --config), with defaults (docs/settings.md); any other is refused:\n${settingsHelp('nash-md')}`)
     .option('--quiet', 'no progress output')
     .option('--device <device>', `${DEVICE_HELP}; same as --param device=…`)
     .option('--json', 'print a one-line JSON summary')
-    .action(async (o: SamplingFlags & { model: string; prompts: string; judge: string; out: string; param: string[]; device?: string; config?: string; quiet?: boolean; json?: boolean }) => {
+    .action(async (o: SamplingFlags & { model: string; prompts: string; judge: string; out: string; param: string[]; device?: string; config?: string; quiet?: boolean; json?: boolean; resume?: boolean; overwrite?: boolean }) => {
       const sampling = parseSampling(o);
       const prompts = await readPrompts(o.prompts);
       const judge = await loadJudge(o.judge);
       try {
-        const r = await runNashMd({ model: o.model, prompts, judge, out: o.out, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
+        const r = await runNashMd({ model: o.model, prompts, promptsFile: o.prompts, judge, out: o.out, resume: o.resume, overwrite: o.overwrite, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
         if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last }) + '\n');
         else process.stdout.write(`${r.steps} Nash-MD steps in ${r.seconds}s; final policy in ${r.finalDir}; metrics in ${o.out}/metrics.jsonl\n`);
       } finally {

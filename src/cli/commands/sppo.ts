@@ -14,25 +14,27 @@ export function register(program: Command): void {
     .requiredOption('--model <dir>', 'starting policy π_0 (Hugging Face model folder)')
     .requiredOption('--prompts <file>', 'prompts: .txt (one a line) or records with a "prompt" field')
     .requiredOption('--judge <spec>', 'task (the built-in addition task), reward:DIR (a reward model), or cmd:COMMAND (JSONL on stdin/stdout)')
-    .requiredOption('-o, --out <dir>', 'run folder: iter-t/samples.jsonl, iter-t/train/, final/, sppo.json')
+    .requiredOption('-o, --out <dir>', 'run folder: iter-t/samples.jsonl, iter-t/train/ (checkpoints every save_steps), final/, sppo.json')
     .option('--iterations <t>', 'number of iterations T', '3')
     .option('--samples <k>', 'responses per prompt and iteration K (≥ 2)', '4');
   for (const [flag, doc, dflt] of SAMPLING_FLAGS) cmd.option(flag, doc, dflt);
   cmd
-    .option('--param <key=value>', 'a training setting or the loss\'s beta (repeatable), e.g. beta=0.1 num_epochs=2', collect, [])
+    .option('--param <key=value>', 'a training setting of each iteration\'s run (num_epochs, max_steps, save_steps, …) or the loss\'s beta (repeatable), e.g. beta=0.1 num_epochs=2', collect, [])
     .option('--config <file>', 'JSON object of training settings')
+    .option('--resume', 'continue the unfinished run in --out: complete iterations kept, the interrupted one resumed from its checkpoint (bit-exact)')
+    .option('--overwrite', 'replace the run already in --out')
     .addHelpText('after', () => `\nSettings it honours (--param key=value or --config), with defaults (docs/settings.md); any other is refused:\n${settingsHelp('sppo')}`)
     .option('--quiet', 'no progress output')
     .option('--device <device>', `${DEVICE_HELP}; same as --param device=…`)
     .option('--json', 'print a one-line JSON summary')
-    .action(async (o: SamplingFlags & { model: string; prompts: string; judge: string; out: string; iterations: string; samples: string; param: string[]; device?: string; config?: string; quiet?: boolean; json?: boolean }) => {
+    .action(async (o: SamplingFlags & { model: string; prompts: string; judge: string; out: string; iterations: string; samples: string; param: string[]; device?: string; config?: string; quiet?: boolean; json?: boolean; resume?: boolean; overwrite?: boolean }) => {
       const sampling = parseSampling(o);
       const iterations = intFlag('--iterations', o.iterations);
       const samples = intFlag('--samples', o.samples, 2);
       const prompts = await readPrompts(o.prompts);
       const judge = await loadJudge(o.judge);
       try {
-        const r = await runSppo({ model: o.model, prompts, judge, out: o.out, iterations, samples, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
+        const r = await runSppo({ model: o.model, prompts, judge, out: o.out, resume: o.resume, overwrite: o.overwrite, iterations, samples, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
         if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, seconds: r.seconds, iterations: r.iterations }) + '\n');
         else process.stdout.write(`${iterations} SPPO iterations in ${r.seconds}s; final policy in ${r.finalDir}\n`);
       } finally {
