@@ -18,7 +18,7 @@ export const FLOORS: readonly (readonly string[])[] = [
   ['src/tokenize'],
   ['datasets'],
   ['losses', 'src/models'],
-  ['src/artifacts'],
+  ['src/artifacts', 'src/export'],
   ['src/eval'],
   ['src/train'],
   ['src/online'],

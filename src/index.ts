@@ -49,6 +49,9 @@ import { ARCHES, PRESETS, type Arch, type Preset, presetArch } from './models/co
 import type { SamplingOptions } from './models/sampling.ts';
 import type { ExecutionProvider, RuntimeOptions } from './runtime/session.ts';
 import type { TruncationConfig } from '../datasets/examples.ts';
+import { GGUF_DTYPES, exportGguf, type GgufDtype } from './export/gguf.ts';
+import { ONNX_DTYPES, exportOnnx, type OnnxDtype } from './export/onnx.ts';
+import { readExportSource } from './export/source.ts';
 
 export { UserError, BadInputError, DamagedFileError, DeviceUnavailableError, AbortedError, type ErrorLocation, type UserErrorKind } from './errors.ts';
 export type { ProgressFactory, ProgressReporter, ProgressFields } from './progress.ts';
@@ -382,6 +385,46 @@ export function rewardScore(options: { rewardModel: string; data: string; out: s
   return scoreWithRewardModel(options);
 }
 
+// ─── export ───────────────────────────────────────────────────────────────────────────────────────
+
+export type { GgufDtype, OnnxDtype };
+
+/** Options of {@link exportModel}. */
+export interface ExportModelOptions {
+  /** A Hugging Face model folder (a run's final/ included), or a PEFT adapter folder naming its base. */
+  model: string;
+  /** `onnx`: a folder transformers.js loads; `gguf`: one GGUF v3 file llama.cpp loads. */
+  format: 'onnx' | 'gguf';
+  /** onnx: the folder to write (replaced when complete); gguf: the .gguf file. */
+  out: string;
+  /** A PEFT LoRA adapter folder merged into `model` first. */
+  adapter?: string;
+  /** onnx: the weight types to write (default fp32). */
+  onnxDtypes?: OnnxDtype[];
+  /** gguf: the tensor type (default f32). */
+  ggufDtype?: GgufDtype;
+}
+
+/** What {@link exportModel} wrote: the files (onnx) or the file's size (gguf). */
+export interface ExportModelResult {
+  format: 'onnx' | 'gguf';
+  out: string;
+  model_type: string;
+  files?: string[];
+  bytes?: number;
+}
+
+/** Writes a model for the apps (`prefzoo export`): transformers.js's ONNX folder or llama.cpp's GGUF file. */
+export function exportModel(options: ExportModelOptions): ExportModelResult {
+  const { model, format, out, adapter } = options;
+  if (format !== 'onnx' && format !== 'gguf') throw new BadInputError(`format "${format}" is not one of onnx, gguf`, { setting: 'format' });
+  const bad = options.onnxDtypes?.find((d) => !(d in ONNX_DTYPES));
+  if (bad !== undefined) throw new BadInputError(`onnxDtypes: "${bad}" is not one of ${Object.keys(ONNX_DTYPES).join(', ')}`, { setting: 'dtype' });
+  if (options.ggufDtype !== undefined && !GGUF_DTYPES.includes(options.ggufDtype)) throw new BadInputError(`ggufDtype: "${options.ggufDtype}" is not one of ${GGUF_DTYPES.join(', ')}`, { setting: 'dtype' });
+  const src = readExportSource(model, adapter);
+  if (format === 'onnx') return { format, out, model_type: src.config.model_type, files: exportOnnx(src, out, { dtypes: options.onnxDtypes }) };
+  return { format, out, model_type: src.config.model_type, bytes: exportGguf(src, out, options.ggufDtype ?? 'f32') };
+}
+
 // ─── from other branches ──────────────────────────────────────────────────────────────────────────
-// grpo (branch `grpo`) and exportModel (branch `export`) are exported here when they land, as
-// `export function grpo(options: GrpoOptions & JobOptions)` and `export function exportModel(…)`.
+// grpo (branch `grpo`) is exported here when it lands, as `export function grpo(options: GrpoOptions & JobOptions)`.

@@ -59,7 +59,7 @@ describe('the npm package', () => {
   it('imports from an .mjs file: the API functions and error classes', () => {
     writeFileSync(join(app, 'keys.mjs'), "import * as p from 'prefzoo';\nconsole.log(JSON.stringify(Object.fromEntries(Object.entries(p).map(([k, v]) => [k, typeof v]))));\n");
     const api = JSON.parse(sh(process.execPath, ['keys.mjs'], { cwd: app }).stdout) as Record<string, string>;
-    for (const f of ['convert', 'inspect', 'tokenize', 'train', 'evaluate', 'generate', 'initModel', 'sppo', 'nashMd', 'rewardTrain', 'listLosses', 'getLoss', 'resolveLoss', 'parseLossSpec']) {
+    for (const f of ['convert', 'inspect', 'tokenize', 'train', 'evaluate', 'generate', 'initModel', 'sppo', 'nashMd', 'rewardTrain', 'exportModel', 'listLosses', 'getLoss', 'resolveLoss', 'parseLossSpec']) {
       expect(api[f], f).toBe('function');
     }
     for (const c of ['UserError', 'BadInputError', 'DamagedFileError', 'DeviceUnavailableError', 'AbortedError']) expect(api[c], c).toBe('function');

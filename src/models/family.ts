@@ -144,22 +144,48 @@ export interface CacheShape {
 }
 
 /**
- * ONNX export names of a family (optional; filled by the exporter): what Optimum's export of this
- * model_type takes beyond `input_ids`, `attention_mask`, `past_key_values.N.key|value`.
+ * ONNX export names of a family (src/export/onnx.ts): what Optimum's export of this model_type takes
+ * beyond `input_ids`, `attention_mask` and `past_key_values.N.key|value`.
  */
 export interface OnnxNames {
-  /** Extra graph inputs Optimum names for this model_type, e.g. `['position_ids']`. */
-  extraInputs: string[];
+  /** Extra graph inputs Optimum names for this model_type: `position_ids` (else positions come from the mask). */
+  extraInputs: 'position_ids'[];
 }
 
-/** GGUF export names of a family (optional; filled by the exporter), as llama.cpp expects them. */
+/** A GGUF metadata value with its GGUF type (src/export/gguf-file.ts writes it). */
+export type GgufValue =
+  | { type: 'u32' | 'i32' | 'f32' | 'u64' | 'u8'; value: number }
+  | { type: 'bool'; value: boolean }
+  | { type: 'string'; value: string }
+  | { type: 'array'; of: 'string'; value: string[] }
+  | { type: 'array'; of: 'i32' | 'f32' | 'u32'; value: ArrayLike<number> };
+
+export const ggufValue = {
+  u32: (value: number): GgufValue => ({ type: 'u32', value }),
+  i32: (value: number): GgufValue => ({ type: 'i32', value }),
+  f32: (value: number): GgufValue => ({ type: 'f32', value }),
+  bool: (value: boolean): GgufValue => ({ type: 'bool', value }),
+  str: (value: string): GgufValue => ({ type: 'string', value }),
+  strings: (value: string[]): GgufValue => ({ type: 'array', of: 'string', value }),
+  i32s: (value: ArrayLike<number>): GgufValue => ({ type: 'array', of: 'i32', value }),
+  f32s: (value: ArrayLike<number>): GgufValue => ({ type: 'array', of: 'f32', value }),
+};
+
+/** GGUF export names of a family (src/export/gguf.ts), as llama.cpp expects them. */
 export interface GgufNames<C extends ModelConfig = ModelConfig> {
-  /** `general.architecture` (llama.cpp's name, e.g. `llama`, `qwen2`, `gpt2`). */
+  /** `general.architecture` (llama.cpp's name, e.g. `llama`, `qwen2`, `gpt2`); also its metadata keys' prefix. */
   arch: string;
   /** llama.cpp's tensor name of an HF tensor (`model.layers.0.self_attn.q_proj.weight` → `blk.0.attn_q.weight`); null drops it. */
   tensorName(hfName: string): string | null;
-  /** The architecture's metadata keys (`<arch>.context_length`, `<arch>.block_count`, …) for this config. */
-  metadata(c: C): Record<string, unknown>;
+  /**
+   * The tensor as llama.cpp lays it out, where that differs from HF's: rows permuted, transposed,
+   * values shifted. `shape` is row-major (`[out, in]`). Default: as HF stores it.
+   */
+  tensorData?(c: C, hfName: string, shape: number[], data: Float32Array): { shape: number[]; data: Float32Array };
+  /** The architecture's metadata, keys without the `<arch>.` prefix (`context_length`, `block_count`, …). */
+  metadata(c: C): Record<string, GgufValue>;
+  /** Refuses, in one line naming the field, a config llama.cpp would run differently. */
+  check?(c: C): void;
 }
 
 /**

@@ -28,6 +28,8 @@ export const GEMMA = llamaFamily({
     tie_word_embeddings: true,
   },
   fields: (r) => ({ hidden_activation: r.activation('hidden_activation', 'gelu_pytorch_tanh') }),
+  // llama.cpp's gemma: tanh-GELU, norms stored as 1 + w, the head always tied.
+  gguf: { arch: 'gemma', normPlusOne: true, activations: ['gelu_pytorch_tanh', 'gelu_new', 'gelu_fast'], activation: mlpActivation },
   normInit: 0,
   embed: (g, c, P, flatIds) => g.mul(P.rows('model.embed_tokens.weight', flatIds), Math.sqrt(c.hidden_size)),
   norm: (g, c, x, w) => rmsNorm(g, x, g.add(w, 1), c.rms_norm_eps),

@@ -8,7 +8,7 @@
  */
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import { UserError } from '../errors.ts';
-import type { Family, Gpt2Config } from './family.ts';
+import { type Family, type GgufNames, type Gpt2Config, type OnnxNames, ggufValue as gv } from './family.ts';
 import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, decodeHeads, extendCache, layerNorm, project, reshapeTo, splitHeads } from './layers.ts';
 import type { LoraModule } from './lora.ts';
 import type { Params } from './params.ts';
@@ -152,6 +152,64 @@ function gpt2Projections(c: Gpt2Config): LoraModule[] {
   return mods;
 }
 
+/** llama.cpp's names of GPT-2's layer tensors (after `transformer.h.N.` → after `blk.N.`). */
+const GGUF_LAYER: Record<string, string> = {
+  'ln_1.weight': 'attn_norm.weight',
+  'ln_1.bias': 'attn_norm.bias',
+  'attn.c_attn.weight': 'attn_qkv.weight',
+  'attn.c_attn.bias': 'attn_qkv.bias',
+  'attn.c_proj.weight': 'attn_output.weight',
+  'attn.c_proj.bias': 'attn_output.bias',
+  'ln_2.weight': 'ffn_norm.weight',
+  'ln_2.bias': 'ffn_norm.bias',
+  'mlp.c_fc.weight': 'ffn_up.weight',
+  'mlp.c_fc.bias': 'ffn_up.bias',
+  'mlp.c_proj.weight': 'ffn_down.weight',
+  'mlp.c_proj.bias': 'ffn_down.bias',
+};
+
+const GGUF_GLOBAL: Record<string, string> = {
+  'transformer.wte.weight': 'token_embd.weight',
+  'transformer.wpe.weight': 'position_embd.weight',
+  'transformer.ln_f.weight': 'output_norm.weight',
+  'transformer.ln_f.bias': 'output_norm.bias',
+  'lm_head.weight': 'output.weight',
+};
+
+/** GPT-2 in llama.cpp: its `gpt2` architecture, Conv1D weights `[in, out]` transposed to `[out, in]`, tanh-GELU, every layer scaled by 1/√hd. */
+const GPT2_GGUF: GgufNames<Gpt2Config> = {
+  arch: 'gpt2',
+  tensorName(hf) {
+    const l = /^transformer\.h\.(\d+)\.(.+)$/.exec(hf);
+    if (l) return GGUF_LAYER[l[2]] ? `blk.${l[1]}.${GGUF_LAYER[l[2]]}` : null;
+    return GGUF_GLOBAL[hf] ?? null;
+  },
+  tensorData(_c, hf, shape, data) {
+    if (!/\.(c_attn|c_proj|c_fc)\.weight$/.test(hf)) return { shape, data };
+    const [rows, cols] = shape;
+    const out = new Float32Array(data.length);
+    for (let r = 0; r < rows; r++) for (let k = 0; k < cols; k++) out[k * rows + r] = data[r * cols + k];
+    return { shape: [cols, rows], data: out };
+  },
+  metadata: (c) => ({
+    context_length: gv.u32(c.n_positions),
+    embedding_length: gv.u32(c.n_embd),
+    feed_forward_length: gv.u32(gpt2Inner(c)),
+    block_count: gv.u32(c.n_layer),
+    'attention.head_count': gv.u32(c.n_head),
+    'attention.layer_norm_epsilon': gv.f32(c.layer_norm_epsilon),
+    vocab_size: gv.u32(c.vocab_size),
+  }),
+  check(c) {
+    if (!['gelu_new', 'gelu_pytorch_tanh', 'gelu_fast'].includes(c.activation_function)) throw new UserError(`config.json: activation "${c.activation_function}" is not exported to GGUF for gpt2 (llama.cpp's gpt2 computes gelu_new)`);
+    if (c.scale_attn_by_inverse_layer_idx === true) throw new UserError('config.json: gpt2 with "scale_attn_by_inverse_layer_idx": true is not exported to GGUF (llama.cpp scales every layer by 1/sqrt(head_dim))');
+    if (c.scale_attn_weights === false) throw new UserError('config.json: gpt2 with "scale_attn_weights": false is not exported to GGUF (llama.cpp scales by 1/sqrt(head_dim))');
+  },
+};
+
+/** Optimum's export of GPT-2 takes `position_ids`. */
+const GPT2_ONNX: OnnxNames = { extraInputs: ['position_ids'] };
+
 export const GPT2: Family<Gpt2Config> = {
   model_type: 'gpt2',
   hfClass: 'GPT2LMHeadModel',
@@ -204,4 +262,6 @@ export const GPT2: Family<Gpt2Config> = {
   decode: gpt2Decode,
   cacheShape: gpt2CacheShape,
   projections: gpt2Projections,
+  onnx: GPT2_ONNX,
+  gguf: GPT2_GGUF,
 };

@@ -12,7 +12,7 @@
  */
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import { UserError } from '../errors.ts';
-import type { Activation, Family, FieldReader, GgufNames, LlamaConfig, LlamaType, OnnxNames, SpecialIds } from './family.ts';
+import { type Activation, type Family, type FieldReader, type GgufNames, type LlamaConfig, type LlamaType, type OnnxNames, type SpecialIds, ggufValue as gv } from './family.ts';
 import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, extendCache, project, reshapeRt, rmsNorm, splitHeads } from './layers.ts';
 import type { LoraModule } from './lora.ts';
 import type { Params } from './params.ts';
@@ -53,9 +53,10 @@ export interface LlamaMember {
   noBiasSwitch?: boolean;
   /** Released models' shapes, by preset name (see {@link Family.released}). */
   released?: Record<string, Record<string, unknown>>;
-  /** The member's names in exported formats, passed on to its {@link Family} as they are. */
+  /** The member's ONNX export names (default: Optimum's for llama, with `position_ids`). */
   onnx?: OnnxNames;
-  gguf?: GgufNames<LlamaConfig>;
+  /** How llama.cpp sees the member, made the family's {@link GgufNames} by {@link llamaGguf}; none: not exported to GGUF. */
+  gguf?: LlamaGguf;
   /** Which attention projections carry biases (default: `attention_bias` on q, k, v and o). */
   biases?(c: LlamaConfig): { qkv: boolean; o: boolean };
   /** HF tensor names and shapes of one layer (prefix `model.layers.i.`). */
@@ -130,6 +131,7 @@ export const LLAMA_MEMBER: LlamaMember = {
   model_type: 'llama',
   hfClass: 'LlamaForCausalLM',
   defaults: { vocab_size: 32000, intermediate_size: 11008, max_position_embeddings: 2048 },
+  gguf: { arch: 'llama', permuteQK: true, activations: ['silu'] },
   released: {
     'smollm2-360m': {
       model_type: 'llama', vocab_size: 49152, hidden_size: 960, intermediate_size: 2560, num_hidden_layers: 32, num_attention_heads: 15,
@@ -151,6 +153,7 @@ const QWEN2_MEMBER: LlamaMember = {
   },
   biases: () => ({ qkv: true, o: false }),
   noBiasSwitch: true,
+  gguf: { arch: 'qwen2', activations: ['silu'] },
   released: {
     'qwen2.5-0.5b': {
       model_type: 'qwen2', vocab_size: 151936, hidden_size: 896, intermediate_size: 4864, num_hidden_layers: 24, num_attention_heads: 14,
@@ -360,6 +363,130 @@ function llamaCacheShape(c: LlamaConfig): { layers: number; kvHeads: number; hea
   return { layers: c.num_hidden_layers, kvHeads: c.num_key_value_heads, headDim: c.head_dim };
 }
 
+/**
+ * llama.cpp's view of a member of the llama family (gguf-py's constants, convert_hf_to_gguf.py):
+ * its architecture and what differs from llama's tensor names and layouts.
+ */
+export interface LlamaGguf {
+  /** `general.architecture`. */
+  arch: string;
+  /** Layer tensor names beyond or instead of llama's (HF after `model.layers.N.` → GGUF after `blk.N.`). */
+  layer?: Record<string, string>;
+  /**
+   * llama.cpp rotates adjacent pairs (rope type NORM) for this architecture where HF rotates halves:
+   * each q and k head's rows are interleaved, first half with second (the converter's permute).
+   */
+  permuteQK?: boolean;
+  /** HF scales by (1 + w) and stores w; llama.cpp multiplies by the stored weight (Gemma). */
+  normPlusOne?: boolean;
+  /**
+   * llama.cpp runs this architecture without the sliding window (none in `llama`; `phi3`'s is turned
+   * off): the context is cut to the window, inside which the two attend alike.
+   */
+  windowAsContext?: boolean;
+  /** The MLP activations llama.cpp's architecture computes; a config with another is refused. */
+  activations: readonly Activation[];
+  /** The activation a config's MLP uses (default `hidden_act`). */
+  activation?(c: LlamaConfig): Activation;
+}
+
+const GGUF_LAYER: Record<string, string> = {
+  'input_layernorm.weight': 'attn_norm.weight',
+  'self_attn.q_proj.weight': 'attn_q.weight',
+  'self_attn.q_proj.bias': 'attn_q.bias',
+  'self_attn.k_proj.weight': 'attn_k.weight',
+  'self_attn.k_proj.bias': 'attn_k.bias',
+  'self_attn.v_proj.weight': 'attn_v.weight',
+  'self_attn.v_proj.bias': 'attn_v.bias',
+  'self_attn.o_proj.weight': 'attn_output.weight',
+  'self_attn.o_proj.bias': 'attn_output.bias',
+  'post_attention_layernorm.weight': 'ffn_norm.weight',
+  'mlp.gate_proj.weight': 'ffn_gate.weight',
+  'mlp.up_proj.weight': 'ffn_up.weight',
+  'mlp.down_proj.weight': 'ffn_down.weight',
+};
+
+const GGUF_GLOBAL: Record<string, string> = {
+  'model.embed_tokens.weight': 'token_embd.weight',
+  'model.norm.weight': 'output_norm.weight',
+  'lm_head.weight': 'output.weight',
+};
+
+/**
+ * HF's rotate-half q/k rows → llama.cpp's adjacent pairs, per head: row j·hd/2 + i of a head (half j,
+ * index i) moves to row 2i + j. `data` is heads·hd rows of `cols` values.
+ */
+export function permuteRotary(data: Float32Array, heads: number, cols: number): Float32Array {
+  const hd = data.length / cols / heads;
+  const half = hd / 2;
+  const out = new Float32Array(data.length);
+  for (let h = 0; h < heads; h++) {
+    for (let j = 0; j < 2; j++) {
+      for (let i = 0; i < half; i++) {
+        const from = (h * hd + j * half + i) * cols;
+        out.set(data.subarray(from, from + cols), (h * hd + 2 * i + j) * cols);
+      }
+    }
+  }
+  return out;
+}
+
+/** A member's {@link LlamaGguf} as the family's GGUF names. */
+function llamaGguf(m: LlamaMember, o: LlamaGguf): GgufNames<LlamaConfig> {
+  const layer = { ...GGUF_LAYER, ...o.layer };
+  return {
+    arch: o.arch,
+    tensorName(hf) {
+      const l = /^model\.layers\.(\d+)\.(.+)$/.exec(hf);
+      if (l) return layer[l[2]] ? `blk.${l[1]}.${layer[l[2]]}` : null;
+      return GGUF_GLOBAL[hf] ?? null;
+    },
+    tensorData(c, hf, shape, data) {
+      if (o.permuteQK) {
+        const heads = /\.self_attn\.q_proj\./.test(hf) ? c.num_attention_heads : /\.self_attn\.k_proj\./.test(hf) ? c.num_key_value_heads : 0;
+        if (heads) return { shape, data: permuteRotary(data, heads, shape.length === 2 ? shape[1] : 1) };
+      }
+      if (o.normPlusOne && /norm\.weight$/.test(hf)) return { shape, data: data.map((x) => x + 1) };
+      return { shape, data };
+    },
+    metadata(c) {
+      const w = attentionWindow(m, c);
+      const m0: Record<string, ReturnType<typeof gv.u32>> = {
+        context_length: gv.u32(o.windowAsContext && w !== null ? Math.min(w, c.max_position_embeddings) : c.max_position_embeddings),
+        embedding_length: gv.u32(c.hidden_size),
+        block_count: gv.u32(c.num_hidden_layers),
+        feed_forward_length: gv.u32(c.intermediate_size),
+        'attention.head_count': gv.u32(c.num_attention_heads),
+        'attention.head_count_kv': gv.u32(c.num_key_value_heads),
+        'attention.key_length': gv.u32(c.head_dim),
+        'attention.value_length': gv.u32(c.head_dim),
+        'attention.layer_norm_rms_epsilon': gv.f32(c.rms_norm_eps),
+        'rope.freq_base': gv.f32(c.rope_theta),
+        'rope.dimension_count': gv.u32(rotaryDim(m, c)),
+        vocab_size: gv.u32(c.vocab_size),
+      };
+      const s = c.rope_scaling as Record<string, unknown> | null | undefined;
+      if (s && (s.rope_type ?? s.type) === 'linear') {
+        m0['rope.scaling.type'] = gv.str('linear');
+        m0['rope.scaling.factor'] = gv.f32(s.factor as number);
+      }
+      return m0;
+    },
+    check(c) {
+      const act = o.activation?.(c) ?? c.hidden_act;
+      if (!o.activations.includes(act)) throw new UserError(`config.json: activation "${act}" is not exported to GGUF for ${c.model_type} (llama.cpp's ${o.arch} computes ${o.activations[0]})`);
+      const s = c.rope_scaling as Record<string, unknown> | null | undefined;
+      const type = s ? (s.rope_type ?? s.type) : undefined;
+      if (type !== undefined && type !== 'default' && type !== 'linear') throw new UserError(`config.json: rope_scaling ${JSON.stringify(type)} is not exported to GGUF (supported: none, default, linear)`);
+      if (c.mlp_bias) throw new UserError(`config.json: "mlp_bias": true is not exported to GGUF (llama.cpp's ${o.arch} MLP has no biases)`);
+      if (o.normPlusOne && !c.tie_word_embeddings) throw new UserError(`config.json: ${c.model_type} with "tie_word_embeddings": false is not exported to GGUF (llama.cpp ties ${o.arch}'s head)`);
+    },
+  };
+}
+
+/** Optimum's export of the llama family takes `position_ids`. */
+const LLAMA_ONNX: OnnxNames = { extraInputs: ['position_ids'] };
+
 /** Validates a llama-family config.json: the shared fields with the member's defaults, then the member's own. */
 function parseLlama(m: LlamaMember, r: FieldReader, ids: SpecialIds, where: string): LlamaConfig {
   const obj = r.raw;
@@ -456,8 +583,8 @@ export function llamaFamily(m: LlamaMember): Family<LlamaConfig> {
       for (let i = 0; i < c.num_hidden_layers; i++) mods.push(...layerProjections(m, c, `model.layers.${i}.`));
       return mods;
     },
-    onnx: m.onnx,
-    gguf: m.gguf,
+    onnx: m.onnx ?? LLAMA_ONNX,
+    gguf: m.gguf && llamaGguf(m, m.gguf),
   };
 }
 

@@ -27,6 +27,14 @@ export const PHI3 = llamaFamily({
     return { partial_rotary_factor: factor, sliding_window: r.raw.sliding_window == null ? null : r.int('sliding_window') };
   },
   preset: (tiny) => ({ partial_rotary_factor: 0.5, sliding_window: tiny ? 6 : 256 }),
+  // llama.cpp's phi3 reads the fused qkv_proj and gate_up_proj (gate rows first) as they are and turns
+  // the sliding window off: the GGUF context is cut to it.
+  gguf: {
+    arch: 'phi3',
+    layer: { 'self_attn.qkv_proj.weight': 'attn_qkv.weight', 'mlp.gate_up_proj.weight': 'ffn_up.weight' },
+    windowAsContext: true,
+    activations: ['silu'],
+  },
   layerShapes(c, p) {
     const { d, q, kv, ffn } = sizes(c);
     return [

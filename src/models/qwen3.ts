@@ -13,6 +13,7 @@ export const QWEN3 = llamaFamily({
   model_type: 'qwen3',
   hfClass: 'Qwen3ForCausalLM',
   defaults: { vocab_size: 151936, intermediate_size: 22016, max_position_embeddings: 32768, head_dim: 128, attention_bias: false },
+  gguf: { arch: 'qwen3', layer: { 'self_attn.q_norm.weight': 'attn_q_norm.weight', 'self_attn.k_norm.weight': 'attn_k_norm.weight' }, activations: ['silu'] },
   fields(r, _c, where) {
     if (r.bool('use_sliding_window', false)) throw new UserError(`${where}: qwen3 with "use_sliding_window": true is not supported (its windowed layers differ by max_window_layers)`);
     return {};

@@ -32,7 +32,7 @@ export const COMMANDS: readonly CommandEntry[] = [
   { name: 'reward-score', summary: 'add chosen_score/rejected_score from a reward model to pairwise data', load: () => import('./reward-train.ts') },
   { name: 'doctor', summary: 'which devices can run models here (cpu, webgpu, cuda); what is missing and how to get it', load: () => import('./doctor.ts') },
   { name: 'artifacts', summary: 'write the training artifacts of a model and a loss (graphs, starting checkpoint, artifacts.json)', load: () => import('./artifacts.ts') },
+  { name: 'export', summary: 'write a model for the apps: a transformers.js ONNX folder or a llama.cpp GGUF file', load: () => import('./export.ts') },
   // Commands landing from other branches go here, one line each, e.g.
   // { name: 'grpo', summary: '…', load: () => import('./grpo.ts') },
-  // { name: 'export', summary: '…', load: () => import('./export.ts') },
 ];

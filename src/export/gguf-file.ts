@@ -1,0 +1,204 @@
+/**
+ * The GGUF container, version 3 (llama.cpp's gguf.h / gguf-py): a little-endian header
+ *
+ *   "GGUF" · u32 version 3 · u64 tensor count · u64 metadata count
+ *   metadata: key (u64 length + UTF-8) · u32 value type · value (strings as u64 length + bytes;
+ *             arrays as u32 element type · u64 count · elements)
+ *   tensor infos: name · u32 n_dims · u64 ne[0..n) (ne[0] the fastest-varying axis, so the reverse of
+ *             a row-major shape) · u32 ggml type · u64 offset in the data section
+ *
+ * then zero padding to `general.alignment` (32), then the tensor data, each tensor starting at a
+ * multiple of the alignment. Tensor types written here: F32, F16 and Q8_0 (blocks of 32 values
+ * along a row: an f16 scale d = max|x|/127, then 32 int8 q = round(x/d); 34 bytes a block).
+ */
+import type { GgufValue } from '../models/family.ts';
+import { float32ToF16 } from '../models/safetensors.ts';
+
+export const GGUF_VERSION = 3;
+export const GGUF_ALIGNMENT = 32;
+
+/** Metadata value types (gguf.h `gguf_type`). */
+export const GT = { u8: 0, i8: 1, u16: 2, i16: 3, u32: 4, i32: 5, f32: 6, bool: 7, string: 8, array: 9, u64: 10, i64: 11, f64: 12 } as const;
+
+/** Tensor element types (ggml.h `ggml_type`) this writer produces. */
+export const GGML_TYPE = { F32: 0, F16: 1, Q8_0: 8 } as const;
+export type GgmlType = keyof typeof GGML_TYPE;
+
+/** `general.file_type` (llama.h `llama_ftype`) of a file whose matrices are of one type. */
+export const FILE_TYPE: Record<GgmlType, number> = { F32: 0, F16: 1, Q8_0: 7 };
+
+export const Q8_0_BLOCK = 32;
+
+export interface GgufTensor {
+  name: string;
+  /** Row-major shape as HF stores it (`[out, in]`); written reversed as ggml's ne. */
+  shape: number[];
+  type: GgmlType;
+  data: Float32Array;
+}
+
+/** Bytes of a tensor of `n` values in `type` (Q8_0 needs rows that are whole blocks). */
+export function tensorBytes(type: GgmlType, n: number): number {
+  if (type === 'F32') return 4 * n;
+  if (type === 'F16') return 2 * n;
+  return (n / Q8_0_BLOCK) * (2 + Q8_0_BLOCK);
+}
+
+/** Q8_0 blocks of `data` (its length a multiple of 32; blocks run along rows). */
+export function quantizeQ8_0(data: Float32Array): Uint8Array {
+  if (data.length % Q8_0_BLOCK !== 0) throw new Error(`quantizeQ8_0: ${data.length} values are not whole blocks of ${Q8_0_BLOCK}`);
+  const blocks = data.length / Q8_0_BLOCK;
+  const out = new Uint8Array(blocks * (2 + Q8_0_BLOCK));
+  const view = new DataView(out.buffer);
+  const scale = new Float32Array(1);
+  for (let b = 0; b < blocks; b++) {
+    const at = b * Q8_0_BLOCK;
+    let amax = 0;
+    for (let i = 0; i < Q8_0_BLOCK; i++) amax = Math.max(amax, Math.abs(data[at + i]));
+    const d = amax / 127;
+    scale[0] = d;
+    const o = b * (2 + Q8_0_BLOCK);
+    view.setUint16(o, float32ToF16(scale)[0], true);
+    const inv = d === 0 ? 0 : 1 / d;
+    // round half away from zero, as llama.cpp's reference quantizer (roundf) does
+    for (let i = 0; i < Q8_0_BLOCK; i++) {
+      const x = data[at + i] * inv;
+      view.setInt8(o + 2 + i, Math.sign(x) * Math.round(Math.abs(x)));
+    }
+  }
+  return out;
+}
+
+function encodeTensor(t: GgufTensor): Uint8Array {
+  if (t.type === 'F32') return new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength);
+  if (t.type === 'F16') {
+    const h = float32ToF16(t.data);
+    return new Uint8Array(h.buffer, h.byteOffset, h.byteLength);
+  }
+  return quantizeQ8_0(t.data);
+}
+
+/** A growable little-endian byte buffer. */
+class Bytes {
+  private buf = new Uint8Array(1 << 16);
+  private view = new DataView(this.buf.buffer);
+  length = 0;
+
+  private room(n: number): void {
+    if (this.length + n <= this.buf.length) return;
+    let size = this.buf.length * 2;
+    while (size < this.length + n) size *= 2;
+    const next = new Uint8Array(size);
+    next.set(this.buf.subarray(0, this.length));
+    this.buf = next;
+    this.view = new DataView(next.buffer);
+  }
+
+  u8(v: number): void {
+    this.room(1);
+    this.view.setUint8(this.length, v);
+    this.length += 1;
+  }
+  i8(v: number): void {
+    this.room(1);
+    this.view.setInt8(this.length, v);
+    this.length += 1;
+  }
+  u32(v: number): void {
+    this.room(4);
+    this.view.setUint32(this.length, v, true);
+    this.length += 4;
+  }
+  i32(v: number): void {
+    this.room(4);
+    this.view.setInt32(this.length, v, true);
+    this.length += 4;
+  }
+  f32(v: number): void {
+    this.room(4);
+    this.view.setFloat32(this.length, v, true);
+    this.length += 4;
+  }
+  u64(v: number): void {
+    this.room(8);
+    this.view.setBigUint64(this.length, BigInt(v), true);
+    this.length += 8;
+  }
+  str(s: string): void {
+    const b = Buffer.from(s, 'utf8');
+    this.u64(b.length);
+    this.room(b.length);
+    this.buf.set(b, this.length);
+    this.length += b.length;
+  }
+  pad(alignment: number): void {
+    while (this.length % alignment !== 0) this.u8(0);
+  }
+  bytes(): Uint8Array {
+    return this.buf.subarray(0, this.length);
+  }
+}
+
+function writeValue(b: Bytes, v: GgufValue): void {
+  switch (v.type) {
+    case 'u8':
+      return b.u8(v.value);
+    case 'u32':
+      return b.u32(v.value);
+    case 'i32':
+      return b.i32(v.value);
+    case 'f32':
+      return b.f32(v.value);
+    case 'u64':
+      return b.u64(v.value);
+    case 'bool':
+      return b.u8(v.value ? 1 : 0);
+    case 'string':
+      return b.str(v.value);
+    case 'array': {
+      b.u32(GT[v.of]);
+      b.u64(v.value.length);
+      if (v.of === 'string') for (const s of v.value as string[]) b.str(s);
+      else for (let i = 0; i < v.value.length; i++) (v.of === 'f32' ? b.f32 : v.of === 'i32' ? b.i32 : b.u32).call(b, (v.value as ArrayLike<number>)[i]);
+    }
+  }
+}
+
+/**
+ * The whole file as chunks (header, then each tensor's bytes with its padding), ready for an atomic
+ * write. Metadata keys are written in the given order; `general.alignment` is left at its default.
+ */
+export function encodeGguf(metadata: Map<string, GgufValue>, tensors: readonly GgufTensor[]): Uint8Array[] {
+  const head = new Bytes();
+  head.u8(0x47); // G
+  head.u8(0x47); // G
+  head.u8(0x55); // U
+  head.u8(0x46); // F
+  head.u32(GGUF_VERSION);
+  head.u64(tensors.length);
+  head.u64(metadata.size);
+  for (const [key, v] of metadata) {
+    head.str(key);
+    head.u32(GT[v.type]);
+    writeValue(head, v);
+  }
+  const datas = tensors.map(encodeTensor);
+  let offset = 0;
+  tensors.forEach((t, i) => {
+    head.str(t.name);
+    head.u32(t.shape.length);
+    for (let d = t.shape.length - 1; d >= 0; d--) head.u64(t.shape[d]);
+    head.u32(GGML_TYPE[t.type]);
+    head.u64(offset);
+    offset += datas[i].byteLength;
+    offset += (GGUF_ALIGNMENT - (offset % GGUF_ALIGNMENT)) % GGUF_ALIGNMENT;
+  });
+  head.pad(GGUF_ALIGNMENT);
+  const chunks: Uint8Array[] = [head.bytes()];
+  for (const d of datas) {
+    chunks.push(d);
+    const pad = (GGUF_ALIGNMENT - (d.byteLength % GGUF_ALIGNMENT)) % GGUF_ALIGNMENT;
+    if (pad) chunks.push(new Uint8Array(pad));
+  }
+  return chunks;
+}

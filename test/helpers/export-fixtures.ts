@@ -1,0 +1,42 @@
+/**
+ * Tiny models for the export tests (test/export-onnx.test.ts, test/export-gguf.test.ts): init-model's
+ * tiny preset with noise added to every weight, so that greedy decoding depends on the whole context
+ * (fresh N(0, 0.02) weights mostly repeat one token, which would hide a wrong layout), and the
+ * norms and biases are not their neutral 1 and 0.
+ */
+import { join } from 'node:path';
+import type { Arch } from '../../src/models/config.ts';
+import { saveCheckpoint } from '../../src/models/checkpoint.ts';
+import { initModelFolder } from '../../src/models/init.ts';
+import { loadModel } from '../../src/models/load.ts';
+import { Normal } from '../../src/random.ts';
+import { loadTokenizer } from '../../src/tokenize/index.ts';
+
+export const EXPORT_ARCHS: Arch[] = ['llama', 'qwen2', 'qwen3', 'mistral', 'gemma', 'phi3', 'gpt2'];
+
+/** A prompt of the generated tokenizer's bytes and merges. */
+export const EXPORT_PROMPT = 'The capital of France is';
+
+/**
+ * Writes `root/name`: the tiny `arch` with noisy weights; `config` overrides config fields (e.g. a
+ * sliding window). Gemma's embedding, scaled by √hidden and tied to the head, keeps small noise, or
+ * every position would predict its own token back.
+ */
+export function noisyTinyModel(root: string, name: string, arch: Arch, config: Record<string, unknown> = {}): string {
+  const dir = join(root, name);
+  initModelFolder(dir, arch, 'tiny', 1);
+  const m = loadModel(dir);
+  const tokens = loadTokenizer(dir).vocabSize;
+  const rng = new Normal(7);
+  for (const [key, t] of m.weights) {
+    const std = t.shape.length === 1 ? 0.1 : arch === 'gemma' && key.includes('embed') ? 0.03 : 0.15;
+    // Rows of the embedding past the tokenizer's tokens are never trained: they keep their small
+    // initial values (prefzoo never samples them; the runtimes could, were they noisy).
+    const rows = /(embed_tokens|wte)\.weight$/.test(key) ? tokens : t.shape[0];
+    const n = t.shape.length === 1 ? t.data.length : rows * (t.data.length / t.shape[0]);
+    const noise = rng.fill(n, std);
+    for (let i = 0; i < n; i++) t.data[i] += noise[i];
+  }
+  saveCheckpoint(dir, m.weights, { config: { ...m.config, ...config } as typeof m.config });
+  return dir;
+}
