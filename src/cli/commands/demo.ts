@@ -1,7 +1,7 @@
 import type { Command } from 'commander';
 import { runDemo } from '../../train/demo.ts';
 import { ONLINE_METHODS, type OnlineMethod, runOnlineDemo } from '../../online/demo.ts';
-import { terminalProgress } from '../progress.ts';
+import { terminalLog, terminalProgress } from '../progress.ts';
 import { UserError } from '../../errors.ts';
 import { collect, positiveInt } from '../flags.ts';
 
@@ -21,7 +21,7 @@ export function register(program: Command): void {
       if (!Number.isInteger(seed) || seed < 0) throw new UserError(`--seed must be an integer ≥ 0, got "${o.seed}"`);
       if (o.method !== undefined) return onlineDemoCommand({ method: o.method, seed, params: o.param, out: o.out, json: o.json });
       const steps = positiveInt('--steps', o.steps);
-      const r = await runDemo({ loss: o.loss, seed, steps, params: o.param, out: o.out, quiet: o.json, progress: terminalProgress, log: o.json ? () => {} : undefined });
+      const r = await runDemo({ loss: o.loss, seed, steps, params: o.param, out: o.out, quiet: o.json, progress: terminalProgress, log: o.json ? undefined : terminalLog });
       if (o.json) {
         process.stdout.write(JSON.stringify(r) + '\n');
         return;
@@ -40,7 +40,7 @@ export function register(program: Command): void {
 /** `prefzoo demo --method M`: runs the online demo and prints its result (one JSON line with --json). */
 async function onlineDemoCommand(o: { method: string; seed: number; params: string[]; out?: string; json?: boolean }): Promise<void> {
   if (!(ONLINE_METHODS as readonly string[]).includes(o.method)) throw new UserError(`--method must be one of ${ONLINE_METHODS.join(', ')}, got "${o.method}"`);
-  const r = await runOnlineDemo({ method: o.method as OnlineMethod, seed: o.seed, params: o.params, out: o.out, quiet: o.json, progress: terminalProgress, log: o.json ? () => {} : undefined });
+  const r = await runOnlineDemo({ method: o.method as OnlineMethod, seed: o.seed, params: o.params, out: o.out, quiet: o.json, progress: terminalProgress, log: o.json ? undefined : terminalLog });
   if (o.json) {
     process.stdout.write(JSON.stringify(r) + '\n');
     return;
