@@ -5,7 +5,7 @@
 import * as arrow from 'apache-arrow';
 import { open, rename, rm, stat, type FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
-import { UserError } from '../src/errors.ts';
+import { BadInputError, UserError } from '../src/errors.ts';
 import { uniform } from '../src/random.ts';
 import { fileError, releaseTemp, removeTemp, tempPath } from '../src/io/atomic.ts';
 import { BatchBuilder } from './columns.ts';
@@ -31,6 +31,8 @@ export interface ConvertOptions extends ValidateOptions, WriteOptions {
   batchRows?: number;
   /** Bytes of text per Arrow batch handed to the writer. */
   batchBytes?: number;
+  /** Stops the conversion between input batches (nothing is left written). */
+  signal?: AbortSignal;
 }
 
 export interface ConvertSummary {
@@ -66,13 +68,13 @@ function outputKind(adapter: Adapter, first: Rec, opts: ConvertOptions, path: st
   let native = adapter.kind;
   if (adapter.name === 'csv') {
     const inner = detectFormat(first);
-    if (!inner) throw new UserError(`${path}: the columns (${Object.keys(first).join(', ')}) match no format; expected ${expectedShapes()}`);
+    if (!inner) throw new BadInputError(`${path}: the columns (${Object.keys(first).join(', ')}) match no format; expected ${expectedShapes()}`, { file: path });
     native = inner.kind;
   }
   const binarize = native === 'listwise' && (opts.binarize || opts.kind === 'pairwise');
   const kind = binarize ? 'pairwise' : native;
-  if (opts.binarize && native !== 'listwise') throw new UserError(`--binarize applies to listwise data; ${path} is ${adapter.name} (${native})`);
-  if (opts.kind && opts.kind !== kind) throw new UserError(`${path}: format ${adapter.name} gives ${native} data, which cannot become --kind ${opts.kind}`);
+  if (opts.binarize && native !== 'listwise') throw new BadInputError(`--binarize applies to listwise data; ${path} is ${adapter.name} (${native})`, { file: path, setting: 'binarize' });
+  if (opts.kind && opts.kind !== kind) throw new BadInputError(`${path}: format ${adapter.name} gives ${native} data, which cannot become --kind ${opts.kind}`, { file: path, setting: 'kind' });
   return { kind, binarize };
 }
 
@@ -137,13 +139,14 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
       let fileKind: Kind | null = null;
       const readBefore = read;
       for await (const items of src.items()) {
+        opts.signal?.throwIfAborted();
         for (const item of items) {
           read++;
           try {
             if (item.error !== undefined) throw new RecordError(item.error);
             const value = item.value;
             if (!isObject(value)) {
-              if (!adapter) throw new UserError(`${where(src, item.pos)}: not preference data: expected one object per record, found ${describe(value)}`);
+              if (!adapter) throw new BadInputError(`${where(src, item.pos)}: not preference data: expected one object per record, found ${describe(value)}`, { file: src.path, [src.unit === 'line' ? 'line' : 'row']: item.pos });
               throw new RecordError(`expected a record object, found ${describe(value)}`);
             }
             const rec: Rec = hasMap ? applyMap(value, map) : value;
@@ -152,13 +155,14 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
               if (!adapter) {
                 const keys = Object.keys(rec);
                 const hint = src.textual && keys.length === 1 ? ` (a single column: is the file delimited by ${src.format === 'tsv' ? 'tabs' : 'commas'}?)` : '';
-                throw new UserError(
+                throw new BadInputError(
                   `${src.path}: not preference data: expected records shaped as ${expectedShapes()}; found fields ${keys.join(', ') || '(none)'}${hint}`,
+                  { file: src.path },
                 );
               }
               const out = outputKind(adapter, rec, opts, src.path);
               fileKind = out.kind;
-              if (kind && kind !== fileKind) throw new UserError(`${src.path}: ${fileKind} data, but the inputs before it are ${kind}`);
+              if (kind && kind !== fileKind) throw new BadInputError(`${src.path}: ${fileKind} data, but the inputs before it are ${kind}`, { file: src.path });
               kind = fileKind;
               if (!formats.includes(adapter.name)) formats.push(adapter.name);
               ctx = { textual: src.textual, map, binarize: out.binarize, random, allowTies: opts.allowTies ?? false };
@@ -194,7 +198,7 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
           } catch (e) {
             if (!(e instanceof RecordError)) throw e;
             const loc = where(src, item.pos);
-            if (onInvalid === 'error') throw new UserError(`${loc}: ${e.message}`);
+            if (onInvalid === 'error') throw new BadInputError(`${loc}: ${e.message}`, { file: src.path, [src.unit === 'line' ? 'line' : 'row']: item.pos });
             skipped++;
             const entry = src.unit === 'line' ? { file: src.path, line: item.pos } : { file: src.path, row: item.pos };
             skippedLines.push(JSON.stringify({ ...entry, field: e.field ?? null, reason: e.message }) + '\n');

@@ -11,7 +11,7 @@ import { readFile, rename, rm } from 'node:fs/promises';
 import { Worker } from 'node:worker_threads';
 import { basename, dirname, join } from 'node:path';
 import { gunzipSync } from 'node:zlib';
-import { UserError } from '../src/errors.ts';
+import { DamagedFileError, UserError } from '../src/errors.ts';
 import { fileError, releaseTemp, sweepStaleTemps, tempPath } from '../src/io/atomic.ts';
 import { META_KEY, type PrefzooMeta, parseMeta, schemaProblems } from './schema.ts';
 
@@ -224,7 +224,7 @@ function readerThread(path: string, data: { mode: 'stream' | 'probe'; batchRows?
 export async function damagedParquet(path: string, fromRowGroup: number, reason: string): Promise<UserError> {
   // parquet-wasm's release build traps ("unreachable") or strips its messages: say what they mean.
   const why = /unreachable|strings stripped/i.test(reason) ? 'the decoder stopped on invalid bytes' : reason.replace(/\s+/g, ' ').slice(0, 200);
-  if (path.endsWith('.gz')) return new UserError(`${path}: damaged Parquet data (${why}); re-create or re-download the file`);
+  if (path.endsWith('.gz')) return new DamagedFileError(`${path}: damaged Parquet data (${why}); re-create or re-download the file`, { file: path });
   const w = readerThread(path, { mode: 'probe', fromRowGroup });
   const next = inbox(w);
   let rows: number[] = [];
@@ -246,10 +246,10 @@ export async function damagedParquet(path: string, fromRowGroup: number, reason:
   } finally {
     await w.terminate();
   }
-  if (!bad) return new UserError(`${path}: unreadable Parquet data (${why}); re-create or re-download the file`);
+  if (!bad) return new DamagedFileError(`${path}: unreadable Parquet data (${why}); re-create or re-download the file`, { file: path });
   const first = rows.slice(0, bad.rg).reduce((a, b) => a + b, 0);
   const span = rows.length ? `, rows ${first + 1}–${first + rows[bad.rg]}` : '';
-  return new UserError(`${path}: damaged Parquet data in column "${bad.column}", row group ${bad.rg + 1} of ${rows.length || '?'}${span} (${why}); re-create or re-download the file`);
+  return new DamagedFileError(`${path}: damaged Parquet data in column "${bad.column}", row group ${bad.rg + 1} of ${rows.length || '?'}${span} (${why}); re-create or re-download the file`, { file: path, ...(rows.length ? { row: first + 1 } : {}) });
 }
 
 /**

@@ -10,7 +10,7 @@ import { open, readFile, stat } from 'node:fs/promises';
 import { Transform, type Readable } from 'node:stream';
 import { StringDecoder } from 'node:string_decoder';
 import { createGunzip, gunzipSync } from 'node:zlib';
-import { UserError } from '../src/errors.ts';
+import { BadInputError, UserError } from '../src/errors.ts';
 import { errorText, readParquetBatches } from './parquet.ts';
 
 export type InputFormat = 'json' | 'jsonl' | 'csv' | 'tsv' | 'parquet' | 'arrow';
@@ -85,9 +85,9 @@ export async function openSource(path: string): Promise<Source> {
   try {
     st = await stat(path);
   } catch {
-    throw new UserError(`${path}: no such file`);
+    throw new BadInputError(`${path}: no such file`, { file: path });
   }
-  if (!st.isFile()) throw new UserError(`${path}: not a file`);
+  if (!st.isFile()) throw new BadInputError(`${path}: not a file`, { file: path });
   const raw = await head(path, 4096);
   const gzip = raw[0] === 0x1f && raw[1] === 0x8b;
   const name = path.toLowerCase().replace(/\.gz$/, '');
@@ -98,7 +98,7 @@ export async function openSource(path: string): Promise<Source> {
     // Enough of the decompressed head to sniff; a truncated gzip tail is fine here.
     start = await gunzipHead(path);
   }
-  if (start.length === 0) throw new UserError(`${path}: empty file`);
+  if (start.length === 0) throw new BadInputError(`${path}: empty file`, { file: path });
   // Content beats the name for the JSON family: .json files are often JSON Lines, and the reverse.
   if (format === null || format === 'json' || format === 'jsonl') format = sniff(start) ?? format;
   if (format === 'jsonl' && ext === '.json') {
@@ -108,12 +108,12 @@ export async function openSource(path: string): Promise<Source> {
       try {
         JSON.parse(text.slice(0, nl));
       } catch {
-        throw new UserError(`${path}: one multi-line JSON object; expected a JSON array of records "[...]" or JSON Lines (one record per line)`);
+        throw new BadInputError(`${path}: one multi-line JSON object; expected a JSON array of records "[...]" or JSON Lines (one record per line)`, { file: path });
       }
     }
   }
   if (format === null) {
-    throw new UserError(`${path}: unknown input format; expected .json, .jsonl, .csv, .tsv, .parquet or .arrow (optionally .gz)`);
+    throw new BadInputError(`${path}: unknown input format; expected .json, .jsonl, .csv, .tsv, .parquet or .arrow (optionally .gz)`, { file: path });
   }
   const unit = format === 'json' || format === 'jsonl' ? 'line' : 'row';
   const src: Source = { path, format, gzip, unit, textual: format === 'csv' || format === 'tsv', items: () => none() };
@@ -228,7 +228,7 @@ async function* jsonArrayItems(src: Source): AsyncGenerator<Item[]> {
   let first = true;
   const stringEnd = /["\\]/g;
   const fail = (msg: string): never => {
-    throw new UserError(`${src.path}:${line}: invalid JSON (${msg})`);
+    throw new BadInputError(`${src.path}:${line}: invalid JSON (${msg})`, { file: src.path, line });
   };
 
   let bare = false; // the element in progress is a bare scalar (number, true, null)
@@ -379,8 +379,8 @@ async function* csvItems(src: Source, delimiter: string): AsyncGenerator<Item[]>
         header = cells.map((h) => h.trim());
         const seen = new Set<string>();
         for (const h of header) {
-          if (h === '') throw new UserError(`${src.path}:1: empty column name in the header row`);
-          if (seen.has(h)) throw new UserError(`${src.path}:1: column "${h}" appears twice in the header row`);
+          if (h === '') throw new BadInputError(`${src.path}:1: empty column name in the header row`, { file: src.path, line: 1 });
+          if (seen.has(h)) throw new BadInputError(`${src.path}:1: column "${h}" appears twice in the header row`, { file: src.path, line: 1 });
           seen.add(h);
         }
         continue;
@@ -400,9 +400,9 @@ async function* csvItems(src: Source, delimiter: string): AsyncGenerator<Item[]>
     }
   } catch (e) {
     if (e instanceof UserError) throw e;
-    throw new UserError(`${src.path}:row ${row + 1}: unreadable CSV (${errorText(e)})`);
+    throw new BadInputError(`${src.path}:row ${row + 1}: unreadable CSV (${errorText(e)})`, { file: src.path, row: row + 1 });
   }
-  if (header === null) throw new UserError(`${src.path}: no header row`);
+  if (header === null) throw new BadInputError(`${src.path}: no header row`, { file: src.path });
   if (out.length) yield out;
 }
 
@@ -415,7 +415,7 @@ export async function* readArrowBatches(src: Pick<Source, 'path' | 'gzip'>): Asy
     reader = arrow.RecordBatchReader.from(bytes);
     reader.open();
   } catch (e) {
-    throw new UserError(`${src.path}: not a readable Arrow IPC file (${errorText(e)})`);
+    throw new BadInputError(`${src.path}: not a readable Arrow IPC file (${errorText(e)})`, { file: src.path });
   }
   for (const b of reader) yield b;
 }

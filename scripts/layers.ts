@@ -22,7 +22,7 @@ export const FLOORS: readonly (readonly string[])[] = [
   ['src/eval'],
   ['src/train'],
   ['src/online'],
-  ['src/cli', 'scripts'],
+  ['src/index.ts', 'src/cli', 'scripts'],
 ];
 
 /** Where imports may run upward: the command line and the scripts draw on every layer. */

@@ -1,6 +1,7 @@
 import { describe, it, expect } from 'vitest';
 import { benchPairs, stepFlops } from '../scripts/bench/step.ts';
-import { presetConfig, type LlamaConfig } from '../src/models/config.ts';
+import { countParameters, presetConfig, type LlamaConfig } from '../src/models/config.ts';
+import { decodeStepFlops, matmulParams } from '../scripts/bench/decode-bench.ts';
 import { prefzoo } from './helpers/cli.ts';
 
 describe('bench FLOP count', () => {
@@ -65,6 +66,35 @@ describe('prefzoo bench', () => {
       expect(r.code, args.join(' ')).toBe(1);
       expect(r.stderr.trim().split('\n')).toHaveLength(1);
       expect(r.stderr).toMatch(/^prefzoo: --/);
+    }
+  });
+});
+
+describe('prefzoo bench --generate', () => {
+  it('counts 2 FLOPs per matmul weight per row plus attention over the cache', () => {
+    const c = presetConfig('llama', 'small');
+    expect(matmulParams(c)).toBe(39_592_448); // the training count above
+    expect(decodeStepFlops(c, 32, 64)).toBe(2 * 32 * 39_592_448 + 4 * 32 * 8 * 8 * 64 * 64);
+    const g = presetConfig('gpt2', 'tiny', { vocabSize: 512 });
+    expect(g.tie_word_embeddings).toBe(true);
+    // Every weight but the position table (the token table is the head).
+    expect(matmulParams(g)).toBe(countParameters(g) - 512 * 64); // n_positions 512 × n_embd 64
+  });
+
+  it('prints one JSON line: prefill, decode tokens/s, ms per step, bounds, peak RSS', async () => {
+    const r = await prefzoo('bench', '--generate', '--preset', 'tiny', '--batch', '2', '--prompt', '5', '--new', '8', '--runs', '1', '--no-peak', '--json');
+    expect(r.code, r.stderr).toBe(0);
+    const j = JSON.parse(r.stdout.trim());
+    for (const k of ['prefill_ms', 'decode_tokens_per_s', 'ms_per_step', 'gflop_per_step', 'bandwidth_bound_ms', 'peak_rss_mb']) expect(j[k], k).toBeGreaterThan(0);
+    expect(j).toMatchObject({ weights: 'fed', batch: 2, prompt_tokens: 5, new_tokens: 8, flop_bound_ms: null });
+    expect(j.decode_tokens_per_s).toBeCloseTo(2000 / j.ms_per_step, -1);
+  }, 120_000);
+
+  it('refuses the training step flags with --generate, and --generate flags without it', async () => {
+    for (const args of [['--generate', '--steps', '3'], ['--generate', '--lora'], ['--batch', '4'], ['--generate', '--arch', 'bert']]) {
+      const r = await prefzoo('bench', ...args);
+      expect(r.code, args.join(' ')).toBe(1);
+      expect(r.stderr.trim().split('\n')).toHaveLength(1);
     }
   });
 });

@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { type ConvertOptions, convert } from '../datasets/convert.ts';
 import { readCanonical } from '../datasets/parquet.ts';
+import { BadInputError } from '../src/errors.ts';
 
 let dir: string;
 beforeAll(() => {
@@ -30,7 +31,11 @@ async function rejects(input: string, opts: ConvertOptions = {}): Promise<string
   await convert([input], out, opts).then(
     () => expect.unreachable('conversion should have failed'),
     (e: Error) => {
-      expect(e.name).toBe('UserError');
+      // A BadInputError (a UserError) that carries the input file and the line or row it names.
+      expect(e).toBeInstanceOf(BadInputError);
+      const b = e as BadInputError;
+      expect(b.file).toBe(input);
+      if (b.line !== undefined || b.row !== undefined) expect(e.message.startsWith(`${input}:${b.line ?? `row ${b.row}`}`)).toBe(true);
       message = e.message;
     },
   );

@@ -83,7 +83,7 @@ describe('every registered family', () => {
 
 /** Runs the prefzoo command line in this process (so it sees families registered here). */
 async function prefzoo(...args: string[]): Promise<void> {
-  await buildProgram().parseAsync(['node', 'prefzoo', ...args]);
+  await (await buildProgram([args[0]])).parseAsync(['node', 'prefzoo', ...args]);
 }
 
 describe('adding a family is one family object and one registry entry', () => {

@@ -2,7 +2,7 @@
  * Loss parameters: typed specs with defaults, parsing from CLI strings or config values, and
  * range checks whose messages name the parameter and its valid range.
  */
-import { UserError } from '../../src/errors.ts';
+import { BadInputError, UserError } from '../../src/errors.ts';
 import type { ParamSpec, ParamValue, Params } from './types.ts';
 
 /** A human-readable valid range, e.g. "(0, ∞)" or "[0, 0.5)" or "one of lambda, list_mle". */
@@ -25,7 +25,7 @@ function inRange(s: ParamSpec, v: number): boolean {
 /** Converts one raw value (string from the CLI, or a JSON value) to the spec's type, or throws. */
 export function coerceParam(s: ParamSpec, raw: unknown, where: string): ParamValue {
   const bad = () =>
-    new UserError(`${where}parameter ${s.name} must be ${describeRange(s)}, got ${JSON.stringify(raw)}`);
+    new BadInputError(`${where}parameter ${s.name} must be ${describeRange(s)}, got ${JSON.stringify(raw)}`, { setting: s.name });
   if (raw === null) {
     if (s.default === null) return null;
     throw bad();
@@ -66,7 +66,7 @@ export function parseParams(lossName: string, specs: readonly ParamSpec[], raw: 
     const s = findSpec(specs, k);
     if (!s) {
       const valid = specs.map((p) => p.name).join(', ') || '(none)';
-      throw new UserError(`unknown parameter "${k}" for loss ${lossName}; valid parameters: ${valid}`);
+      throw new BadInputError(`unknown parameter "${k}" for loss ${lossName}; valid parameters: ${valid}`, { setting: k });
     }
     const prev = seen.get(s.name);
     if (prev !== undefined) throw new UserError(`parameter ${s.name} of loss ${lossName} is given twice (as ${prev} and ${k})`);

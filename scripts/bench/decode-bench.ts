@@ -1,64 +1,204 @@
 /**
- * Decode throughput: tokens per second of batched KV-cache sampling (prefill excluded and reported
- * apart), for a random-initialised preset, with the weights baked into the graphs or fed as inputs
- * (the Nash-MD policy). No stop tokens, so every row decodes exactly --new tokens.
+ * Generation throughput (`prefzoo bench --generate`, scripts/bench/decode): batched KV-cache
+ * sampling of a random-initialised preset, every row decoding exactly `--new` tokens (no stop ids),
+ * multinomial sampling at temperature 1. The weights are fed to the graphs as inputs, as the online
+ * loops feed their live policy (`--baked` bakes them in, as `prefzoo generate` does). Reports prefill
+ * time, decode tokens/s and ms per step (the median of `--runs` generations, timed after the prefill),
+ * peak RSS (of the generation, before the probes below), and the two lower bounds of a step: its matrix-product FLOPs at this machine's MatMul
+ * peak, and reading its matrix weights once at this machine's memory bandwidth.
  *
- *   scripts/bench/decode [--arch llama|qwen2|gpt2] [--preset tiny|small] [--batch N] [--prompt N] [--new N] [--json]
+ *   scripts/bench/decode [--arch llama] [--preset small] [--batch 8] [--prompt 32] [--new 64] [--runs 3] [--baked] [--json]
  */
+import os, { tmpdir } from 'node:os';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { initModelFolder } from '../../src/models/init.ts';
-import { loadModel } from '../../src/models/load.ts';
-import { Decoder, generateIds } from '../../src/models/generate.ts';
+import { writeTokenizer } from '../../src/tokenize/generate.ts';
+import { type Arch, type ModelConfig, type Preset, countParameters, presetArch, presetConfig } from '../../src/models/config.ts';
+import { initWeights } from '../../src/models/init.ts';
+import { Decoder, generateIds, setGenerateTimer, type GenerateRequest } from '../../src/models/generate.ts';
 import { sampleRandom } from '../../src/models/sampling.ts';
+import { familyFor } from '../../src/models/families.ts';
+import { measureMatmulPeak } from '../../src/runtime/peak.ts';
+import type { RuntimeOptions } from '../../src/runtime/session.ts';
 
-function arg(name: string, dflt: string): string {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 ? process.argv[i + 1] : dflt;
+export interface GenerateBenchOptions {
+  arch?: Arch;
+  preset: Preset;
+  batch: number;
+  prompt: number;
+  newTokens: number;
+  /** Timed generations (the median counts). */
+  runs?: number;
+  /** Bake the weights into the graphs instead of feeding them. */
+  baked?: boolean;
+  runtime?: RuntimeOptions;
+  skipPeak?: boolean;
+  log?: (line: string) => void;
 }
 
-if (process.argv.includes('--help')) {
-  process.stdout.write('scripts/bench/decode [--arch llama|qwen2|gpt2] [--preset tiny|small] [--batch 8] [--prompt 32] [--new 64] [--json]\n');
-  process.exit(0);
+export interface GenerateBenchResult {
+  engine: string;
+  arch: string;
+  preset: string;
+  params: number;
+  weights: 'fed' | 'baked';
+  device: string;
+  batch: number;
+  prompt_tokens: number;
+  new_tokens: number;
+  prefill_ms: number;
+  decode_tokens_per_s: number;
+  /** The comparison figure of scripts/bench/compare --generate: decode_tokens_per_s. */
+  tokens_per_s: number;
+  ms_per_step: number;
+  step_ms_runs: number[];
+  gflop_per_step: number;
+  matmul_peak_gflops: number | null;
+  flop_bound_ms: number | null;
+  weight_mb_per_step: number;
+  memory_gb_per_s: number;
+  bandwidth_bound_ms: number;
+  peak_rss_mb: number;
+  load_average: number;
 }
-const arch = arg('arch', 'llama') as 'llama' | 'qwen2' | 'gpt2';
-const preset = arg('preset', 'small') as 'tiny' | 'small';
-const B = Number(arg('batch', '8'));
-const P = Number(arg('prompt', '32'));
-const N = Number(arg('new', '64'));
-const dir = mkdtempSync(join(tmpdir(), 'prefzoo-decode-bench-'));
-try {
-  initModelFolder(dir, arch, preset, 0);
-  const m = loadModel(dir);
-  const rows: Record<string, unknown>[] = [];
-  for (const bake of [true, false]) {
-    const dec = await Decoder.create(m.config, m.weights, { bake });
-    const reqs = (seed: number) => Array.from({ length: B }, (_, i) => ({ promptIds: Array.from({ length: P }, (_, t) => (i * 7 + t * 13) % 200), rng: sampleRandom(seed, i, 0) }));
-    const opts = { stopIds: [], padId: 0, batchSize: B };
-    await generateIds([{ decoder: dec, weight: 1 }], reqs(1), { ...opts, maxNewTokens: 2 }); // warm-up
-    const t0 = performance.now();
-    await generateIds([{ decoder: dec, weight: 1 }], reqs(2), { ...opts, maxNewTokens: 1 });
-    const prefill = performance.now() - t0;
-    const t1 = performance.now();
-    await generateIds([{ decoder: dec, weight: 1 }], reqs(3), { ...opts, maxNewTokens: N });
-    const total = performance.now() - t1;
-    const decodeMs = Math.max(1e-3, total - prefill);
-    rows.push({
-      arch,
-      preset,
-      weights: bake ? 'baked' : 'inputs',
-      batch: B,
-      prompt_tokens: P,
-      new_tokens: N,
-      prefill_ms: Math.round(prefill * 10) / 10,
-      'decode_tokens/s': Math.round((B * (N - 1)) / (decodeMs / 1000)),
-      'ms/step': Math.round((decodeMs / (N - 1)) * 100) / 100,
-    });
-    await dec.release();
+
+function generatedVocabSize(): number {
+  const dir = mkdtempSync(join(tmpdir(), 'prefzoo-generate-bench-'));
+  try {
+    return writeTokenizer(dir).vocabSize;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
   }
-  if (process.argv.includes('--json')) for (const r of rows) process.stdout.write(JSON.stringify(r) + '\n');
-  else for (const r of rows) process.stdout.write(`${r.arch} ${r.preset} (${r.weights} weights) batch ${B}, prompt ${P}, ${N} new: prefill ${r.prefill_ms} ms, decode ${r['decode_tokens/s']} tokens/s (${r['ms/step']} ms/step)\n`);
-} finally {
-  rmSync(dir, { recursive: true, force: true });
+}
+
+/** Matrix-product parameters a decode step reads: every weight but the embedding tables (unless tied: then the token table is the head). */
+export function matmulParams(c: ModelConfig): number {
+  const fam = familyFor(c);
+  const D = fam.hiddenSize(c);
+  const embeds = c.vocab_size * D + (fam.learnedPositions ? fam.maxPositions(c) * D : 0);
+  return countParameters(c) - embeds + (c.tie_word_embeddings ? c.vocab_size * D : 0);
+}
+
+/** Memory read bandwidth, GB/s: the fastest of a few sums over 256 MB through a copy (read + write counted). */
+function memoryBandwidth(): number {
+  const n = 64 * 2 ** 20;
+  const a = new Float32Array(n).fill(1);
+  const b = new Float32Array(n);
+  let best = 0;
+  for (let r = 0; r < 4; r++) {
+    const t0 = performance.now();
+    b.set(a);
+    const s = (performance.now() - t0) / 1000;
+    best = Math.max(best, (2 * n * 4) / s / 1e9);
+  }
+  return best;
+}
+
+/**
+ * FLOPs of one decode step of B rows over a cache of L positions: 2 per matmul weight per row, and
+ * q·k plus p·v over the query width, taken as the hidden size (exact for llama's and gpt2's presets;
+ * a model with wider heads, such as qwen3's, counts less attention than it does).
+ */
+export function decodeStepFlops(c: ModelConfig, B: number, L: number): number {
+  const fam = familyFor(c);
+  return 2 * B * matmulParams(c) + 4 * B * fam.numLayers(c) * fam.hiddenSize(c) * L;
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+}
+
+const round = (x: number, d = 1) => Math.round(x * 10 ** d) / 10 ** d;
+/** Four significant digits (the tiny preset's figures are small). */
+const sig = (x: number) => Number(x.toPrecision(4));
+
+export async function runGenerateBench(o: GenerateBenchOptions): Promise<GenerateBenchResult> {
+  const log = o.log ?? (() => {});
+  const arch = o.arch ?? presetArch(o.preset) ?? 'llama';
+  // tiny takes its vocabulary from the generated tokenizer, as init-model does.
+  const config = presetConfig(arch, o.preset, o.preset === 'tiny' ? { vocabSize: generatedVocabSize() } : {});
+  const weights = initWeights(config, 0);
+  const { batch: B, prompt: P, newTokens: N } = o;
+  const runs = o.runs ?? 3;
+  const dec = await Decoder.create(config, weights, { bake: o.baked ?? false, runtime: o.runtime });
+  const V = config.vocab_size;
+  const reqs = (seed: number): GenerateRequest[] =>
+    Array.from({ length: B }, (_, i) => ({ promptIds: Array.from({ length: P }, (_, t) => 16 + ((i * 7919 + t * 104729) % (Math.min(V, 4096) - 16))), rng: sampleRandom(seed, i, 0) }));
+  // The generation's own spans: the prefill, and everything after it (each step's run, pick, bookkeeping).
+  const gen = async (seed: number, n: number) => {
+    let decode = 0;
+    setGenerateTimer((label, ms) => {
+      if (label !== 'prefill') decode += ms;
+    });
+    const t0 = performance.now();
+    try {
+      await generateIds([{ decoder: dec, weight: 1 }], reqs(seed), { temperature: 1, maxNewTokens: n, stopIds: [], padId: 0, batchSize: B });
+    } finally {
+      setGenerateTimer(null);
+    }
+    return { total: performance.now() - t0, decode };
+  };
+  log(`${arch} ${o.preset}, batch ${B}, prompt ${P}, ${N} new tokens: warming up`);
+  await gen(1, Math.min(N, 4));
+  const prefills: number[] = [];
+  const steps: number[] = [];
+  for (let r = 0; r < runs; r++) {
+    const prefill = (await gen(10 + r, 1)).total;
+    const { decode } = await gen(20 + r, N);
+    prefills.push(prefill);
+    steps.push(decode / Math.max(1, N - 1));
+    log(`run ${r + 1}/${runs}: prefill ${prefill.toFixed(1)} ms, ${steps[r].toFixed(2)} ms/step`);
+  }
+  await dec.release();
+  // Before the MatMul peak and bandwidth probes, which allocate their own buffers.
+  const rss = Math.round(process.resourceUsage().maxRSS / 1024);
+  const msStep = median(steps);
+  const flops = decodeStepFlops(config, B, P + N / 2);
+  const peak = o.skipPeak ? null : (await measureMatmulPeak(o.runtime)).gflops;
+  const bw = memoryBandwidth();
+  const weightBytes = matmulParams(config) * 4;
+  return {
+    engine: 'prefzoo',
+    arch,
+    preset: o.preset,
+    params: countParameters(config),
+    weights: o.baked ? 'baked' : 'fed',
+    device: o.runtime?.ep ?? 'cpu',
+    batch: B,
+    prompt_tokens: P,
+    new_tokens: N,
+    prefill_ms: round(median(prefills)),
+    decode_tokens_per_s: round(B / (msStep / 1000)),
+    tokens_per_s: round(B / (msStep / 1000)),
+    ms_per_step: sig(msStep),
+    step_ms_runs: steps.map(sig),
+    gflop_per_step: sig(flops / 1e9),
+    matmul_peak_gflops: peak === null ? null : round(peak),
+    flop_bound_ms: peak === null ? null : sig(flops / peak / 1e6),
+    weight_mb_per_step: sig(weightBytes / 1e6),
+    memory_gb_per_s: round(bw),
+    bandwidth_bound_ms: sig((weightBytes / (bw * 1e9)) * 1000),
+    peak_rss_mb: rss,
+    load_average: round(os.loadavg()[0], 2),
+  };
+}
+
+/** One line per figure, for the terminal. */
+export function formatGenerateBench(r: GenerateBenchResult): string {
+  const lines: [string, string][] = [
+    ['model', `${r.arch} ${r.preset}, ${r.params.toLocaleString('en-US')} parameters, weights ${r.weights}, ${r.device}`],
+    ['shape', `batch ${r.batch}, prompt ${r.prompt_tokens}, ${r.new_tokens} new tokens, multinomial sampling`],
+    ['prefill_ms', String(r.prefill_ms)],
+    ['decode_tokens_per_s', String(r.decode_tokens_per_s)],
+    ['ms_per_step', `${r.ms_per_step} (median of ${r.step_ms_runs.join(', ')})`],
+    ['gflop_per_step', String(r.gflop_per_step)],
+    ['flop_bound_ms', r.flop_bound_ms === null ? 'not measured' : `${r.flop_bound_ms} (at the MatMul peak, ${r.matmul_peak_gflops} GFLOP/s)`],
+    ['bandwidth_bound_ms', `${r.bandwidth_bound_ms} (${r.weight_mb_per_step} MB of matrix weights at ${r.memory_gb_per_s} GB/s)`],
+    ['peak_rss_mb', String(r.peak_rss_mb)],
+    ['load_average', `${r.load_average} (other work on the machine slows every figure)`],
+  ];
+  const w = Math.max(...lines.map(([k]) => k.length));
+  return lines.map(([k, v]) => `${k.padEnd(w)}  ${v}`).join('\n') + '\n';
 }

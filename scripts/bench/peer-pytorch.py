@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The PyTorch eager peer of `prefzoo bench`: the same DPO training step (forward, backward, AdamW)
-of the same model shape on the same batch, printing the same JSON keys.
+of the same model shape on the same batch, printing the same JSON keys; with --generate, the peer of
+`prefzoo bench --generate` (KV-cache decoding, one eager forward per token, multinomial sampling).
 
 The model is a plain-torch Llama block stack written the way Hugging Face's eager modeling code
 computes it (RMSNorm, rotate-half RoPE, grouped-query heads repeated to full heads, masked softmax
@@ -92,7 +93,10 @@ class Block(nn.Module):
         self.up_proj = nn.Linear(d, c['inter'], bias=False)
         self.down_proj = nn.Linear(c['inter'], d, bias=False)
 
-    def forward(self, x, cos, sin, mask):
+    def forward(self, x, cos, sin, mask, cache=None):
+        """One layer. With `cache` (a list, empty before the prefill), decoding as HF's eager attention
+        and DynamicCache do: the new keys/values are concatenated to the layer's cache (kept in the
+        list), then repeated to every query head."""
         B, T, _ = x.shape
         y = self.input_layernorm(x)
         q = self.q_proj(y).view(B, T, self.h, self.hd)
@@ -103,6 +107,11 @@ class Block(nn.Module):
         v = self.v_proj(y).view(B, T, self.kv, self.hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
+        if cache is not None:
+            if cache:
+                k = torch.cat((cache[0], k), 2)
+                v = torch.cat((cache[1], v), 2)
+            cache[:] = [k, v]
         rep = self.h // self.kv
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
@@ -147,6 +156,81 @@ class Llama(nn.Module):
         x = self.norm(x)
         w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return x @ w.t()
+
+
+    def decode(self, ids, attn, caches):
+        """Logits of each row's last new token: `ids` [B, T] new tokens, `attn` [B, past + T]; the
+        caches (one [k, v] list per layer, empty before the prefill) are extended in place."""
+        B, T = ids.shape
+        L = attn.shape[1]
+        pos = (attn.cumsum(1) - attn)[:, L - T:].float()
+        freqs = pos[:, :, None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), -1)[:, None]
+        cos, sin = emb.cos(), emb.sin()
+        causal = torch.ones(T, L, dtype=torch.bool).tril(L - T)
+        allowed = causal[None, None] & attn.bool()[:, None, None, :]
+        mask = torch.zeros(B, 1, T, L).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        x = self.embed_tokens(ids)
+        for layer, cache in zip(self.layers, caches):
+            x = layer(x, cos, sin, mask, cache)
+        x = self.norm(x[:, -1])
+        w = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return x @ w.t()
+
+
+def generate_bench(a, c):
+    """The peer of `prefzoo bench --generate`: prefill, then one eager forward per token with a
+    key/value cache and multinomial sampling from softmax(logits), B rows of P prompt tokens, N new."""
+    torch.set_num_threads(a.threads or os.cpu_count())
+    torch.manual_seed(0)
+    model = Llama(c).eval()
+    params = sum(p.numel() for p in model.parameters())
+    B, P, N = a.batch, a.prompt, a.new
+    V = c['vocab']
+    prompts = torch.tensor([[16 + (i * 7919 + t * 104729) % (min(V, 4096) - 16) for t in range(P)] for i in range(B)])
+    log = lambda s: print(f'peer: {s}', file=sys.stderr, flush=True)
+    log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {params:,} parameters, generate batch {B}, prompt {P}, {N} new")
+
+    def gen(n):
+        caches = [[] for _ in model.layers]
+        attn = torch.ones(B, P, dtype=torch.long)
+        t0 = time.perf_counter()
+        logits = model.decode(prompts, attn, caches)
+        tok = torch.multinomial(torch.softmax(logits, -1), 1)
+        for _ in range(n - 1):
+            attn = torch.cat((attn, torch.ones(B, 1, dtype=torch.long)), 1)
+            logits = model.decode(tok, attn, caches)
+            tok = torch.multinomial(torch.softmax(logits, -1), 1)
+        return (time.perf_counter() - t0) * 1000
+
+    load = os.getloadavg()[0]
+    with torch.no_grad():
+        gen(min(N, 4))
+        prefills, steps = [], []
+        for r in range(a.runs):
+            pre = gen(1)
+            total = gen(N)
+            prefills.append(pre)
+            steps.append(max(1e-3, total - pre) / max(1, N - 1))
+            log(f'run {r + 1}/{a.runs}: prefill {pre:.1f} ms, {steps[-1]:.2f} ms/step')
+    ms = statistics.median(steps)
+    out = {
+        'engine': f'pytorch {torch.__version__} eager',
+        'preset': a.preset,
+        'params': params,
+        'threads': torch.get_num_threads(),
+        'batch': B,
+        'prompt_tokens': P,
+        'new_tokens': N,
+        'prefill_ms': round(statistics.median(prefills), 1),
+        'decode_tokens_per_s': round(B / (ms / 1000), 1),
+        'tokens_per_s': round(B / (ms / 1000), 1),
+        'ms_per_step': round(ms, 2),
+        'step_ms_runs': [round(s, 2) for s in steps],
+        'peak_rss_mb': round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        'load_average': round(load, 2),
+    }
+    print(json.dumps(out))
 
 
 def sequence_logps(logits, ids, loss_mask):
@@ -206,7 +290,17 @@ def main():
     ap.add_argument('--device', default='cpu', help='cpu or cuda')
     ap.add_argument('--gradient-checkpointing', action='store_true', help="recompute each layer's activations in the backward (torch.utils.checkpoint), as prefzoo's flag")
     ap.add_argument('--dtype', default='float32', choices=['float32', 'bfloat16'], help='bfloat16: autocast around the step')
+    ap.add_argument('--generate', action='store_true', help='time KV-cache generation instead (the peer of prefzoo bench --generate)')
+    ap.add_argument('--batch', type=int, default=8, help='with --generate: rows decoded together')
+    ap.add_argument('--prompt', type=int, default=32, help='with --generate: prompt tokens per row')
+    ap.add_argument('--new', type=int, default=64, help='with --generate: new tokens per row')
+    ap.add_argument('--runs', type=int, default=3, help='with --generate: timed generations (the median counts)')
     a = ap.parse_args()
+    if a.generate:
+        c = dict(PRESETS[a.preset])
+        if a.vocab:
+            c['vocab'] = a.vocab
+        return generate_bench(a, c)
     dev = torch.device(a.device)
     # GPU work is asynchronous: each timed region ends by waiting for it.
     sync = torch.cuda.synchronize if dev.type == 'cuda' else (lambda: None)

@@ -1,16 +1,51 @@
 import { Command, CommanderError } from 'commander';
+import { existsSync, readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { UserError } from '../errors.ts';
 import { fileError, removeAllTemps } from '../io/atomic.ts';
-import { commands } from './commands/index.ts';
+import { COMMANDS } from './commands/index.ts';
 
-/** Builds the `prefzoo` program; every command module adds itself through `commands`. */
-export function buildProgram(): Command {
+/** The package's version, from the nearest package.json above this file (the same from src/ and dist/). */
+function version(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  while (!existsSync(join(dir, 'package.json')) && dirname(dir) !== dir) dir = dirname(dir);
+  try {
+    return (JSON.parse(readFileSync(join(dir, 'package.json'), 'utf8')) as { version: string }).version;
+  } catch {
+    return 'unknown';
+  }
+}
+
+/**
+ * The command `args` (argv without node and the script) runs: the first word that is not a flag, or
+ * the one after `help`. Undefined for the program's own --help and --version.
+ */
+export function commandOf(args: readonly string[]): string | undefined {
+  const words = args.filter((a) => !a.startsWith('-'));
+  return words[0] === 'help' ? words[1] : words[0];
+}
+
+/**
+ * Builds the `prefzoo` program. Only the modules of the commands named in `load` (all when absent)
+ * are imported; every other command is listed by its name and summary (src/cli/commands/index.ts).
+ */
+export async function buildProgram(load?: readonly string[]): Promise<Command> {
   const program = new Command('prefzoo')
     .description('Offline preference alignment of causal language models on ONNX Runtime')
-    .version('0.1.0')
+    .version(version())
     .showHelpAfterError('(run with --help for usage)')
     .exitOverride();
-  for (const register of commands) register(program);
+  // Modules first (one may register more than one command: reward-train and reward-score), then the
+  // summaries of the others.
+  const modules = new Set<{ register(program: Command): void }>();
+  for (const entry of COMMANDS) if (!load || load.includes(entry.name)) modules.add(await entry.load());
+  for (const m of modules) m.register(program);
+  for (const entry of COMMANDS) {
+    const loaded = program.commands.find((c) => c.name() === entry.name);
+    if (loaded) loaded.summary(entry.summary);
+    else program.command(entry.name).summary(entry.summary).description(entry.summary);
+  }
   return program;
 }
 
@@ -26,9 +61,15 @@ function cleanupOnSignals(): void {
 }
 
 export async function main(argv: string[]): Promise<void> {
-  const program = buildProgram();
   cleanupOnSignals();
+  // `prefzoo train --help | head`: a reader that stops early is not an error.
+  process.stdout.on('error', (e: NodeJS.ErrnoException) => {
+    if (e.code !== 'EPIPE') throw e;
+    process.exit(0);
+  });
   try {
+    const name = commandOf(argv.slice(2));
+    const program = await buildProgram(name ? [name] : []);
     await program.parseAsync(argv);
   } catch (e) {
     if (e instanceof CommanderError) {

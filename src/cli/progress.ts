@@ -61,5 +61,10 @@ export class Progress implements ProgressReporter {
   }
 }
 
+/** What commands pass to the library as `log`: each line to stderr (stdout carries the command's result). */
+export const terminalLog = (line: string): void => {
+  process.stderr.write(line + '\n');
+};
+
 /** What commands pass to the library: a bar (or plain lines) on stderr for each job. */
 export const terminalProgress: ProgressFactory = (label, total) => new Progress(label, total);

@@ -35,6 +35,8 @@ export interface EvalOptions {
   progress?: ProgressFactory;
   /** No progress and no truncation note. */
   quiet?: boolean;
+  /** Where the truncation note goes (default: nowhere; the CLI passes stderr). */
+  log?: (line: string) => void;
   truncation?: TruncationConfig;
   batchSize?: number;
   /** Evaluate on the first N rows of the data only (0 or absent: all). */
@@ -133,7 +135,7 @@ export class Evaluator {
       truncation: o.truncation?.truncation ?? DEFAULT_TRUNCATION.truncation,
     };
     const { rows, truncated } = tokenizeExamples(data.examples, tok, trunc, data.tokens);
-    if (truncated && !o.quiet) process.stderr.write(`eval: ${truncated} of ${rows.length} rows truncated to max_length ${trunc.max_length} / max_prompt_length ${trunc.max_prompt_length}\n`);
+    if (truncated && !o.quiet) o.log?.(`eval: ${truncated} of ${rows.length} rows truncated to max_length ${trunc.max_length} / max_prompt_length ${trunc.max_prompt_length}`);
     const rs = await Scorer.create(ref.config, ref.weights, o.runtime ?? {}, tok.padId ?? 0);
     const rl = (await rs.score(data.kind, rows, { batchSize: o.batchSize ?? 8, label: 'reference log-probs', progress: o.quiet ? undefined : o.progress })).logps;
     await rs.release();

@@ -2,8 +2,11 @@
  * Batched sampling with a key/value cache. A `Decoder` holds the prefill and step sessions of one
  * model; `generateIds` left-pads a batch of prompts, prefills once, then feeds one token per step,
  * drawing each row's token from the (mixture of the) decoders' logits with that row's own random
- * stream. Finished rows leave the batch (their cache rows are dropped), so a long answer in the batch
- * does not make the short ones pay.
+ * stream. The cache is preallocated (`SlotCache`: fixed shapes, grown a chunk of slots at a time) and
+ * each step writes only its new keys/values into it; the step graph attends over unfilled slots
+ * masked out, and the logits and new keys/values land in buffers allocated once. Finished rows leave
+ * the batch (the rows after them move up in place), so a long answer in the batch does not make the
+ * short ones pay.
  */
 import { type ModelConfig, maxPositions } from './config.ts';
 import type { FloatTensor } from './checkpoint.ts';
@@ -13,7 +16,7 @@ import { Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from 
 import { UserError } from '../errors.ts';
 import type { SeededRandom } from '../random.ts';
 import type { LoadedTokenizer } from '../tokenize/index.ts';
-import { buildDecodeGraph, cacheShape, pastName, presentName } from './decode.ts';
+import { buildDecodeGraph, cacheShape, pastName, presentName, type DecodeHead } from './decode.ts';
 import { mixLogits, sampleToken, samplingOptions, type SamplingOptions } from './sampling.ts';
 
 /** The cache of a batch: `[B, KV, L, hd]` per layer and kind, as fed back under the past names. */
@@ -33,25 +36,45 @@ export interface DecoderOptions {
   lora?: LoraConfig | null;
 }
 
+/**
+ * What a step returns for each row: `greedy` the argmax, `sample` a draw with each row's `uniform`
+ * number, both among the ids below `limit`, picked inside the graph (see `DecodeHead`); no pick,
+ * the logits.
+ */
+export type Pick = { head: 'greedy'; limit: number } | { head: 'sample'; limit: number; temperature: number; uniform: Float64Array };
+
 export class Decoder {
   private params: Feeds = {};
+  /** Prefill and step sessions by head, built on first use (a decoder that only samples never builds the logits graphs). */
+  private readonly sessions = new Map<string, Promise<Session>>();
 
   private constructor(
     readonly config: ModelConfig,
-    private readonly prefillSession: Session,
-    private readonly stepSession: Session,
     private readonly shapes: Map<string, number[]>,
     readonly baked: boolean,
+    private readonly build: { weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; runtime?: RuntimeOptions },
   ) {}
 
   static async create(config: ModelConfig, weights: Map<string, FloatTensor>, o: DecoderOptions = {}): Promise<Decoder> {
     const bake = o.bake ?? false;
-    const gw = bake ? weights : undefined;
-    const prefill = await Session.fromGraph(buildDecodeGraph(config, { past: false, weights: gw, lora: o.lora }), o.runtime);
-    const step = await Session.fromGraph(buildDecodeGraph(config, { past: true, weights: gw, lora: o.lora }), o.runtime);
-    const d = new Decoder(config, prefill, step, modelParameterShapes(config, { lora: o.lora }), bake);
+    const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime: o.runtime });
     if (!bake) d.setWeights((name) => weights.get(name)?.data);
     return d;
+  }
+
+  private session(past: boolean, head: DecodeHead): Promise<Session> {
+    const key = `${past ? 'step' : 'prefill'}/${head}`;
+    let s = this.sessions.get(key);
+    if (!s) {
+      s = Session.fromGraph(buildDecodeGraph(this.config, { past, weights: this.build.weights, lora: this.build.lora, head }), this.build.runtime);
+      this.sessions.set(key, s);
+    }
+    return s;
+  }
+
+  /** Whether the graph can pick tokens (its float64 sampling runs on the CPU only). */
+  get picksTokens(): boolean {
+    return (this.build.runtime?.ep ?? 'cpu') === 'cpu';
   }
 
   /** Feeds these parameter values from now on (graph-input decoders only); arrays are not copied. */
@@ -69,27 +92,97 @@ export class Decoder {
   }
 
   /**
-   * Runs S new tokens per row. `ids` [B, S]; `mask` [B, L] covers the cache and the new tokens.
-   * Returns the logits of each row's last new token `[B, V]` and the extended cache.
+   * Runs S new tokens per row (S = 1 with a cache). `ids` [B, S]; `mask` [B, L] covers the cache and the new tokens.
+   * Returns the logits of each row's last new token `[B, V]` and the extended cache (a new one:
+   * `cache` is not changed).
    */
   async forward(ids: BigInt64Array, mask: BigInt64Array, rows: number, cache: KVCache | null): Promise<{ logits: Float32Array; cache: KVCache }> {
     const S = ids.length / rows;
     const L = mask.length / rows;
+    if (cache && S !== 1) throw new Error(`decoder: a step with a cache feeds one token per row, got ${S}`);
     const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [rows, S]), attention_mask: toOrt('int64', mask, [rows, L]) };
     if (cache) Object.assign(feeds, cache.tensors);
-    const out = await (cache ? this.stepSession : this.prefillSession).run(feeds);
-    const { layers } = cacheShape(this.config);
+    const out = await (await this.session(cache !== null, 'logits')).run(feeds);
+    const { layers, kvHeads: KV, headDim: hd } = cacheShape(this.config);
     const tensors: Feeds = {};
     for (let i = 0; i < layers; i++) {
-      for (const kv of ['key', 'value'] as const) tensors[pastName(i, kv)] = out[presentName(i, kv)];
+      for (const kv of ['key', 'value'] as const) {
+        const cur = out[presentName(i, kv)].data as Float32Array;
+        if (!cache) {
+          tensors[pastName(i, kv)] = toOrt('float32', cur, [rows, KV, S, hd]);
+          continue;
+        }
+        // past ++ new along the positions, row and head by row and head.
+        const past = cache.tensors[pastName(i, kv)].data as Float32Array;
+        const P = cache.length;
+        const full = new Float32Array(rows * KV * (P + S) * hd);
+        for (let r = 0; r < rows * KV; r++) {
+          full.set(past.subarray(r * P * hd, (r + 1) * P * hd), r * (P + S) * hd);
+          full.set(cur.subarray(r * S * hd, (r + 1) * S * hd), (r * (P + S) + P) * hd);
+        }
+        tensors[pastName(i, kv)] = toOrt('float32', full, [rows, KV, P + S, hd]);
+      }
     }
     return { logits: out.logits.data as Float32Array, cache: { rows, length: L, tensors } };
   }
 
-  async release(): Promise<void> {
-    await this.prefillSession.release();
-    await this.stepSession.release();
+  /**
+   * Prefills `ids` [B, S] under `mask` [B, S] into a new cache with room for `capacity` positions
+   * (grown as needed); returns each row's pick for its last token (the logits `[B, V]` without one)
+   * and the cache.
+   */
+  async prefill(ids: BigInt64Array, mask: BigInt64Array, rows: number, capacity: number, pick?: Pick): Promise<Picked & { cache: SlotCache }> {
+    const S = ids.length / rows;
+    const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [rows, S]), attention_mask: toOrt('int64', mask, [rows, S]) };
+    if (pick) Object.assign(feeds, pickFeeds(pick, rows));
+    const out = await (await this.session(false, headOf(pick))).run(feeds);
+    const cache = new SlotCache(cacheShape(this.config), rows, Math.max(capacity, S), this.vocabSize);
+    cache.write((name) => out[name].data as Float32Array, S);
+    cache.setMask(mask, S);
+    return pick ? { tokens: out.token.data as BigInt64Array, cache } : { logits: out.logits.data as Float32Array, cache };
   }
+
+  /**
+   * One token per row `ids` [B] into `cache` (B = cache.rows): its keys and values are written into
+   * the cache's next slot. Returns each row's pick (the logits `[B, V]` without one), in the cache's
+   * buffers (valid until its next step).
+   */
+  async step(ids: BigInt64Array, cache: SlotCache, pick?: Pick): Promise<Picked> {
+    cache.reserve(1);
+    const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [cache.rows, 1]), attention_mask: cache.stepMask() };
+    Object.assign(feeds, cache.pastFeeds());
+    if (pick) Object.assign(feeds, pickFeeds(pick, cache.rows));
+    await (await this.session(true, headOf(pick))).run(feeds, cache.outputs(pick !== undefined));
+    cache.write((name) => cache.newSlot(name), 1);
+    return pick ? { tokens: cache.tokens() } : { logits: cache.logits() };
+  }
+
+  /** Ends ONNX Runtime's profiling of the sessions built so far (`runtime.profilePrefix`), writing the traces. */
+  async endProfiling(): Promise<void> {
+    for (const s of this.sessions.values()) (await s).endProfiling();
+  }
+
+  async release(): Promise<void> {
+    const all = await Promise.allSettled(this.sessions.values());
+    this.sessions.clear();
+    for (const r of all) if (r.status === 'fulfilled') await r.value.release();
+  }
+}
+
+/** A step's result: the picked tokens `[B]`, or the logits `[B, V]`. */
+export type Picked = { tokens: BigInt64Array; logits?: undefined } | { logits: Float32Array; tokens?: undefined };
+
+function headOf(pick: Pick | undefined): DecodeHead {
+  return !pick ? 'logits' : pick.head === 'sample' && pick.temperature === 1 ? 'sample-t1' : pick.head;
+}
+
+function pickFeeds(pick: Pick, rows: number): Feeds {
+  const feeds: Feeds = { vocab_limit: toOrt('int64', BigInt64Array.of(BigInt(pick.limit)), [1]) };
+  if (pick.head === 'sample') {
+    if (pick.temperature !== 1) feeds.temperature = toOrt('float64', Float64Array.of(pick.temperature), []);
+    feeds.uniform = toOrt('float64', pick.uniform.subarray(0, rows), [rows, 1]);
+  }
+  return feeds;
 }
 
 /** Keeps cache rows `keep` (in that order). */
@@ -107,6 +200,141 @@ export function selectCacheRows(cache: KVCache, keep: number[]): KVCache {
   return { rows: keep.length, length: cache.length, tensors };
 }
 
+/** Cache slots are added this many at a time: fixed shapes between, and attention over at most this many unfilled slots. */
+const SLOT_CHUNK = 32;
+
+/**
+ * A batch's key/value cache in place: per layer and kind one `[B, KV, capacity, hd]` buffer, of
+ * which the first `length` positions are written; `mask` `[B, capacity]` marks the real ones (left
+ * padding and unwritten slots are 0). A step feeds the whole buffer with its mask and writes its own
+ * keys/values into slot `length`; when the slots run out the buffers grow by a chunk, the only copy
+ * of the cache. The step's outputs (logits, new keys/values) go to buffers allocated with it.
+ */
+export class SlotCache {
+  length = 0;
+  private buffers = new Map<string, Float32Array>();
+  private mask: BigInt64Array;
+  private fresh = new Map<string, Float32Array>();
+  private logitsBuf: Float32Array;
+  private tokenBuf: BigInt64Array;
+
+  constructor(
+    private readonly geom: { layers: number; kvHeads: number; headDim: number },
+    public rows: number,
+    public capacity: number,
+    private readonly vocab: number,
+  ) {
+    const { layers, kvHeads: KV, headDim: hd } = geom;
+    for (let i = 0; i < layers; i++) {
+      for (const kv of ['key', 'value'] as const) {
+        this.buffers.set(pastName(i, kv), new Float32Array(rows * KV * capacity * hd));
+        this.fresh.set(presentName(i, kv), new Float32Array(rows * KV * hd));
+      }
+    }
+    this.mask = new BigInt64Array(rows * capacity);
+    this.logitsBuf = new Float32Array(rows * vocab);
+    this.tokenBuf = new BigInt64Array(rows);
+  }
+
+  /** Copies the first `n` prompt mask columns (`[B, n]`) in. */
+  setMask(mask: BigInt64Array, n: number): void {
+    for (let b = 0; b < this.rows; b++) this.mask.set(mask.subarray(b * n, (b + 1) * n), b * this.capacity);
+  }
+
+  /** Makes room for `n` more positions (growing every buffer by whole chunks). */
+  reserve(n: number): void {
+    if (this.length + n <= this.capacity) return;
+    const cap = Math.ceil((this.length + n) / SLOT_CHUNK) * SLOT_CHUNK;
+    const { kvHeads: KV, headDim: hd } = this.geom;
+    for (const [name, old] of this.buffers) {
+      const grown = new Float32Array(this.rows * KV * cap * hd);
+      for (let r = 0; r < this.rows * KV; r++) grown.set(old.subarray(r * this.capacity * hd, (r * this.capacity + this.length) * hd), r * cap * hd);
+      this.buffers.set(name, grown);
+    }
+    const mask = new BigInt64Array(this.rows * cap);
+    for (let b = 0; b < this.rows; b++) mask.set(this.mask.subarray(b * this.capacity, b * this.capacity + this.length), b * cap);
+    this.mask = mask;
+    this.capacity = cap;
+  }
+
+  /** Writes `n` new positions per row (`src(presentName)`: `[B, KV, n, hd]`) into the next slots. */
+  write(src: (name: string) => Float32Array, n: number): void {
+    const { layers, kvHeads: KV, headDim: hd } = this.geom;
+    this.reserve(n);
+    const cap = this.capacity;
+    for (let i = 0; i < layers; i++) {
+      for (const kv of ['key', 'value'] as const) {
+        const from = src(presentName(i, kv));
+        const to = this.buffers.get(pastName(i, kv))!;
+        if (n === 1) {
+          for (let r = 0; r < this.rows * KV; r++) {
+            const o = (r * cap + this.length) * hd;
+            for (let d = 0; d < hd; d++) to[o + d] = from[r * hd + d];
+          }
+        } else {
+          for (let r = 0; r < this.rows * KV; r++) to.set(from.subarray(r * n * hd, (r + 1) * n * hd), (r * cap + this.length) * hd);
+        }
+      }
+    }
+    for (let b = 0; b < this.rows; b++) this.mask.fill(1n, b * cap + this.length, b * cap + this.length + n);
+    this.length += n;
+  }
+
+  /** The attention mask of a one-token step: the cache's slots, then the new token. */
+  stepMask(): OrtTensor {
+    const cap = this.capacity;
+    const m = new BigInt64Array(this.rows * (cap + 1));
+    for (let b = 0; b < this.rows; b++) {
+      m.set(this.mask.subarray(b * cap, (b + 1) * cap), b * (cap + 1));
+      m[b * (cap + 1) + cap] = 1n;
+    }
+    return toOrt('int64', m, [this.rows, cap + 1]) as OrtTensor;
+  }
+
+  /** The cache buffers as the step's past inputs (the first `rows` rows, not copied). */
+  pastFeeds(): Feeds {
+    const { kvHeads: KV, headDim: hd } = this.geom;
+    const feeds: Feeds = {};
+    const n = this.rows * KV * this.capacity * hd;
+    for (const [name, buf] of this.buffers) feeds[name] = toOrt('float32', buf.length === n ? buf : buf.subarray(0, n), [this.rows, KV, this.capacity, hd]);
+    return feeds;
+  }
+
+  /** Preallocated outputs of a step: logits `[B, V]` (or the picked `token` `[B]`) and each layer's new keys/values `[B, KV, 1, hd]`. */
+  outputs(picked: boolean): Record<string, OrtTensor> {
+    const { kvHeads: KV, headDim: hd } = this.geom;
+    const out: Record<string, OrtTensor> = picked
+      ? { token: toOrt('int64', this.tokens(), [this.rows]) as OrtTensor }
+      : { logits: toOrt('float32', this.logits(), [this.rows, this.vocab]) as OrtTensor };
+    for (const [name, buf] of this.fresh) out[name] = toOrt('float32', buf.subarray(0, this.rows * KV * hd), [this.rows, KV, 1, hd]) as OrtTensor;
+    return out;
+  }
+
+  newSlot(name: string): Float32Array {
+    return this.fresh.get(name)!;
+  }
+
+  logits(): Float32Array {
+    return this.logitsBuf.subarray(0, this.rows * this.vocab);
+  }
+
+  tokens(): BigInt64Array {
+    return this.tokenBuf.subarray(0, this.rows);
+  }
+
+  /** Keeps rows `keep` (ascending), moving them up in place. */
+  keepRows(keep: number[]): void {
+    const { kvHeads: KV, headDim: hd } = this.geom;
+    const row = KV * this.capacity * hd;
+    keep.forEach((b, i) => {
+      if (b === i) return;
+      for (const buf of this.buffers.values()) buf.copyWithin(i * row, b * row, (b + 1) * row);
+      this.mask.copyWithin(i * this.capacity, b * this.capacity, (b + 1) * this.capacity);
+    });
+    this.rows = keep.length;
+  }
+}
+
 export interface GenerateRequest {
   promptIds: number[];
   /** This row's random stream (see `sampleRandom`). */
@@ -121,6 +349,8 @@ export interface GenerateOptions extends SamplingOptions {
   padId: number;
   /** Rows per forward pass (default 32). */
   batchSize?: number;
+  /** Sample on the host from the logits even where the graph could pick the tokens (for measuring). */
+  hostSampling?: boolean;
   /**
    * Only ids below this are drawn: embeddings are often padded past the tokenizer's vocabulary, and
    * those rows (never trained) must not be sampled. Default: the model's vocab_size.
@@ -133,6 +363,13 @@ export interface Generated {
   ids: number[];
   /** True when a stop id ended the response (false: max_new_tokens reached). */
   stopped: boolean;
+}
+
+let timer: ((label: string, ms: number) => void) | null = null;
+
+/** Reports how long each piece of a generation step takes (scripts/bench/decode-profile.ts); null stops. */
+export function setGenerateTimer(t: ((label: string, ms: number) => void) | null): void {
+  timer = t;
 }
 
 /** One decoder of a mixture and its weight w_i in softmax(Σ w_i·logits_i). */
@@ -154,6 +391,7 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
   const stop = new Set(o.stopIds);
   const limit = Math.min(o.vocabLimit ?? config.vocab_size, config.vocab_size);
   const out: Generated[] = new Array(reqs.length);
+  const inGraph = !o.hostSampling && parts.length === 1 && parts[0].weight === 1 && parts[0].decoder.picksTokens && (sampling.temperature === 0 || (sampling.topK === 0 && sampling.topP === 1));
   // Similar prompt lengths share a batch (less padding); each row's stream makes the order irrelevant.
   const order = reqs.map((_, i) => i).sort((a, b) => reqs[a].promptIds.length - reqs[b].promptIds.length);
   const batchSize = o.batchSize ?? 32;
@@ -164,29 +402,54 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
       throw new UserError(`a prompt of ${P0} tokens plus max_new_tokens ${o.maxNewTokens} exceeds the model's ${maxPos} positions`);
     }
     let B = rowsIdx.length;
-    let ids = new BigInt64Array(B * P0).fill(BigInt(o.padId));
-    let mask = new BigInt64Array(B * P0);
+    const prompt = new BigInt64Array(B * P0).fill(BigInt(o.padId));
+    const mask = new BigInt64Array(B * P0);
     rowsIdx.forEach((r, b) => {
       const p = reqs[r].promptIds;
       for (let t = 0; t < p.length; t++) {
-        ids[b * P0 + P0 - p.length + t] = BigInt(p[t]);
+        prompt[b * P0 + P0 - p.length + t] = BigInt(p[t]);
         mask[b * P0 + P0 - p.length + t] = 1n;
       }
     });
-    let caches: (KVCache | null)[] = parts.map(() => null);
+    // The prompt and a chunk of slots to start with; the cache grows a chunk at a time as rows go on.
+    const capacity = Math.max(P0, Math.min(Math.ceil((P0 + 1) / SLOT_CHUNK) * SLOT_CHUNK, P0 + o.maxNewTokens - 1));
+    const caches: SlotCache[] = [];
     let active = rowsIdx.slice();
     const got = new Map<number, number[]>(rowsIdx.map((r) => [r, []]));
-    let L = P0;
+    const V = parts[0].decoder.vocabSize;
+    // One model without top-k/top-p: the graph picks the tokens (each row's uniform drawn here, from
+    // its own stream, as sampleToken would draw it), and the logits never reach JavaScript.
+    const uniform = new Float64Array(B);
+    const pick: Pick | undefined = !inGraph ? undefined : sampling.temperature === 0 ? { head: 'greedy', limit } : { head: 'sample', limit, temperature: sampling.temperature, uniform };
+    let ids = prompt;
     for (let step = 0; active.length > 0; step++) {
-      const results: { logits: Float32Array; cache: KVCache }[] = [];
-      for (let k = 0; k < parts.length; k++) results.push(await parts[k].decoder.forward(ids, mask, B, caches[k]));
-      caches = results.map((r) => r.cache);
-      const V = parts[0].decoder.vocabSize;
+      let t0 = timer ? performance.now() : 0;
+      if (pick?.head === 'sample') active.forEach((r, b) => (uniform[b] = reqs[r].rng.next()));
+      const results: Picked[] = [];
+      for (let k = 0; k < parts.length; k++) {
+        if (step === 0) {
+          const r = await parts[k].decoder.prefill(prompt, mask, B, capacity, pick);
+          caches.push(r.cache);
+          results.push(r);
+        } else {
+          results.push(await parts[k].decoder.step(ids, caches[k], pick));
+        }
+      }
+      if (timer) {
+        timer(step === 0 ? 'prefill' : 'forward', performance.now() - t0);
+        t0 = performance.now();
+      }
       const keep: number[] = [];
       const next: number[] = [];
       active.forEach((r, b) => {
-        const row = mixLogits(results.map((res, k) => ({ logits: res.logits.subarray(b * V, b * V + limit), weight: parts[k].weight })));
-        const tok = sampleToken(row, sampling, reqs[r].rng);
+        const tokens = results[0].tokens;
+        const tok = tokens
+          ? Number(tokens[b])
+          : sampleToken(
+              mixLogits(results.map((res, k) => ({ logits: res.logits!.subarray(b * V, b * V + limit), weight: parts[k].weight }))),
+              sampling,
+              reqs[r].rng,
+            );
         const seq = got.get(r)!;
         seq.push(tok);
         if (stop.has(tok)) out[r] = { ids: seq, stopped: true };
@@ -196,18 +459,16 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
           next.push(tok);
         }
       });
+      if (timer) {
+        timer('sample', performance.now() - t0);
+        t0 = performance.now();
+      }
       if (keep.length === 0) break;
-      if (keep.length < B) caches = caches.map((c) => selectCacheRows(c!, keep));
-      const newMask = new BigInt64Array(keep.length * (L + 1));
-      keep.forEach((b, i) => {
-        newMask.set(mask.subarray(b * L, (b + 1) * L), i * (L + 1));
-        newMask[i * (L + 1) + L] = 1n;
-      });
+      if (keep.length < B) for (const c of caches) c.keepRows(keep);
       active = keep.map((b) => active[b]);
       B = keep.length;
-      L += 1;
-      mask = newMask;
-      ids = BigInt64Array.from(next.map(BigInt));
+      ids = BigInt64Array.from(next, BigInt);
+      timer?.('bookkeeping', performance.now() - t0);
     }
   }
   return out;

@@ -294,29 +294,59 @@ export function decodeHeads(g: Graph, x: Tensor, ix: DecodeIndex, n: number, hd:
 }
 
 /**
- * Attention of S new queries `[B, H, S, hd]` (already scaled) over the cache `[B, KV, L, hd]`.
+ * A layer's keys or values in a decode graph, `[B, KV, ·, hd]`: the cache fed in (`past`, `[B, KV, P, hd]`;
+ * null in the prefill) and the new tokens' own (`cur`, `[B, KV, S, hd]`). They are never concatenated:
+ * attention scores the two parts apart, so a step neither copies the cache nor returns it.
+ */
+export interface CachedKV {
+  past: Tensor | null;
+  cur: Tensor;
+}
+
+/**
+ * Attention of S new queries `[B, H, S, hd]` (already scaled) over the cached and new keys/values:
+ * scores over both (concatenated: `[·, P + S]`, the order of `ix.mask`), one softmax, then the
+ * probabilities split back and each part multiplied by its own values. With a cache, S is 1 (the
+ * step graph's one new token per row). Cache slots the mask hides
+ * (zero in the attention mask) get probability 0, so a preallocated cache may hold unfilled slots.
  * Grouped queries fold into the row axis, as in `attention`. Returns `[B·S, H·hd]`.
  */
-export function cachedAttention(g: Graph, ix: DecodeIndex, q: Tensor, k: Tensor, v: Tensor, H: number, KV: number, hd: number): Tensor {
+export function cachedAttention(g: Graph, ix: DecodeIndex, q: Tensor, k: CachedKV, v: CachedKV, H: number, KV: number, hd: number): Tensor {
   const group = H / KV;
-  const kT = g.transpose(k, [0, 1, 3, 2]); // [B, KV, hd, L]
+  const qg = group === 1 ? q : g.reshape(q, [0, KV, -1, hd]); // [B, KV, group·S, hd]
+  const scores = (keys: Tensor) => g.matmul(qg, g.transpose(keys, [0, 1, 3, 2])); // [B, KV, group·S, ·]
+  let s = k.past ? g.concat([scores(k.past), scores(k.cur)], -1) : scores(k.cur);
+  if (group > 1) s = g.reshape(s, [0, H, -1, 0]); // [B, H, S, P+S]
+  let p = g.softmax(g.add(s, ix.mask), -1);
+  if (group > 1) p = g.reshape(p, [0, KV, -1, 0]);
   let ctx: Tensor;
-  if (group === 1) {
-    ctx = g.matmul(g.softmax(g.add(g.matmul(q, kT), ix.mask), -1), v);
+  if (v.past) {
+    // A step feeds one new token, so the split is at a constant (no shape arithmetic: WebGPU runs it).
+    const pPast = g.slice(p, [0], [-1], [-1]);
+    const pCur = g.slice(p, [-1], [2 ** 40], [-1]);
+    ctx = g.add(g.matmul(pPast, v.past), g.matmul(pCur, v.cur));
   } else {
-    const qg = g.reshape(q, [0, KV, -1, hd]); // [B, KV, group·S, hd]
-    const s = g.reshape(g.matmul(qg, kT), [0, H, -1, 0]); // [B, H, S, L]
-    const p = g.reshape(g.softmax(g.add(s, ix.mask), -1), [0, KV, -1, 0]);
-    ctx = g.reshape(g.matmul(p, v), [0, H, -1, hd]); // [B, H, S, hd]
+    ctx = g.matmul(p, v.cur);
   }
+  if (group > 1) ctx = g.reshape(ctx, [0, H, -1, hd]); // [B, H, S, hd]
   return g.reshape(g.transpose(ctx, [0, 2, 1, 3]), [-1, H * hd]);
 }
 
-/** Appends the new keys/values to the layer's cache and marks the result as the present outputs. */
-export function extendCache(g: Graph, layer: number, k: Tensor, v: Tensor, past: Map<string, Tensor> | null): [Tensor, Tensor] {
-  const full = (kv: 'key' | 'value', x: Tensor) => {
-    const p = past?.get(pastName(layer, kv));
-    return g.output(p ? g.concat([p, x], 2) : g.identity(x), presentName(layer, kv));
+/**
+ * A decode graph's past keys/values by name. `inPlace` (prefzoo's own step graph): the caller keeps
+ * the cache and writes each step's new keys/values into it, so `present` is only the new ones and
+ * attention reads the two parts apart. Without it (graphs for other runtimes, e.g. the transformers.js
+ * export), `present` is past ++ new, as HF's caches return it.
+ */
+export type PastCache = Map<string, Tensor> & { inPlace?: boolean };
+
+/** The layer's keys and values for attention, and the `present` outputs (see {@link PastCache}). */
+export function extendCache(g: Graph, layer: number, k: Tensor, v: Tensor, past: PastCache | null): [CachedKV, CachedKV] {
+  const part = (kv: 'key' | 'value', x: Tensor): CachedKV => {
+    const p = past?.get(pastName(layer, kv)) ?? null;
+    if (p && !past!.inPlace) return { past: null, cur: g.output(g.concat([p, x], 2), presentName(layer, kv)) };
+    g.output(x, presentName(layer, kv));
+    return { past: p, cur: x };
   };
-  return [full('key', k), full('value', v)];
+  return [part('key', k), part('value', v)];
 }

@@ -8,7 +8,7 @@
  */
 import fs from 'node:fs';
 import os from 'node:os';
-import { UserError } from '../errors.ts';
+import { DamagedFileError, UserError } from '../errors.ts';
 import { writeFileAtomic } from '../io/atomic.ts';
 
 // Typed-array views below reinterpret bytes in host order; the format is little-endian.
@@ -107,7 +107,7 @@ function readExactly(fd: number, buf: Uint8Array, position: number, file: string
   let done = 0;
   while (done < buf.byteLength) {
     const n = fs.readSync(fd, buf, done, buf.byteLength - done, position + done);
-    if (n === 0) throw new UserError(`${file}: file truncated while reading ${what}`);
+    if (n === 0) throw new DamagedFileError(`${file}: file truncated while reading ${what}`, { file });
     done += n;
   }
 }
@@ -126,17 +126,17 @@ function openForRead(file: string): number {
 /** Parses and validates the header of an open safetensors file. */
 function readHeaderFd(fd: number, file: string): SafetensorsHeader {
   const fileSize = fs.fstatSync(fd).size;
-  if (fileSize < 8) throw new UserError(`${file}: file truncated: ${fileSize} bytes, a safetensors file starts with an 8-byte header length`);
+  if (fileSize < 8) throw new DamagedFileError(`${file}: file truncated: ${fileSize} bytes, a safetensors file starts with an 8-byte header length`, { file });
   const lenBuf = new Uint8Array(8);
   readExactly(fd, lenBuf, 0, file, 'the header length');
   const headerLen64 = new DataView(lenBuf.buffer).getBigUint64(0, true);
   if (headerLen64 > BigInt(MAX_HEADER_BYTES)) {
-    throw new UserError(`${file}: header length ${headerLen64} exceeds the ${MAX_HEADER_BYTES}-byte limit (not a safetensors file, or corrupt)`);
+    throw new DamagedFileError(`${file}: header length ${headerLen64} exceeds the ${MAX_HEADER_BYTES}-byte limit (not a safetensors file, or corrupt)`, { file });
   }
   const headerLen = Number(headerLen64);
-  if (headerLen < 2) throw new UserError(`${file}: header length ${headerLen} is too small for a JSON object`);
+  if (headerLen < 2) throw new DamagedFileError(`${file}: header length ${headerLen} is too small for a JSON object`, { file });
   if (8 + headerLen > fileSize) {
-    throw new UserError(`${file}: file truncated: header length ${headerLen} runs past the end of the ${fileSize}-byte file`);
+    throw new DamagedFileError(`${file}: file truncated: header length ${headerLen} runs past the end of the ${fileSize}-byte file`, { file });
   }
   const headerBytes = new Uint8Array(headerLen);
   readExactly(fd, headerBytes, 8, file, 'the header');
@@ -144,16 +144,16 @@ function readHeaderFd(fd: number, file: string): SafetensorsHeader {
   try {
     text = new TextDecoder('utf-8', { fatal: true }).decode(headerBytes);
   } catch {
-    throw new UserError(`${file}: header is not valid UTF-8`);
+    throw new DamagedFileError(`${file}: header is not valid UTF-8`, { file });
   }
   let json: unknown;
   try {
     json = JSON.parse(text);
   } catch (e) {
-    throw new UserError(`${file}: header is not valid JSON (${(e as Error).message})`);
+    throw new DamagedFileError(`${file}: header is not valid JSON (${(e as Error).message})`, { file });
   }
   if (json === null || typeof json !== 'object' || Array.isArray(json)) {
-    throw new UserError(`${file}: header must be a JSON object`);
+    throw new DamagedFileError(`${file}: header must be a JSON object`, { file });
   }
   const dataStart = 8 + headerLen;
   const dataSize = fileSize - dataStart;
@@ -162,34 +162,34 @@ function readHeaderFd(fd: number, file: string): SafetensorsHeader {
   for (const [name, entry] of Object.entries(json as Record<string, unknown>)) {
     if (name === '__metadata__') {
       if (entry === null || typeof entry !== 'object' || Array.isArray(entry)) {
-        throw new UserError(`${file}: "__metadata__" must be an object of strings`);
+        throw new DamagedFileError(`${file}: "__metadata__" must be an object of strings`, { file });
       }
       for (const [k, v] of Object.entries(entry as Record<string, unknown>)) {
-        if (typeof v !== 'string') throw new UserError(`${file}: "__metadata__" value of "${k}" must be a string, got ${JSON.stringify(v)}`);
+        if (typeof v !== 'string') throw new DamagedFileError(`${file}: "__metadata__" value of "${k}" must be a string, got ${JSON.stringify(v)}`, { file });
         metadata[k] = v;
       }
       continue;
     }
     const where = `${file}: tensor "${name}"`;
-    if (entry === null || typeof entry !== 'object' || Array.isArray(entry)) throw new UserError(`${where}: header entry must be an object`);
+    if (entry === null || typeof entry !== 'object' || Array.isArray(entry)) throw new DamagedFileError(`${where}: header entry must be an object`, { file });
     const { dtype, shape, data_offsets: offsets } = entry as Record<string, unknown>;
     if (!isDtype(dtype)) {
-      throw new UserError(`${where}: unknown dtype ${JSON.stringify(dtype)} (supported: ${Object.keys(DTYPE_SIZES).join(', ')})`);
+      throw new DamagedFileError(`${where}: unknown dtype ${JSON.stringify(dtype)} (supported: ${Object.keys(DTYPE_SIZES).join(', ')})`, { file });
     }
     if (!Array.isArray(shape) || !shape.every((d) => Number.isSafeInteger(d) && d >= 0)) {
-      throw new UserError(`${where}: shape must be a list of non-negative integers, got ${JSON.stringify(shape)}`);
+      throw new DamagedFileError(`${where}: shape must be a list of non-negative integers, got ${JSON.stringify(shape)}`, { file });
     }
     if (!Array.isArray(offsets) || offsets.length !== 2 || !offsets.every((o) => Number.isSafeInteger(o) && o >= 0)) {
-      throw new UserError(`${where}: data_offsets must be [begin, end] non-negative integers, got ${JSON.stringify(offsets)}`);
+      throw new DamagedFileError(`${where}: data_offsets must be [begin, end] non-negative integers, got ${JSON.stringify(offsets)}`, { file });
     }
     const [begin, end] = offsets as [number, number];
-    if (end < begin) throw new UserError(`${where}: data_offsets [${begin}, ${end}] end before they begin`);
+    if (end < begin) throw new DamagedFileError(`${where}: data_offsets [${begin}, ${end}] end before they begin`, { file });
     if (end > dataSize) {
-      throw new UserError(`${where}: data_offsets [${begin}, ${end}] lie outside the ${dataSize}-byte data section (file truncated?)`);
+      throw new DamagedFileError(`${where}: data_offsets [${begin}, ${end}] lie outside the ${dataSize}-byte data section (file truncated?)`, { file });
     }
     const expected = numel(shape as number[]) * DTYPE_SIZES[dtype];
     if (end - begin !== expected) {
-      throw new UserError(`${where}: shape ${fmtShape(shape)} of ${dtype} needs ${expected} bytes but data_offsets [${begin}, ${end}] span ${end - begin}`);
+      throw new DamagedFileError(`${where}: shape ${fmtShape(shape)} of ${dtype} needs ${expected} bytes but data_offsets [${begin}, ${end}] span ${end - begin}`, { file });
     }
     tensors.set(name, { dtype, shape: shape as number[], begin, end });
   }
@@ -199,16 +199,16 @@ function readHeaderFd(fd: number, file: string): SafetensorsHeader {
   let previous = '';
   for (const [name, t] of sorted) {
     if (t.begin < cursor) {
-      throw new UserError(`${file}: tensor "${name}" data_offsets [${t.begin}, ${t.end}] overlap tensor "${previous}" (which ends at ${cursor})`);
+      throw new DamagedFileError(`${file}: tensor "${name}" data_offsets [${t.begin}, ${t.end}] overlap tensor "${previous}" (which ends at ${cursor})`, { file });
     }
     if (t.begin > cursor) {
-      throw new UserError(`${file}: tensor "${name}" starts at ${t.begin} but the previous data ends at ${cursor}: unreferenced bytes in the data section`);
+      throw new DamagedFileError(`${file}: tensor "${name}" starts at ${t.begin} but the previous data ends at ${cursor}: unreferenced bytes in the data section`, { file });
     }
     cursor = t.end;
     previous = name;
   }
   if (cursor !== dataSize) {
-    throw new UserError(`${file}: tensors cover ${cursor} bytes of a ${dataSize}-byte data section (trailing garbage or corrupt header)`);
+    throw new DamagedFileError(`${file}: tensors cover ${cursor} bytes of a ${dataSize}-byte data section (trailing garbage or corrupt header)`, { file });
   }
   return { tensors, metadata, dataStart, fileSize };
 }

@@ -150,7 +150,7 @@ async function winRate(judge: Judge, prompts: string[], final: string[][], start
 export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoResult> {
   const t0 = Date.now();
   if (!ONLINE_METHODS.includes(o.method)) throw new UserError(`--method must be one of ${ONLINE_METHODS.join(', ')}, got "${o.method}"`);
-  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const log = o.log ?? (() => {});
   const dir = o.out ?? mkdtempSync(join(tmpdir(), `prefzoo-demo-${o.method}-`));
   mkdirSync(dir, { recursive: true });
   const quiet = o.quiet;

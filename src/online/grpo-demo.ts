@@ -74,7 +74,7 @@ const EVAL_SAMPLES = 8;
 
 export async function runGrpoDemo(o: GrpoDemoOptions): Promise<GrpoDemoResult> {
   const t0 = Date.now();
-  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const log = o.log ?? (() => {});
   const dir = o.out ?? mkdtempSync(join(tmpdir(), 'prefzoo-demo-grpo-'));
   mkdirSync(dir, { recursive: true });
   const init = initModelFolder(join(dir, 'model'), 'llama', 'tiny', o.seed);

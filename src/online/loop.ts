@@ -211,7 +211,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
   const t0 = Date.now();
   const run = o.out;
   const { config } = r;
-  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const log = o.log ?? (() => {});
   const info = o.quiet && !o.log ? () => {} : log;
   const resuming = !!o.resume && lastCheckpoint(run) !== null;
   if (o.resume && !resuming) info(`no checkpoint in ${run}; starting from the beginning`);

@@ -188,7 +188,7 @@ function pairSeqs(rows: readonly TokenizedExample[]): number[][] {
  * into `out` itself (HF layout with value_head.*), with reward_model.json last.
  */
 export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainResult> {
-  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const log = o.log ?? (() => {});
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'reward-train' });
   // The settings it honours are declared in train/settings.ts ('reward-train'); resolveConfig refuses the others.
   const unknown = Object.keys(lossParams);

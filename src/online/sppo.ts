@@ -72,7 +72,7 @@ export interface SppoResult {
 
 export async function runSppo(o: SppoOptions): Promise<SppoResult> {
   const t0 = Date.now();
-  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const log = o.log ?? (() => {});
   const T = o.iterations ?? 3;
   const K = o.samples ?? 4;
   if (!(Number.isInteger(T) && T >= 1)) throw new UserError(`--iterations must be a positive integer, got ${o.iterations}`);

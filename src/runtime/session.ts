@@ -9,7 +9,7 @@ import path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
-import { UserError } from '../errors.ts';
+import { DeviceUnavailableError, UserError } from '../errors.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
 import { Graph } from '../onnx/graph.ts';
 import { serializeModel } from '../onnx/proto.ts';
@@ -83,17 +83,19 @@ export function cudaAvailable(): boolean {
 }
 
 /** The message for a provider that cannot run here, with what to do about it. */
-function unavailable(ep: ExecutionProvider, detail: string): UserError {
+function unavailable(ep: ExecutionProvider, detail: string): DeviceUnavailableError {
   if (ep === 'cuda') {
-    return new UserError(
+    return new DeviceUnavailableError(
       'execution provider "cuda" is not available: this onnxruntime-node build is CPU-only. ' +
         'Reinstall it with CUDA binaries (ONNXRUNTIME_NODE_INSTALL=cuda12 npm install onnxruntime-node), or use --device webgpu, which needs no install',
+      'cuda',
     );
   }
-  return new UserError(
+  return new DeviceUnavailableError(
     `execution provider "webgpu" found no usable GPU adapter (${detail}). It needs a Vulkan driver for the GPU ` +
       '(libvulkan1 and the vendor\'s ICD); without a GPU, Debian\'s chromium package ships SwiftShader: ' +
       'VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json. Run `prefzoo doctor` to check',
+    'webgpu',
   );
 }
 
@@ -159,6 +161,8 @@ export class Session {
   /** `outputs`: per output, where it is left (webgpu only; default: host memory). */
   static async create(model: Uint8Array | string, o: RuntimeOptions = {}, outputs?: Record<string, OutputLocation>): Promise<Session> {
     const opts = sessionOptions(o, outputs);
+    // The adapter is first looked for in a child process (once): Dawn's own warnings stay out of the terminal.
+    if (o.ep === 'webgpu') await checkDevice(o);
     try {
       const s = typeof model === 'string' ? await ort.InferenceSession.create(model, opts) : await ort.InferenceSession.create(model, opts);
       return new Session(s, o.ep ?? 'cpu');
@@ -256,8 +260,9 @@ export async function checkDevice(o: RuntimeOptions, need: { float16?: boolean }
       g.output(g.cast(g.cast(g.input('x', 'float32', [1]), 'float16'), 'float32'), 'y');
       const err = await probeWebGpu(g, true);
       if (err) {
-        throw new UserError(
+        throw new DeviceUnavailableError(
           `this WebGPU adapter cannot run float16 shaders (it lacks the shader-f16 feature${/f16/.test(err) ? '' : `: ${err.slice(0, 120)}`}), which compute_dtype=float16 needs; use compute_dtype=float32`,
+          'webgpu',
         );
       }
     });

@@ -5,7 +5,7 @@
  */
 import { readFileSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
-import { UserError } from '../errors.ts';
+import { BadInputError, UserError } from '../errors.ts';
 import { getLoss, listLosses, parseLossSpec } from '../../losses/index.ts';
 import { coerceSetting, commandDecl, defaultsOf, refuseUnhonoured, TRAIN_SETTINGS, unknownSetting, type SettingDecl, type TrainSettings } from './settings.ts';
 import { fromTrl, type TrlFlags } from './settings-trl.ts';
@@ -124,20 +124,20 @@ export function resolveConfig(opts: ResolveOptions): ResolvedConfig {
   }
   if (decl) refuseUnhonoured(decl.name, given);
   if (config.base_dtype !== 'float32' && config.lora_r === 0) {
-    throw new UserError(`base_dtype=${config.base_dtype} needs LoRA (lora_r > 0): without adapters every weight is trained and stays float32`);
+    throw new BadInputError(`base_dtype=${config.base_dtype} needs LoRA (lora_r > 0): without adapters every weight is trained and stays float32`, { setting: 'base_dtype' });
   }
   if (!config.save_merged && !config.save_adapter) {
-    throw new UserError('save_merged=false needs save_adapter=true (otherwise the run would save no model)');
+    throw new BadInputError('save_merged=false needs save_adapter=true (otherwise the run would save no model)', { setting: 'save_merged' });
   }
   if (config.max_prompt_length >= config.max_length) {
-    throw new UserError(`max_prompt_length (${config.max_prompt_length}) must be smaller than max_length (${config.max_length})`);
+    throw new BadInputError(`max_prompt_length (${config.max_prompt_length}) must be smaller than max_length (${config.max_length})`, { setting: 'max_prompt_length' });
   }
   if (config.load_best_model_at_end && !(config.eval_data && config.eval_steps > 0)) {
-    throw new UserError('load_best_model_at_end needs eval_data and eval_steps > 0 (the best checkpoint is chosen by evaluation)');
+    throw new BadInputError('load_best_model_at_end needs eval_data and eval_steps > 0 (the best checkpoint is chosen by evaluation)', { setting: 'load_best_model_at_end' });
   }
   if (config.compute_dtype === 'float16' && config.device === 'cpu') {
-    throw new UserError('compute_dtype=float16 is for the GPU (device=webgpu or cuda); on the CPU float32 is faster and exact');
+    throw new BadInputError('compute_dtype=float16 is for the GPU (device=webgpu or cuda); on the CPU float32 is faster and exact', { setting: 'compute_dtype' });
   }
-  if (config.eval_generate > 0 && !config.eval_data) throw new UserError('eval_generate needs eval_data (its prompts are generated from)');
+  if (config.eval_generate > 0 && !config.eval_data) throw new BadInputError('eval_generate needs eval_data (its prompts are generated from)', { setting: 'eval_generate' });
   return { config, lossParams, own, ...(trl ? { trl } : {}) };
 }

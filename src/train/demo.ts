@@ -75,7 +75,7 @@ function writeJsonl(file: string, rows: unknown[]): void {
 
 export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   const t0 = Date.now();
-  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const log = o.log ?? (() => {});
   const loss = getLoss(o.loss.split(',')[0].split(':')[0]);
   const kind = loss.kinds.includes('pairwise') ? 'pairwise' : loss.kinds.includes('listwise') ? 'listwise' : loss.kinds.includes('single') ? 'single' : null;
   if (!kind) throw new UserError(`demo: loss ${o.loss} needs on-policy data (${loss.kinds.join(', ')}); the offline demo covers pairwise, listwise and single-trajectory losses (try --method nash_md)`);

@@ -19,7 +19,7 @@ import { getLoss, resolveLoss, scheduleOf } from '../../losses/index.ts';
 import { prepareRunFolder, train, type TrainOptions, type TrainResult } from './trainer.ts';
 
 export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
-  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const log = o.log ?? (() => {});
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const [term] = resolveLoss('mpo', lossParams).terms;
   const p = term.params as { beta: number; label_smoothing: number; delta: number | null; delta_quantile: number; stage2_loss: string; rpo_alpha: number };

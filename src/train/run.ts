@@ -38,6 +38,7 @@ export interface LoopOptions {
   out: string;
   /** Trainer settings and loss parameters, as `key=value`. */
   params?: string[];
+  /** A JSON file of settings; `params` override it. */
   configFile?: string;
   /** Settings applied under --config and --param (the demos' defaults). */
   base?: Partial<TrainConfig>;
@@ -45,7 +46,7 @@ export interface LoopOptions {
   progress?: ProgressFactory;
   /** No progress even when `progress` is given. */
   quiet?: boolean;
-  /** Where plain progress and summary lines go (default stderr). */
+  /** Where plain progress and summary lines go (default: nowhere; the CLI passes stderr). */
   log?: (line: string) => void;
 }
 

@@ -8,7 +8,7 @@
  * through --param or --config, is refused in one line (`refuseUnhonoured`). A command with settings
  * of its own declares them as a table beside TRAIN_SETTINGS (`defineSettings`) and passes it as `own`.
  */
-import { UserError } from '../errors.ts';
+import { BadInputError, UserError } from '../errors.ts';
 import { DEFAULT_TRUNCATION } from '../../datasets/examples.ts';
 
 interface Common {
@@ -161,7 +161,7 @@ export function describeAllowed(d: SettingDecl): string {
 
 /** Converts one given value (a --param string or a config file's value) to the setting's type, or throws one line naming it. */
 export function coerceSetting(name: string, d: SettingDecl, raw: unknown, where: string): number | boolean | string {
-  const bad = () => new UserError(`${where}: ${name} must be ${describeAllowed(d)}, got ${JSON.stringify(raw)}`);
+  const bad = () => new BadInputError(`${where}: ${name} must be ${describeAllowed(d)}, got ${JSON.stringify(raw)}`, { setting: name });
   switch (d.type) {
     case 'boolean':
       if (raw === true || raw === 'true' || raw === '1' || raw === 1) return true;
@@ -211,7 +211,7 @@ export function nearestName(name: string, candidates: Iterable<string>): string 
 /** The one-line error of an unknown key: the nearest valid name when there is one. */
 export function unknownSetting(name: string, candidates: Iterable<string>, where?: string): UserError {
   const near = nearestName(name, candidates);
-  return new UserError(`${where ? `${where}: ` : ''}unknown setting '${name}'${near ? `; did you mean '${near}'?` : ''}`);
+  return new BadInputError(`${where ? `${where}: ` : ''}unknown setting '${name}'${near ? `; did you mean '${near}'?` : ''}`, { setting: name });
 }
 
 // --- Commands and the settings they honour ---
@@ -260,7 +260,7 @@ export function refuseUnhonoured(command: string, given: Iterable<string>): void
   const ok = new Set(settingNames(command));
   const refused = [...new Set(given)].filter((k) => k in TRAIN_SETTINGS && !ok.has(k));
   if (refused.length) {
-    throw new UserError(`${refused.length > 1 ? 'settings' : 'setting'} ${refused.join(', ')} cannot be honoured by prefzoo ${command} (it honours ${c.honours.length === Object.keys(TRAIN_SETTINGS).length ? 'every training setting' : settingNames(command).join(', ')})`);
+    throw new BadInputError(`${refused.length > 1 ? 'settings' : 'setting'} ${refused.join(', ')} cannot be honoured by prefzoo ${command} (it honours ${c.honours.length === Object.keys(TRAIN_SETTINGS).length ? 'every training setting' : settingNames(command).join(', ')})`, { setting: refused[0] });
   }
 }
 

@@ -64,8 +64,11 @@ import { bestMetricName, completeCheckpoints, improves, lastCheckpoint, metricVa
 import { EvalSampler } from './samples.ts';
 
 export interface TrainOptions extends LoopOptions {
+  /** Canonical Parquet (a file, its shards, a folder of shards, a glob) or any file `convert` accepts. */
   data: string;
+  /** A loss of the zoo (`dpo`, `ipo`, …) or a weighted mixture (`dpo:0.8,sft:0.2`). */
   loss: string;
+  /** Continue from the last complete checkpoint in the run folder. */
   resume?: boolean;
   /** Replace the contents of a non-empty run folder (otherwise it is refused unless resuming). */
   overwrite?: boolean;
@@ -116,7 +119,7 @@ interface Setup {
 /** The run's stages, in order: data → reference → artifacts → loop → save. */
 async function trainIn(o: TrainOptions, c0: Setup): Promise<TrainResult> {
   const t0 = Date.now();
-  const log = o.log ?? ((l: string) => process.stderr.write(l + '\n'));
+  const log = o.log ?? (() => {});
   // Notes on what the run does: --quiet silences them on stderr (errors still speak); a caller's own
   // `log` still receives them.
   const info = o.quiet && !o.log ? () => {} : log;
@@ -188,7 +191,7 @@ async function dataStage(o: TrainOptions, c0: Setup, resuming: boolean, info: (l
   if (all((r) => r.src.label !== undefined)) dataKeys.add('labels');
   {
     const missing = loss.keys(kind).required.filter((k) => !PROVIDED_KEYS.has(k) && !dataKeys.has(k));
-    // Name the data's columns (DATA.md), not the batch keys the loss reads.
+    // Name the data's columns (docs/data.md), not the batch keys the loss reads.
     const column: Record<string, string> = { chosen_probs: 'chosen_prob', rejected_probs: 'rejected_prob', chosen_scores: 'chosen_score', rejected_scores: 'rejected_score', rewards: 'reward', labels: 'label' };
     const cols = [...new Set(missing.map((k) => column[k] ?? k))];
     if (missing.length) throw new UserError(`${o.data}: loss ${o.loss} needs column${cols.length > 1 ? 's' : ''} ${cols.join(', ')}, which the data does not have in every row`);

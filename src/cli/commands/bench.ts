@@ -4,7 +4,8 @@ import { UserError } from '../../errors.ts';
 import { Progress } from '../progress.ts';
 import type { OptLevel } from '../../runtime/session.ts';
 import { type BenchOptions, runBench } from '../../../scripts/bench/step.ts';
-import { PRESETS, type Preset } from '../../models/config.ts';
+import { formatGenerateBench, runGenerateBench } from '../../../scripts/bench/decode-bench.ts';
+import { ARCHES, type Arch, PRESETS, type Preset } from '../../models/config.ts';
 import { DEVICE_HELP, device, positiveInt } from '../flags.ts';
 import { coerceSetting, TRAIN_SETTINGS } from '../../train/settings.ts';
 import type { TrainConfig } from '../../train/config.ts';
@@ -28,13 +29,46 @@ export function register(program: Command): void {
     .option('--no-peak', 'skip the MatMul peak measurement')
     .option('--no-share-prompt', "one sequence per response, each computing its prompt (the trainer's share_prompt=false)")
     .option('--update <where>', 'where the AdamW update runs: host (in place, in this process), graph (in the fused step graph) or auto (default: host on the CPU)')
+    .option('--generate', 'time generation instead: prefill, then KV-cache decoding with multinomial sampling and the weights fed live (as the online loops sample)')
+    .option('--arch <arch>', `with --generate: ${ARCHES.join(', ')} (default: the preset's own, llama for tiny and small)`)
+    .option('--batch <n>', 'with --generate: sequences decoded together (default 8)')
+    .option('--prompt <n>', 'with --generate: prompt tokens per sequence (default 32)')
+    .option('--new <n>', 'with --generate: new tokens per sequence (default 64)')
+    .option('--runs <n>', 'with --generate: timed generations, the median counts (default 3)')
+    .option('--baked', 'with --generate: bake the weights into the graphs (as prefzoo generate) instead of feeding them')
     .option('--json', 'print one JSON line')
-    .action(async (o: { preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
+    .action(async (o: { generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
       // The dtype flags are train's settings of the same names: checked against their rows of the table.
       const computeDtype = coerceSetting('compute_dtype', TRAIN_SETTINGS.compute_dtype, o.computeDtype, '--compute-dtype') as TrainConfig['compute_dtype'];
       const baseDtype = coerceSetting('base_dtype', TRAIN_SETTINGS.base_dtype, o.baseDtype, '--base-dtype') as TrainConfig['base_dtype'];
       if (o.computeDtype === 'float16' && o.device === 'cpu') throw new UserError('--compute-dtype float16 is for the GPU (--device webgpu or cuda)');
       if (!(PRESETS as readonly string[]).includes(o.preset)) throw new UserError(`--preset: "${o.preset}" is not one of ${PRESETS.join(', ')}`);
+      const generateOnly = { '--arch': o.arch, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--runs': o.runs, '--baked': o.baked };
+      if (!o.generate) {
+        const bad = Object.entries(generateOnly).find(([, v]) => v !== undefined);
+        if (bad) throw new UserError(`${bad[0]} is a --generate setting`);
+      } else {
+        if (o.arch !== undefined && !(ARCHES as readonly string[]).includes(o.arch)) throw new UserError(`--arch: "${o.arch}" is not one of ${ARCHES.join(', ')}`);
+        const training = { '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
+        const bad = Object.entries(training).find(([, v]) => v !== undefined && v !== false);
+        if (bad) throw new UserError(`${bad[0]} is a training-step setting; --generate does not use it`);
+        if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --generate decodes in float32');
+        if (o.optLevel !== undefined) throw new UserError('--opt-level: --generate uses the decode sessions\' own level');
+        const r = await runGenerateBench({
+          arch: o.arch as Arch | undefined,
+          preset: o.preset as Preset,
+          batch: positiveInt('--batch', o.batch, 8),
+          prompt: positiveInt('--prompt', o.prompt, 32),
+          newTokens: positiveInt('--new', o.new, 64),
+          runs: positiveInt('--runs', o.runs, 3),
+          baked: o.baked ?? false,
+          runtime: { ep: device(o.device), threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1) },
+          skipPeak: !o.peak,
+          log: (line) => process.stderr.write(`bench: ${line}\n`),
+        });
+        process.stdout.write(o.json ? JSON.stringify(r) + '\n' : formatGenerateBench(r));
+        return;
+      }
       const loraRank = o.lora === undefined || o.lora === false ? 0 : o.lora === true ? 16 : positiveInt('--lora', o.lora, 16);
       if (o.baseDtype === 'float16' && !loraRank) throw new UserError('--base-dtype float16 needs --lora (only frozen weights can be held in float16)');
       const levels = ['disabled', 'basic', 'extended', 'all'];

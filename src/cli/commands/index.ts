@@ -1,45 +1,38 @@
 import type { Command } from 'commander';
-import { register as convert } from './convert.ts';
-import { register as gradcheck } from './gradcheck.ts';
-import { register as inspect } from './inspect.ts';
-import { register as initModel } from './init-model.ts';
-import { register as logps } from './logps.ts';
-import { register as report } from './report.ts';
-import { register as trainCmd } from './train.ts';
-import { register as evalCmd } from './eval.ts';
-import { register as demo } from './demo.ts';
-import { register as tokenize } from './tokenize.ts';
-import { register as loss } from './loss.ts';
-import { register as bench } from './bench.ts';
-import { register as generate } from './generate.ts';
-import { register as sppo } from './sppo.ts';
-import { register as nashMd } from './nash-md.ts';
-import { register as rewardTrain } from './reward-train.ts';
-import { register as doctor } from './doctor.ts';
-import { register as artifacts } from './artifacts.ts';
-import { register as grpoCmd } from './grpo.ts';
-import { register as exportCmd } from './export.ts';
 
-/** Every `prefzoo` subcommand: one module each, one line here each. */
-export const commands: Array<(program: Command) => void> = [
-  convert,
-  gradcheck,
-  inspect,
-  initModel,
-  logps,
-  report,
-  trainCmd,
-  evalCmd,
-  demo,
-  tokenize,
-  loss,
-  bench,
-  generate,
-  sppo,
-  nashMd,
-  rewardTrain,
-  doctor,
-  artifacts,
-  grpoCmd,
-  exportCmd,
+/**
+ * Every `prefzoo` subcommand, as a light manifest: the name, the one-line summary `prefzoo --help`
+ * lists, and the module that registers it (flags, long description, action). A module is imported only
+ * when its command runs or shows its own --help, so `prefzoo --help` loads none of ONNX Runtime, Arrow
+ * or the model code. A new command is one line here plus its module exporting `register(program)`.
+ */
+export interface CommandEntry {
+  name: string;
+  summary: string;
+  load: () => Promise<{ register(program: Command): void }>;
+}
+
+export const COMMANDS: readonly CommandEntry[] = [
+  { name: 'convert', summary: 'convert preference data (JSON, JSONL, CSV/TSV, Parquet, Arrow; .gz too) to canonical Parquet', load: () => import('./convert.ts') },
+  { name: 'gradcheck', summary: 'check every autodiff rule against central finite differences in float64', load: () => import('./gradcheck.ts') },
+  { name: 'inspect', summary: 'show a data file: schema, kind, rows, length statistics of its text fields', load: () => import('./inspect.ts') },
+  { name: 'init-model', summary: 'write a random-initialised model in Hugging Face layout for demos, tests and benchmarks', load: () => import('./init-model.ts') },
+  { name: 'logps', summary: 'score sequences: summed log-probabilities of the masked tokens of each input line', load: () => import('./logps.ts') },
+  { name: 'report', summary: 'write RUN/report.html: loss, accuracy and margin curves, final eval, config', load: () => import('./report.ts') },
+  { name: 'train', summary: 'fine-tune a model on preference data with a loss from the zoo', load: () => import('./train.ts') },
+  { name: 'eval', summary: 'implicit-reward metrics of a policy against a reference (accuracy, margins, NDCG, ROC-AUC, per source)', load: () => import('./eval.ts') },
+  { name: 'demo', summary: 'the main job end to end on a built-in task and a tiny llama; prints accuracy before and after', load: () => import('./demo.ts') },
+  { name: 'tokenize', summary: "add model-ready token columns to a canonical dataset with the model's tokenizer and chat template", load: () => import('./tokenize.ts') },
+  { name: 'loss', summary: 'evaluate a loss of the zoo (or a mixture) on a batch of per-sequence statistics', load: () => import('./loss.ts') },
+  { name: 'bench', summary: 'time training steps of the init-model llama, and the MatMul peak of this machine', load: () => import('./bench.ts') },
+  { name: 'generate', summary: 'sample responses to prompts with a KV cache (seeded) and write them as Parquet', load: () => import('./generate.ts') },
+  { name: 'sppo', summary: 'SPPO iterations: sample, judge win-rates against the current policy, train the sppo loss', load: () => import('./sppo.ts') },
+  { name: 'nash-md', summary: 'on-policy Nash-MD: sample from the policy and its mixture with the reference, judge, step', load: () => import('./nash-md.ts') },
+  { name: 'reward-train', summary: 'train a reward model (the LM plus a scalar head) on preference pairs (Bradley–Terry)', load: () => import('./reward-train.ts') },
+  { name: 'reward-score', summary: 'add chosen_score/rejected_score from a reward model to pairwise data', load: () => import('./reward-train.ts') },
+  { name: 'doctor', summary: 'which devices can run models here (cpu, webgpu, cuda); what is missing and how to get it', load: () => import('./doctor.ts') },
+  { name: 'artifacts', summary: 'write the training artifacts of a model and a loss (graphs, starting checkpoint, artifacts.json)', load: () => import('./artifacts.ts') },
+  { name: 'export', summary: 'write a model for the apps: a transformers.js ONNX folder or a llama.cpp GGUF file', load: () => import('./export.ts') },
+  { name: 'grpo', summary: 'GRPO / DAPO / Dr. GRPO / GSPO / CISPO / RLOO with reward functions (accuracy, format, modules, commands)', load: () => import('./grpo.ts') },
+  // Commands landing from other branches go here, one line each.
 ];

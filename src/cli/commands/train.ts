@@ -4,7 +4,7 @@ import { settingsHelp } from '../../train/settings.ts';
 import { UserError } from '../../errors.ts';
 import { trainAny } from '../../train/mpo.ts';
 import { collect } from '../flags.ts';
-import { terminalProgress } from '../progress.ts';
+import { terminalLog, terminalProgress } from '../progress.ts';
 
 export const TIES = 'Ties: a pair counts as correct only when r(chosen) - r(rejected) exceeds float32 rounding of its log-probs (1e-6 x beta x the sum of their magnitudes); ties count as wrong, as in TRL, so a policy equal to its reference scores 0.';
 
@@ -40,7 +40,7 @@ export function register(program: Command): void {
       // TRL's loss_type defaults to sigmoid, prefzoo's dpo.
       const loss = pick('--loss', o.loss, 'loss_type', trl.loss ?? (o.config && /\.ya?ml$/i.test(o.config) && !o.loss ? 'dpo' : undefined));
       const out = pick('--out', o.out, 'output_dir', trl.out);
-      const r = await trainAny({ model, data, loss, out, params: o.refOnTheFly ? [...o.param, 'ref_on_the_fly=true'] : o.param, configFile: o.config, resume: o.resume, overwrite: o.overwrite, quiet: o.quiet, refModel: o.ref, adapter: o.adapter, progress: terminalProgress });
+      const r = await trainAny({ model, data, loss, out, params: o.refOnTheFly ? [...o.param, 'ref_on_the_fly=true'] : o.param, configFile: o.config, resume: o.resume, overwrite: o.overwrite, quiet: o.quiet, refModel: o.ref, adapter: o.adapter, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
       const summary = { steps: r.steps, seconds: Math.round(r.seconds * 10) / 10, final: r.finalDir, loss: r.last.loss, 'rewards/accuracies': r.last['rewards/accuracies'], ...(r.eval ? { eval: r.eval.overall } : {}) };
       if (o.json) process.stdout.write(JSON.stringify(summary) + '\n');
       else process.stdout.write(`trained ${r.steps} steps in ${summary.seconds}s; final model in ${r.finalDir}; metrics in ${out}/metrics.jsonl\n`);

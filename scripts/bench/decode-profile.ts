@@ -1,0 +1,78 @@
+/**
+ * Where a generation step spends its time: one batched generation of a random-initialised preset
+ * (weights fed, as `bench --generate`), timed piece by piece on the host — the step session's run,
+ * the sampling of every row, everything else (masks, ids, cache bookkeeping) — with the step graph
+ * under ONNX Runtime's profiler, whose kernel times are summed per op type and per node. The gap
+ * between a run's wall time and its kernels is the runtime's own cost (feeding inputs, allocating
+ * and copying outputs into JavaScript).
+ *
+ *   node --import tsx scripts/bench/decode-profile.ts [--preset small] [--batch 32] [--prompt 32] [--new 32] [--top 15]
+ */
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import { type Preset, presetArch, presetConfig } from '../../src/models/config.ts';
+import { initWeights } from '../../src/models/init.ts';
+import { Decoder, generateIds } from '../../src/models/generate.ts';
+import { sampleRandom } from '../../src/models/sampling.ts';
+import { setGenerateTimer } from '../../src/models/generate.ts';
+
+const { values: a } = parseArgs({
+  options: {
+    preset: { type: 'string', default: 'small' },
+    batch: { type: 'string', default: '32' },
+    prompt: { type: 'string', default: '32' },
+    new: { type: 'string', default: '32' },
+    top: { type: 'string', default: '15' },
+    threads: { type: 'string' },
+  },
+});
+const preset = a.preset as Preset;
+const B = Number(a.batch);
+const P = Number(a.prompt);
+const N = Number(a.new);
+const config = presetConfig(presetArch(preset) ?? 'llama', preset, {});
+const weights = initWeights(config, 0);
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-decode-profile-'));
+const dec = await Decoder.create(config, weights, { runtime: { profilePrefix: path.join(dir, 'decode'), threads: a.threads ? Number(a.threads) : undefined } });
+const reqs = () => Array.from({ length: B }, (_, i) => ({ promptIds: Array.from({ length: P }, (_, t) => 16 + ((i * 7919 + t * 104729) % 4080)), rng: sampleRandom(1, i, 0) }));
+const opts = { temperature: 1, stopIds: [], padId: 0, batchSize: B };
+await generateIds([{ decoder: dec, weight: 1 }], reqs(), { ...opts, maxNewTokens: 4 }); // warm-up
+const spans = new Map<string, number[]>();
+setGenerateTimer((label, ms) => spans.set(label, [...(spans.get(label) ?? []), ms]));
+const c0 = process.cpuUsage();
+const t0 = performance.now();
+await generateIds([{ decoder: dec, weight: 1 }], reqs(), { ...opts, maxNewTokens: N });
+const wall = performance.now() - t0;
+const cpu = process.cpuUsage(c0);
+setGenerateTimer(null);
+await dec.endProfiling();
+await dec.release();
+
+const sum = (xs: number[]) => xs.reduce((x, y) => x + y, 0);
+console.log(`${preset}, batch ${B}, prompt ${P}, ${N} new: ${wall.toFixed(0)} ms wall, ${((cpu.user + cpu.system) / 1000).toFixed(0)} ms cpu, load ${os.loadavg()[0].toFixed(2)}`);
+console.log('host spans (ms per step, median; total ms):');
+for (const [k, v] of spans) console.log(`  ${k.padEnd(16)} ${[...v].sort((x, y) => x - y)[v.length >> 1].toFixed(2).padStart(8)}  ${sum(v).toFixed(0).padStart(7)}  (${v.length}×)`);
+
+interface Ev { cat: string; name: string; dur: number; ts: number; args?: { op_name?: string } }
+for (const f of fs.readdirSync(dir).filter((x) => x.endsWith('.json'))) {
+  const ev = JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8')) as Ev[];
+  const runs = ev.filter((e) => e.cat === 'Session' && e.name === 'model_run');
+  if (runs.length < 3) continue; // the prefill session
+  // The timed generation's runs: the last N − 1 (the warm-up's came first).
+  const timed = runs.slice(-(N - 1));
+  const from = timed[0].ts;
+  const kernels = ev.filter((e) => e.cat === 'Node' && e.name.endsWith('_kernel_time') && e.ts >= from);
+  const kms = sum(kernels.map((e) => e.dur)) / 1000 / timed.length;
+  console.log(`step session: ${(sum(timed.map((e) => e.dur)) / 1000 / timed.length).toFixed(2)} ms per run inside ORT, ${kms.toFixed(2)} ms of kernels`);
+  const table = (title: string, key: (e: Ev) => string) => {
+    const m = new Map<string, number>();
+    for (const e of kernels) m.set(key(e), (m.get(key(e)) ?? 0) + e.dur);
+    console.log(title);
+    for (const [k, v] of [...m].sort((x, y) => y[1] - x[1]).slice(0, Number(a.top))) console.log(`  ${(v / 1000 / timed.length).toFixed(2).padStart(8)} ms ${((100 * v) / 1000 / timed.length / kms).toFixed(1).padStart(5)} %  ${k}`);
+  };
+  table('by op type (ms per step):', (e) => e.args?.op_name ?? '?');
+  table('by node (ms per step):', (e) => `${e.args?.op_name}  ${e.name.slice(0, -'_kernel_time'.length)}`);
+}
+fs.rmSync(dir, { recursive: true, force: true });

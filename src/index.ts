@@ -1,0 +1,430 @@
+/**
+ * prefzoo as a library: the `prefzoo` commands as typed functions.
+ *
+ * ```ts
+ * import { convert, initModel, train, evaluate } from 'prefzoo';
+ * initModel({ output: 'm' });
+ * await convert('pairs.jsonl', 'd.parquet');
+ * const run = await train({ model: 'm', data: 'd.parquet', loss: 'dpo', out: 'run', settings: { max_steps: 10, beta: 0.1 } });
+ * const metrics = await evaluate({ model: run.finalDir, ref: 'm', data: 'd.parquet' });
+ * ```
+ *
+ * Every long job takes `signal` (an AbortSignal: the job stops at its next unit of work — a step, a
+ * batch — with an {@link AbortedError}, its outputs left as before), `progress` (a
+ * {@link ProgressFactory}: called once per stage with its label and size, then told each unit done;
+ * the CLI's progress bars are one such factory) and `log` (notes such as "resuming from step 40").
+ * Nothing here writes to the terminal or exits the process. Errors a user can fix are
+ * {@link UserError}s: {@link BadInputError} (malformed data, out-of-range settings),
+ * {@link DamagedFileError} (truncated or corrupt files), {@link DeviceUnavailableError} (no WebGPU
+ * adapter, no CUDA build); each carries `file`, `line`, `row` or `setting` where known. Any other
+ * error is a bug.
+ *
+ * @packageDocumentation
+ */
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { AbortedError, BadInputError } from './errors.ts';
+import type { ProgressFactory } from './progress.ts';
+import { convert as convertFiles, type ConvertOptions as ConvertFileOptions, type ConvertSummary } from '../datasets/convert.ts';
+import { inspectFile, type InspectReport } from '../datasets/inspect.ts';
+import type { Text } from '../datasets/names.ts';
+import { tokenReport, type TokenReport } from './train/token-stats.ts';
+import { tokenizeDataset, type TokenizeOptions as TokenizeFileOptions, type TokenizeSummary } from './train/tokenize-data.ts';
+import { trainAny } from './train/mpo.ts';
+import type { TrainOptions as TrainerOptions, TrainResult } from './train/trainer.ts';
+import type { TrainConfig } from './train/config.ts';
+import type { LoopOptions } from './train/run.ts';
+import { evaluateRows, type EvalOptions, type EvalSummary, type ModelSource } from './eval/evaluate.ts';
+import { Policy } from './online/policy.ts';
+import type { Sample } from './online/policy.ts';
+import { readPrompts } from './online/prompts.ts';
+import { writeSamples } from './online/samples-io.ts';
+import { loadJudge, type Judge } from './online/judges.ts';
+import { runSppo, type SppoOptions as SppoLoopOptions, type SppoResult } from './online/sppo.ts';
+import { runNashMd, type NashMdOptions as NashMdLoopOptions, type NashMdResult } from './online/nash-md.ts';
+import { rewardTrain as trainRewardModel, scorePairs as scoreWithRewardModel, type RewardTrainResult, type ScorePairsResult } from './online/reward-model.ts';
+import { initModelFolder, initModelFromConfig, type InitModelResult } from './models/init.ts';
+import { ARCHES, PRESETS, type Arch, type Preset, presetArch } from './models/config.ts';
+import type { SamplingOptions } from './models/sampling.ts';
+import type { ExecutionProvider, RuntimeOptions } from './runtime/session.ts';
+import type { TruncationConfig } from '../datasets/examples.ts';
+import { GGUF_DTYPES, exportGguf, type GgufDtype } from './export/gguf.ts';
+import { ONNX_DTYPES, exportOnnx, type OnnxDtype } from './export/onnx.ts';
+import { readExportSource } from './export/source.ts';
+
+export { UserError, BadInputError, DamagedFileError, DeviceUnavailableError, AbortedError, type ErrorLocation, type UserErrorKind } from './errors.ts';
+export type { ProgressFactory, ProgressReporter, ProgressFields } from './progress.ts';
+export type { ConvertSummary, InspectReport, TokenReport, TokenizeSummary, TrainResult, TrainConfig, EvalSummary, ModelSource, Sample, SamplingOptions, Text, Judge, SppoResult, NashMdResult, RewardTrainResult, ScorePairsResult, InitModelResult, Arch, Preset, ExecutionProvider, RuntimeOptions, TruncationConfig };
+export type { Comparison } from './online/judges.ts';
+export type { Message, Role } from '../datasets/names.ts';
+export type { InputFormat } from '../datasets/readers.ts';
+export type { PrefzooMeta } from '../datasets/schema.ts';
+export type { LengthStats } from '../datasets/inspect.ts';
+export type { TokenLengths } from './train/token-stats.ts';
+export type { ModelConfig } from './models/config.ts';
+export type { FloatTensor } from './models/checkpoint.ts';
+export type { OptLevel } from './runtime/session.ts';
+export type { SppoIteration } from './online/sppo.ts';
+export type { Kind, LossModule, ParamSpec, Schedule } from '../losses/index.ts';
+/** The loss zoo: every loss by name, mixtures such as `dpo:0.8,sft:0.2`, and binding parameters. */
+export { listLosses, getLoss, parseLossSpec, resolveLoss, scheduleOf, type LossTerm, BoundLoss } from '../losses/index.ts';
+export { ARCHES, PRESETS };
+export { DEFAULT_CONFIG } from './train/config.ts';
+
+/** What every long job takes. */
+export interface JobOptions {
+  /** Stops the job at its next unit of work (step, batch) with an {@link AbortedError}; outputs are left as before. */
+  signal?: AbortSignal;
+  /** Progress of each stage: called with its label and size, then told each unit done. */
+  progress?: ProgressFactory;
+  /** Notes on what the job does ("resuming from …", per-iteration summaries); none by default. */
+  log?: (line: string) => void;
+}
+
+/**
+ * Training settings and loss parameters by name, as `prefzoo train --param key=value` takes them:
+ * the keys of {@link TrainConfig} (`max_steps`, `learning_rate`, `device`, …) and the loss's own
+ * (`beta`, `label_smoothing`, …). Values are checked as the CLI checks them.
+ */
+export type Settings = Partial<TrainConfig> & { [key: string]: string | number | boolean | null | undefined };
+
+/** `settings` as `key=value` strings, after `params`. */
+function paramsOf(o: { settings?: Settings; params?: string[] }): string[] {
+  const out = [...(o.params ?? [])];
+  for (const [k, v] of Object.entries(o.settings ?? {})) if (v !== undefined) out.push(`${k}=${v === null ? '' : v}`);
+  return out;
+}
+
+/** The signal's reason as an AbortedError (an Error given as the reason is kept as its cause). */
+function abortedBy(signal: AbortSignal): AbortedError {
+  const e = new AbortedError();
+  (e as { cause?: unknown }).cause = signal.reason;
+  return e;
+}
+
+/**
+ * Runs `job` under `o.signal`: refused at once when already aborted; while it runs, the progress it
+ * reports goes through a factory that stops it at the next unit once aborted. Aborts surface as
+ * AbortedError whatever the inner code threw.
+ */
+async function guarded<T>(o: JobOptions, job: (progress: ProgressFactory | undefined) => Promise<T>): Promise<T> {
+  const { signal, progress } = o;
+  if (signal?.aborted) throw abortedBy(signal);
+  const watched: ProgressFactory | undefined = !signal
+    ? progress
+    : (label, total) => {
+        const inner = progress?.(label, total);
+        return {
+          update(value, fields) {
+            if (signal.aborted) throw abortedBy(signal);
+            inner?.update(value, fields);
+          },
+          stop() {
+            inner?.stop();
+          },
+        };
+      };
+  try {
+    return await job(watched);
+  } catch (e) {
+    if (signal?.aborted && !(e instanceof AbortedError)) throw abortedBy(signal);
+    throw e;
+  }
+}
+
+/** A temporary folder for the duration of `f`. */
+async function withTempDir<T>(prefix: string, f: (dir: string) => Promise<T>): Promise<T> {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  try {
+    return await f(dir);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+// ─── data ─────────────────────────────────────────────────────────────────────────────────────────
+
+/** Options of {@link convert}: format detection, field mapping, validation, sharding. */
+export interface ConvertOptions extends Omit<ConvertFileOptions, 'signal'>, Pick<JobOptions, 'signal'> {}
+
+/**
+ * Converts preference data (JSON, JSONL, CSV/TSV, Parquet, Arrow; .gz too; the formats of
+ * docs/data.md, detected) to canonical Parquet at `output` (`prefzoo convert`).
+ */
+export function convert(inputs: string | string[], output: string, options: ConvertOptions = {}): Promise<ConvertSummary> {
+  return guarded(options, () => convertFiles(Array.isArray(inputs) ? inputs : [inputs], output, options));
+}
+
+/** Options of {@link inspect}. */
+export interface InspectOptions {
+  /** Also count the tokens of a preference dataset with this model folder's tokenizer and chat template. */
+  tokenizer?: string;
+}
+
+/** Schema, kind, rows and length statistics of a data file (`prefzoo inspect`). */
+export async function inspect(file: string, options: InspectOptions = {}): Promise<InspectReport & { tokens?: TokenReport }> {
+  const report = await inspectFile(file);
+  if (!options.tokenizer) return report;
+  if (!report.kind) throw new BadInputError(`${file}: a tokenizer counts tokens of preference data; this file is not preference data`, { file });
+  const tokens = await withTempDir('prefzoo-inspect-', (dir) => tokenReport(file, options.tokenizer!, dir));
+  return { ...report, tokens };
+}
+
+/** Options of {@link tokenize}. */
+export interface TokenizeOptions extends Omit<TokenizeFileOptions, 'signal' | 'progress'>, Pick<JobOptions, 'signal' | 'progress'> {}
+
+/** Adds model-ready token columns to canonical Parquet `input`, written to `output` (`prefzoo tokenize`). */
+export function tokenize(input: string, output: string, options: TokenizeOptions): Promise<TokenizeSummary> {
+  return guarded(options, (progress) => tokenizeDataset(input, output, { ...options, progress, signal: options.signal }));
+}
+
+// ─── models ───────────────────────────────────────────────────────────────────────────────────────
+
+/** Options of {@link initModel}. */
+export interface InitModelOptions {
+  /** Folder to write (created if missing; model files in it are replaced). */
+  output: string;
+  /** Architecture (default: the preset's own, else llama). */
+  arch?: Arch;
+  /** Size (default tiny: under a million parameters). */
+  preset?: Preset;
+  /** A Hugging Face config.json (its path, or the parsed object) instead of arch/preset. */
+  config?: string | Record<string, unknown>;
+  /** The same seed writes the same weights (default 0). */
+  seed?: number;
+}
+
+/** Writes a random-initialised model in Hugging Face layout with a generated tokenizer (`prefzoo init-model`). */
+export function initModel(options: InitModelOptions): InitModelResult {
+  const seed = options.seed ?? 0;
+  if (!Number.isSafeInteger(seed) || seed < 0) throw new BadInputError(`seed must be a non-negative integer, got ${seed}`, { setting: 'seed' });
+  if (options.config !== undefined) {
+    if (options.arch !== undefined) throw new BadInputError('config and arch: give one (the config names its model_type)', { setting: 'arch' });
+    const file = typeof options.config === 'string' ? options.config : 'config';
+    let raw: unknown = options.config;
+    if (typeof options.config === 'string') {
+      try {
+        raw = JSON.parse(readFileSync(options.config, 'utf8'));
+      } catch (e) {
+        throw new BadInputError(`${options.config}: cannot read a JSON config (${(e as Error).message.split('\n')[0]})`, { file: options.config });
+      }
+    }
+    return initModelFromConfig(options.output, raw, file, seed);
+  }
+  const preset = options.preset ?? 'tiny';
+  if (!PRESETS.includes(preset)) throw new BadInputError(`preset "${preset}" is not one of ${PRESETS.join(', ')}`, { setting: 'preset' });
+  const arch = options.arch ?? presetArch(preset) ?? 'llama';
+  if (!ARCHES.includes(arch)) throw new BadInputError(`arch "${arch}" is not one of ${ARCHES.join(', ')}`, { setting: 'arch' });
+  return initModelFolder(options.output, arch, preset, seed);
+}
+
+// ─── training and evaluation ──────────────────────────────────────────────────────────────────────
+
+/** Options of {@link train}: the model, data, loss and run folder, and settings by name. */
+export interface TrainOptions extends Omit<TrainerOptions, 'progress' | 'log' | 'quiet' | 'rows' | 'base'>, JobOptions {
+  /** Settings and loss parameters by name; applied after `configFile` and `params`. */
+  settings?: Settings;
+}
+
+/**
+ * Fine-tunes `model` on `data` with a loss of the zoo or a mixture (`dpo`, `ipo`, `dpo:0.8,sft:0.2`,
+ * `mpo`'s two stages), writing the run folder `out`: metrics.jsonl, checkpoints/, final/ (`prefzoo train`).
+ */
+export function train(options: TrainOptions): Promise<TrainResult> {
+  return guarded(options, (progress) => trainAny({ ...options, params: paramsOf(options), progress, log: options.log }));
+}
+
+/** Options of {@link evaluate}. */
+export interface EvaluateOptions extends JobOptions {
+  /** The policy: a model folder (HF layout, e.g. RUN/final). */
+  model: ModelSource;
+  /** The reference model, usually the starting model. */
+  ref: ModelSource;
+  /** Canonical Parquet (file, shards, folder, glob) or any file `convert` accepts. */
+  data: string;
+  /** Scales the implicit rewards (default 0.1). */
+  beta?: number;
+  /** Examples per forward pass (default 8). */
+  batchSize?: number;
+  /** Truncation of prompt + response (default 512 / 256 tokens, keeping the prompt's end). */
+  truncation?: TruncationConfig;
+  /** Evaluate the first N rows only. */
+  maxRows?: number;
+  /** Execution provider and threads (default: the CPU). */
+  runtime?: RuntimeOptions;
+  /** Tokenizer folder (default: the policy's, else the reference's). */
+  tokenizer?: string;
+}
+
+/**
+ * Implicit-reward metrics of a policy against a reference (`prefzoo eval`): pairwise accuracy and
+ * margins, listwise NDCG / Kendall τ / top-1, single-trajectory ROC-AUC, overall and per source.
+ */
+export function evaluate(options: EvaluateOptions): Promise<EvalSummary> {
+  return guarded(options, (progress) =>
+    withTempDir('prefzoo-eval-', (workDir) => {
+      const o: EvalOptions = {
+        policy: options.model,
+        ref: options.ref,
+        data: options.data,
+        tokenizer: options.tokenizer,
+        workDir,
+        params: options.beta !== undefined ? { beta: options.beta } : undefined,
+        runtime: options.runtime,
+        progress,
+        log: options.log,
+        truncation: options.truncation,
+        batchSize: options.batchSize,
+        maxRows: options.maxRows,
+      };
+      return evaluateRows(o);
+    }),
+  );
+}
+
+// ─── generation and online methods ───────────────────────────────────────────────────────────────
+
+/** Options of {@link generate}: sampling (temperature, top-k, top-p), count, seed. */
+export interface GenerateOptions extends SamplingOptions, Pick<JobOptions, 'signal'> {
+  /** Model folder (HF layout). */
+  model: string;
+  /** Prompts, or a file of them: .txt (one a line) or records with a "prompt" field. */
+  prompts: string | readonly Text[];
+  /** Tokens to generate at most per response. */
+  maxNewTokens: number;
+  /** Responses per prompt (default 1). */
+  n?: number;
+  /** A sample depends only on (seed, prompt index, sample index) (default 0). */
+  seed?: number;
+  /** Sequences decoded together (default 32). */
+  batchSize?: number;
+  /** Also write the samples as Parquet here. */
+  out?: string;
+  runtime?: RuntimeOptions;
+  /** A Jinja chat-template file used instead of the model's own. */
+  chatTemplateFile?: string;
+}
+
+/** Samples responses to prompts with a KV cache (`prefzoo generate`); prompt-major order. */
+export async function generate(options: GenerateOptions): Promise<Sample[]> {
+  return guarded(options, async () => {
+    const prompts = typeof options.prompts === 'string' ? await readPrompts(options.prompts) : options.prompts;
+    options.signal?.throwIfAborted();
+    const policy = await Policy.load(options.model, options.runtime, options.chatTemplateFile);
+    try {
+      options.signal?.throwIfAborted();
+      const samples = await policy.sample(prompts, { ...options, n: options.n ?? 1, seed: options.seed ?? 0, batchSize: options.batchSize ?? 32 });
+      if (options.out) writeSamples(options.out, samples);
+      return samples;
+    } finally {
+      await policy.release();
+    }
+  });
+}
+
+/** The judge of an online method: `task`, `reward:DIR`, `cmd:COMMAND`, or your own {@link Judge}. */
+export type JudgeSpec = string | Judge;
+
+async function withJudge<T>(spec: JudgeSpec, runtime: RuntimeOptions | undefined, f: (judge: Judge) => Promise<T>): Promise<T> {
+  if (typeof spec !== 'string') return f(spec);
+  const judge = await loadJudge(spec, runtime);
+  try {
+    return await f(judge);
+  } finally {
+    await judge.release();
+  }
+}
+
+/** What the online methods share: prompts, a judge, sampling, settings. */
+export interface OnlineOptions extends Omit<LoopOptions, 'progress' | 'log' | 'quiet' | 'base'>, JobOptions, SamplingOptions {
+  /** Prompts, or a file of them (.txt, one a line, or records with a "prompt" field). */
+  prompts: string | readonly Text[];
+  /** Compares responses; a string is loaded (and released) here. */
+  judge: JudgeSpec;
+  maxNewTokens: number;
+  settings?: Settings;
+}
+
+/** Options of {@link sppo}: T iterations of K samples per prompt. */
+export interface SppoOptions extends OnlineOptions, Pick<SppoLoopOptions, 'iterations' | 'samples'> {}
+
+/** SPPO iterations (`prefzoo sppo`): sample K responses per prompt, estimate win-rates with the judge, train the sppo loss. */
+export function sppo(options: SppoOptions): Promise<SppoResult> {
+  return guarded(options, async (progress) => {
+    const prompts = typeof options.prompts === 'string' ? await readPrompts(options.prompts) : options.prompts;
+    return withJudge(options.judge, undefined, (judge) => runSppo({ ...options, prompts, judge, params: paramsOf(options), progress, log: options.log }));
+  });
+}
+
+/** Options of {@link nashMd}. */
+export interface NashMdOptions extends OnlineOptions {}
+
+/** On-policy Nash-MD (`prefzoo nash-md`): each step samples from the policy and its mixture with the reference, judges, steps. */
+export function nashMd(options: NashMdOptions): Promise<NashMdResult> {
+  return guarded(options, async (progress) => {
+    const prompts = typeof options.prompts === 'string' ? await readPrompts(options.prompts) : options.prompts;
+    return withJudge(options.judge, undefined, (judge) => runNashMd({ ...options, prompts, judge, params: paramsOf(options), progress, log: options.log } satisfies NashMdLoopOptions));
+  });
+}
+
+/** Options of {@link rewardTrain}. */
+export interface RewardTrainOptions extends Omit<LoopOptions, 'progress' | 'log' | 'quiet' | 'base'>, JobOptions {
+  /** Pairwise preference data (canonical Parquet or any file `convert` accepts). */
+  data: string;
+  settings?: Settings;
+}
+
+/** Trains a reward model (the LM plus a scalar head) with the Bradley–Terry loss (`prefzoo reward-train`). */
+export function rewardTrain(options: RewardTrainOptions): Promise<RewardTrainResult> {
+  return guarded(options, (progress) => trainRewardModel({ ...options, params: paramsOf(options), progress, log: options.log }));
+}
+
+/** Adds chosen_score/rejected_score from a reward model to pairwise data (`prefzoo reward-score`). */
+export function rewardScore(options: { rewardModel: string; data: string; out: string; runtime?: RuntimeOptions }): Promise<ScorePairsResult> {
+  return scoreWithRewardModel(options);
+}
+
+// ─── export ───────────────────────────────────────────────────────────────────────────────────────
+
+export type { GgufDtype, OnnxDtype };
+
+/** Options of {@link exportModel}. */
+export interface ExportModelOptions {
+  /** A Hugging Face model folder (a run's final/ included), or a PEFT adapter folder naming its base. */
+  model: string;
+  /** `onnx`: a folder transformers.js loads; `gguf`: one GGUF v3 file llama.cpp loads. */
+  format: 'onnx' | 'gguf';
+  /** onnx: the folder to write (replaced when complete); gguf: the .gguf file. */
+  out: string;
+  /** A PEFT LoRA adapter folder merged into `model` first. */
+  adapter?: string;
+  /** onnx: the weight types to write (default fp32). */
+  onnxDtypes?: OnnxDtype[];
+  /** gguf: the tensor type (default f32). */
+  ggufDtype?: GgufDtype;
+}
+
+/** What {@link exportModel} wrote: the files (onnx) or the file's size (gguf). */
+export interface ExportModelResult {
+  format: 'onnx' | 'gguf';
+  out: string;
+  model_type: string;
+  files?: string[];
+  bytes?: number;
+}
+
+/** Writes a model for the apps (`prefzoo export`): transformers.js's ONNX folder or llama.cpp's GGUF file. */
+export function exportModel(options: ExportModelOptions): ExportModelResult {
+  const { model, format, out, adapter } = options;
+  if (format !== 'onnx' && format !== 'gguf') throw new BadInputError(`format "${format}" is not one of onnx, gguf`, { setting: 'format' });
+  const bad = options.onnxDtypes?.find((d) => !(d in ONNX_DTYPES));
+  if (bad !== undefined) throw new BadInputError(`onnxDtypes: "${bad}" is not one of ${Object.keys(ONNX_DTYPES).join(', ')}`, { setting: 'dtype' });
+  if (options.ggufDtype !== undefined && !GGUF_DTYPES.includes(options.ggufDtype)) throw new BadInputError(`ggufDtype: "${options.ggufDtype}" is not one of ${GGUF_DTYPES.join(', ')}`, { setting: 'dtype' });
+  const src = readExportSource(model, adapter);
+  if (format === 'onnx') return { format, out, model_type: src.config.model_type, files: exportOnnx(src, out, { dtypes: options.onnxDtypes }) };
+  return { format, out, model_type: src.config.model_type, bytes: exportGguf(src, out, options.ggufDtype ?? 'f32') };
+}
+
+// ─── from other branches ──────────────────────────────────────────────────────────────────────────
+// grpo (branch `grpo`) is exported here when it lands, as `export function grpo(options: GrpoOptions & JobOptions)`.
