@@ -27,10 +27,12 @@ import { sft } from './sft.ts';
 import { simpo } from './simpo.ts';
 import { orpo } from './orpo.ts';
 import { kto } from './kto.ts';
+import { grpo } from './grpo.ts';
 import type { BatchTensors, HostBatch, Kind, KeySet, LossModule, Params, Schedule } from './core/types.ts';
 
 export type { Kind, LossModule, Schedule, Params, HostBatch, HostTensor, BatchTensors, ParamSpec, KeySet } from './core/types.ts';
 export { mpoSplit, quantile } from './mpo.ts';
+export { GRPO_LOSS_TYPES, type GrpoParams } from './grpo.ts';
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type AnyLoss = LossModule<any>;
@@ -39,6 +41,7 @@ type AnyLoss = LossModule<any>;
 const REGISTRY: readonly AnyLoss[] = [
   dpo, ipo, rdpo, dro, mpo, lipo, sppo, sppoHard, nashMd,
   hinge, exoPair, ncaPair, bcoPair, aot, aotUnpaired, apoZero, apoDown, discopop, sigmoidNorm, sft, simpo, orpo, kto,
+  grpo,
 ];
 
 export function listLosses(): readonly LossModule[] {

@@ -67,6 +67,21 @@ function singleJson(seed = 3, B = 5): Json {
   };
 }
 
+/** GRPO's per-token batch: 4 completions of up to 3 tokens, row 3 shorter (padding holds junk). */
+function grpoJson(seed = 4): Json {
+  const r = rng(seed);
+  const u = (lo: number, hi: number) => lo + (hi - lo) * r();
+  const mask = [[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 0, 0]];
+  const old = mask.map((row) => row.map(() => -u(0.1, 4)));
+  return {
+    old_token_logps: old,
+    policy_token_logps: old.map((row, b) => row.map((o, t) => (mask[b][t] ? o + u(-0.4, 0.4) : 40))),
+    ref_token_logps: old.map((row) => row.map((o) => o + u(-0.5, 0.5))),
+    completion_mask: mask,
+    advantages: [1.1, -0.6, 0.3, -0.8],
+  };
+}
+
 /** Log-ratios at ±1e4 (and 0): policy/ref log-probs in {−1, −10001}, one token per response. */
 function extremeJson(kind: Kind): Json {
   const hi = -1;
@@ -81,6 +96,16 @@ function extremeJson(kind: Kind): Json {
       rejected_tokens: [1, 1, 1, 1, 1, 3],
       chosen_probs: [1, 0, 0.5, 1, 0, 0.25],
       rejected_probs: [0, 1, 0.5, 0, 1, 0.75],
+    };
+  }
+  if (kind === 'grpo') {
+    // Log-probs at −1e4 (importance ratios stay moderate: exp of ±1e4 is no ratio a sampler produces).
+    return {
+      policy_token_logps: [[lo, hi, lo], [hi, lo + 0.3, hi]],
+      old_token_logps: [[lo + 0.5, hi, lo], [hi - 0.1, lo, hi + 0.2]],
+      ref_token_logps: [[lo, hi, lo + 1], [hi, lo, hi]],
+      completion_mask: [[1, 1, 1], [1, 1, 0]],
+      advantages: [1, -1],
     };
   }
   if (kind === 'listwise') {
@@ -104,7 +129,7 @@ function extremeJson(kind: Kind): Json {
   };
 }
 
-const JSON_OF: Record<Kind, () => Json> = { pairwise: pairJson, listwise: listJson, single: singleJson, nash_md: singleJson };
+const JSON_OF: Record<Kind, () => Json> = { pairwise: pairJson, listwise: listJson, single: singleJson, nash_md: singleJson, grpo: grpoJson };
 
 /** The subset of a JSON batch a bound loss reads, validated. */
 function batchFor(bound: BoundLoss, kind: Kind, json: Json, drop: string[] = []): HostBatch {
@@ -229,6 +254,9 @@ const CASES: Case[] = [
   { spec: 'kto', drop: ['policy_kl_logps', 'ref_kl_logps'], extra: { kl: 0.4 } },
   { spec: 'kto', params: { desirable_weight: 1.5, undesirable_weight: 0.7 }, weighted: true },
   { spec: 'dpo:0.8,bco_pair:0.2,sft:1', params: { beta: 0.2 } },
+  // GRPO's every loss type and level are in test/losses-grpo.test.ts.
+  { spec: 'grpo', params: { beta: 0.04 } },
+  { spec: 'grpo', params: { loss_type: 'cispo', importance_sampling_level: 'sequence', epsilon_high: 1.1 }, stopsGradient: true },
 ];
 
 function caseName(c: Case, kind: Kind) {

@@ -12,6 +12,10 @@
  * single    [B]:    policy_logps, ref_logps, rewards, values (DRO), labels (KTO: 1 desirable, 0 not),
  *                   kl (KTO, a number) or policy_kl_logps, ref_kl_logps [B'] (KTO's mismatched pairs)
  * nash_md   [B]:    policy_logps, ref_logps, probs (preference P(y ≻ y'))
+ * grpo      [B, T]: policy_token_logps, old_token_logps, ref_token_logps (per-token log-probs),
+ *                   completion_mask (1 = a completion token counted), token_entropies (nats, for
+ *                   top_entropy_quantile); [B]: advantages; a number: num_items_in_batch (DAPO's
+ *                   token count of the whole accumulated batch)
  * every kind:       weight [B] (row weights of the batch mean)
  */
 import { UserError } from '../../src/errors.ts';
@@ -27,15 +31,21 @@ export const SINGLE_KEYS = [
   'policy_logps', 'ref_logps', 'rewards', 'values', 'labels', 'kl', 'policy_kl_logps', 'ref_kl_logps', 'weight',
 ] as const;
 export const NASH_KEYS = ['policy_logps', 'ref_logps', 'probs', 'weight'] as const;
+export const GRPO_KEYS = [
+  'policy_token_logps', 'old_token_logps', 'ref_token_logps', 'advantages', 'completion_mask', 'token_entropies', 'num_items_in_batch',
+] as const;
+/** GRPO's per-token columns ([B, T]: one entry per completion position). */
+export const TOKEN_KEYS: ReadonlySet<string> = new Set(['policy_token_logps', 'old_token_logps', 'ref_token_logps', 'completion_mask', 'token_entropies']);
 
 export const KEYS_OF: Record<Kind, readonly string[]> = {
-  pairwise: PAIR_KEYS, listwise: LIST_KEYS, single: SINGLE_KEYS, nash_md: NASH_KEYS,
+  pairwise: PAIR_KEYS, listwise: LIST_KEYS, single: SINGLE_KEYS, nash_md: NASH_KEYS, grpo: GRPO_KEYS,
 };
 
-/** Rank of a key's tensor: 2 for [B, K] list columns, 0 for the KTO scalar `kl`, else 1. */
+/** Rank of a key's tensor: 2 for [B, K] list and [B, T] token columns, 0 for the scalars `kl` and `num_items_in_batch`, else 1. */
 export function keyRank(kind: Kind, key: string): number {
   if (kind === 'listwise' && key !== 'weight') return 2;
-  if (key === 'kl') return 0;
+  if (TOKEN_KEYS.has(key)) return 2;
+  if (key === 'kl' || key === 'num_items_in_batch') return 0;
   return 1;
 }
 
@@ -46,8 +56,9 @@ type Domain = 'real' | 'positive' | 'prob' | 'binary' | 'nonneg';
 function domainOf(key: string): Domain {
   if (key.endsWith('_tokens')) return 'positive';
   if (key.endsWith('_probs') || key === 'probs' || key === 'win_probs') return 'prob';
-  if (key === 'mask' || key === 'labels' || key === 'rationale_mask') return 'binary';
-  if (key === 'weight') return 'nonneg';
+  if (key === 'mask' || key === 'labels' || key === 'rationale_mask' || key === 'completion_mask') return 'binary';
+  if (key === 'weight' || key === 'token_entropies') return 'nonneg';
+  if (key === 'num_items_in_batch') return 'positive';
   return 'real';
 }
 
@@ -112,7 +123,7 @@ export function parseBatch(json: unknown, kind: Kind, keys: KeySet, source = 'ba
     }
     if (t.dims.length === 2) {
       if (K === undefined) K = t.dims[1];
-      else if (t.dims[1] !== K) throw new UserError(`${source}: key "${key}" has lists of length ${t.dims[1]}, expected ${K} like the other keys`);
+      else if (t.dims[1] !== K) throw new UserError(`${source}: key "${key}" has ${TOKEN_KEYS.has(key) ? 'rows of' : 'lists of length'} ${t.dims[1]}${TOKEN_KEYS.has(key) ? ' tokens' : ''}, expected ${K} like the other keys`);
     }
     out[key] = t;
   }

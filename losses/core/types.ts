@@ -1,15 +1,18 @@
 /**
  * Shared types of the loss zoo. Every loss works on per-sequence statistics (summed log-probs,
- * token counts, scores), never on logits, so one module serves training (ONNX subgraph) and
- * evaluation (float64 TypeScript reference).
+ * token counts, scores) or, for GRPO, per-token log-probs [B, T] — never on logits — so one module
+ * serves training (ONNX subgraph) and evaluation (float64 TypeScript reference).
  */
 import type { Graph, Tensor } from '../../src/onnx/graph.ts';
 import type { Kind as DataKind } from '../../datasets/names.ts';
 
-/** The data a loss consumes: pairs, ranked lists, single trajectories, or Nash-MD's on-policy pairs. */
-export type Kind = DataKind | 'nash_md';
+/**
+ * The data a loss consumes: pairs, ranked lists, single trajectories, Nash-MD's on-policy pairs, or
+ * GRPO's groups of sampled completions with per-token log-probs.
+ */
+export type Kind = DataKind | 'nash_md' | 'grpo';
 
-/** A float64 batch tensor on the host, row-major: dims [B] or [B, K] ([] for a batch scalar such as `kl`). */
+/** A float64 batch tensor on the host, row-major: dims [B], [B, K] or [B, T] ([] for a batch scalar such as `kl`). */
 export interface HostTensor {
   dims: number[];
   data: Float64Array;

@@ -23,6 +23,8 @@ export interface SequenceLogps {
   tokens: Tensor;
   /** `[B, T]` log p(ids[t] | ids[<t]) · loss_mask[t] at each token's own position (0 at t = 0). */
   tokenLogps?: Tensor;
+  /** With `perToken` and `stats`: `[B, T]` the entropy of the distribution token t was drawn from, at t (no gradient). */
+  tokenEntropies?: Tensor;
   /**
    * With `stats` (monitoring only, no gradient): per sequence, the sums over its counted tokens of
    * the mean logit over the vocabulary (`logitSum [B]`, TRL's `logits/chosen` numerator) and of the
@@ -82,9 +84,10 @@ export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts:
       out.entropySum = g.reduceSum(spread(rl.entropy), [1], false);
     }
     if (opts.perToken) {
-      const zeros = g.mul(firstCol(weighted), 0);
-      const body = g.slice(weighted, [0], [-1], [1]);
-      out.tokenLogps = g.op('Concat', [zeros, body], { axis: { kind: 'int', value: 1 } }, [{ dtype: bi.dtype, shape }])[0];
+      // From the predicting position t − 1 to the token's own position t.
+      const atOwn = (x: Tensor) => g.op('Concat', [g.mul(firstCol(x), 0), g.slice(x, [0], [-1], [1])], { axis: { kind: 'int', value: 1 } }, [{ dtype: bi.dtype, shape }])[0];
+      out.tokenLogps = atOwn(weighted);
+      if (rl.entropy) out.tokenEntropies = atOwn(spread(rl.entropy));
     }
     return out;
   });

@@ -10,14 +10,13 @@
  *
  * Judges see text (the decoded responses), so any judge works with any policy's tokenizer.
  */
-import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
-import { createInterface, type Interface } from 'node:readline';
 import { UserError } from '../errors.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
 import type { Text } from '../../datasets/schema.ts';
 import { DEMO_MODULUS } from '../train/demo-task.ts';
 import { RewardModel } from './reward-model.ts';
 import { promptKey } from './prompts.ts';
+import { LineProcess } from './line-process.ts';
 
 export interface Comparison {
   prompt: Text;
@@ -95,66 +94,22 @@ export class RewardJudge implements Judge {
  */
 export class CommandJudge implements Judge {
   readonly name: string;
-  private child: ChildProcessWithoutNullStreams | null = null;
-  private lines: Interface | null = null;
-  private queue: string[] = [];
-  private waiting: ((line: string | null) => void) | null = null;
-  private closed = false;
-  private stderr = '';
+  private readonly proc: LineProcess;
   private answered = 0;
 
   constructor(readonly command: string) {
     if (!command.trim()) throw new UserError('--judge cmd: the command is empty');
     this.name = `cmd:${command}`;
-  }
-
-  private start(): void {
-    const child = spawn('sh', ['-c', this.command], { stdio: ['pipe', 'pipe', 'pipe'] });
-    child.stderr.on('data', (d: Buffer) => {
-      this.stderr = (this.stderr + d.toString()).slice(-400);
-    });
-    // A judge that exits early surfaces as an error at the next read, with its stderr.
-    child.stdin.on('error', () => {});
-    child.on('error', (e) => {
-      this.stderr += ` (${e.message})`;
-    });
-    this.lines = createInterface({ input: child.stdout });
-    this.lines.on('line', (l) => {
-      if (this.waiting) {
-        const w = this.waiting;
-        this.waiting = null;
-        w(l);
-      } else this.queue.push(l);
-    });
-    this.lines.on('close', () => {
-      this.closed = true;
-      if (this.waiting) {
-        const w = this.waiting;
-        this.waiting = null;
-        w(null);
-      }
-    });
-    this.child = child;
-  }
-
-  private next(): Promise<string | null> {
-    if (this.queue.length) return Promise.resolve(this.queue.shift()!);
-    if (this.closed) return Promise.resolve(null);
-    return new Promise((resolve) => (this.waiting = resolve));
+    this.proc = new LineProcess(command);
   }
 
   async compare(items: readonly Comparison[]): Promise<number[]> {
-    if (!this.child) this.start();
-    const child = this.child!;
-    child.stdin.write(items.map((c) => JSON.stringify({ prompt: c.prompt, a: c.a, b: c.b }) + '\n').join(''));
+    this.proc.send(items.map((c) => ({ prompt: c.prompt, a: c.a, b: c.b })));
     const out: number[] = [];
     for (let i = 0; i < items.length; i++) {
-      const line = await this.next();
+      const line = await this.proc.next();
       const n = ++this.answered;
-      if (line === null) {
-        const why = this.stderr.trim() ? `; its stderr ends: ${this.stderr.trim().split('\n').slice(-2).join(' | ')}` : '';
-        throw new UserError(`judge command "${this.command}" closed its output after ${n - 1} answers${why}`);
-      }
+      if (line === null) throw new UserError(`judge command "${this.command}" closed its output after ${n - 1} answers${this.proc.stderrNote()}`);
       let p: unknown;
       try {
         p = (JSON.parse(line) as { p?: unknown })?.p;
@@ -170,23 +125,7 @@ export class CommandJudge implements Judge {
   }
 
   async release(): Promise<void> {
-    if (!this.child) return;
-    const child = this.child;
-    this.child = null;
-    child.stdin.end();
-    if (child.exitCode === null) {
-      await new Promise<void>((resolve) => {
-        const t = setTimeout(() => {
-          child.kill();
-          resolve();
-        }, 2000);
-        child.on('exit', () => {
-          clearTimeout(t);
-          resolve();
-        });
-      });
-    }
-    this.lines?.close();
+    await this.proc.release();
   }
 }
 

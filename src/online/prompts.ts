@@ -1,7 +1,9 @@
 /**
  * Prompts for generation: a text file (one prompt a line), or records with a `prompt` field (plain
  * text or a message list) in any format the dataset readers take (JSON, JSONL, CSV, Parquet, Arrow,
- * gzip'd), e.g. a canonical preference dataset. Bad records are named by file and line or row.
+ * gzip'd), e.g. a canonical preference dataset. `readPromptRows` (GRPO) keeps each record's other
+ * columns (an `answer` for the accuracy reward) and takes math sets' `question` (GSM8K) or `problem`
+ * (MATH) column for a missing `prompt`. Bad records are named by file and line or row.
  */
 import { readFileSync } from 'node:fs';
 import { openSource, toPlain, where } from '../../datasets/readers.ts';
@@ -21,6 +23,26 @@ function asText(v: unknown, at: string): Text {
 }
 
 export async function readPrompts(file: string): Promise<Text[]> {
+  return (await readPromptRows(file, ['prompt'])).map((r) => r.prompt);
+}
+
+/** A prompt with its whole record (extra columns such as `answer` go to reward functions) and where it stands. */
+export interface PromptRow {
+  prompt: Text;
+  /** The record as read (for a text file: `{prompt}`); its prompt column is named `prompt` here. */
+  row: Record<string, unknown>;
+  /** "FILE:LINE" or "FILE:row N" (as the dataset readers name places), for messages about this prompt. */
+  at: string;
+}
+
+/** Prompt columns of GRPO's prompt files, by preference: `prompt`, else the question column of math sets (GSM8K's `question`, MATH's `problem`). */
+export const PROMPT_COLUMNS = ['prompt', 'question', 'problem'] as const;
+
+/**
+ * Like `readPrompts`, keeping each record's other columns and its place in the file; the prompt is
+ * the first of `columns` a record has (`readPrompts`: `prompt` only).
+ */
+export async function readPromptRows(file: string, columns: readonly string[] = PROMPT_COLUMNS): Promise<PromptRow[]> {
   if (/\.txt(\.gz)?$/.test(file)) {
     let text: string;
     try {
@@ -28,20 +50,27 @@ export async function readPrompts(file: string): Promise<Text[]> {
     } catch (e) {
       throw new UserError(`${file}: cannot read (${(e as Error).message})`);
     }
-    const lines = text.split(/\r?\n/).filter((l) => l.trim() !== '');
-    if (lines.length === 0) throw new UserError(`${file}: no prompts`);
-    return lines;
+    const out: PromptRow[] = [];
+    text.split(/\r?\n/).forEach((l, i) => {
+      if (l.trim() !== '') out.push({ prompt: l, row: { prompt: l }, at: `${file}:${i + 1}` });
+    });
+    if (out.length === 0) throw new UserError(`${file}: no prompts`);
+    return out;
   }
   const src = await openSource(file);
-  const out: Text[] = [];
+  const out: PromptRow[] = [];
   for await (const items of src.items()) {
     for (const it of items) {
       const at = where(src, it.pos);
       if (it.error) throw new UserError(`${at}: ${it.error}`);
       const rec = toPlain(it.value) as Record<string, unknown> | null;
       if (!rec || typeof rec !== 'object' || Array.isArray(rec)) throw new UserError(`${at}: expected an object with a "prompt" field`);
-      if (!('prompt' in rec)) throw new UserError(`${at}: missing field "prompt"`);
-      out.push(asText(rec.prompt, at));
+      const column = columns.find((c) => c in rec);
+      if (!column) throw new UserError(`${at}: missing field "prompt"${columns.length > 1 ? ` (or ${columns.slice(1).map((c) => `"${c}"`).join(' / ')})` : ''}`);
+      const prompt = asText(rec[column], at);
+      const row: Record<string, unknown> = { ...rec, prompt };
+      if (column !== 'prompt') delete row[column];
+      out.push({ prompt, row, at });
     }
   }
   if (out.length === 0) throw new UserError(`${file}: no prompts`);

@@ -106,6 +106,7 @@ export function renderReport(runDir: string): string {
     ['loss', 'loss'],
     ['rewards/accuracies', 'implicit-reward accuracy'],
     ['rewards/margins', 'reward margin'],
+    ['reward', 'mean reward (GRPO)'],
   ]
     .map(([key, title]) =>
       lineChart(title, [

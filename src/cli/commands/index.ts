@@ -33,6 +33,6 @@ export const COMMANDS: readonly CommandEntry[] = [
   { name: 'doctor', summary: 'which devices can run models here (cpu, webgpu, cuda); what is missing and how to get it', load: () => import('./doctor.ts') },
   { name: 'artifacts', summary: 'write the training artifacts of a model and a loss (graphs, starting checkpoint, artifacts.json)', load: () => import('./artifacts.ts') },
   { name: 'export', summary: 'write a model for the apps: a transformers.js ONNX folder or a llama.cpp GGUF file', load: () => import('./export.ts') },
-  // Commands landing from other branches go here, one line each, e.g.
-  // { name: 'grpo', summary: '…', load: () => import('./grpo.ts') },
+  { name: 'grpo', summary: 'GRPO / DAPO / Dr. GRPO / GSPO / CISPO / RLOO with reward functions (accuracy, format, modules, commands)', load: () => import('./grpo.ts') },
+  // Commands landing from other branches go here, one line each.
 ];

@@ -1,0 +1,57 @@
+/**
+ * `prefzoo grpo --model M --prompts FILE --reward R [--reward R2 …] -o RUN` — GRPO and its family
+ * (DAPO, Dr. GRPO, GSPO, CISPO, RLOO) with verifiable rewards, on the online loop. Every setting is a
+ * `--param key=value` with TRL's GRPOConfig name; `--help` lists them all with their defaults.
+ */
+import type { Command } from 'commander';
+import { DEVICE_HELP, collect, device } from '../flags.ts';
+import { GRPO_TRAIN_DEFAULTS, grpo } from '../../online/grpo.ts';
+import { settingsHelp as honouredHelp } from '../../train/settings.ts';
+import { getLoss } from '../../../losses/index.ts';
+import { describeRange } from '../../../losses/core/params.ts';
+import { terminalLog, terminalProgress } from '../progress.ts';
+
+/** Every setting grpo takes, with its default: GRPO's own and the trainer's it honours (the settings table), and the loss's. */
+function settingsHelp(): string {
+  const loss = getLoss('grpo').params.filter((p) => p.name !== 'max_completion_length');
+  const show = (v: unknown) => (v === '' ? "''" : v === null ? '(unset)' : String(v));
+  return [
+    '',
+    'Settings (--param name=value or --config; TRL GRPOConfig names; docs/settings.md), with defaults;',
+    `grpo's own defaults for the trainer: ${Object.entries(GRPO_TRAIN_DEFAULTS).map(([k, v]) => `${k}=${v}`).join(', ')} (batch_size counts`,
+    'completions per micro-batch; a round is batch_size × gradient_accumulation_steps completions, whole groups):',
+    honouredHelp('grpo'),
+    '',
+    'Loss parameters (losses/grpo.ts; docs/losses.md has the formulas):',
+    ...loss.map((p) => `    ${p.name}=${show(p.default)}  ${describeRange(p)}  — ${p.doc}`),
+    '',
+    'Rewards (--reward, repeatable): accuracy | format:REGEX | length[:TOKENS] | ./rewards.mjs[:fn] | ./rewards.ts | cmd:COMMAND | reward:DIR',
+    '',
+    'Example: prefzoo grpo --model M --prompts gsm8k.jsonl --reward accuracy --reward "format:\\\\boxed\\{" -o runs/g \\',
+    '           --param lora_r=16 --param max_completion_length=256 --param loss_type=dapo',
+  ].join('\n');
+}
+
+export function register(program: Command): void {
+  program
+    .command('grpo')
+    .description('GRPO / DAPO / Dr. GRPO / GSPO / CISPO / RLOO: sample num_generations completions per prompt, score them with reward functions, push the policy toward those that beat their group')
+    .requiredOption('--model <dir>', 'starting policy (Hugging Face model folder); also the reference when beta > 0')
+    .requiredOption('--prompts <file>', 'prompts: .txt, or records (JSON, JSONL, CSV, Parquet, …) with a prompt, question or problem column; other columns (answer, …) go to the reward functions')
+    .requiredOption('--reward <spec>', 'a reward function (repeatable): accuracy, format:REGEX, length[:TOKENS], ./rewards.mjs[:fn], cmd:COMMAND, reward:DIR', collect, [] as string[])
+    .requiredOption('-o, --out <dir>', 'run folder: config.json, artifacts/, checkpoints/, metrics.jsonl, completions.jsonl, final/')
+    .option('--param <key=value>', 'a setting (repeatable): GRPO settings, loss parameters and trainer settings listed below', collect, [] as string[])
+    .option('--config <file>', 'JSON object of settings')
+    .option('--resume', 'continue the run in --out from its newest checkpoint (bit-exact: same samples, same updates)')
+    .option('--overwrite', 'replace the run already in --out')
+    .option('--device <device>', `${DEVICE_HELP}; same as --param device=…`)
+    .option('--quiet', 'no progress output')
+    .option('--json', 'print a one-line JSON summary')
+    .addHelpText('after', settingsHelp())
+    .action(async (o: { model: string; prompts: string; reward: string[]; out: string; param: string[]; config?: string; resume?: boolean; overwrite?: boolean; device?: string; quiet?: boolean; json?: boolean }) => {
+      const params = o.device ? [...o.param, `device=${device(o.device)}`] : o.param;
+      const r = await grpo({ model: o.model, prompts: o.prompts, rewards: o.reward, out: o.out, params, configFile: o.config, resume: o.resume, overwrite: o.overwrite, quiet: o.quiet || o.json, progress: terminalProgress, log: o.quiet || o.json ? undefined : terminalLog });
+      if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last, eval: r.eval }) + '\n');
+      else process.stdout.write(`${r.steps} GRPO steps in ${r.seconds}s; reward ${r.last.reward?.toFixed(3) ?? '?'} at the last step; final policy in ${r.finalDir}; metrics in ${o.out}/metrics.jsonl, samples in ${o.out}/completions.jsonl\n`);
+    });
+}
