@@ -52,6 +52,7 @@ import type { TruncationConfig } from '../datasets/examples.ts';
 import { GGUF_DTYPES, exportGguf, type GgufDtype } from './export/gguf.ts';
 import { ONNX_DTYPES, exportOnnx, type OnnxDtype } from './export/onnx.ts';
 import { readExportSource } from './export/source.ts';
+import { grpo as runGrpo, type GrpoOptions as GrpoLoopOptions, type GrpoResult, type GrpoSettings } from './online/grpo.ts';
 
 export { UserError, BadInputError, DamagedFileError, DeviceUnavailableError, AbortedError, type ErrorLocation, type UserErrorKind } from './errors.ts';
 export type { ProgressFactory, ProgressReporter, ProgressFields } from './progress.ts';
@@ -66,6 +67,7 @@ export type { ModelConfig } from './models/config.ts';
 export type { FloatTensor } from './models/checkpoint.ts';
 export type { OptLevel } from './runtime/session.ts';
 export type { SppoIteration } from './online/sppo.ts';
+export type { GrpoResult, GrpoSettings };
 export type { Kind, LossModule, ParamSpec, Schedule } from '../losses/index.ts';
 /** The loss zoo: every loss by name, mixtures such as `dpo:0.8,sft:0.2`, and binding parameters. */
 export { listLosses, getLoss, parseLossSpec, resolveLoss, scheduleOf, type LossTerm, BoundLoss } from '../losses/index.ts';
@@ -426,5 +428,19 @@ export function exportModel(options: ExportModelOptions): ExportModelResult {
   return { format, out, model_type: src.config.model_type, bytes: exportGguf(src, out, options.ggufDtype ?? 'f32') };
 }
 
-// ─── from other branches ──────────────────────────────────────────────────────────────────────────
-// grpo (branch `grpo`) is exported here when it lands, as `export function grpo(options: GrpoOptions & JobOptions)`.
+/** Options of {@link grpo}: a prompts file, reward specs and settings with TRL's GRPOConfig names. */
+export interface GrpoOptions extends Omit<GrpoLoopOptions, 'progress' | 'log' | 'quiet' | 'base' | 'params'>, JobOptions {
+  /** Settings by name (`num_generations`, `loss_type`, `beta`, `max_steps`, …), checked as `--param` is. */
+  settings?: Settings;
+  /** Settings as `key=value` strings, applied before `settings`. */
+  params?: string[];
+}
+
+/**
+ * GRPO and its descendants (`prefzoo grpo`): DAPO, Dr. GRPO, GSPO, CISPO and RLOO by `loss_type`,
+ * `importance_sampling_level` and `advantage`; groups of `num_generations` completions per prompt,
+ * scored by `rewards` (`accuracy`, `format:REGEX`, `length`, `./rewards.mjs`, `cmd:…`, `reward:DIR`).
+ */
+export function grpo(options: GrpoOptions): Promise<GrpoResult> {
+  return guarded(options, (progress) => runGrpo({ ...options, params: paramsOf(options), progress, log: options.log }));
+}
