@@ -60,8 +60,9 @@ const WARM_START: Partial<TrainConfig> = {
  * end), 1,600 steps at learning rate 2e-3 with the k3 KL to the starting policy (β = 0.04, DeepSeek's
  * value). Without the KL, seed 0 settled on a confident wrong digit (entropy 0.07, every group scoring
  * the same: no signal left; held-out accuracy 0.22). Learning rates of 4e-3 and above unsettle the
- * policy (its mass leaves the digits). The slow seeds are slow, not stuck: at 400 steps (20 s) seeds
- * 1 and 4 ended at 0.35 and 0.21, at 1,200 steps at 0.99 and 0.87, so the demo runs 1,600 (about 80 s).
+ * policy (its mass leaves the digits). Over seeds 0–9, 400 steps (20 s) reached 0.9 on 5; 1,600 steps
+ * (about 80 s alone) on 8: seeds 4 and 5 still end at 0.43 and 0.35 (seed 4 reached 0.87 at 1,200 steps,
+ * whose schedule differs), so some seeds still wander rather than learn (docs/losses.md, "The demos").
  */
 const GRPO_BASE: Partial<TrainConfig> = {
   batch_size: 128, learning_rate: 2e-3, max_steps: 1600, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
