@@ -36,6 +36,11 @@ export interface DecodeGraphOptions {
   lora?: LoraConfig | null;
   /** What the graph returns for the last position: the logits (default), or the token it picks (see {@link DecodeHead}). */
   head?: DecodeHead;
+  /**
+   * Fed weights as the first operand of their products (see `fedWeightFirst`): faster on the CPU,
+   * where a product packs its second operand on every call. Default true.
+   */
+  weightFirst?: boolean;
 }
 
 /**
@@ -82,8 +87,9 @@ export function buildDecodeGraph(config: ModelConfig, o: DecodeGraphOptions): Gr
   const last = g.squeeze(g.slice(g.reshape(hidden, g.concat([ix.shapeBS, g.ints([D])], 0)), [-1], [2 ** 40], [1]), [1]);
   // Fed weights: the head's product as (W·lastᵀ)ᵀ (see `fedWeightFirst`); baked, last·Wᵀ with the
   // weight prepacked.
-  if (!o.weights) fedWeightFirst(g);
-  const logits = o.weights ? g.gemm(last, headW, null, { transB: true }) : g.transpose(g.matmul(headW, g.transpose(last, [1, 0])), [1, 0]); // [B, V]
+  const weightFirst = !o.weights && (o.weightFirst ?? true);
+  if (weightFirst) fedWeightFirst(g);
+  const logits = !weightFirst ? g.gemm(last, headW, null, { transB: true }) : g.transpose(g.matmul(headW, g.transpose(last, [1, 0])), [1, 0]); // [B, V]
   const head = o.head ?? 'logits';
   if (head === 'logits') {
     g.output(logits, 'logits');
