@@ -47,6 +47,8 @@ export class Decoder {
   private params: Feeds = {};
   /** Prefill and step sessions by head, built on first use (a decoder that only samples never builds the logits graphs). */
   private readonly sessions = new Map<string, Promise<Session>>();
+  /** The cache buffers of the last generation, for the next one (see `recycle`). */
+  private spare: Float32Array[] = [];
 
   private constructor(
     readonly config: ModelConfig,
@@ -140,7 +142,8 @@ export class Decoder {
     const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [rows, S]), attention_mask: toOrt('int64', mask, [rows, S]) };
     if (pick) Object.assign(feeds, pickFeeds(pick, rows));
     const out = await (await this.session(false, headOf(pick))).run(feeds);
-    const cache = new SlotCache(cacheShape(this.config), rows, Math.max(capacity, S), this.vocabSize, maxCapacity);
+    const cache = new SlotCache(cacheShape(this.config), rows, Math.max(capacity, S), this.vocabSize, maxCapacity, this.spare);
+    this.spare = [];
     cache.write((name) => out[name].data as Float32Array, S);
     cache.setMask(mask, S);
     return pick ? { tokens: out.token.data as BigInt64Array, cache } : { logits: out.logits.data as Float32Array, cache };
@@ -159,6 +162,15 @@ export class Decoder {
     await (await this.session(true, headOf(pick))).run(feeds, cache.outputs(pick !== undefined));
     cache.write((name) => cache.newSlot(name), 1);
     return pick ? { tokens: cache.tokens() } : { logits: cache.logits() };
+  }
+
+  /**
+   * Keeps a finished generation's cache buffers for the next prefill (the online loops generate
+   * batch after batch of the same shape): the cache is not allocated again while the last one waits
+   * for the garbage collector, which held two at once.
+   */
+  recycle(cache: SlotCache): void {
+    this.spare = cache.release();
   }
 
   /** Ends ONNX Runtime's profiling of the sessions built so far (`runtime.profilePrefix`), writing the traces. */
@@ -231,12 +243,17 @@ export class SlotCache {
     public capacity: number,
     private readonly vocab: number,
     maxCapacity = capacity,
+    /** Buffers to use again (a finished cache's, see `release`), where long enough. */
+    reuse: Float32Array[] = [],
   ) {
     const { layers, kvHeads: KV, headDim: hd } = geom;
     this.maxCapacity = Math.max(capacity, maxCapacity);
+    const size = rows * KV * this.maxCapacity * hd;
+    // Reused buffers hold an earlier cache's values; unwritten slots are masked, as after growing.
+    const spare = reuse.filter((b) => b.length >= size);
     for (let i = 0; i < layers; i++) {
       for (const kv of ['key', 'value'] as const) {
-        this.buffers.set(pastName(i, kv), new Float32Array(rows * KV * this.maxCapacity * hd));
+        this.buffers.set(pastName(i, kv), spare.pop() ?? new Float32Array(size));
         this.fresh.set(presentName(i, kv), new Float32Array(rows * KV * hd));
       }
     }
@@ -339,6 +356,13 @@ export class SlotCache {
 
   tokens(): BigInt64Array {
     return this.tokenBuf.subarray(0, this.rows);
+  }
+
+  /** Hands the cache buffers over (for a later cache); this cache is unusable after. */
+  release(): Float32Array[] {
+    const out = [...this.buffers.values()];
+    this.buffers.clear();
+    return out;
   }
 
   /** Keeps rows `keep` (ascending), moving them up in place. */
@@ -482,7 +506,10 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
         timer('sample', performance.now() - t0);
         t0 = performance.now();
       }
-      if (keep.length === 0) break;
+      if (keep.length === 0) {
+        caches.forEach((c, k) => parts[k].decoder.recycle(c));
+        break;
+      }
       if (keep.length < B) for (const c of caches) c.keepRows(keep);
       active = keep.map((b) => active[b]);
       B = keep.length;
