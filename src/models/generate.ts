@@ -34,6 +34,12 @@ export interface DecoderOptions {
    */
   bake?: boolean;
   lora?: LoraConfig | null;
+  /**
+   * Prompt tokens per prefill run (default 256): a batch's prompts are prefilled a few rows at a
+   * time, so the prefill's activations (kept by ONNX Runtime's arena for the session's life) are
+   * those of this many tokens, not of the whole batch.
+   */
+  prefillTokens?: number;
 }
 
 /**
@@ -54,7 +60,7 @@ export class Decoder {
     readonly config: ModelConfig,
     private readonly shapes: Map<string, number[]>,
     readonly baked: boolean,
-    private readonly build: { weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; runtime?: RuntimeOptions },
+    private readonly build: { weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; runtime?: RuntimeOptions; prefillTokens: number },
   ) {}
 
   static async create(config: ModelConfig, weights: Map<string, FloatTensor>, o: DecoderOptions = {}): Promise<Decoder> {
@@ -62,7 +68,7 @@ export class Decoder {
     // Without ONNX Runtime's memory pattern unless asked for: the planned block of every intermediate
     // of a run comes on top of the arena (measured: ~75 MB less peak RSS at batch 32, no slower).
     const runtime: RuntimeOptions = { memPattern: false, ...o.runtime };
-    const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime });
+    const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime, prefillTokens: o.prefillTokens ?? 256 });
     if (!bake) d.setWeights((name) => weights.get(name)?.data);
     return d;
   }
@@ -139,14 +145,24 @@ export class Decoder {
    */
   async prefill(ids: BigInt64Array, mask: BigInt64Array, rows: number, capacity: number, pick?: Pick, maxCapacity = capacity): Promise<Picked & { cache: SlotCache }> {
     const S = ids.length / rows;
-    const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [rows, S]), attention_mask: toOrt('int64', mask, [rows, S]) };
-    if (pick) Object.assign(feeds, pickFeeds(pick, rows));
-    const out = await (await this.session(false, headOf(pick))).run(feeds);
-    const cache = new SlotCache(cacheShape(this.config), rows, Math.max(capacity, S), this.vocabSize, maxCapacity, this.spare);
+    const V = this.vocabSize;
+    const session = await this.session(false, headOf(pick));
+    const cache = new SlotCache(cacheShape(this.config), rows, Math.max(capacity, S), V, maxCapacity, this.spare);
     this.spare = [];
-    cache.write((name) => out[name].data as Float32Array, S);
-    cache.setMask(mask, S);
-    return pick ? { tokens: out.token.data as BigInt64Array, cache } : { logits: out.logits.data as Float32Array, cache };
+    const tokens = new BigInt64Array(pick ? rows : 0);
+    const logits = new Float32Array(pick ? 0 : rows * V);
+    const chunk = Math.max(1, Math.floor(this.build.prefillTokens / S));
+    for (let r0 = 0; r0 < rows; r0 += chunk) {
+      const n = Math.min(chunk, rows - r0);
+      const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids.subarray(r0 * S, (r0 + n) * S), [n, S]), attention_mask: toOrt('int64', mask.subarray(r0 * S, (r0 + n) * S), [n, S]) };
+      if (pick) Object.assign(feeds, pickFeeds(pick, n, r0));
+      const out = await session.run(feeds);
+      cache.writePrompt((name) => out[name].data as Float32Array, S, r0, n);
+      if (pick) tokens.set(out.token.data as BigInt64Array, r0);
+      else logits.set(out.logits.data as Float32Array, r0 * V);
+    }
+    cache.setPrompt(mask, S);
+    return pick ? { tokens, cache } : { logits, cache };
   }
 
   /**
@@ -160,7 +176,7 @@ export class Decoder {
     Object.assign(feeds, cache.pastFeeds());
     if (pick) Object.assign(feeds, pickFeeds(pick, cache.rows));
     await (await this.session(true, headOf(pick))).run(feeds, cache.outputs(pick !== undefined));
-    cache.write((name) => cache.newSlot(name), 1);
+    cache.writeStep((name) => cache.newSlot(name));
     return pick ? { tokens: cache.tokens() } : { logits: cache.logits() };
   }
 
@@ -192,11 +208,12 @@ function headOf(pick: Pick | undefined): DecodeHead {
   return !pick ? 'logits' : pick.head === 'sample' && pick.temperature === 1 ? 'sample-t1' : pick.head;
 }
 
-function pickFeeds(pick: Pick, rows: number): Feeds {
+/** The pick's feeds for `rows` rows from row `first`. */
+function pickFeeds(pick: Pick, rows: number, first = 0): Feeds {
   const feeds: Feeds = { vocab_limit: toOrt('int64', BigInt64Array.of(BigInt(pick.limit)), [1]) };
   if (pick.head === 'sample') {
     if (pick.temperature !== 1) feeds.temperature = toOrt('float64', Float64Array.of(pick.temperature), []);
-    feeds.uniform = toOrt('float64', pick.uniform.subarray(0, rows), [rows, 1]);
+    feeds.uniform = toOrt('float64', pick.uniform.subarray(first, first + rows), [rows, 1]);
   }
   return feeds;
 }
@@ -261,9 +278,23 @@ export class SlotCache {
     this.tokenBuf = new BigInt64Array(rows);
   }
 
-  /** Copies the first `n` prompt mask columns (`[B, n]`) in. */
-  setMask(mask: BigInt64Array, n: number): void {
+  /** Writes the prompt's `n` positions of rows `first`…`first + count − 1` (`src(presentName)`: `[count, KV, n, hd]`) into slots 0…n−1. */
+  writePrompt(src: (name: string) => Float32Array, n: number, first: number, count: number): void {
+    const { layers, kvHeads: KV, headDim: hd } = this.geom;
+    const cap = this.capacity;
+    for (let i = 0; i < layers; i++) {
+      for (const kv of ['key', 'value'] as const) {
+        const from = src(presentName(i, kv));
+        const to = this.buffers.get(pastName(i, kv))!;
+        for (let r = 0; r < count * KV; r++) to.set(from.subarray(r * n * hd, (r + 1) * n * hd), (first * KV + r) * cap * hd);
+      }
+    }
+  }
+
+  /** Once every row's prompt is written: its mask (`[B, n]`); the next step writes slot n. */
+  setPrompt(mask: BigInt64Array, n: number): void {
     for (let b = 0; b < this.rows; b++) this.mask.set(mask.subarray(b * n, (b + 1) * n), b * this.capacity);
+    this.length = n;
   }
 
   /** Makes room for `n` more positions (growing every buffer by whole chunks). */
@@ -292,27 +323,23 @@ export class SlotCache {
     this.capacity = cap;
   }
 
-  /** Writes `n` new positions per row (`src(presentName)`: `[B, KV, n, hd]`) into the next slots. */
-  write(src: (name: string) => Float32Array, n: number): void {
+  /** Writes a step's new position (`src(presentName)`: `[B, KV, 1, hd]`) into the next slot. */
+  writeStep(src: (name: string) => Float32Array): void {
     const { layers, kvHeads: KV, headDim: hd } = this.geom;
-    this.reserve(n);
+    this.reserve(1);
     const cap = this.capacity;
     for (let i = 0; i < layers; i++) {
       for (const kv of ['key', 'value'] as const) {
         const from = src(presentName(i, kv));
         const to = this.buffers.get(pastName(i, kv))!;
-        if (n === 1) {
-          for (let r = 0; r < this.rows * KV; r++) {
-            const o = (r * cap + this.length) * hd;
-            for (let d = 0; d < hd; d++) to[o + d] = from[r * hd + d];
-          }
-        } else {
-          for (let r = 0; r < this.rows * KV; r++) to.set(from.subarray(r * n * hd, (r + 1) * n * hd), (r * cap + this.length) * hd);
+        for (let r = 0; r < this.rows * KV; r++) {
+          const o = (r * cap + this.length) * hd;
+          for (let d = 0; d < hd; d++) to[o + d] = from[r * hd + d];
         }
       }
     }
-    for (let b = 0; b < this.rows; b++) this.mask.fill(1n, b * cap + this.length, b * cap + this.length + n);
-    this.length += n;
+    for (let b = 0; b < this.rows; b++) this.mask[b * cap + this.length] = 1n;
+    this.length += 1;
   }
 
   /** The attention mask of a one-token step: the cache's slots, then the new token. */
