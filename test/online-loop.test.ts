@@ -10,6 +10,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { initModelFolder } from '../src/models/init.ts';
 import { bin, killWhen } from './helpers/faults.ts';
+import { metricsRows } from './helpers/metrics-rows.ts';
 import { loadJudge, type Judge } from '../src/online/judges.ts';
 import { runNashMd } from '../src/online/nash-md.ts';
 import { pairAccuracy, RewardModel, rewardTrain } from '../src/online/reward-model.ts';
@@ -39,16 +40,7 @@ function runSync(out: string, extra: string[] = []) {
   return spawnSync(process.execPath, [bin, ...args(out, extra)], { encoding: 'utf8' });
 }
 
-/** metrics.jsonl rows without the wall-clock field. */
-function rows(out: string): Record<string, unknown>[] {
-  return readFileSync(join(out, 'metrics.jsonl'), 'utf8')
-    .trim()
-    .split('\n')
-    .map((l) => {
-      const { 'tokens/s': _, ...r } = JSON.parse(l);
-      return r;
-    });
-}
+const rows = metricsRows;
 
 beforeAll(() => {
   initModelFolder(model, 'llama', 'tiny', 5);

@@ -17,6 +17,7 @@ import { loadTokenizer } from '../src/tokenize/index.ts';
 import type { Judge } from '../src/online/judges.ts';
 import { runSppo } from '../src/online/sppo.ts';
 import { bin, killWhen } from './helpers/faults.ts';
+import { metricsRows } from './helpers/metrics-rows.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'prefzoo-sppo-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -50,16 +51,7 @@ for await (const line of createInterface({ input: process.stdin })) {
   );
 });
 
-/** metrics.jsonl rows without the wall-clock field. */
-function rows(out: string): Record<string, unknown>[] {
-  return readFileSync(join(out, 'metrics.jsonl'), 'utf8')
-    .trim()
-    .split('\n')
-    .map((l) => {
-      const { 'tokens/s': _, ...r } = JSON.parse(l);
-      return r;
-    });
-}
+const rows = metricsRows;
 
 function lists(out: string, t: number): { prompt: string; responses: string[]; win_probs: number[]; ref_logps: number[] }[] {
   return readFileSync(join(out, `iter-${t}`, 'samples.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
