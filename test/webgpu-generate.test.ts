@@ -1,0 +1,182 @@
+/**
+ * Generation that stays on the GPU (src/models/generate-device.ts) against the CPU path: the same
+ * tokens for greedy decoding and for seeded samples, rows stopping early, mixtures and top-k (host
+ * sampling from the device's logits), weights handed over from a training session's GPU buffers, and
+ * a Nash-MD run whose policy is sampled without its weights crossing to the host. The copies are
+ * counted from the tensors' own locations: per step only the picked ids come back.
+ *
+ * Sampling draws in float32 on the device and in float64 on the CPU (and the logits differ in their
+ * last bits between the two): a draw can differ when its uniform lands within about 1e-6 of a
+ * boundary between two tokens, so the seeded comparisons here are expected, not guaranteed, to agree
+ * (about 1e-6 per token; the runs below draw a few hundred tokens).
+ *
+ * Runs under SwiftShader in CI (see test/webgpu.test.ts); without an adapter the tests are skipped
+ * (failed with PREFZOO_REQUIRE_WEBGPU=1). The models are tiny.
+ */
+import { afterAll, describe, expect, it } from 'vitest';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { Decoder, generateIds, type GenerateOptions, type GenerateRequest } from '../src/models/generate.ts';
+import { deviceTraffic, resetDeviceTraffic } from '../src/models/generate-device.ts';
+import { sampleRandom } from '../src/models/sampling.ts';
+import { checkDevice, type RuntimeOptions } from '../src/runtime/session.ts';
+import { modelParameterShapes } from '../src/models/params.ts';
+import { writeTokenizer } from '../src/tokenize/generate.ts';
+import { presetConfig, type Arch, type ModelConfig } from '../src/models/config.ts';
+import { initWeights } from '../src/models/init.ts';
+import { resolveLoss } from '../losses/index.ts';
+import { buildSpec } from '../src/train/graph.ts';
+import { buildArtifacts } from '../src/artifacts/build.ts';
+import { TrainingArtifacts } from '../src/artifacts/training.ts';
+import { collate } from '../src/models/batch.ts';
+import { benchPairs } from '../scripts/bench/step.ts';
+import { initModelFolder } from '../src/models/init.ts';
+import { runNashMd } from '../src/online/nash-md.ts';
+import type { Judge } from '../src/online/judges.ts';
+import { randomWeights, testConfig } from './helpers/model-fixtures.ts';
+import type { FloatTensor } from '../src/models/checkpoint.ts';
+
+const required = process.env.PREFZOO_REQUIRE_WEBGPU === '1';
+let reason: string | null = null;
+try {
+  await checkDevice({ ep: 'webgpu' });
+} catch (e) {
+  reason = (e as Error).message;
+  if (!required) process.stderr.write(`test/webgpu-generate.test.ts: device tests not run: ${reason}\n`);
+}
+const GPU: RuntimeOptions = { ep: 'webgpu' };
+const CPU: RuntimeOptions = { ep: 'cpu' };
+const root = fs.mkdtempSync(path.join(os.tmpdir(), 'pz-webgpu-gen-'));
+afterAll(() => fs.rmSync(root, { recursive: true, force: true }));
+
+/** Prompts of unequal lengths (left padding), each row with its own seeded stream. */
+const requests = (seed: number): GenerateRequest[] => [[3, 4, 5], [6, 7], [9, 10, 11, 12], [2]].map((p, i) => ({ promptIds: p, rng: sampleRandom(seed, i, 0) }));
+
+/** One generation of `reqs` on the decoders (a mixture when two), with the device's copies counted. */
+async function gen(parts: { decoder: Decoder; weight: number }[], o: GenerateOptions, seed = 11) {
+  resetDeviceTraffic();
+  const r = await generateIds(parts, requests(seed), o);
+  return { ids: r.map((x) => x.ids), stopped: r.map((x) => x.stopped), traffic: deviceTraffic() };
+}
+
+const paramBytes = (c: ModelConfig) => [...modelParameterShapes(c, {}).values()].reduce((a, s) => a + 4 * s.reduce((x, y) => x * y, 1), 0);
+const tokens = (ids: number[][]) => ids.reduce((a, r) => a + r.length, 0);
+
+describe.skipIf(reason !== null && !required)('generation on the GPU (WebGPU)', () => {
+  it('finds an adapter', () => {
+    expect(reason).toBeNull();
+  });
+
+  for (const arch of ['llama', 'gpt2'] as Arch[]) {
+    it(`${arch}: greedy and seeded samples pick the CPU's tokens, with the cache on the device and only the ids coming back`, async () => {
+      const c = testConfig(arch);
+      const w = randomWeights(c, 5);
+      // Fed weights (as the online loops sample); test/webgpu.test.ts decodes with baked ones.
+      const [gpu, cpu] = [await Decoder.create(c, w, { runtime: GPU }), await Decoder.create(c, w, { runtime: CPU })];
+      for (const [temperature, first] of [[0, true], [0.7, false]] as const) {
+        // Stop on a token that some rows draw, so rows leave the batch (their cache rows are gathered on the device).
+        const o = { maxNewTokens: 7, stopIds: [] as number[], padId: 0, temperature };
+        o.stopIds = [(await gen([{ decoder: cpu, weight: 1 }], o)).ids[1][2]];
+        const want = await gen([{ decoder: cpu, weight: 1 }], o);
+        const got = await gen([{ decoder: gpu, weight: 1 }], o);
+        expect(got.ids, `${arch} t=${temperature} stop ${o.stopIds[0]}`).toEqual(want.ids);
+        expect(got.stopped).toEqual(want.stopped);
+        expect(got.stopped.some(Boolean) && got.stopped.some((x) => !x)).toBe(true);
+        const t = got.traffic;
+        // One run per token of the longest row (the prefill picks the first).
+        expect(t.steps).toBe(Math.max(...got.ids.map((x) => x.length)));
+        // Back to the host: each picked token once, as int64; no logits, no cache.
+        expect(t.downloads).toBe(t.steps);
+        expect(t.downloadBytes).toBe(8 * tokens(got.ids));
+        // To the device: the weights once (the first generation after setWeights), then small feeds only.
+        expect(t.weightUploadBytes).toBe(first ? paramBytes(c) : 0);
+        expect(t.uploadBytes - t.weightUploadBytes).toBeLessThan(4 * 16 * (t.runs + 4 * 16));
+      }
+      await gpu.release();
+      await cpu.release();
+    });
+  }
+
+  it("a mixture of two models (Nash-MD's) and top-k sample on the host from the device's logits, as the CPU does", async () => {
+    const c = testConfig('llama');
+    const [w, wr] = [randomWeights(c, 3), randomWeights(c, 9)];
+    const parts = async (runtime: RuntimeOptions) => [
+      { decoder: await Decoder.create(c, w, { runtime }), weight: 0.6 },
+      { decoder: await Decoder.create(c, wr, { runtime, bake: true }), weight: 0.4 },
+    ];
+    const [gpu, cpu] = [await parts(GPU), await parts(CPU)];
+    const o = { maxNewTokens: 6, stopIds: [], padId: 0, temperature: 1 };
+    const mix = await gen(gpu, o);
+    expect(mix.ids).toEqual((await gen(cpu, o)).ids);
+    // Both parts' last-position logits come back each step: [B, V] float32 per part.
+    expect(mix.traffic.downloadBytes).toBe(2 * 4 * c.vocab_size * tokens(mix.ids));
+    const k = { ...o, temperature: 0.8, topK: 5 };
+    expect((await gen(gpu.slice(0, 1).map((p) => ({ ...p, weight: 1 })), k)).ids).toEqual((await gen(cpu.slice(0, 1).map((p) => ({ ...p, weight: 1 })), k)).ids);
+    for (const p of [...gpu, ...cpu]) await p.decoder.release();
+  });
+
+  it("a training session's parameters (GPU buffers) feed the decoder as they are: no weight copies, the CPU's tokens", async () => {
+    const dir = path.join(root, 'handoff');
+    const tok = writeTokenizer(path.join(dir, 'tokenizer'));
+    const config = presetConfig('llama', 'tiny', { vocabSize: tok.vocabSize, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId });
+    const problem = { config, kind: 'pairwise' as const, loss: resolveLoss('dpo'), lora: null, valueHead: false, dataKeys: new Set<string>(), packed: true };
+    const spec = buildSpec(problem, initWeights(config, 0), { type: 'adamw', betas: [0.9, 0.999], eps: 1e-8, weightDecay: 0, maxGradNorm: 1 });
+    buildArtifacts(spec, path.join(dir, 'art'), { target: 'webgpu' });
+    const art = await TrainingArtifacts.load(path.join(dir, 'art'), GPU, { checkpoint: false, update: 'graph' });
+    const rows = benchPairs(config.vocab_size, 2, 12, 7);
+    const opts = { kind: 'pairwise' as const, padTo: 8, padId: tok.padId, dtype: 'float32' as const, packed: true };
+    const ref = (await art.evaluate(collate(rows, opts).feeds)).logp.data as Float32Array;
+    const batch = collate(rows, { ...opts, refLogps: (_, i) => [ref[i] - 0.05 * (i + 1), ref[rows.length + i]] });
+    for (let i = 0; i < 2; i++) await art.trainStep(batch.feeds, { lr: 1e-2 });
+    expect(art.store.onDevice('model.embed_tokens.weight')).toBe(true);
+
+    const shapes = modelParameterShapes(config, {});
+    const decoder = await Decoder.create(config, new Map([...shapes].map(([n, s]) => [n, { shape: s, data: new Float32Array(s.reduce((a, b) => a * b, 1)) }])), { runtime: GPU });
+    decoder.setWeightTensors((name) => art.store.tensor(name));
+    const g = { maxNewTokens: 6, stopIds: [], padId: tok.padId, temperature: 1 };
+    resetDeviceTraffic();
+    const onGpu = await generateIds([{ decoder, weight: 1 }], requests(4), g);
+    expect(deviceTraffic().weightUploadBytes).toBe(0);
+    expect(art.store.onDevice('model.embed_tokens.weight')).toBe(true);
+
+    await art.toHost();
+    const trained = new Map([...shapes].map(([n, s]) => [n, { shape: s, data: art.param(n) as Float32Array }]));
+    const cpu = await Decoder.create(config, trained, { runtime: CPU });
+    const onCpu = await generateIds([{ decoder: cpu, weight: 1 }], requests(4), g);
+    expect(onGpu.map((r) => r.ids)).toEqual(onCpu.map((r) => r.ids));
+    // The steps changed the model: its samples differ from the initial weights'.
+    const init = await Decoder.create(config, initWeights(config, 0), { runtime: CPU });
+    expect((await generateIds([{ decoder: init, weight: 1 }], requests(4), g)).map((r) => r.ids)).not.toEqual(onCpu.map((r) => r.ids));
+    for (const d of [decoder, cpu, init]) await d.release();
+    await art.release();
+  });
+
+  it('nash-md --device webgpu samples its policy from the GPU parameters (no weight copies) and draws what the CPU run draws', async () => {
+    const model = path.join(root, 'nash-model');
+    initModelFolder(model, 'llama', 'tiny', 2);
+    const seen: Record<string, string[]> = { webgpu: [], cpu: [] };
+    const run = async (device: string) => {
+      const judge: Judge = {
+        name: 'shorter',
+        async compare(items) {
+          for (const c of items) seen[device].push(`${String(c.a)} | ${String(c.b)}`);
+          return items.map((c) => (String(c.a).length < String(c.b).length ? 1 : String(c.a).length > String(c.b).length ? 0 : 0.5));
+        },
+        async release() {},
+      };
+      resetDeviceTraffic();
+      const out = path.join(root, `nash-${device}`);
+      await runNashMd({ model, prompts: ['1+2=', '3+4=', '5+6=', '7+8='], judge, out, maxNewTokens: 3, params: ['max_steps=2', 'batch_size=4', 'learning_rate=1e-2', 'warmup_steps=0', 'logging_steps=1', 'pad_to_multiple_of=8', `device=${device}`], quiet: true });
+      return fs.readFileSync(path.join(out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { loss: number });
+    };
+    const gpu = await run('webgpu');
+    const traffic = deviceTraffic();
+    const cpu = await run('cpu');
+    expect(traffic.steps).toBeGreaterThan(0);
+    expect(traffic.weightUploadBytes).toBe(0);
+    expect(seen.webgpu).toHaveLength(8);
+    expect(seen.webgpu).toEqual(seen.cpu);
+    for (let i = 0; i < 2; i++) expect(Math.abs(gpu[i].loss - cpu[i].loss)).toBeLessThan(1e-3);
+  });
+});
