@@ -13,9 +13,10 @@
  *   the CPU path's own (the cache and the new token scored apart), so the logits are computed as on
  *   the CPU. Finished rows leave through a Gather graph whose outputs stay on the device.
  * - the logits: the graph picks the token (greedy: ArgMax; sampling without top-k/top-p: a float32
- *   draw with each row's uniform, see `deviceHead`), so only the `[B]` ids come back. A mixture of
- *   models (Nash-MD) or top-k/top-p bring each part's last-position logits `[B, V]` back and sample
- *   on the host exactly as the CPU path does; the cache still stays on the device.
+ *   draw with each row's uniform, see `pickToken`), so only the `[B]` ids come back. A mixture of
+ *   models (Nash-MD's opponent) leaves each part's logits on the device and a small graph picks from
+ *   their weighted sum. Top-k/top-p bring the last-position logits `[B, V]` back and sample on the
+ *   host exactly as the CPU path does; the cache still stays on the device.
  *
  * Per step the host sends the new ids `[B, 1]`, the attention mask `[B, L+1]` (int32), and for
  * sampling the uniforms `[B, 1]`; it gets back the ids `[B]` (int64). `deviceTraffic()` counts those
@@ -24,7 +25,7 @@
 import type { ModelConfig } from './config.ts';
 import type { FloatTensor } from './checkpoint.ts';
 import type { LoraConfig } from './lora.ts';
-import { Graph } from '../onnx/graph.ts';
+import { Graph, type Tensor } from '../onnx/graph.ts';
 import { Session, toOrt, type Feeds, type OrtTensor, type OutputLocation, type RuntimeOptions } from '../runtime/session.ts';
 import { buildDecodeGraph, cacheShape, pastName, presentName } from './decode.ts';
 import { mixLogits, sampleToken, type SamplingOptions } from './sampling.ts';
@@ -38,9 +39,7 @@ const cacheName = (layer: number, kv: 'key' | 'value') => `cache.${layer}.${kv}`
 /**
  * The decode graph for the device: buildDecodeGraph's prefill or step (logits head), then
  * - step: `cache.<i>.<kv>` = Concat(past, present) along the positions, the cache of the next step;
- * - the head: `greedy` → `token` [B] = ArgMax of the logits below `vocab_limit`; `sample` → `token`
- *   [B] = the first id whose running sum of e^((l − max)/temperature) exceeds `uniform` [B, 1] times
- *   the total, all in float32 (WebGPU has no float64; the CPU graph draws the same way in float64);
+ * - the head: `greedy` or `sample` → `token` [B] (`pickToken`; float32: WebGPU has no float64);
  *   `logits` → `logits` [B, V].
  */
 export function buildDeviceDecodeGraph(config: ModelConfig, o: { past: boolean; weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; head: DeviceHead }): Graph {
@@ -55,24 +54,49 @@ export function buildDeviceDecodeGraph(config: ModelConfig, o: { past: boolean; 
   } else {
     for (let i = 0; i < layers; i++) for (const kv of ['key', 'value'] as const) keep.add(presentName(i, kv));
   }
-  const logits = g.tensor('logits');
   if (o.head === 'logits') keep.add('logits');
   else {
-    const limited = g.slice(logits, g.ints([0]), g.input('vocab_limit', 'int64', [1]), [1]); // [B, V']
-    if (o.head === 'greedy') g.output(g.argMax(limited, 1, false), 'token');
-    else {
-      const shifted = g.sub(limited, g.reduceMax(limited, [1], true));
-      const running = g.cumSum(g.exp(g.div(shifted, g.input('temperature', 'float32', []))), 1);
-      const total = g.slice(running, [-1], [2 ** 40], [1]); // [B, 1]
-      const beyond = g.cast(g.greater(running, g.mul(g.input('uniform', 'float32', ['batch', 1]), total)), 'int32');
-      g.output(g.argMax(beyond, 1, false), 'token');
-    }
+    pickToken(g, g.tensor('logits'), o.head);
     keep.add('token');
   }
   // The step's new keys/values only feed the Concat; the prefill's are the cache.
   const outs = g.outputs.filter((v) => keep.has(v.name));
   g.outputs.length = 0;
   g.outputs.push(...outs);
+  return g;
+}
+
+/**
+ * `token` [B] picked from `logits` [B, V] among the ids below `vocab_limit` [1]: `greedy` the first
+ * ArgMax; `sample` the first id whose running sum of e^((l − max)/temperature) exceeds `uniform`
+ * [B, 1] times the total, in float32 (the CPU graph draws the same way in float64).
+ */
+function pickToken(g: Graph, logits: Tensor, head: 'greedy' | 'sample'): void {
+  const limited = g.slice(logits, g.ints([0]), g.input('vocab_limit', 'int64', [1]), [1]); // [B, V']
+  if (head === 'greedy') {
+    g.output(g.argMax(limited, 1, false), 'token');
+    return;
+  }
+  const shifted = g.sub(limited, g.reduceMax(limited, [1], true));
+  const running = g.cumSum(g.exp(g.div(shifted, g.input('temperature', 'float32', []))), 1);
+  const total = g.slice(running, [-1], [2 ** 40], [1]); // [B, 1]
+  const beyond = g.cast(g.greater(running, g.mul(g.input('uniform', 'float32', ['batch', 1]), total)), 'int32');
+  g.output(g.argMax(beyond, 1, false), 'token');
+}
+
+/**
+ * The pick from a geometric mixture of `n` models' logits (Nash-MD's opponent): `logits.<k>` [B, V]
+ * (GPU buffers of the decode steps), Σ_k `weight.<k>`·logits_k accumulated in float32 in the order
+ * of mixLogits (sampling.ts), then `pickToken`.
+ */
+function mixtureGraph(n: number, head: 'greedy' | 'sample'): Graph {
+  const g = new Graph('prefzoo_mixture_pick');
+  let sum: Tensor | null = null;
+  for (let k = 0; k < n; k++) {
+    const term = g.mul(g.input(`logits.${k}`, 'float32', ['batch', 'vocab']), g.input(`weight.${k}`, 'float32', []));
+    sum = sum ? g.add(sum, term) : term;
+  }
+  pickToken(g, sum!, head);
   return g;
 }
 
@@ -164,14 +188,19 @@ export class DeviceDecode {
   }
 
   /** The prefill (`past` false) or step graph with `head`, its cache outputs left on the device. */
-  decodeSession(past: boolean, head: DeviceHead): Promise<Session> {
-    return this.session(`${past ? 'step' : 'prefill'}/${head}`, () => {
+  decodeSession(past: boolean, head: DeviceHead, logitsOnDevice = false): Promise<Session> {
+    return this.session(`${past ? 'step' : 'prefill'}/${head}${logitsOnDevice ? '/device' : ''}`, () => {
       const { layers } = cacheShape(this.config);
       const where: Record<string, OutputLocation> = {};
       for (let i = 0; i < layers; i++) for (const kv of ['key', 'value'] as const) where[past ? cacheName(i, kv) : presentName(i, kv)] = 'gpu-buffer';
-      where[head === 'logits' ? 'logits' : 'token'] = 'cpu';
+      where[head === 'logits' ? 'logits' : 'token'] = logitsOnDevice ? 'gpu-buffer' : 'cpu';
       return Session.fromGraph(buildDeviceDecodeGraph(this.config, { past, weights: this.build.weights, lora: this.build.lora, head }), this.build.runtime, where);
     });
+  }
+
+  /** The pick from a mixture of `n` models' device logits (see `mixtureGraph`); the ids come back. */
+  mixtureSession(n: number, head: 'greedy' | 'sample'): Promise<Session> {
+    return this.session(`mixture/${n}/${head}`, () => Session.fromGraph(mixtureGraph(n, head), this.build.runtime, { token: 'cpu' }));
   }
 
   private rowsSession(): Promise<Session> {
@@ -274,8 +303,14 @@ export async function generateBatchOnDevice(
   const limit = Math.min(o.vocabLimit ?? config.vocab_size, config.vocab_size);
   const stop = new Set(o.stopIds);
   const single = parts.length === 1 && parts[0].weight === 1;
-  const head: DeviceHead =
-    !single || o.hostSampling ? 'logits' : sampling.temperature === 0 ? 'greedy' : sampling.topK === 0 && sampling.topP === 1 ? 'sample' : 'logits';
+  // The graph picks unless top-k/top-p (or hostSampling) ask for the host; a mixture's parts leave
+  // their logits on the device for a pick graph over their weighted sum.
+  // Parts with weight 0 are left out of the sum, as mixLogits leaves them.
+  const used = parts.map((_, k) => k).filter((k) => parts[k].weight !== 0);
+  const canPick = o.hostSampling ? null : sampling.temperature === 0 ? 'greedy' : sampling.topK === 0 && sampling.topP === 1 ? 'sample' : null;
+  const mixed = !single && canPick !== null && used.length > 0;
+  const pick = single || mixed ? canPick : null;
+  const head: DeviceHead = single && pick ? pick : 'logits';
   const weights = await Promise.all(parts.map((p, k) => devs[k].weights(p.decoder.weightFeeds)));
 
   let B = rowsIdx.length;
@@ -301,21 +336,33 @@ export async function generateBatchOnDevice(
       const S = step === 0 ? P0 : 1;
       const M = step === 0 ? P0 : L + 1;
       const feeds: Feeds = { input_ids: toOrt('int32', ids.subarray(0, B * S), [B, S]), attention_mask: toOrt('int32', mask.subarray(0, B * M), [B, M]) };
-      if (head !== 'logits') feeds.vocab_limit = toOrt('int64', BigInt64Array.of(BigInt(limit)), [1]);
-      if (head === 'sample') {
+      const pickFeeds: Feeds = {};
+      if (pick) pickFeeds.vocab_limit = toOrt('int64', BigInt64Array.of(BigInt(limit)), [1]);
+      if (pick === 'sample') {
         active.forEach((r, b) => (uniform[b] = reqs[r].rng.next()));
-        feeds.temperature = toOrt('float32', Float32Array.of(sampling.temperature), []);
-        feeds.uniform = toOrt('float32', uniform.subarray(0, B), [B, 1]);
+        pickFeeds.temperature = toOrt('float32', Float32Array.of(sampling.temperature), []);
+        pickFeeds.uniform = toOrt('float32', uniform.subarray(0, B), [B, 1]);
       }
+      if (head !== 'logits') Object.assign(feeds, pickFeeds);
       const results: Record<string, OrtTensor>[] = [];
       for (let k = 0; k < parts.length; k++) {
-        const s = await devs[k].decodeSession(step > 0, head);
+        const s = await devs[k].decodeSession(step > 0, head, mixed);
         const r = await counted(s, { ...weights[k], ...feeds, ...(step > 0 ? caches[k] : {}) });
         if (step > 0) {
           disposeAll(caches[k]);
           caches[k] = renamed(r, cacheName, pastName, config);
         } else caches.push(renamed(r, presentName, pastName, config));
         results.push(r);
+      }
+      if (mixed) {
+        const mf: Feeds = { ...pickFeeds };
+        used.forEach((k, j) => {
+          mf[`logits.${j}`] = results[k].logits;
+          mf[`weight.${j}`] = toOrt('float32', Float32Array.of(parts[k].weight), []);
+        });
+        const picked = await counted(await devs[0].mixtureSession(used.length, pick!), mf);
+        for (const r of results) r.logits.dispose();
+        results.unshift(picked);
       }
       traffic.steps++;
       if (timer) {
@@ -325,7 +372,7 @@ export async function generateBatchOnDevice(
       L = step === 0 ? P0 : L + 1;
       const keep: number[] = [];
       const next: number[] = [];
-      const tokens = head === 'logits' ? null : (results[0].token.data as BigInt64Array | Int32Array);
+      const tokens = pick ? (results[0].token.data as BigInt64Array | Int32Array) : null;
       active.forEach((r, b) => {
         const tok = tokens
           ? Number(tokens[b])
