@@ -18,7 +18,12 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Decoder, generateIds, type GenerateOptions, type GenerateRequest } from '../src/models/generate.ts';
-import { deviceTraffic, resetDeviceTraffic } from '../src/models/generate-device.ts';
+import { buildDeviceDecodeGraph, deviceTraffic, mixtureGraph, pickToken, resetDeviceTraffic, selectRowsGraph, uploadGraph } from '../src/models/generate-device.ts';
+import { lowerForWebGpu } from '../src/onnx/lower.ts';
+import { saveModel } from '../src/onnx/proto.ts';
+import { placement } from '../src/runtime/placement.ts';
+import { Graph } from '../src/onnx/graph.ts';
+import { Session, toOrt } from '../src/runtime/session.ts';
 import { sampleRandom } from '../src/models/sampling.ts';
 import { checkDevice, type RuntimeOptions } from '../src/runtime/session.ts';
 import { modelParameterShapes } from '../src/models/params.ts';
@@ -66,6 +71,60 @@ const tokens = (ids: number[][]) => ids.reduce((a, r) => a + r.length, 0);
 describe.skipIf(reason !== null && !required)('generation on the GPU (WebGPU)', () => {
   it('finds an adapter', () => {
     expect(reason).toBeNull();
+  });
+
+  it('every node of the device graphs (prefill and step with each head, mixture pick, row gather, weight upload) runs on WebGPU', async () => {
+    const c = testConfig('llama');
+    const graphs = {
+      ...Object.fromEntries((['greedy', 'sample', 'logits'] as const).flatMap((head) => [false, true].map((past) => [`${past ? 'step' : 'prefill'}-${head}`, buildDeviceDecodeGraph(c, { past, head })]))),
+      mixture: mixtureGraph(2, 'sample'),
+      rows: selectRowsGraph(c),
+      upload: uploadGraph(modelParameterShapes(c, {})),
+    };
+    for (const [name, g] of Object.entries(graphs)) {
+      const file = path.join(root, `device-${name}.onnx`);
+      saveModel(lowerForWebGpu(g), file);
+      expect((await placement(file, GPU)).fallbacks, name).toEqual([]);
+    }
+  });
+
+  it('the graph pick on WebGPU: greedy and the sampled id of a float64 reference, the last id when u·total rounds to the total', async () => {
+    const V = 6;
+    const logits = Float32Array.from([0.3, 2.0, -1.0, 1.2, 0.5, 9.0, /* row 2 */ 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
+    const feeds = (uniform: number[]) => ({
+      logits: toOrt('float32', logits, [2, V]),
+      vocab_limit: toOrt('int64', BigInt64Array.of(5n), [1]),
+      temperature: toOrt('float32', Float32Array.of(0.5), []),
+      uniform: toOrt('float32', Float32Array.from(uniform), [2, 1]),
+    });
+    const session = async (head: 'greedy' | 'sample') => {
+      const g = new Graph('pick');
+      pickToken(g, g.input('logits', 'float32', ['batch', V]), head);
+      return Session.fromGraph(g, GPU);
+    };
+    const run = async (head: 'greedy' | 'sample', u: number[]) => {
+      const s = await session(head);
+      const f: Record<string, ReturnType<typeof toOrt>> = feeds(u);
+      if (head === 'greedy') for (const k of ['temperature', 'uniform']) delete f[k];
+      const out = Array.from((await s.run(f)).token.data as BigInt64Array, Number);
+      await s.release();
+      return out;
+    };
+    // Below the limit (5): the 9.0 at id 5 is out of reach; row 2 is a tie (the first id wins).
+    expect(await run('greedy', [0, 0])).toEqual([1, 0]);
+    // float64 reference: the first id whose running sum of e^((l − max)/T) exceeds u times the total.
+    const ref = (row: number, u: number) => {
+      const l = Array.from(logits.subarray(row * V, row * V + 5));
+      const m = Math.max(...l);
+      const w = l.map((x) => Math.exp((x - m) / 0.5));
+      const total = w.reduce((a, b) => a + b, 0);
+      let run = 0;
+      for (let i = 0; i < w.length; i++) if ((run += w[i]) > u * total) return i;
+      return w.length - 1;
+    };
+    for (const [u0, u1] of [[0, 0.1], [0.3, 0.5], [0.7, 0.9], [0.95, 0.99]]) expect(await run('sample', [u0, u1]), `${u0} ${u1}`).toEqual([ref(0, u0), ref(1, u1)]);
+    // u rounds to 1 in float32: no running sum passes u·total; the last id below the limit, not id 0.
+    expect(await run('sample', [0.99999999, 0.99999999])).toEqual([4, 4]);
   });
 
   for (const arch of ['llama', 'gpt2'] as Arch[]) {

@@ -71,7 +71,7 @@ export function buildDeviceDecodeGraph(config: ModelConfig, o: { past: boolean; 
  * ArgMax; `sample` the first id whose running sum of e^((l − max)/temperature) exceeds `uniform`
  * [B, 1] times the total, in float32 (the CPU graph draws the same way in float64).
  */
-function pickToken(g: Graph, logits: Tensor, head: 'greedy' | 'sample'): void {
+export function pickToken(g: Graph, logits: Tensor, head: 'greedy' | 'sample'): void {
   const limited = g.slice(logits, g.ints([0]), g.input('vocab_limit', 'int64', [1]), [1]); // [B, V']
   if (head === 'greedy') {
     g.output(g.argMax(limited, 1, false), 'token');
@@ -80,7 +80,10 @@ function pickToken(g: Graph, logits: Tensor, head: 'greedy' | 'sample'): void {
   const shifted = g.sub(limited, g.reduceMax(limited, [1], true));
   const running = g.cumSum(g.exp(g.div(shifted, g.input('temperature', 'float32', []))), 1);
   const total = g.slice(running, [-1], [2 ** 40], [1]); // [B, 1]
-  const beyond = g.cast(g.greater(running, g.mul(g.input('uniform', 'float32', ['batch', 1]), total)), 'int32');
+  // The last id passes whatever u·total rounds to (u within 6e-8 of 1 makes it total in float32):
+  // as sampleToken, the draw falls back to the last id, never to id 0.
+  const passed = g.concat([g.slice(running, [0], [-1], [1]), g.add(g.mul(total, 0), Infinity)], 1);
+  const beyond = g.cast(g.greater(passed, g.mul(g.input('uniform', 'float32', ['batch', 1]), total)), 'int32');
   g.output(g.argMax(beyond, 1, false), 'token');
 }
 
@@ -89,7 +92,7 @@ function pickToken(g: Graph, logits: Tensor, head: 'greedy' | 'sample'): void {
  * (GPU buffers of the decode steps), Σ_k `weight.<k>`·logits_k accumulated in float32 in the order
  * of mixLogits (sampling.ts), then `pickToken`.
  */
-function mixtureGraph(n: number, head: 'greedy' | 'sample'): Graph {
+export function mixtureGraph(n: number, head: 'greedy' | 'sample'): Graph {
   const g = new Graph('prefzoo_mixture_pick');
   let sum: Tensor | null = null;
   for (let k = 0; k < n; k++) {
@@ -101,7 +104,7 @@ function mixtureGraph(n: number, head: 'greedy' | 'sample'): Graph {
 }
 
 /** The cache rows `rows` of every cache tensor, left on the device. */
-function selectRowsGraph(config: ModelConfig): Graph {
+export function selectRowsGraph(config: ModelConfig): Graph {
   const g = new Graph('prefzoo_cache_rows');
   const { layers, kvHeads, headDim } = cacheShape(config);
   const rows = g.input('rows', 'int64', ['kept']);
@@ -112,7 +115,7 @@ function selectRowsGraph(config: ModelConfig): Graph {
 }
 
 /** Parameters as graph outputs of the same name, through one Identity each: run once, they are left on the device. */
-function uploadGraph(shapes: Map<string, number[]>): Graph {
+export function uploadGraph(shapes: Map<string, number[]>): Graph {
   const g = new Graph('prefzoo_upload');
   for (const [name, shape] of shapes) g.output(g.identity(g.input(name, 'float32', shape)), `${name}.device`);
   return g;
