@@ -23,9 +23,8 @@ import { lowerForWebGpu } from '../src/onnx/lower.ts';
 import { saveModel } from '../src/onnx/proto.ts';
 import { placement } from '../src/runtime/placement.ts';
 import { Graph } from '../src/onnx/graph.ts';
-import { Session, toOrt } from '../src/runtime/session.ts';
 import { sampleRandom } from '../src/models/sampling.ts';
-import { checkDevice, type RuntimeOptions } from '../src/runtime/session.ts';
+import { Session, toOrt, type RuntimeOptions } from '../src/runtime/session.ts';
 import { modelParameterShapes } from '../src/models/params.ts';
 import { writeTokenizer } from '../src/tokenize/generate.ts';
 import { presetConfig, type Arch, type ModelConfig } from '../src/models/config.ts';
@@ -40,16 +39,11 @@ import { initModelFolder } from '../src/models/init.ts';
 import { runNashMd } from '../src/online/nash-md.ts';
 import type { Judge } from '../src/online/judges.ts';
 import { randomWeights, testConfig } from './helpers/model-fixtures.ts';
+import { webgpuMissing, webgpuRequired } from './helpers/webgpu.ts';
 import type { FloatTensor } from '../src/models/checkpoint.ts';
 
-const required = process.env.PREFZOO_REQUIRE_WEBGPU === '1';
-let reason: string | null = null;
-try {
-  await checkDevice({ ep: 'webgpu' });
-} catch (e) {
-  reason = (e as Error).message;
-  if (!required) process.stderr.write(`test/webgpu-generate.test.ts: device tests not run: ${reason}\n`);
-}
+const required = webgpuRequired;
+const reason = await webgpuMissing('test/webgpu-generate.test.ts');
 const GPU: RuntimeOptions = { ep: 'webgpu' };
 const CPU: RuntimeOptions = { ep: 'cpu' };
 const root = fs.mkdtempSync(path.join(os.tmpdir(), 'pz-webgpu-gen-'));

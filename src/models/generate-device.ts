@@ -29,7 +29,7 @@ import { Graph, type Tensor } from '../onnx/graph.ts';
 import { Session, toOrt, type Feeds, type OrtTensor, type OutputLocation, type RuntimeOptions } from '../runtime/session.ts';
 import { buildDecodeGraph, cacheShape, pastName, presentName } from './decode.ts';
 import { mixLogits, sampleToken, type SamplingOptions } from './sampling.ts';
-import type { Generated, GenerateOptions, GenerateRequest, MixturePart } from './generate.ts';
+import { takeTokens, type Generated, type GenerateOptions, type GenerateRequest, type MixturePart } from './generate.ts';
 
 /** What a device graph returns for each row's last position (see `deviceHead`). */
 export type DeviceHead = 'logits' | 'greedy' | 'sample';
@@ -43,7 +43,11 @@ const cacheName = (layer: number, kv: 'key' | 'value') => `cache.${layer}.${kv}`
  *   `logits` → `logits` [B, V].
  */
 export function buildDeviceDecodeGraph(config: ModelConfig, o: { past: boolean; weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; head: DeviceHead }): Graph {
-  const g = buildDecodeGraph(config, { past: o.past, weights: o.weights, lora: o.lora, head: 'logits' });
+  // `weightFirst: false`: the products with fed weights stay x·Wᵀ (the weight-first rewrite, where
+  // buildDecodeGraph has it, is for the CPU's MLAS packing). Passed as a variable, as an option the
+  // builder may not declare.
+  const opts = { past: o.past, weights: o.weights, lora: o.lora, head: 'logits' as const, weightFirst: false };
+  const g = buildDecodeGraph(config, opts);
   const { layers } = cacheShape(config);
   const keep = new Set<string>();
   if (o.past) {
@@ -373,26 +377,10 @@ export async function generateBatchOnDevice(
         t0 = performance.now();
       }
       L = step === 0 ? P0 : L + 1;
-      const keep: number[] = [];
-      const next: number[] = [];
       const tokens = pick ? (results[0].token.data as BigInt64Array | Int32Array) : null;
-      active.forEach((r, b) => {
-        const tok = tokens
-          ? Number(tokens[b])
-          : sampleToken(
-              mixLogits(results.map((res, k) => ({ logits: (res.logits.data as Float32Array).subarray(b * V, b * V + limit), weight: parts[k].weight }))),
-              sampling,
-              reqs[r].rng,
-            );
-        const seq = got.get(r)!;
-        seq.push(tok);
-        if (stop.has(tok)) out[r] = { ids: seq, stopped: true };
-        else if (seq.length >= o.maxNewTokens) out[r] = { ids: seq, stopped: false };
-        else {
-          keep.push(b);
-          next.push(tok);
-        }
-      });
+      const { keep, next } = takeTokens(active, got, stop, o.maxNewTokens, out, (b, r) =>
+        tokens ? Number(tokens[b]) : sampleToken(mixLogits(results.map((res, k) => ({ logits: (res.logits.data as Float32Array).subarray(b * V, b * V + limit), weight: parts[k].weight }))), sampling, reqs[r].rng),
+      );
       if (timer) {
         timer('sample', performance.now() - t0);
         t0 = performance.now();

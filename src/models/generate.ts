@@ -468,26 +468,10 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
         timer(step === 0 ? 'prefill' : 'forward', performance.now() - t0);
         t0 = performance.now();
       }
-      const keep: number[] = [];
-      const next: number[] = [];
-      active.forEach((r, b) => {
-        const tokens = results[0].tokens;
-        const tok = tokens
-          ? Number(tokens[b])
-          : sampleToken(
-              mixLogits(results.map((res, k) => ({ logits: res.logits!.subarray(b * V, b * V + limit), weight: parts[k].weight }))),
-              sampling,
-              reqs[r].rng,
-            );
-        const seq = got.get(r)!;
-        seq.push(tok);
-        if (stop.has(tok)) out[r] = { ids: seq, stopped: true };
-        else if (seq.length >= o.maxNewTokens) out[r] = { ids: seq, stopped: false };
-        else {
-          keep.push(b);
-          next.push(tok);
-        }
-      });
+      const tokens = results[0].tokens;
+      const { keep, next } = takeTokens(active, got, stop, o.maxNewTokens, out, (b, r) =>
+        tokens ? Number(tokens[b]) : sampleToken(mixLogits(results.map((res, k) => ({ logits: res.logits!.subarray(b * V, b * V + limit), weight: parts[k].weight }))), sampling, reqs[r].rng),
+      );
       if (timer) {
         timer('sample', performance.now() - t0);
         t0 = performance.now();
@@ -501,6 +485,35 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
     }
   }
   return out;
+}
+
+/**
+ * Appends to each active row (request `active[b]`) its token `tokenAt(b, r)`; a row that drew a stop
+ * id (kept as its last token) or reached `maxNewTokens` is finished into `out`. Returns the batch
+ * positions that go on and their tokens, the next step's input.
+ */
+export function takeTokens(
+  active: readonly number[],
+  got: Map<number, number[]>,
+  stop: ReadonlySet<number>,
+  maxNewTokens: number,
+  out: Generated[],
+  tokenAt: (b: number, r: number) => number,
+): { keep: number[]; next: number[] } {
+  const keep: number[] = [];
+  const next: number[] = [];
+  active.forEach((r, b) => {
+    const tok = tokenAt(b, r);
+    const seq = got.get(r)!;
+    seq.push(tok);
+    if (stop.has(tok)) out[r] = { ids: seq, stopped: true };
+    else if (seq.length >= maxNewTokens) out[r] = { ids: seq, stopped: false };
+    else {
+      keep.push(b);
+      next.push(tok);
+    }
+  });
+  return { keep, next };
 }
 
 /** The text of a sampled response: its ids without the final stop token. */
