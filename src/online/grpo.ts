@@ -43,7 +43,7 @@ import { samplingOptions } from '../models/sampling.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import type { LoadedTokenizer } from '../tokenize/index.ts';
 import { resolveConfig, type TrainConfig } from '../train/config.ts';
-import { commandDecl, GRPO_HONOURS, GRPO_SETTINGS, type SettingsOf } from '../train/settings.ts';
+import { GRPO_HONOURS, GRPO_SETTINGS, type SettingsOf } from '../train/settings.ts';
 import { headChunksOf, modelSegment } from '../train/graph.ts';
 import { modelParamSpecs, optimizerOf, type MicroBatch } from '../train/run.ts';
 import { resolveLoss, type BoundLoss } from '../../losses/index.ts';
@@ -58,9 +58,6 @@ import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions } 
 
 export { GRPO_SETTINGS, GRPO_HONOURS };
 export type GrpoSettings = SettingsOf<typeof GRPO_SETTINGS>;
-
-/** GRPO's defaults of trainer settings (TRL's GRPOConfig): a group of 8 per micro-batch, learning rate 1e-6 (declared in settings.ts). */
-export const GRPO_TRAIN_DEFAULTS: Partial<TrainConfig> = commandDecl('grpo').defaults;
 
 /** The `grpo` loss bound to the loss parameters given (max_completion_length is GRPO's setting, passed on). */
 export function grpoLoss(lossParams: Record<string, unknown>, s: GrpoSettings): BoundLoss {
