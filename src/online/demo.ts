@@ -4,9 +4,11 @@
  *
  *   1. prompts: 200 for training and 100 held-out ones the training never shows
  *   2. a tiny llama is initialised and warmed up by a short SFT whose answers are a random digit of
- *      the prompt: the starting policy π_0 answers with one of the prompt's digits and stops, right
- *      about a quarter of the time (online methods start from such a model; from random weights no
- *      sample would ever be an answer)
+ *      the prompt, on prompts of one to four digits (`warmStartRows`): the starting policy π_0
+ *      answers with one of the prompt's digits (about 90% of its samples) and stops, with no
+ *      preference among them, so it is right about a fifth of the time, chance among the prompt's
+ *      digits (online methods start from such a model; from random weights no sample would ever be
+ *      an answer)
  *   3. the method trains on the 200: SPPO iterations or on-policy Nash-MD with the task judge, or
  *      MPO (a reward model trained on offline pairs without scores scores them, then the two stages)
  *   4. `win_rate_vs_start`: on the held-out prompts, samples of the final policy against samples of
