@@ -351,7 +351,7 @@ export interface OnlineOptions extends Omit<LoopOptions, 'progress' | 'log' | 'q
 /** Options of {@link sppo}: T iterations of K samples per prompt. */
 export interface SppoOptions extends OnlineOptions, Pick<SppoLoopOptions, 'iterations' | 'samples'> {}
 
-/** SPPO iterations (`prefzoo sppo`): sample K responses per prompt, estimate win-rates with the judge, train the sppo loss. */
+/** SPPO iterations on the online loop (`prefzoo sppo`): sample K responses per prompt from π_t, estimate win-rates with the judge, train the sppo loss against π_t, with checkpoints every save_steps. */
 export function sppo(options: SppoOptions): Promise<SppoResult> {
   return guarded(options, async (progress) => {
     const prompts = typeof options.prompts === 'string' ? await readPrompts(options.prompts) : options.prompts;

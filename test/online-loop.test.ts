@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { initModelFolder } from '../src/models/init.ts';
 import { bin, killWhen } from './helpers/faults.ts';
-import { runSppo } from '../src/online/sppo.ts';
+import { metricsRows } from './helpers/metrics-rows.ts';
 import { loadJudge, type Judge } from '../src/online/judges.ts';
 import { runNashMd } from '../src/online/nash-md.ts';
 import { pairAccuracy, RewardModel, rewardTrain } from '../src/online/reward-model.ts';
@@ -40,16 +40,7 @@ function runSync(out: string, extra: string[] = []) {
   return spawnSync(process.execPath, [bin, ...args(out, extra)], { encoding: 'utf8' });
 }
 
-/** metrics.jsonl rows without the wall-clock field. */
-function rows(out: string): Record<string, unknown>[] {
-  return readFileSync(join(out, 'metrics.jsonl'), 'utf8')
-    .trim()
-    .split('\n')
-    .map((l) => {
-      const { 'tokens/s': _, ...r } = JSON.parse(l);
-      return r;
-    });
-}
+const rows = metricsRows;
 
 beforeAll(() => {
   initModelFolder(model, 'llama', 'tiny', 5);
@@ -120,39 +111,6 @@ describe('online loop (nash-md)', () => {
     const out = join(dir, 'refused');
     await expect(nashMd(out, { params: ['eval_data=held.jsonl'] })).rejects.toThrow(/^setting eval_data cannot be honoured by prefzoo nash-md \(it honours learning_rate, .*save_steps.*\)$/);
     expect(existsSync(out)).toBe(false);
-  });
-});
-
-describe('sppo --resume', () => {
-  /** Prefers the shorter text. */
-  const shorter: Judge = {
-    name: 'shorter',
-    async compare(items) {
-      return items.map((c) => (String(c.a).length < String(c.b).length ? 1 : String(c.a).length > String(c.b).length ? 0 : 0.5));
-    },
-    async release() {},
-  };
-  const list = ['1+2=', '3+4=', '5+6=', '7+8='];
-  const base = { learning_rate: 3e-3, batch_size: 2, pad_to_multiple_of: 16, max_length: 32, max_prompt_length: 16, logging_steps: 1, warmup_steps: 0, threads: 1 };
-  const opts = (out: string) => ({ model, prompts: list, judge: shorter, out, iterations: 2, samples: 2, maxNewTokens: 3, params: ['max_steps=3', 'save_steps=1', 'beta=0.1'], base, quiet: true, log: () => {} });
-
-  it('an iteration stopped after its first checkpoint continues from it and from its samples: the same rows and models', async () => {
-    const straight = join(dir, 'sppo-straight');
-    await runSppo(opts(straight));
-    const broken = join(dir, 'sppo-broken');
-    process.env.PREFZOO_FAULT_NAN_AT_STEP = '2';
-    try {
-      await expect(runSppo(opts(broken))).rejects.toThrow(/loss is NaN at step 2: .*iter-1\/train\/checkpoints\/step-00000001/);
-    } finally {
-      delete process.env.PREFZOO_FAULT_NAN_AT_STEP;
-    }
-    expect(existsSync(join(broken, 'iter-2'))).toBe(false);
-    await expect(runSppo(opts(broken))).rejects.toThrow(/holds an unfinished SPPO run.*--resume/);
-    await runSppo({ ...opts(broken), resume: true });
-    for (const t of [1, 2]) expect(rows(join(broken, `iter-${t}`, 'train'))).toEqual(rows(join(straight, `iter-${t}`, 'train')));
-    expect(readFileSync(join(broken, 'iter-1', 'samples.jsonl'), 'utf8')).toBe(readFileSync(join(straight, 'iter-1', 'samples.jsonl'), 'utf8'));
-    expect(Buffer.compare(readFileSync(join(straight, 'final', 'model.safetensors')), readFileSync(join(broken, 'final', 'model.safetensors')))).toBe(0);
-    await expect(runSppo({ ...opts(broken), resume: true })).rejects.toThrow(/already holds an SPPO run/);
   });
 });
 

@@ -1,5 +1,5 @@
 /**
- * Short runs of the online loops (SPPO iterations, on-policy Nash-MD) and the `generate` command.
+ * Short runs of the online loops (on-policy Nash-MD) and the `generate` command (SPPO: test/sppo.test.ts).
  */
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -8,7 +8,6 @@ import { join, resolve } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { TaskJudge, type Judge } from '../src/online/judges.ts';
 import { runNashMd } from '../src/online/nash-md.ts';
-import { runSppo } from '../src/online/sppo.ts';
 import { demoSplit } from '../src/online/demo.ts';
 import { initModelFolder } from '../src/models/init.ts';
 import { loadModel } from '../src/models/load.ts';
@@ -36,33 +35,6 @@ function differs(a: string, b: string): boolean {
   const wb = loadModel(b).weights;
   return [...wa].some(([k, t]) => t.data.some((v, i) => v !== wb.get(k)!.data[i]));
 }
-
-describe('SPPO iterations', () => {
-  it('samples K per prompt, stores judged win-rates, trains against π_t and continues from π_{t+1}', async () => {
-    const out = join(dir, 'sppo');
-    const r = await runSppo({ model, prompts, judge: shorter, out, iterations: 2, samples: 3, maxNewTokens: 3, params: ['max_steps=2', 'beta=0.1'], base: SETTINGS, quiet: true, log: () => {} });
-    expect(r.iterations.map((i) => i.steps)).toEqual([2, 2]);
-    for (const t of [1, 2]) {
-      const lists = readFileSync(join(out, `iter-${t}`, 'samples.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
-      expect(lists.map((l) => l.prompt)).toEqual(prompts);
-      for (const l of lists) {
-        expect(l.responses).toHaveLength(3);
-        // P̂_k = mean over the other two samples of P(y_k ≻ y_j).
-        l.win_probs.forEach((p: number, k: number) => {
-          const want = [0, 1, 2].filter((j) => j !== k).reduce((s, j) => s + prefer(l.responses[k], l.responses[j]), 0) / 2;
-          expect(p).toBeCloseTo(want, 12);
-        });
-      }
-    }
-    // Iteration 2 starts from iteration 1's model and uses it as the reference.
-    const cfg2 = JSON.parse(readFileSync(join(out, 'iter-2', 'train', 'config.json'), 'utf8'));
-    expect(cfg2.model).toBe(r.iterations[0].model);
-    expect(differs(r.iterations[0].model, model)).toBe(true);
-    expect(differs(r.finalDir, r.iterations[0].model)).toBe(true);
-    expect(JSON.parse(readFileSync(join(out, 'sppo.json'), 'utf8')).summary).toHaveLength(2);
-    await expect(runSppo({ model, prompts, judge: new TaskJudge(), out, maxNewTokens: 3, quiet: true, log: () => {} })).rejects.toThrow(/already holds an SPPO run/);
-  });
-});
 
 describe('Nash-MD', () => {
   it('on-policy steps: the first step sees π_θ = π_ref (KL estimate 0); the policy moves', async () => {

@@ -1,6 +1,5 @@
 /**
- * The online loop every online method runs on (Nash-MD, reward training, GRPO/RLOO; SPPO's
- * iterations run the offline trainer): items (prompts, or rows) → a round collected with the live
+ * The online loop every online method runs on (Nash-MD, reward training, GRPO/RLOO, SPPO): items (prompts, or rows) → a round collected with the live
  * weights (sampled, judged, scored) → one or more optimizer updates on it, each over micro-batches →
  * metrics, progress, checkpoints, evaluation → the trained model.
  *
@@ -13,7 +12,8 @@
  *
  * The stages are the offline trainer's (src/train/run.ts, checkpoints.ts): run folder, artifacts,
  * `optimizerUpdate`, `MetricsLog`, `saveCheckpointAt`, `nonFiniteLoss`, `saveTrained`, and its step
- * plan (`stepPlan`: max_steps, else num_epochs over the items).
+ * plan (`stepPlan`: max_steps, else num_epochs over the items), unless the method plans its own
+ * (`plan`: SPPO's iterations, each a plan of its own with its own learning-rate schedule).
  *
  * Resume is bit-exact: a checkpoint holds the parameters, the optimizer state and step, and in
  * state.json the item order (epoch, cursor), the rounds collected so far, the sampling RNG's words
@@ -115,6 +115,11 @@ export interface OnlineMethod<Item, Round> {
   spec(s: SpecInput): ArtifactSpec;
   /** Items per round (default batch_size × gradient_accumulation_steps), capped at the number of items. */
   roundSize?(config: TrainConfig): number;
+  /**
+   * The run's step plan, given the steps one pass over the items takes: the total and each step's
+   * learning rate. Default `stepPlan`: max_steps, else num_epochs passes, one schedule over the run.
+   */
+  plan?(config: TrainConfig, stepsPerEpoch: number): { total: number; lr: (step: number) => number };
   /** Optimizer updates per round (default 1; GRPO's num_iterations). */
   updatesPerRound?(config: TrainConfig): number;
   /** Opens what the method needs beside the artifacts (reference decoders and scorers, …); called once, before the first round. */
@@ -185,6 +190,12 @@ function refuseUnhonouredBy(command: string, o: { params?: readonly string[]; co
   resolveConfig({ params: o.params, configFile: o.configFile, command });
 }
 
+/** `stepPlan` as a method's `plan`: max_steps, else num_epochs passes; one learning-rate schedule over the run. */
+export function defaultPlan(config: TrainConfig, stepsPerEpoch: number): { total: number; lr: (step: number) => number } {
+  const { total, schedule } = stepPlan(config, stepsPerEpoch);
+  return { total, lr: (step) => lrAt(step, schedule) };
+}
+
 /** The loop's part of state.json (`online`). */
 interface LoopState {
   rounds: number;
@@ -227,7 +238,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
   const updates = method.updatesPerRound ? method.updatesPerRound(config) : 1;
   if (!(Number.isInteger(updates) && updates >= 1)) throw new Error(`${method.name}: updatesPerRound must be a positive integer, got ${updates}`);
   const roundsPerEpoch = method.partialRounds ? Math.ceil(items.length / roundSize) : Math.floor(items.length / roundSize);
-  const { total, schedule } = stepPlan(config, roundsPerEpoch * updates);
+  const { total, lr: lrOf } = method.plan ? method.plan(config, roundsPerEpoch * updates) : defaultPlan(config, roundsPerEpoch * updates);
 
   const artDir = join(run, 'artifacts');
   ensureArtifacts(artDir, config, resuming, () => {
@@ -304,7 +315,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
       const round = pending.round as Round;
       const u = pending.next;
       const step = art.step + 1;
-      const lr = lrAt(step, schedule);
+      const lr = lrOf(step);
       const micro = await method.microBatches(ctx, round, u);
       const up = await optimizerUpdate(art, { step, lr, micro: micro.length, batch: async (i) => micro[i] });
       if (!Number.isFinite(up.metrics.loss)) {

@@ -1,44 +1,51 @@
 /**
- * SPPO's iterations ("Self-Play Preference Optimization for Language Model Alignment", 2024):
+ * SPPO's iterations ("Self-Play Preference Optimization for Language Model Alignment", Wu et al. 2024):
  *
- *   for t = 0 … T−1:
- *     sample K responses per prompt from π_t
+ *   for t = 1 … T:
+ *     sample K responses per prompt from π_t                          (the live weights)
  *     P̂(y_k ≻ π_t) = mean over the other samples j of P(y_k ≻ y_j)   (the judge)
- *     π_{t+1} = train the `sppo` loss on those lists, with π_t as the reference (and the start)
+ *     log π_t(y_k | x)                                                 (the reference of this iteration)
+ *     π_{t+1} = the `sppo` loss on those lists, num_epochs passes (or max_steps steps), from π_t
  *
- * Each iteration is an ordinary run of the offline trainer (train/trainer.ts, whose stages the online
- * loop shares) on listwise rows (responses, win_probs = scores = P̂), so its folder holds the usual
- * metrics, checkpoints (every save_steps) and final model. Run folder:
+ * It runs on the online loop (loop.ts) as an OnlineMethod: the items are the prompts, a round is one
+ * training batch (batch_size × gradient_accumulation_steps lists, one optimizer update), and the first
+ * round of iteration t samples and judges every prompt with the live weights, which are π_t then, and
+ * scores the samples' log-probs with them through the training artifacts' eval graph: the reference
+ * of iteration t is π_t. The loop's step plan is SPPO's (`plan`): each iteration takes S steps
+ * (max_steps, else num_epochs passes over the prompts) with a learning-rate schedule of its own, as a
+ * separate training run would; the optimizer's moments carry over from one iteration to the next.
+ * Samples are token ids, so each step trains on exactly what was generated (no re-tokenization).
  *
- *   iter-1/samples.jsonl   the sampled lists and their win-rates (what iteration 1 trained on)
- *   iter-1/train/          the training run; iter-1/train/final is π_1
- *   iter-1/iteration.json  the iteration's summary, written when it is complete
- *   …
- *   final/                 π_T (a copy)
- *   metrics.jsonl          every iteration's training rows (field `iteration`, steps numbered on)
+ * Run folder (the loop's, plus the samples):
+ *   config.json, artifacts/, checkpoints/step-N (every save_steps and at the end)
+ *   iter-t/samples.jsonl   the lists iteration t trains on: prompt, responses, win_probs, ref_logps, stopped
+ *   metrics.jsonl          one row per logging step, with the field `iteration`
+ *   final/                 π_{T+1} in HF layout (adapter/ with LoRA and save_adapter)
  *   sppo.json              settings and a summary per iteration (written last)
  *
- * --resume continues an unfinished run bit-exact: complete iterations are kept, the samples of the
- * interrupted one are read back from its samples.jsonl (sampling and judging are not repeated) and
- * its training run resumes from its newest checkpoint.
+ * --resume continues bit-exact: a checkpoint holds, besides the loop's state, the iteration under way
+ * (its samples, win-rates and reference log-probs), so a resumed run trains on the same lists; an
+ * iteration not begun yet is sampled from the checkpoint's weights with the seed of its number.
  */
-import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { makeMeta } from '../../datasets/schema.ts';
 import { UserError } from '../errors.ts';
 import { resolveConfig, type TrainConfig } from '../train/config.ts';
-import type { Example, LoadedData } from '../../datasets/examples.ts';
+import type { Example, TokenizedExample } from '../../datasets/examples.ts';
 import type { Text } from '../../datasets/schema.ts';
-import { train } from '../train/trainer.ts';
-import { joinRunMetrics } from '../train/report.ts';
+import { resolveLoss } from '../../losses/index.ts';
+import { collate, sequenceIndex } from '../models/batch.ts';
+import { lrAt } from '../optim/schedule.ts';
+import { loraOf, stepPlan } from '../train/run.ts';
+import { problemOf, problemSpec } from '../train/problem.ts';
 import { winRates, type Judge } from './judges.ts';
-import { Policy } from './policy.ts';
-import { runtimeOf, type LoopOptions } from '../train/run.ts';
-import { sweepStaleTemps, writeFileAtomic, writeJsonAtomic } from '../io/atomic.ts';
+import { sampleWith } from './policy.ts';
+import { writeFileAtomic, writeJsonAtomic } from '../io/atomic.ts';
 import type { SamplingOptions } from '../models/sampling.ts';
+import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions } from './loop.ts';
 
-/** `params`: trainer settings and the loss's `beta`, as `key=value`. */
-export interface SppoOptions extends SamplingOptions, LoopOptions {
+/** `params`: settings of the loop (docs/settings.md, `sppo`) and the loss's `beta`, as `key=value`. */
+export interface SppoOptions extends SamplingOptions, OnlineOptions {
   prompts: readonly Text[];
   judge: Judge;
   /** T (default 3). */
@@ -46,10 +53,8 @@ export interface SppoOptions extends SamplingOptions, LoopOptions {
   /** K responses per prompt and iteration (default 4). */
   samples?: number;
   maxNewTokens: number;
-  /** Continue the unfinished run in `out` (complete iterations kept, the interrupted one resumed from its checkpoint). */
-  resume?: boolean;
-  /** Replace the run already in `out`. */
-  overwrite?: boolean;
+  /** The prompts file, recorded in config.json (a --resume must name the same). */
+  promptsFile?: string;
 }
 
 export interface SppoIteration {
@@ -59,15 +64,46 @@ export interface SppoIteration {
   /** Share of samples that ended with a stop token. */
   stopped: number;
   steps: number;
+  /** The loss of the iteration's last logged step. */
   loss: number;
+  /** Wall-clock seconds from the iteration's sampling to the next one's (in the process that finished it). */
   seconds: number;
-  model: string;
 }
 
 export interface SppoResult {
   finalDir: string;
   iterations: SppoIteration[];
   seconds: number;
+}
+
+/** The iteration under way: every prompt's K samples (token ids), their win-rates and their log-probs under π_t. */
+interface IterationData {
+  t: number;
+  promptIds: number[][];
+  ids: number[][][];
+  responses: string[][];
+  winProbs: number[][];
+  refLogps: number[][];
+}
+
+/** What a checkpoint holds of SPPO (state.json `online.method`). */
+interface SppoState {
+  iterations: number;
+  samples: number;
+  steps_per_iteration: number;
+  current: IterationData | null;
+  summary: SppoIteration[];
+}
+
+/** A round: the iteration it belongs to and its prompts (indices). */
+interface SppoRound {
+  t: number;
+  idx: number[];
+}
+
+/** Steps of one iteration: max_steps, else num_epochs passes over the prompts (at least 1). */
+function iterationSteps(config: TrainConfig, stepsPerEpoch: number): number {
+  return stepPlan(config, stepsPerEpoch).total;
 }
 
 export async function runSppo(o: SppoOptions): Promise<SppoResult> {
@@ -78,106 +114,110 @@ export async function runSppo(o: SppoOptions): Promise<SppoResult> {
   if (!(Number.isInteger(T) && T >= 1)) throw new UserError(`--iterations must be a positive integer, got ${o.iterations}`);
   if (!(Number.isInteger(K) && K >= 2)) throw new UserError(`--samples must be an integer ≥ 2 (win-rates compare samples with each other), got ${o.samples}`);
   if (o.prompts.length === 0) throw new UserError('sppo: no prompts');
-  const { config } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'sppo' });
-  prepareSppoFolder(o.out, o);
-  const text = o.prompts.some((p) => typeof p !== 'string') ? 'messages' : 'plain';
-  const summary: SppoIteration[] = [];
-  let current = o.model;
-  for (let t = 1; t <= T; t++) {
-    const ti = Date.now();
-    const dir = join(o.out, `iter-${t}`);
-    const done = join(dir, 'iteration.json');
-    if (o.resume && existsSync(done)) {
-      // A complete iteration of the interrupted run: its model is π_t.
-      const it = JSON.parse(readFileSync(done, 'utf8')) as SppoIteration;
-      summary.push(it);
-      current = it.model;
-      continue;
+  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'sppo' });
+  const loss = resolveLoss('sppo', lossParams);
+  const problem = (model: Parameters<typeof problemOf>[1]['model']) => problemOf(config, { model, kind: 'listwise', loss, lora: loraOf(config), dataKeys: new Set(['win_probs']) });
+  const B = config.batch_size;
+  let S = 0;
+  let current: IterationData | null = null;
+  let summary: SppoIteration[] = [];
+  let started = Date.now();
+  const endIteration = () => {
+    const last = summary[summary.length - 1];
+    if (last) last.seconds = Math.round((Date.now() - started) / 100) / 10;
+  };
+
+  /** Samples and judges iteration t's lists with the live weights (π_t) and scores them under π_t. */
+  const begin = async (ctx: OnlineContext, t: number): Promise<IterationData> => {
+    endIteration();
+    started = Date.now();
+    const policy = await ctx.policy();
+    // Each iteration's samples are fixed by (seed, t): a resumed run draws the same.
+    const samples = await sampleWith(ctx.tok, policy, o.prompts, { ...o, n: K, seed: (config.seed * 1000 + t) >>> 0 });
+    const of = (i: number) => samples.slice(i * K, (i + 1) * K);
+    const responses = o.prompts.map((_, i) => of(i).map((s) => s.response));
+    const P = await winRates(o.judge, o.prompts.map((prompt, i) => ({ prompt, responses: responses[i] })));
+    const data: IterationData = { t, promptIds: o.prompts.map((_, i) => of(i)[0].promptIds), ids: o.prompts.map((_, i) => of(i).map((s) => s.ids)), responses, winProbs: P, refLogps: [] };
+    // log π_t(y_k | x): the eval graph of the training artifacts on the weights of this step.
+    const packed = !!problem(ctx.model).packed;
+    for (let s = 0; s < o.prompts.length; s += B) {
+      const idx = Array.from({ length: Math.min(B, o.prompts.length - s) }, (_, j) => s + j);
+      const c = collate(rowsOf(data, idx), { kind: 'listwise', padTo: config.pad_to_multiple_of, padId: ctx.tok.padId ?? 0, dtype: 'float32', packed });
+      const logp = (await ctx.art.evaluate(c.feeds)).logp.data as Float32Array;
+      for (let j = 0; j < idx.length; j++) data.refLogps.push(Array.from({ length: K }, (_, k) => logp[sequenceIndex('listwise', idx.length, K, j, k)]));
     }
-    mkdirSync(dir, { recursive: true });
-    const samplesFile = join(dir, 'samples.jsonl');
-    let groups: { prompt: Text; responses: Text[] }[];
-    let P: number[][];
-    let stopped: number;
-    if (o.resume && existsSync(samplesFile)) {
-      // The interrupted iteration's samples and win-rates, exactly as it trained on them.
-      const lists = readFileSync(samplesFile, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { prompt: Text; responses: Text[]; win_probs: number[]; stopped: number });
-      groups = lists.map((l) => ({ prompt: l.prompt, responses: l.responses }));
-      P = lists.map((l) => l.win_probs);
-      stopped = lists.reduce((a, l) => a + l.stopped, 0) / (lists.length * K);
-    } else {
-      const policy = await Policy.load(current, runtimeOf(config));
-      const samples = await policy.sample(o.prompts, { ...o, n: K, seed: config.seed * 1000 + t });
-      await policy.release();
-      groups = o.prompts.map((prompt, i) => ({ prompt, responses: samples.slice(i * K, (i + 1) * K).map((s) => s.response) }));
-      P = await winRates(o.judge, groups);
-      const stops = o.prompts.map((_, i) => samples.slice(i * K, (i + 1) * K).filter((s) => s.stopped).length);
-      stopped = samples.filter((s) => s.stopped).length / samples.length;
-      writeFileAtomic(samplesFile, groups.map((g, i) => JSON.stringify({ prompt: g.prompt, responses: g.responses, win_probs: P[i], stopped: stops[i] }) + '\n').join(''));
-    }
-    const examples: Example[] = groups.map((g, i) => ({ prompt: g.prompt, responses: g.responses, scores: P[i], winProbs: P[i] }));
-    const rows: LoadedData = { kind: 'listwise', meta: makeMeta('listwise', text, 'sppo'), examples, files: [] };
-    const trainDir = join(dir, 'train');
-    const r = await train({
-      model: current,
-      data: samplesFile,
-      rows,
-      loss: 'sppo',
-      out: trainDir,
-      params: o.params,
-      configFile: o.configFile,
-      base: { ...o.base, seed: config.seed + t },
-      progress: o.progress,
-      quiet: o.quiet,
-      log,
-      // Resumed: the interrupted iteration's run continues from its checkpoint. Otherwise each
-      // iteration's samples are new: an earlier run's folder here holds nothing to keep.
-      ...(o.resume && existsSync(trainDir) ? { resume: true } : { overwrite: true }),
-    });
     const spread = P.reduce((a, p) => a + Math.max(...p) - Math.min(...p), 0) / P.length;
-    const it: SppoIteration = {
-      iteration: t,
-      win_rate_spread: spread,
-      stopped,
-      steps: r.steps,
-      loss: r.last.loss,
-      seconds: Math.round((Date.now() - ti) / 100) / 10,
-      model: r.finalDir,
-    };
-    writeJsonAtomic(done, it);
-    summary.push(it);
-    log(`sppo: iteration ${t}/${T}: ${groups.length * K} samples, win-rate spread ${spread.toFixed(3)}, ${r.steps} steps, loss ${r.last.loss?.toPrecision(4)} (${it.seconds}s)`);
-    current = r.finalDir;
+    const stopped = samples.filter((x) => x.stopped).length / samples.length;
+    mkdirSync(join(ctx.run, `iter-${t}`), { recursive: true });
+    writeFileAtomic(
+      join(ctx.run, `iter-${t}`, 'samples.jsonl'),
+      o.prompts.map((prompt, i) => JSON.stringify({ prompt, responses: responses[i], win_probs: P[i], ref_logps: data.refLogps[i], stopped: of(i).filter((x) => x.stopped).length }) + '\n').join(''),
+    );
+    summary = [...summary.filter((x) => x.iteration < t), { iteration: t, win_rate_spread: spread, stopped, steps: S, loss: NaN, seconds: 0 }];
+    ctx.info(`sppo: iteration ${t}/${T}: ${samples.length} samples, win-rate spread ${spread.toFixed(3)}, stopped ${stopped.toFixed(3)}; ${S} steps`);
+    return data;
+  };
+
+  const method: OnlineMethod<number, SppoRound> = {
+    name: 'sppo',
+    partialRounds: true,
+    spec: (s) => problemSpec(problem(s.model), s.init, s.config),
+    plan(c, stepsPerEpoch) {
+      S = iterationSteps(c, stepsPerEpoch);
+      const { schedule } = stepPlan(c, stepsPerEpoch);
+      // Each iteration is a training run of its own: its warmup and decay restart with it.
+      return { total: T * S, lr: (step) => lrAt(((step - 1) % S) + 1, schedule) };
+    },
+    async collect(ctx, idx, info) {
+      const t = Math.floor((info.step - 1) / S) + 1;
+      if (!current || current.t !== t) current = await begin(ctx, t);
+      return { t, idx: [...idx] };
+    },
+    async microBatches(ctx, r) {
+      const data = current!;
+      const packed = !!problem(ctx.model).packed;
+      const out = [];
+      for (let s = 0; s < r.idx.length; s += B) {
+        const idx = r.idx.slice(s, s + B);
+        const c = collate(rowsOf(data, idx), { kind: 'listwise', padTo: config.pad_to_multiple_of, padId: ctx.tok.padId ?? 0, dtype: 'float32', packed, refLogps: (_, j) => data.refLogps[idx[j]] });
+        out.push({ feeds: c.feeds, tokens: c.tokens });
+      }
+      return out;
+    },
+    metrics: (r) => ({ iteration: r.t }),
+    progressFields: (row) => ({ loss: row.loss, iter: row.iteration }),
+    state: (): SppoState => ({ iterations: T, samples: K, steps_per_iteration: S, current, summary }),
+    restore(state) {
+      const s = state as SppoState;
+      if (s.iterations !== T || s.samples !== K || s.steps_per_iteration !== S) {
+        throw new UserError(`--resume: ${o.out} was started with --iterations ${s.iterations} --samples ${s.samples} and ${s.steps_per_iteration} steps per iteration; resume it with those, or start a new run (another -o, or --overwrite)`);
+      }
+      current = s.current;
+      summary = s.summary.map((x) => ({ ...x, loss: x.loss ?? NaN }));
+    },
+  };
+  const r = await runOnline(o, o.prompts.map((_, i) => i), method, {
+    config,
+    record: { prompts: o.promptsFile ?? null, judge: o.judge.name, loss: 'sppo', loss_params: loss.terms[0].params, iterations: T, samples: K, max_new_tokens: o.maxNewTokens, sampling: { temperature: o.temperature, top_k: o.topK, top_p: o.topP } },
+    inputs: [...(o.promptsFile ? [{ key: 'prompts', now: o.promptsFile, flag: '--prompts' }] : []), { key: 'judge', now: o.judge.name, flag: '--judge' }],
+  });
+  endIteration();
+  // Each iteration's loss: its last logged training row.
+  const rows = readFileSync(join(o.out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+  for (const it of summary) {
+    const mine = rows.filter((x) => x.split === undefined && x.iteration === it.iteration);
+    if (mine.length) it.loss = mine[mine.length - 1].loss as number;
   }
-  const finalDir = join(o.out, 'final');
-  rmSync(finalDir, { recursive: true, force: true });
-  cpSync(current, finalDir, { recursive: true });
-  // Every iteration's rows in RUN/metrics.jsonl (field `iteration`, steps numbered on) for `prefzoo report RUN`.
-  joinRunMetrics(o.out, summary.map((it) => ({ dir: join(o.out, `iter-${it.iteration}`, 'train'), tag: { iteration: it.iteration } })));
   const seconds = Math.round((Date.now() - t0) / 100) / 10;
-  writeJsonAtomic(join(o.out, 'sppo.json'), { model: o.model, judge: o.judge.name, iterations: T, samples: K, max_new_tokens: o.maxNewTokens, sampling: { temperature: o.temperature, top_k: o.topK, top_p: o.topP }, ...config, summary });
-  return { finalDir, iterations: summary, seconds };
+  writeJsonAtomic(join(o.out, 'sppo.json'), { model: o.model, judge: o.judge.name, iterations: T, samples: K, max_new_tokens: o.maxNewTokens, sampling: { temperature: o.temperature, top_k: o.topK, top_p: o.topP }, ...config, steps: r.steps, summary });
+  log(`sppo: ${T} iterations, ${r.steps} steps in ${seconds}s; final policy in ${r.finalDir}`);
+  return { finalDir: r.finalDir, iterations: summary, seconds };
 }
 
-/**
- * An SPPO run folder: a finished run (sppo.json) is refused, an unfinished one (iter-t folders)
- * continued with `resume`; `overwrite` replaces either (only an SPPO run's own entries are removed).
- */
-function prepareSppoFolder(out: string, o: { resume?: boolean; overwrite?: boolean }): void {
-  if (!existsSync(out)) {
-    mkdirSync(out, { recursive: true });
-    return;
-  }
-  sweepStaleTemps(out, true);
-  const entries = readdirSync(out);
-  if (entries.length === 0) return;
-  const own = /^(iter-\d+|final|metrics\.jsonl|sppo\.json|demo_eval\.json|report\.html)$/;
-  if (o.overwrite) {
-    const foreign = entries.filter((e) => !own.test(e));
-    if (foreign.length) throw new UserError(`${out}: --overwrite removes only an SPPO run's own files, and this folder also holds ${foreign.slice(0, 4).join(', ')}; choose another -o`);
-    for (const e of entries) rmSync(join(out, e), { recursive: true, force: true });
-    return;
-  }
-  if (existsSync(join(out, 'sppo.json'))) throw new UserError(`${out} already holds an SPPO run; choose another -o (or replace it with --overwrite)`);
-  if (!o.resume) throw new UserError(`${out}: holds an unfinished SPPO run (${entries.slice(0, 4).join(', ')}); continue it with --resume, replace it with --overwrite, or choose another -o`);
+/** The listwise rows of prompts `idx` of an iteration: the sampled ids, P̂ as the win-rates (and scores). */
+function rowsOf(d: IterationData, idx: readonly number[]): TokenizedExample[] {
+  return idx.map((i) => {
+    const src: Example = { prompt: '', responses: d.responses[i], scores: d.winProbs[i], winProbs: d.winProbs[i] };
+    return { promptIds: d.promptIds[i], responseIds: d.ids[i], src };
+  });
 }

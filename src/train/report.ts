@@ -30,7 +30,7 @@ export function readMetrics(runDir: string): MetricRow[] {
 }
 
 /**
- * Writes OUT/metrics.jsonl from runs that ran one after another (MPO's stages, SPPO's iterations):
+ * Writes OUT/metrics.jsonl from runs that ran one after another (MPO's stages):
  * each part's rows carry its `tag` fields, and its steps are numbered on after the previous parts'
  * last training step, so one report draws the whole schedule.
  */

@@ -277,8 +277,6 @@ declareCommand('train', { honours: 'all' });
 declareCommand('artifacts', {
   honours: [...OPTIMIZER.filter((k) => k !== 'learning_rate'), ...LORA, 'seed', 'share_prompt', 'ld_alpha', 'gradient_checkpointing', 'base_dtype', 'device', 'compute_dtype', 'gradient_accumulation_steps'],
 });
-/** SPPO trains each iteration with `train` on its own samples (read in memory: max_samples does not apply). */
-declareCommand('sppo', { honours: Object.keys(TRAIN_SETTINGS).filter((k) => k !== 'max_samples') as (keyof typeof TRAIN_SETTINGS)[], lossParams: 'sppo' });
 /**
  * What the online loop (src/online/loop.ts) honours for every method on it: the optimizer and its
  * schedule, micro-batches and accumulation, LoRA, the device, checkpoints, logging and saving.
@@ -288,6 +286,12 @@ export const ONLINE_LOOP_SETTINGS = [
   'batch_size', 'gradient_accumulation_steps', 'pad_to_multiple_of', 'save_steps', 'save_total_limit', 'report_to', 'chat_template', 'save_dtype', 'save_merged', 'save_adapter',
 ] as const satisfies readonly (keyof typeof TRAIN_SETTINGS)[];
 declareCommand('nash-md', { honours: ONLINE_LOOP_SETTINGS, lossParams: 'nash_md' });
+/**
+ * SPPO runs on the online loop with the trainer's listwise graphs (share_prompt packing, recomputation,
+ * float16 base weights); its reference is π_t by definition (no ref_on_the_fly, sync_ref_model) and it
+ * trains on the sampled token ids (no max_length truncation), without held-out evaluation.
+ */
+declareCommand('sppo', { honours: [...ONLINE_LOOP_SETTINGS, 'share_prompt', 'gradient_checkpointing', 'base_dtype'], lossParams: 'sppo' });
 /**
  * GRPO's own settings (beside the trainer's and the `grpo` loss's parameters), declared here:
  * parsing, validation, `prefzoo grpo --help` and docs/settings.md come from it (src/online/grpo.ts reads them).

@@ -10,18 +10,18 @@ import { terminalLog, terminalProgress } from '../progress.ts';
 export function register(program: Command): void {
   const cmd = program
     .command('sppo')
-    .description('SPPO iterations: sample K responses per prompt from π_t, estimate each one\'s win-rate against π_t with a judge, train the sppo loss against π_t, continue from π_{t+1}')
+    .description('SPPO iterations on the online loop: sample K responses per prompt from π_t, estimate each one\'s win-rate against π_t with a judge, train the sppo loss against π_t, continue from π_{t+1}')
     .requiredOption('--model <dir>', 'starting policy π_0 (Hugging Face model folder)')
     .requiredOption('--prompts <file>', 'prompts: .txt (one a line) or records with a "prompt" field')
     .requiredOption('--judge <spec>', 'task (the built-in addition task), reward:DIR (a reward model), or cmd:COMMAND (JSONL on stdin/stdout)')
-    .requiredOption('-o, --out <dir>', 'run folder: iter-t/samples.jsonl, iter-t/train/ (checkpoints every save_steps), final/, sppo.json')
+    .requiredOption('-o, --out <dir>', 'run folder: iter-t/samples.jsonl, checkpoints/ (every save_steps), metrics.jsonl, final/, sppo.json')
     .option('--iterations <t>', 'number of iterations T', '3')
     .option('--samples <k>', 'responses per prompt and iteration K (≥ 2)', '4');
   for (const [flag, doc, dflt] of SAMPLING_FLAGS) cmd.option(flag, doc, dflt);
   cmd
-    .option('--param <key=value>', 'a training setting of each iteration\'s run (num_epochs, max_steps, save_steps, …) or the loss\'s beta (repeatable), e.g. beta=0.1 num_epochs=2', collect, [])
+    .option('--param <key=value>', 'a setting (num_epochs and max_steps count per iteration; save_steps, learning_rate, lora_r, …) or the loss\'s beta (repeatable), e.g. beta=0.1 num_epochs=2', collect, [])
     .option('--config <file>', 'JSON object of training settings')
-    .option('--resume', 'continue the unfinished run in --out: complete iterations kept, the interrupted one resumed from its checkpoint (bit-exact)')
+    .option('--resume', 'continue the run in --out from its newest checkpoint (bit-exact: the iteration under way keeps its samples)')
     .option('--overwrite', 'replace the run already in --out')
     .addHelpText('after', () => `\nSettings it honours (--param key=value or --config), with defaults (docs/settings.md); any other is refused:\n${settingsHelp('sppo')}`)
     .option('--quiet', 'no progress output')
@@ -34,7 +34,7 @@ export function register(program: Command): void {
       const prompts = await readPrompts(o.prompts);
       const judge = await loadJudge(o.judge);
       try {
-        const r = await runSppo({ model: o.model, prompts, judge, out: o.out, resume: o.resume, overwrite: o.overwrite, iterations, samples, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
+        const r = await runSppo({ model: o.model, prompts, promptsFile: o.prompts, judge, out: o.out, resume: o.resume, overwrite: o.overwrite, iterations, samples, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
         if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, seconds: r.seconds, iterations: r.iterations }) + '\n');
         else process.stdout.write(`${iterations} SPPO iterations in ${r.seconds}s; final policy in ${r.finalDir}\n`);
       } finally {
