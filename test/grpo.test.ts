@@ -4,7 +4,8 @@
  * the same metrics rows, samples and weights as an uninterrupted one (num_iterations = 2, so a
  * checkpoint falls inside a round; beta > 0, gradient accumulation); a reward function that throws
  * stopping the run in one line naming it and the prompt row, the checkpoint kept; --help listing
- * every setting with its default; and the advantages against hand-computed values.
+ * every setting with its default (grpo's own defaults of trainer settings among them, one declaration
+ * for config, --help and docs); and the advantages against hand-computed values.
  */
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -14,6 +15,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { initModelFolder } from '../src/models/init.ts';
 import { combineRewards, computeAdvantages, GRPO_SETTINGS, nanStd } from '../src/online/grpo.ts';
 import { getLoss } from '../losses/index.ts';
+import { resolveConfig } from '../src/train/config.ts';
+import { commandDecl, commandDefaults, declareCommand, declaredCommands, settingsHelp, settingsMarkdown, TRAIN_SETTINGS } from '../src/train/settings.ts';
 import { killWhen } from './helpers/faults.ts';
 
 const bin = resolve(import.meta.dirname, '..', 'bin', 'prefzoo.mjs');
@@ -115,7 +118,35 @@ describe('prefzoo grpo', () => {
     for (const [k, s] of Object.entries(GRPO_SETTINGS)) expect(h, k).toContain(`    ${k}=${s.default === '' ? "''" : s.default}  `);
     for (const p of getLoss('grpo').params.filter((q) => q.name !== 'max_completion_length')) expect(h, p.name).toContain(`    ${p.name}=${p.default ?? '(unset)'}  `);
     for (const k of ['lora_r=0', 'save_steps=0', 'gradient_accumulation_steps=1', "eval_data=''"]) expect(h).toContain(`    ${k}`);
-    expect(h).toContain("grpo's own defaults for the trainer: batch_size=8, learning_rate=0.000001");
+    // grpo's own defaults of trainer settings (TRL's GRPOConfig), not train's.
+    expect(h).toMatch(/^ {4}learning_rate=1e-6 {2,}peak learning rate/m);
+    expect(h).toMatch(/^ {4}batch_size=8 {2,}/m);
+    expect(h).not.toContain(`learning_rate=${TRAIN_SETTINGS.learning_rate.default}`);
+  });
+});
+
+describe('per-command defaults (declareCommand)', () => {
+  it('one declaration gives grpo its defaults in the config, --help and docs/settings.md; train keeps the table\'s', () => {
+    const grpoDefaults = commandDecl('grpo').defaults;
+    expect(grpoDefaults).toEqual({ batch_size: 8, learning_rate: 1e-6 });
+    const g = resolveConfig({ command: 'grpo' }).config;
+    expect([g.learning_rate, g.batch_size, g.max_grad_norm]).toEqual([1e-6, 8, TRAIN_SETTINGS.max_grad_norm.default]);
+    expect(commandDefaults('grpo')).toEqual(g);
+    // A given value, and a caller's base, still win over the command's default.
+    expect(resolveConfig({ command: 'grpo', params: ['learning_rate=3e-5'] }).config.learning_rate).toBe(3e-5);
+    expect(resolveConfig({ command: 'grpo', base: { batch_size: 16 } }).config.batch_size).toBe(16);
+    const t = resolveConfig({ command: 'train' }).config;
+    expect([t.learning_rate, t.batch_size]).toEqual([TRAIN_SETTINGS.learning_rate.default, TRAIN_SETTINGS.batch_size.default]);
+    expect(settingsHelp('grpo')).toMatch(/^ {4}learning_rate=1e-6 /m);
+    expect(settingsHelp('train')).toMatch(/^ {4}learning_rate=5e-6 /m);
+    expect(settingsMarkdown()).toContain('Its defaults: `batch_size=8`, `learning_rate=1e-6` (the table\'s for the rest).');
+  });
+
+  it('a default for a setting the command does not honour, or out of its range, is a declaration error', () => {
+    expect(() => declareCommand('defaults-unhonoured', { honours: ['learning_rate'], defaults: { batch_size: 2 } })).toThrow(/declareCommand defaults-unhonoured: a default for batch_size, which it does not honour/);
+    expect(() => declareCommand('defaults-range', { honours: ['learning_rate'], defaults: { learning_rate: -1 } })).toThrow(/learning_rate/);
+    expect(declaredCommands().map((c) => c.name)).not.toContain('defaults-unhonoured');
+    expect(declaredCommands().map((c) => c.name)).not.toContain('defaults-range');
   });
 });
 

@@ -59,9 +59,6 @@ import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions } 
 export { GRPO_SETTINGS, GRPO_HONOURS };
 export type GrpoSettings = SettingsOf<typeof GRPO_SETTINGS>;
 
-/** GRPO's defaults of trainer settings (TRL's GRPOConfig): a group of 8 per micro-batch, learning rate 1e-6. */
-export const GRPO_TRAIN_DEFAULTS: Partial<TrainConfig> = { batch_size: 8, learning_rate: 1e-6 };
-
 /** The `grpo` loss bound to the loss parameters given (max_completion_length is GRPO's setting, passed on). */
 export function grpoLoss(lossParams: Record<string, unknown>, s: GrpoSettings): BoundLoss {
   return resolveLoss('grpo', { ...lossParams, max_completion_length: s.max_completion_length });
@@ -357,7 +354,7 @@ export interface GrpoResult {
 }
 
 export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
-  const { config, lossParams, own } = resolveConfig({ configFile: o.configFile, params: o.params, base: { ...GRPO_TRAIN_DEFAULTS, ...o.base }, command: 'grpo' });
+  const { config, lossParams, own } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'grpo' });
   const s = own as unknown as GrpoSettings;
   const loss = grpoLoss(lossParams, s);
   const p = loss.terms[0].params as GrpoParams;

@@ -1,13 +1,13 @@
 /**
  * The configuration of a training command. Values come from, in increasing priority: the defaults
- * of TRAIN_SETTINGS (settings.ts), `--config FILE` (JSON, or YAML with TRL's names: settings-trl.ts),
+ * of TRAIN_SETTINGS (settings.ts) with the command's own defaults over them (`declareCommand`), `--config FILE` (JSON, or YAML with TRL's names: settings-trl.ts),
  * then `--param key=value`; keys that are not settings are the loss's parameters, such as `beta`.
  */
 import { readFileSync } from 'node:fs';
 import { parse as parseYaml } from 'yaml';
 import { BadInputError, UserError } from '../errors.ts';
 import { getLoss, listLosses, parseLossSpec } from '../../losses/index.ts';
-import { coerceSetting, commandDecl, defaultsOf, refuseUnhonoured, TRAIN_SETTINGS, unknownSetting, type SettingDecl, type TrainSettings } from './settings.ts';
+import { coerceSetting, commandDecl, commandDefaults, defaultsOf, refuseUnhonoured, TRAIN_SETTINGS, unknownSetting, type SettingDecl, type TrainSettings } from './settings.ts';
 import { fromTrl, type TrlFlags } from './settings-trl.ts';
 
 /**
@@ -87,7 +87,7 @@ function readConfigFile(file: string, own: Record<string, SettingDecl>): { value
 export function resolveConfig(opts: ResolveOptions): ResolvedConfig {
   const decl = opts.command ? commandDecl(opts.command) : null;
   const ownTable: Record<string, SettingDecl> = { ...decl?.own };
-  const config: TrainConfig = { ...DEFAULT_CONFIG };
+  const config: TrainConfig = decl ? commandDefaults(decl.name) : { ...DEFAULT_CONFIG };
   const own: Record<string, string | number | boolean> = Object.fromEntries(Object.entries(ownTable).map(([k, d]) => [k, d.default]));
   const lossParams: Record<string, string | number | boolean> = {};
   const given = new Set<string>();

@@ -224,15 +224,27 @@ export interface CommandDecl {
   own?: SettingTable;
   /** Loss parameters it takes besides settings: those of any loss (train, artifacts), of one loss (nash-md: 'nash_md'), or none. */
   lossParams: 'any' | 'none' | string;
+  /** The command's own defaults of honoured TRAIN_SETTINGS (grpo: learning_rate 1e-6, as TRL's GRPOConfig); the rest keep the table's. */
+  defaults: Partial<TrainSettings>;
 }
 
 const COMMANDS = new Map<string, CommandDecl>();
 
-/** Declares which settings a command honours (and its own settings); returns the declaration. */
-export function declareCommand(name: string, o: { honours: readonly (keyof typeof TRAIN_SETTINGS)[] | 'all'; own?: SettingTable; lossParams?: CommandDecl['lossParams'] }): CommandDecl {
+/**
+ * Declares which settings a command honours (and its own settings, and its own defaults of the
+ * honoured ones); returns the declaration. `--help`, docs/settings.md and resolveConfig (config.ts)
+ * all read a command's defaults from here (`commandDefaults`).
+ */
+export function declareCommand(name: string, o: { honours: readonly (keyof typeof TRAIN_SETTINGS)[] | 'all'; own?: SettingTable; lossParams?: CommandDecl['lossParams']; defaults?: Partial<TrainSettings> }): CommandDecl {
   const honours = o.honours === 'all' ? Object.keys(TRAIN_SETTINGS) : [...o.honours];
   for (const k of honours) if (!(k in TRAIN_SETTINGS)) throw new Error(`declareCommand ${name}: no setting ${k}`);
-  const decl: CommandDecl = { name, honours, own: o.own, lossParams: o.lossParams ?? 'any' };
+  const defaults: Partial<TrainSettings> = {};
+  for (const [k, v] of Object.entries(o.defaults ?? {})) {
+    if (!honours.includes(k)) throw new Error(`declareCommand ${name}: a default for ${k}, which it does not honour`);
+    // The table's checks (type, range, choices) hold for a command's default as for a given value.
+    (defaults as Record<string, unknown>)[k] = coerceSetting(k, TRAIN_SETTINGS[k as keyof typeof TRAIN_SETTINGS], v, `declareCommand ${name}`);
+  }
+  const decl: CommandDecl = { name, honours, own: o.own, lossParams: o.lossParams ?? 'any', defaults };
   COMMANDS.set(name, decl);
   return decl;
 }
@@ -241,6 +253,11 @@ export function commandDecl(name: string): CommandDecl {
   const c = COMMANDS.get(name);
   if (!c) throw new Error(`no settings declared for command ${name}`);
   return c;
+}
+
+/** A command's defaults of every TRAIN_SETTINGS entry: the table's, with the command's own defaults over them. */
+export function commandDefaults(command: string): TrainSettings {
+  return { ...defaultsOf(TRAIN_SETTINGS), ...commandDecl(command).defaults };
 }
 
 /** Every declared command, in declaration order. */
@@ -314,7 +331,11 @@ export const GRPO_SETTINGS = defineSettings({
 /** The trainer settings GRPO honours: the online loop's, and evaluation and recomputation. */
 export const GRPO_HONOURS = [...ONLINE_LOOP_SETTINGS, 'eval_data', 'eval_steps', 'eval_samples', 'gradient_checkpointing'] as const;
 
-declareCommand('grpo', { honours: GRPO_HONOURS, own: GRPO_SETTINGS, lossParams: 'grpo' });
+/**
+ * GRPO's defaults of trainer settings, TRL GRPOConfig's: learning rate 1e-6, and 8 completions (one
+ * group of the default num_generations) per micro-batch.
+ */
+declareCommand('grpo', { honours: GRPO_HONOURS, own: GRPO_SETTINGS, lossParams: 'grpo', defaults: { batch_size: 8, learning_rate: 1e-6 } });
 
 /** The reward model is saved into the output folder itself, merged: save_merged and save_adapter do not apply. */
 declareCommand('reward-train', {
@@ -348,13 +369,14 @@ function groups(table: SettingTable, names: readonly string[]): Map<string, stri
 export function settingsHelp(command: string): string {
   const c = commandDecl(command);
   const table: SettingTable = { ...TRAIN_SETTINGS, ...c.own };
+  const defaults: Record<string, number | boolean | string> = { ...defaultsOf(table), ...c.defaults };
   const given = new Set(settingNames(command));
   const names = Object.keys(table).filter((k) => given.has(k));
-  const width = Math.max(...names.map((k) => `${k}=${shown(table[k].default)}`.length)) + 2;
+  const width = Math.max(...names.map((k) => `${k}=${shown(defaults[k])}`.length)) + 2;
   const lines: string[] = [];
   for (const [g, keys] of groups(table, names)) {
     lines.push(`  ${g}:`);
-    for (const k of keys) lines.push(`    ${`${k}=${shown(table[k].default)}`.padEnd(width)}${table[k].doc}`);
+    for (const k of keys) lines.push(`    ${`${k}=${shown(defaults[k])}`.padEnd(width)}${table[k].doc}`);
   }
   return lines.join('\n');
 }
@@ -391,7 +413,9 @@ export function settingsMarkdown(): string {
   for (const c of declaredCommands()) {
     const n = c.honours.length === all.length ? 'every setting above' : c.honours.map((k) => `\`${k}\``).join(', ');
     const loss = c.lossParams === 'any' ? "the loss's parameters" : c.lossParams === 'none' ? 'no loss parameters' : `the parameters of loss \`${c.lossParams}\``;
-    out.push(`- \`${c.name}\`: ${n}; ${loss}.${c.own ? ` Its own: ${Object.keys(c.own).map((k) => `\`${k}\``).join(', ')}.` : ''}`);
+    const own = Object.entries(c.defaults);
+    const defaults = own.length ? ` Its defaults: ${own.map(([k, v]) => `\`${k}=${shown(v)}\``).join(', ')} (the table's for the rest).` : '';
+    out.push(`- \`${c.name}\`: ${n}; ${loss}.${defaults}${c.own ? ` Its own: ${Object.keys(c.own).map((k) => `\`${k}\``).join(', ')}.` : ''}`);
     if (c.own) {
       for (const [k, d] of Object.entries(c.own)) out.push(`  - \`${k}=${shown(d.default)}\` (${cell(describeAllowed(d))}): ${d.doc}${d.trl ? ` (TRL \`${d.trl}\`)` : ''}`);
     }
@@ -417,7 +441,8 @@ export function settingsMarkdown(): string {
     '- Keys that change only speed or memory in TRL are accepted (`precompute_ref_log_probs`, `dataset_num_proc`,',
     '  `per_device_eval_batch_size`, …), as are neutral values (`bf16: false`, `disable_dropout: true`, …).',
     '',
-    "Keys the file leaves out take prefzoo's defaults (the tables above), not TRL's (its learning_rate is 1e-6).",
+    "Keys the file leaves out take prefzoo's defaults (the tables above, with a command's own defaults from \"What each command",
+    "honours\"), not TRL's (DPOConfig's learning_rate is 1e-6).",
     '',
     'Every other key, and a value prefzoo cannot honour (`bf16: true`, `lr_scheduler_type: polynomial`), is',
     'named in one refusal line listing them all.',

@@ -5,7 +5,7 @@
  */
 import type { Command } from 'commander';
 import { DEVICE_HELP, collect, device } from '../flags.ts';
-import { GRPO_TRAIN_DEFAULTS, grpo } from '../../online/grpo.ts';
+import { grpo } from '../../online/grpo.ts';
 import { settingsHelp as honouredHelp } from '../../train/settings.ts';
 import { getLoss } from '../../../losses/index.ts';
 import { describeRange } from '../../../losses/core/params.ts';
@@ -17,9 +17,8 @@ function settingsHelp(): string {
   const show = (v: unknown) => (v === '' ? "''" : v === null ? '(unset)' : String(v));
   return [
     '',
-    'Settings (--param name=value or --config; TRL GRPOConfig names; docs/settings.md), with defaults;',
-    `grpo's own defaults for the trainer: ${Object.entries(GRPO_TRAIN_DEFAULTS).map(([k, v]) => `${k}=${v}`).join(', ')} (batch_size counts`,
-    'completions per micro-batch; a round is batch_size × gradient_accumulation_steps completions, whole groups):',
+    'Settings (--param name=value or --config; TRL GRPOConfig names; docs/settings.md), with grpo\'s defaults',
+    '(batch_size counts completions per micro-batch; a round is batch_size × gradient_accumulation_steps completions, whole groups):',
     honouredHelp('grpo'),
     '',
     'Loss parameters (losses/grpo.ts; docs/losses.md has the formulas):',
