@@ -33,15 +33,10 @@ import { buildLogpsGraph } from '../src/models/logps.ts';
 import { buildDecodeGraph } from '../src/models/decode.ts';
 import { Session, toOrt } from '../src/runtime/session.ts';
 import { randomWeights, testConfig } from './helpers/model-fixtures.ts';
+import { webgpuMissing, webgpuRequired } from './helpers/webgpu.ts';
 
-const required = process.env.PREFZOO_REQUIRE_WEBGPU === '1';
-let reason: string | null = null;
-try {
-  await checkDevice({ ep: 'webgpu' });
-} catch (e) {
-  reason = (e as Error).message;
-  if (!required) process.stderr.write(`test/webgpu.test.ts: device tests not run: ${reason}\n`);
-}
+const required = webgpuRequired;
+const reason = await webgpuMissing('test/webgpu.test.ts');
 const available = reason === null;
 let half16 = false;
 if (available) {

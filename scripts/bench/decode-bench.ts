@@ -20,6 +20,7 @@ import { sampleRandom } from '../../src/models/sampling.ts';
 import { familyFor } from '../../src/models/families.ts';
 import { measureMatmulPeak } from '../../src/runtime/peak.ts';
 import type { RuntimeOptions } from '../../src/runtime/session.ts';
+import { deviceTraffic, resetDeviceTraffic } from '../../src/models/generate-device.ts';
 
 export interface GenerateBenchOptions {
   arch?: Arch;
@@ -58,6 +59,12 @@ export interface GenerateBenchResult {
   weight_mb_per_step: number;
   memory_gb_per_s: number;
   bandwidth_bound_ms: number;
+  /**
+   * On a device (WebGPU), the host↔device copies of the last timed generation per step (prefill
+   * included), counted from the tensors fed and returned (src/models/generate-device.ts), and the
+   * weight bytes uploaded in it (0 once a decoder's fed weights are on the device).
+   */
+  device_copies?: { to_device_per_step: number; to_device_bytes_per_step: number; to_host_per_step: number; to_host_bytes_per_step: number; weight_upload_bytes: number };
   peak_rss_mb: number;
   load_average: number;
 }
@@ -146,11 +153,13 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
   const steps: number[] = [];
   for (let r = 0; r < runs; r++) {
     const prefill = (await gen(10 + r, 1)).total;
+    resetDeviceTraffic();
     const { decode } = await gen(20 + r, N);
     prefills.push(prefill);
     steps.push(decode / Math.max(1, N - 1));
     log(`run ${r + 1}/${runs}: prefill ${prefill.toFixed(1)} ms, ${steps[r].toFixed(2)} ms/step`);
   }
+  const t = deviceTraffic();
   await dec.release();
   // Before the MatMul peak and bandwidth probes, which allocate their own buffers.
   const rss = Math.round(process.resourceUsage().maxRSS / 1024);
@@ -182,6 +191,17 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
     bandwidth_bound_ms: sig((weightBytes / (bw * 1e9)) * 1000),
     peak_rss_mb: rss,
     load_average: round(os.loadavg()[0], 2),
+    ...(dec.device && t.steps > 0
+      ? {
+          device_copies: {
+            to_device_per_step: round(t.uploads / t.steps, 2),
+            to_device_bytes_per_step: Math.round((t.uploadBytes - t.weightUploadBytes) / t.steps),
+            to_host_per_step: round(t.downloads / t.steps, 2),
+            to_host_bytes_per_step: Math.round(t.downloadBytes / t.steps),
+            weight_upload_bytes: t.weightUploadBytes,
+          },
+        }
+      : {}),
   };
 }
 
@@ -198,6 +218,9 @@ export function formatGenerateBench(r: GenerateBenchResult): string {
     ['bandwidth_bound_ms', `${r.bandwidth_bound_ms} (${r.weight_mb_per_step} MB of matrix weights at ${r.memory_gb_per_s} GB/s)`],
     ['peak_rss_mb', String(r.peak_rss_mb)],
     ['load_average', `${r.load_average} (other work on the machine slows every figure)`],
+    ...(r.device_copies
+      ? ([['device_copies', `per step ${r.device_copies.to_device_per_step} to the device (${r.device_copies.to_device_bytes_per_step} bytes), ${r.device_copies.to_host_per_step} back (${r.device_copies.to_host_bytes_per_step} bytes); weights uploaded in the run: ${r.device_copies.weight_upload_bytes} bytes`]] as [string, string][])
+      : []),
   ];
   const w = Math.max(...lines.map(([k]) => k.length));
   return lines.map(([k, v]) => `${k.padEnd(w)}  ${v}`).join('\n') + '\n';

@@ -167,9 +167,9 @@ class Llama(nn.Module):
         freqs = pos[:, :, None] * self.inv_freq
         emb = torch.cat((freqs, freqs), -1)[:, None]
         cos, sin = emb.cos(), emb.sin()
-        causal = torch.ones(T, L, dtype=torch.bool).tril(L - T)
+        causal = torch.ones(T, L, dtype=torch.bool, device=ids.device).tril(L - T)
         allowed = causal[None, None] & attn.bool()[:, None, None, :]
-        mask = torch.zeros(B, 1, T, L).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        mask = torch.zeros(B, 1, T, L, device=ids.device).masked_fill(~allowed, torch.finfo(torch.float32).min)
         x = self.embed_tokens(ids)
         for layer, cache in zip(self.layers, caches):
             x = layer(x, cos, sin, mask, cache)
@@ -183,24 +183,28 @@ def generate_bench(a, c):
     key/value cache and multinomial sampling from softmax(logits), B rows of P prompt tokens, N new."""
     torch.set_num_threads(a.threads or os.cpu_count())
     torch.manual_seed(0)
-    model = Llama(c).eval()
+    dev = torch.device(a.device)
+    sync = torch.cuda.synchronize if dev.type == 'cuda' else (lambda: None)
+    model = Llama(c).eval().to(dev)
     params = sum(p.numel() for p in model.parameters())
     B, P, N = a.batch, a.prompt, a.new
     V = c['vocab']
-    prompts = torch.tensor([[16 + (i * 7919 + t * 104729) % (min(V, 4096) - 16) for t in range(P)] for i in range(B)])
+    prompts = torch.tensor([[16 + (i * 7919 + t * 104729) % (min(V, 4096) - 16) for t in range(P)] for i in range(B)], device=dev)
     log = lambda s: print(f'peer: {s}', file=sys.stderr, flush=True)
     log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {params:,} parameters, generate batch {B}, prompt {P}, {N} new")
 
     def gen(n):
         caches = [[] for _ in model.layers]
-        attn = torch.ones(B, P, dtype=torch.long)
+        attn = torch.ones(B, P, dtype=torch.long, device=dev)
+        sync()
         t0 = time.perf_counter()
         logits = model.decode(prompts, attn, caches)
         tok = torch.multinomial(torch.softmax(logits, -1), 1)
         for _ in range(n - 1):
-            attn = torch.cat((attn, torch.ones(B, 1, dtype=torch.long)), 1)
+            attn = torch.cat((attn, torch.ones(B, 1, dtype=torch.long, device=dev)), 1)
             logits = model.decode(tok, attn, caches)
             tok = torch.multinomial(torch.softmax(logits, -1), 1)
+        sync()
         return (time.perf_counter() - t0) * 1000
 
     load = os.getloadavg()[0]
@@ -216,6 +220,7 @@ def generate_bench(a, c):
     ms = statistics.median(steps)
     out = {
         'engine': f'pytorch {torch.__version__} eager',
+        'device': a.device,
         'preset': a.preset,
         'params': params,
         'threads': torch.get_num_threads(),

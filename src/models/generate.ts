@@ -18,6 +18,7 @@ import type { SeededRandom } from '../random.ts';
 import type { LoadedTokenizer } from '../tokenize/index.ts';
 import { buildDecodeGraph, cacheShape, pastName, presentName, type DecodeHead } from './decode.ts';
 import { mixLogits, sampleToken, samplingOptions, type SamplingOptions } from './sampling.ts';
+import { DeviceDecode, generateBatchOnDevice } from './generate-device.ts';
 
 /** The cache of a batch: `[B, KV, L, hd]` per layer and kind, as fed back under the past names. */
 export interface KVCache {
@@ -47,13 +48,17 @@ export class Decoder {
   private params: Feeds = {};
   /** Prefill and step sessions by head, built on first use (a decoder that only samples never builds the logits graphs). */
   private readonly sessions = new Map<string, Promise<Session>>();
+  /** On WebGPU: the sessions and weights of generation on the device (generate-device.ts). */
+  readonly device: DeviceDecode | null;
 
   private constructor(
     readonly config: ModelConfig,
     private readonly shapes: Map<string, number[]>,
     readonly baked: boolean,
     private readonly build: { weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; runtime?: RuntimeOptions },
-  ) {}
+  ) {
+    this.device = build.runtime?.ep === 'webgpu' ? new DeviceDecode(config, shapes, { ...build, runtime: build.runtime }) : null;
+  }
 
   static async create(config: ModelConfig, weights: Map<string, FloatTensor>, o: DecoderOptions = {}): Promise<Decoder> {
     const bake = o.bake ?? false;
@@ -85,6 +90,25 @@ export class Decoder {
       if (!data) throw new Error(`decoder: no values for parameter ${name}`);
       this.params[name] = toOrt('float32', data, shape);
     }
+  }
+
+  /**
+   * Feeds these tensors from now on (graph-input decoders only): host tensors, or on WebGPU GPU
+   * buffers (e.g. the training session's parameters), which the device generation feeds without a
+   * copy. They are not copied: the caller keeps them alive while the decoder uses them.
+   */
+  setWeightTensors(get: (name: string) => OrtTensor | undefined): void {
+    if (this.baked) throw new Error('setWeightTensors: this decoder has its weights baked in');
+    for (const name of this.shapes.keys()) {
+      const t = get(name);
+      if (!t) throw new Error(`decoder: no tensor for parameter ${name}`);
+      this.params[name] = t;
+    }
+  }
+
+  /** The parameter feeds (host or device tensors; none when baked). */
+  get weightFeeds(): Feeds {
+    return this.params;
   }
 
   get vocabSize(): number {
@@ -166,6 +190,7 @@ export class Decoder {
     const all = await Promise.allSettled(this.sessions.values());
     this.sessions.clear();
     for (const r of all) if (r.status === 'fulfilled') await r.value.release();
+    await this.device?.release();
   }
 }
 
@@ -401,6 +426,10 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
     if (P0 + o.maxNewTokens > maxPos) {
       throw new UserError(`a prompt of ${P0} tokens plus max_new_tokens ${o.maxNewTokens} exceeds the model's ${maxPos} positions`);
     }
+    if (parts.every((p) => p.decoder.device)) {
+      await generateBatchOnDevice(parts, reqs, rowsIdx, o, sampling, out, timer);
+      continue;
+    }
     let B = rowsIdx.length;
     const prompt = new BigInt64Array(B * P0).fill(BigInt(o.padId));
     const mask = new BigInt64Array(B * P0);
@@ -439,26 +468,10 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
         timer(step === 0 ? 'prefill' : 'forward', performance.now() - t0);
         t0 = performance.now();
       }
-      const keep: number[] = [];
-      const next: number[] = [];
-      active.forEach((r, b) => {
-        const tokens = results[0].tokens;
-        const tok = tokens
-          ? Number(tokens[b])
-          : sampleToken(
-              mixLogits(results.map((res, k) => ({ logits: res.logits!.subarray(b * V, b * V + limit), weight: parts[k].weight }))),
-              sampling,
-              reqs[r].rng,
-            );
-        const seq = got.get(r)!;
-        seq.push(tok);
-        if (stop.has(tok)) out[r] = { ids: seq, stopped: true };
-        else if (seq.length >= o.maxNewTokens) out[r] = { ids: seq, stopped: false };
-        else {
-          keep.push(b);
-          next.push(tok);
-        }
-      });
+      const tokens = results[0].tokens;
+      const { keep, next } = takeTokens(active, got, stop, o.maxNewTokens, out, (b, r) =>
+        tokens ? Number(tokens[b]) : sampleToken(mixLogits(results.map((res, k) => ({ logits: res.logits!.subarray(b * V, b * V + limit), weight: parts[k].weight }))), sampling, reqs[r].rng),
+      );
       if (timer) {
         timer('sample', performance.now() - t0);
         t0 = performance.now();
@@ -472,6 +485,35 @@ export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[],
     }
   }
   return out;
+}
+
+/**
+ * Appends to each active row (request `active[b]`) its token `tokenAt(b, r)`; a row that drew a stop
+ * id (kept as its last token) or reached `maxNewTokens` is finished into `out`. Returns the batch
+ * positions that go on and their tokens, the next step's input.
+ */
+export function takeTokens(
+  active: readonly number[],
+  got: Map<number, number[]>,
+  stop: ReadonlySet<number>,
+  maxNewTokens: number,
+  out: Generated[],
+  tokenAt: (b: number, r: number) => number,
+): { keep: number[]; next: number[] } {
+  const keep: number[] = [];
+  const next: number[] = [];
+  active.forEach((r, b) => {
+    const tok = tokenAt(b, r);
+    const seq = got.get(r)!;
+    seq.push(tok);
+    if (stop.has(tok)) out[r] = { ids: seq, stopped: true };
+    else if (seq.length >= maxNewTokens) out[r] = { ids: seq, stopped: false };
+    else {
+      keep.push(b);
+      next.push(tok);
+    }
+  });
+  return { keep, next };
 }
 
 /** The text of a sampled response: its ids without the final stop token. */

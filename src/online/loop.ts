@@ -280,7 +280,18 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
     rng,
     info,
     async policy() {
-      await art.toHost(); // on the GPU: the sampler reads this step's weights on the host
+      if (art.store.device) {
+        // On the GPU the decoder feeds the training session's parameters where they are (GPU
+        // buffers, valid until the next update: every round asks again); host values only to create it.
+        if (!decoder) {
+          await art.toHost();
+          decoder = await Decoder.create(base.config, liveWeights(), { runtime, lora });
+        }
+        await art.store.toDevice();
+        decoder.setWeightTensors((name) => art.store.tensor(name));
+        return decoder;
+      }
+      await art.toHost();
       if (!decoder) decoder = await Decoder.create(base.config, liveWeights(), { runtime, lora });
       else decoder.setWeights((name) => art.param(name) as Float32Array);
       return decoder;
