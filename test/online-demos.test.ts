@@ -9,7 +9,8 @@ import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { prefzoo } from './helpers/cli.ts';
-import { runOnlineDemo } from '../src/online/demo.ts';
+import { demoSplit, runOnlineDemo, warmStartRows } from '../src/online/demo.ts';
+import { SeededRandom } from '../src/random.ts';
 import { readDemoEval, DEMO_EVAL_FILE } from '../src/train/demo-eval.ts';
 import { joinRunMetrics, readMetrics } from '../src/train/report.ts';
 import { UserError } from '../src/errors.ts';
@@ -109,5 +110,34 @@ describe('demo run folders hold the evaluation they printed', () => {
     expect(() => readDemoEval(dir)).toThrow(join(dir, DEMO_EVAL_FILE));
     writeFileSync(join(dir, DEMO_EVAL_FILE), '{');
     expect(() => readDemoEval(dir)).toThrow(/invalid JSON/);
+  });
+});
+
+describe('the online demos\' warm start', () => {
+  it('answers prompts of 1 to 4 distinct digits with one of their own digits; its four-digit prompts are the training ones', () => {
+    const { train, heldout } = demoSplit(3);
+    const rows = warmStartRows(new SeededRandom(8), train, new Set(heldout));
+    expect(rows).toHaveLength(4 * train.length);
+    const byLength = [0, 0, 0, 0, 0];
+    const answers = new Map<string, number>();
+    for (const r of rows) {
+      const p = r.prompt as string;
+      expect(p).toMatch(/^\d{1,4}:$/);
+      const digits = p.slice(0, -1);
+      expect(new Set(digits).size).toBe(digits.length);
+      byLength[digits.length]++;
+      for (const a of r.responses) {
+        expect(digits).toContain(a as string);
+        expect(a).toHaveLength(1);
+        const k = digits.indexOf(a as string);
+        if (digits.length === 4) answers.set(String(k), (answers.get(String(k)) ?? 0) + 1);
+      }
+    }
+    expect(byLength.slice(1)).toEqual([200, 200, 200, 200]);
+    // The four-digit prompts are exactly the training prompts, once each: no held-out prompt is seen.
+    expect(rows.map((r) => r.prompt as string).filter((p) => p.length === 5).sort()).toEqual([...train].sort());
+    // No preference among the positions: each of the 400 answers is one of four, about 100 each.
+    for (const k of ['0', '1', '2', '3']) expect(Math.abs((answers.get(k) ?? 0) - 100)).toBeLessThan(35);
+    expect(warmStartRows(new SeededRandom(8), train, new Set(heldout))).toEqual(rows);
   });
 });
