@@ -73,4 +73,25 @@ describe('preallocated KV cache', () => {
       expect(got.map((g) => g.stopped)).toEqual(want.map((x) => stop.includes(x[x.length - 1])));
     });
   }
+
+  it('a prefill a few rows at a time (prefillTokens) samples what one prefill of the batch does, the decoder reusing its last cache', async () => {
+    const c = testConfig('llama');
+    const w = randomWeights(c, 4);
+    const reqs = () => prompts.map((p, i) => ({ promptIds: p, rng: sampleRandom(5, i, 0) }));
+    const run = async (prefillTokens: number | undefined, o: { hostSampling?: boolean; temperature: number }) => {
+      const dec = await Decoder.create(c, w, { prefillTokens });
+      const out = [];
+      // Twice: the second generation prefills into the first one's recycled cache buffers.
+      for (let k = 0; k < 2; k++) out.push(await generateIds([{ decoder: dec, weight: 1 }], reqs(), { ...o, maxNewTokens: 40, stopIds: [], padId: 2 }));
+      await dec.release();
+      expect(out[1]).toEqual(out[0]);
+      return out[0].map((g) => g.ids);
+    };
+    for (const o of [{ temperature: 1 }, { temperature: 1, hostSampling: true }, { temperature: 0 }]) {
+      // 9-token prompts: 18 tokens a run is 2 rows at a time, 1 is a row at a time.
+      const whole = await run(undefined, o);
+      expect(await run(18, o)).toEqual(whole);
+      expect(await run(1, o)).toEqual(whole);
+    }
+  });
 });

@@ -1,13 +1,15 @@
 /**
  * Side-by-side decode measurements in one process, alternating: an earlier prefzoo's generateIds
  * (`--base`, a checkout's root, e.g. `git archive <commit> src datasets losses | tar -x -C DIR`, with
- * node_modules linked in) against this one's, and this one's with host sampling (the graph returns
- * the logits; JavaScript samples) — so each change's effect is a ratio taken under the same load.
+ * node_modules linked in; its default path) against this one's, and with `--host` this one's with host
+ * sampling (the graph returns the logits; JavaScript samples) — so each change's effect is a ratio
+ * taken under the same load. `--threads` sets ONNX Runtime's intra-op threads (1: the process CPU
+ * time is then the steadiest figure on a loaded machine).
  * Same shape as `bench --generate`: a random-initialised preset, fed weights, multinomial sampling,
  * no stop ids. Prints the median ms per step (prefill subtracted) per variant and round, wall and
  * process CPU time (the CPU time is the steadier figure on a shared machine).
  *
- *   node --import tsx scripts/bench/decode-ab.ts --base DIR [--preset small] [--batch 32] [--prompt 32] [--new 64] [--rounds 3]
+ *   node --import tsx scripts/bench/decode-ab.ts --base DIR [--preset small] [--batch 32] [--prompt 32] [--new 64] [--rounds 3] [--threads N] [--host]
  */
 import os from 'node:os';
 import path from 'node:path';
@@ -26,6 +28,8 @@ const { values: a } = parseArgs({
     prompt: { type: 'string', default: '32' },
     new: { type: 'string', default: '64' },
     rounds: { type: 'string', default: '3' },
+    threads: { type: 'string' },
+    host: { type: 'boolean', default: false },
   },
 });
 const B = Number(a.batch);
@@ -43,11 +47,12 @@ interface Variant {
   dec?: current.Decoder;
 }
 const variants: Variant[] = [
-  ...(base ? [{ name: 'base', mod: base, host: true }] : []),
-  { name: 'host sampling', mod: current, host: true },
+  ...(base ? [{ name: 'base', mod: base, host: false }] : []),
+  ...(a.host ? [{ name: 'host sampling', mod: current, host: true }] : []),
   { name: 'graph picks', mod: current, host: false },
 ];
-for (const v of variants) v.dec = await v.mod.Decoder.create(config, weights as never, {});
+const runtime = a.threads ? { threads: Number(a.threads) } : undefined;
+for (const v of variants) v.dec = await v.mod.Decoder.create(config, weights as never, { runtime });
 const reqs = (seed: number) => Array.from({ length: B }, (_, i) => ({ promptIds: Array.from({ length: P }, (_, t) => 16 + ((i * 7919 + t * 104729) % 4080)), rng: sampleRandom(seed, i, 0) }));
 async function gen(v: Variant, n: number): Promise<[number, number]> {
   const c0 = process.cpuUsage();

@@ -56,10 +56,11 @@ console.log('host spans (ms per step, median; total ms):');
 for (const [k, v] of spans) console.log(`  ${k.padEnd(16)} ${[...v].sort((x, y) => x - y)[v.length >> 1].toFixed(2).padStart(8)}  ${sum(v).toFixed(0).padStart(7)}  (${v.length}×)`);
 
 interface Ev { cat: string; name: string; dur: number; ts: number; args?: { op_name?: string } }
-for (const f of fs.readdirSync(dir).filter((x) => x.endsWith('.json'))) {
-  const ev = JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8')) as Ev[];
-  const runs = ev.filter((e) => e.cat === 'Session' && e.name === 'model_run');
-  if (runs.length < 3) continue; // the prefill session
+// The step session's trace: the one with the most runs (the prefill runs a few rows at a time, so it has several too).
+const traces = fs.readdirSync(dir).filter((x) => x.endsWith('.json')).map((f) => JSON.parse(fs.readFileSync(path.join(dir, f), 'utf8')) as Ev[]);
+const runsOf = (ev: Ev[]) => ev.filter((e) => e.cat === 'Session' && e.name === 'model_run');
+for (const ev of traces.sort((x, y) => runsOf(y).length - runsOf(x).length).slice(0, 1)) {
+  const runs = runsOf(ev);
   // The timed generation's runs: the last N − 1 (the warm-up's came first).
   const timed = runs.slice(-(N - 1));
   const from = timed[0].ts;

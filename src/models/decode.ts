@@ -16,7 +16,7 @@
  * recomputation. Parameters are graph inputs (fed from weight arrays, so a policy that changes every
  * optimizer step needs no new session) or, with `weights`, baked-in initializers.
  */
-import { Graph, type Tensor } from '../onnx/graph.ts';
+import { attr, Graph, type Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from './config.ts';
 import type { FloatTensor } from './checkpoint.ts';
 import { familyFor } from './families.ts';
@@ -36,6 +36,11 @@ export interface DecodeGraphOptions {
   lora?: LoraConfig | null;
   /** What the graph returns for the last position: the logits (default), or the token it picks (see {@link DecodeHead}). */
   head?: DecodeHead;
+  /**
+   * Fed weights as the first operand of their products (see `fedWeightFirst`): faster on the CPU,
+   * where a product packs its second operand on every call. Default true.
+   */
+  weightFirst?: boolean;
 }
 
 /**
@@ -80,23 +85,88 @@ export function buildDecodeGraph(config: ModelConfig, o: DecodeGraphOptions): Gr
   // Only each row's last new position needs logits: [B·S, D] → [B, S, D] → [B, D].
   const D = headW.shape![1] as number;
   const last = g.squeeze(g.slice(g.reshape(hidden, g.concat([ix.shapeBS, g.ints([D])], 0)), [-1], [2 ** 40], [1]), [1]);
-  const logits = g.gemm(last, headW, null, { transB: true });
+  // Fed weights: the head's product as (W·lastᵀ)ᵀ (see `fedWeightFirst`); baked, last·Wᵀ with the
+  // weight prepacked.
+  const weightFirst = !o.weights && (o.weightFirst ?? true);
+  if (weightFirst) fedWeightFirst(g);
+  const logits = !weightFirst ? g.gemm(last, headW, null, { transB: true }) : g.transpose(g.matmul(headW, g.transpose(last, [1, 0])), [1, 0]); // [B, V]
   const head = o.head ?? 'logits';
   if (head === 'logits') {
     g.output(logits, 'logits');
     return g;
   }
-  const limited = g.slice(logits, g.ints([0]), g.input('vocab_limit', 'int64', [1]), [1]); // [B, V']
+  const vocabLimit = g.input('vocab_limit', 'int64', [1]);
   if (head === 'greedy') {
-    g.output(g.argMax(limited, 1, false), 'token');
+    g.output(g.argMax(g.slice(logits, g.ints([0]), vocabLimit, [1]), 1, false), 'token');
     return g;
   }
+  g.output(drawToken(g, logits, vocabLimit, head === 'sample' ? g.input('temperature', 'float64', []) : null), 'token');
+  return g;
+}
+
+/** Ids per block of the two-level draw (see `drawToken`). */
+const DRAW_BLOCK = 128;
+
+/**
+ * sampleToken's draw without top-k/top-p, in float64: weights w_i = e^((l_i − max)/temperature) over
+ * the ids below `vocabLimit` (the others weigh 0), and the first id whose running sum exceeds the
+ * row's `uniform` times the total. The running sum is taken in two levels, blocks of DRAW_BLOCK ids
+ * then within the block the draw lands in: a running sum over all V ids (ONNX Runtime's CumSum, a
+ * scalar loop) cost more than the exps. The sums are the same up to float64 rounding (they associate
+ * differently), so a draw can change only when its uniform lands within ~1e-16 of a boundary.
+ * `logits` [B, V] float32 → the token [B] (int64).
+ */
+export function drawToken(g: Graph, logits: Tensor, vocabLimit: Tensor, temperature: Tensor | null): Tensor {
+  const V = logits.shape![1] as number;
+  const K = DRAW_BLOCK;
+  const batch = g.dim(logits, 0);
+  const limited = g.where(g.less(g.range(0, V, 1), vocabLimit), logits, g.scalar(-Infinity)); // [B, V]
   // The max of float32 values is one of them: taken before the cast, it is the same number.
   const shifted = g.sub(g.cast(limited, 'float64'), g.cast(g.reduceMax(limited, [1], true), 'float64'));
-  const w = g.exp(head === 'sample' ? g.div(shifted, g.input('temperature', 'float64', [])) : shifted);
-  const running = g.cumSum(w, 1);
-  const total = g.slice(running, [-1], [2 ** 40], [1]); // [B, 1]: the sum in the running order
-  const beyond = g.cast(g.greater(running, g.mul(g.input('uniform', 'float64', ['batch', 1]), total)), 'int32');
-  g.output(g.argMax(beyond, 1, false), 'token');
-  return g;
+  let w = g.exp(temperature ? g.div(shifted, temperature) : shifted); // [B, V], 0 past the limit
+  const pad = (K - (V % K)) % K;
+  if (pad) w = g.concat([w, g.constantOfShape(g.concat([batch, g.ints([pad])], 0), 0, 'float64')], 1);
+  const blocks = g.reshape(w, [0, (V + pad) / K, K]); // [B, nb, K]
+  const blockSums = g.reduceSum(blocks, [2], false); // [B, nb]
+  const before = g.cumSum(blockSums, 1, { exclusive: true }); // [B, nb]: the sum of the blocks before each
+  const through = g.add(before, blockSums);
+  const target = g.mul(g.input('uniform', 'float64', ['batch', 1]), g.slice(through, [-1], [2 ** 40], [1])); // [B, 1]
+  // The first position whose running sum passes the target is the count of those that do not (the
+  // sums never decrease), at most the last position: a target that rounds to the total passes none.
+  const firstOver = (running: Tensor, last: number) =>
+    g.min(g.reduceSum(g.cast(g.lessOrEqual(running, target), 'int64'), [1], true), g.constant(last, 'int64')); // [B, 1]
+  const j = firstOver(through, (V + pad) / K - 1); // the block the draw lands in
+  const inBlock = g.reshape(g.gatherElements(blocks, g.expand(g.unsqueeze(j, [2]), g.concat([batch, g.ints([1, K])], 0)), 1), [0, K]); // [B, K]
+  const i = firstOver(g.add(g.gatherElements(before, j, 1), g.cumSum(inBlock, 1)), K - 1);
+  // Past the limit only when the target passed every sum: then the last id below the limit, as
+  // sampleToken's loop ends.
+  return g.squeeze(g.min(g.add(g.mul(j, g.constant(K, 'int64')), i), g.sub(vocabLimit, g.constant(1, 'int64'))), [1]);
+}
+
+/**
+ * Rewrites every product x·Wᵀ whose W is a graph input (a fed weight: `Gemm(x, W, transB=1)`
+ * without C) as (W·xᵀ)ᵀ: `Transpose(MatMul(W, Transpose(x)))`. MLAS packs a product's second operand
+ * on every call unless it is a constant (prepacked once); with the weight first it is read in place
+ * and only the small activation `[B, in]` is packed. (A `Gemm(W, x, transB=1)` would be folded back
+ * by ONNX Runtime's GemmTransposeFusion; the MatMul becomes a FusedMatMul with the same operands.)
+ */
+function fedWeightFirst(g: Graph): void {
+  const fed = new Set(g.inputs.map((i) => i.name));
+  const T = { perm: attr.ints([1, 0]) };
+  for (let n = 0; n < g.nodes.length; n++) {
+    const node = g.nodes[n];
+    const [x, w, c] = node.inputs;
+    if (node.op !== 'Gemm' || node.domain !== '' || c || !fed.has(w) || node.attrs.transA || node.attrs.transB?.value !== 1 || node.attrs.alpha) continue;
+    const out = node.outputs[0];
+    const xT = g.uniq(`${out}_xT`);
+    const yT = g.uniq(`${out}_yT`);
+    const nodes = [
+      { op: 'Transpose', domain: '', name: g.uniq('Transpose'), inputs: [x], outputs: [xT], attrs: T },
+      { op: 'MatMul', domain: '', name: node.name, inputs: [w, xT], outputs: [yT], attrs: {} },
+      { op: 'Transpose', domain: '', name: g.uniq('Transpose'), inputs: [yT], outputs: [out], attrs: T },
+    ];
+    g.nodes.splice(n, 1, ...nodes);
+    for (const m of nodes) g.producer.set(m.outputs[0], m);
+    n += 2;
+  }
 }

@@ -3,8 +3,7 @@ import type { Command } from 'commander';
 import { UserError } from '../../errors.ts';
 import { Progress } from '../progress.ts';
 import type { OptLevel } from '../../runtime/session.ts';
-import { type BenchOptions, runBench } from '../../../scripts/bench/step.ts';
-import { formatGenerateBench, runGenerateBench } from '../../../scripts/bench/decode-bench.ts';
+import type { BenchOptions } from '../../../scripts/bench/step.ts';
 import { ARCHES, type Arch, PRESETS, type Preset } from '../../models/config.ts';
 import { DEVICE_HELP, device, positiveInt } from '../flags.ts';
 import { coerceSetting, TRAIN_SETTINGS } from '../../train/settings.ts';
@@ -54,6 +53,8 @@ export function register(program: Command): void {
         if (bad) throw new UserError(`${bad[0]} is a training-step setting; --generate does not use it`);
         if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --generate decodes in float32');
         if (o.optLevel !== undefined) throw new UserError('--opt-level: --generate uses the decode sessions\' own level');
+        // Imported here, as the training bench below: a process that times generation does not hold the training code (its peak RSS is compared with PyTorch's).
+        const { formatGenerateBench, runGenerateBench } = await import('../../../scripts/bench/decode-bench.ts');
         const r = await runGenerateBench({
           arch: o.arch as Arch | undefined,
           preset: o.preset as Preset,
@@ -76,6 +77,7 @@ export function register(program: Command): void {
       if (o.update !== undefined && !['auto', 'graph', 'host'].includes(o.update)) throw new UserError(`--update: "${o.update}" is not one of auto, graph, host`);
       const seqLen = positiveInt('--seq', o.seq, 256);
       if (seqLen < 4 || seqLen % 2) throw new UserError(`--seq must be an even number ≥ 4, got ${seqLen}`);
+      const { runBench } = await import('../../../scripts/bench/step.ts');
       const r = await runBench({
         preset: o.preset as Preset,
         loraRank,
