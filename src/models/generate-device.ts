@@ -43,11 +43,9 @@ const cacheName = (layer: number, kv: 'key' | 'value') => `cache.${layer}.${kv}`
  *   `logits` → `logits` [B, V].
  */
 export function buildDeviceDecodeGraph(config: ModelConfig, o: { past: boolean; weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; head: DeviceHead }): Graph {
-  // `weightFirst: false`: the products with fed weights stay x·Wᵀ (the weight-first rewrite, where
-  // buildDecodeGraph has it, is for the CPU's MLAS packing). Passed as a variable, as an option the
-  // builder may not declare.
-  const opts = { past: o.past, weights: o.weights, lora: o.lora, head: 'logits' as const, weightFirst: false };
-  const g = buildDecodeGraph(config, opts);
+  // `weightFirst: false`: the products with fed weights stay x·Wᵀ (the weight-first rewrite is for
+  // the CPU's MLAS packing).
+  const g = buildDecodeGraph(config, { past: o.past, weights: o.weights, lora: o.lora, head: 'logits', weightFirst: false });
   const { layers } = cacheShape(config);
   const keep = new Set<string>();
   if (o.past) {

@@ -101,11 +101,6 @@ interface SppoRound {
   idx: number[];
 }
 
-/** Steps of one iteration: max_steps, else num_epochs passes over the prompts (at least 1). */
-function iterationSteps(config: TrainConfig, stepsPerEpoch: number): number {
-  return stepPlan(config, stepsPerEpoch).total;
-}
-
 export async function runSppo(o: SppoOptions): Promise<SppoResult> {
   const t0 = Date.now();
   const log = o.log ?? (() => {});
@@ -116,7 +111,9 @@ export async function runSppo(o: SppoOptions): Promise<SppoResult> {
   if (o.prompts.length === 0) throw new UserError('sppo: no prompts');
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'sppo' });
   const loss = resolveLoss('sppo', lossParams);
-  const problem = (model: Parameters<typeof problemOf>[1]['model']) => problemOf(config, { model, kind: 'listwise', loss, lora: loraOf(config), dataKeys: new Set(['win_probs']) });
+  // The model is the run's: its problem is worked out once, not every round.
+  let solved: ReturnType<typeof problemOf> | undefined;
+  const problem = (model: Parameters<typeof problemOf>[1]['model']) => (solved ??= problemOf(config, { model, kind: 'listwise', loss, lora: loraOf(config), dataKeys: new Set(['win_probs']) }));
   const B = config.batch_size;
   let S = 0;
   let current: IterationData | null = null;
@@ -163,9 +160,10 @@ export async function runSppo(o: SppoOptions): Promise<SppoResult> {
     partialRounds: true,
     spec: (s) => problemSpec(problem(s.model), s.init, s.config),
     plan(c, stepsPerEpoch) {
-      S = iterationSteps(c, stepsPerEpoch);
-      const { schedule } = stepPlan(c, stepsPerEpoch);
-      // Each iteration is a training run of its own: its warmup and decay restart with it.
+      // An iteration's steps: max_steps, else num_epochs passes over the prompts (at least 1). Each
+      // iteration is a training run of its own: its warmup and decay restart with it.
+      const { total, schedule } = stepPlan(c, stepsPerEpoch);
+      S = total;
       return { total: T * S, lr: (step) => lrAt(((step - 1) % S) + 1, schedule) };
     },
     async collect(ctx, idx, info) {
