@@ -5,13 +5,4 @@
 export type Kind = 'pairwise' | 'listwise' | 'single';
 export const KINDS: readonly Kind[] = ['pairwise', 'listwise', 'single'];
 
-export type Role = 'system' | 'user' | 'assistant' | 'tool';
-export const ROLES: ReadonlySet<string> = new Set(['system', 'user', 'assistant', 'tool']);
-
-export interface Message {
-  role: Role;
-  content: string;
-}
-
-/** One text value: a plain string or a conversation. */
-export type Text = string | Message[];
+export { type Message, ROLES, type Role, type Text, type ToolCall, type ToolSpec } from '../src/chat.ts';

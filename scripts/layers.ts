@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 
 /** Floors from the ground up; a folder may import its own floor and those below. */
 export const FLOORS: readonly (readonly string[])[] = [
-  ['src/errors.ts', 'src/progress.ts', 'src/random.ts', 'src/io'],
+  ['src/errors.ts', 'src/progress.ts', 'src/random.ts', 'src/chat.ts', 'src/io'],
   ['src/onnx'],
   ['src/runtime'],
   ['src/autodiff', 'src/optim'],
@@ -21,7 +21,7 @@ export const FLOORS: readonly (readonly string[])[] = [
   ['src/artifacts', 'src/export'],
   ['src/eval'],
   ['src/train'],
-  ['src/online'],
+  ['src/online', 'src/agents'],
   ['src/index.ts', 'src/cli', 'scripts'],
 ];
 

@@ -10,11 +10,8 @@ import { Tokenizer } from '@huggingface/tokenizers';
 import { Template } from '@huggingface/jinja';
 import { UserError } from '../errors.ts';
 
-/** One chat message; `role` is system, user, assistant or tool. */
-export interface Message {
-  role: string;
-  content: string;
-}
+import type { Message } from '../chat.ts';
+export type { Message } from '../chat.ts';
 
 export interface EncodeOptions {
   /** Add what the tokenizer's post-processor adds around a sequence (e.g. BOS). Default true, as in HF. */
