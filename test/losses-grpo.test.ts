@@ -580,6 +580,26 @@ describe('grpo loss: identities and refusals', () => {
   });
 });
 
+describe('prefzoo grpo --help', () => {
+  it('lists every new setting with its default and TRL name: the loss parameters, and the adaptive controller among GRPO settings', async () => {
+    const { settingsHelp } = await import('../src/train/settings.ts');
+    const loop = settingsHelp('grpo');
+    for (const [k, v] of [['entropy_coef_delta', '0.005'], ['entropy_coef_min', '0'], ['entropy_coef_max', '1']]) expect(loop).toMatch(new RegExp(`${k}=${v} .*\\(TRL ${k}\\)`));
+    const specs = resolveLoss('grpo').terms[0].loss.params;
+    const want: Record<string, unknown> = {
+      sapo_temperature_pos: 1, sapo_temperature_neg: 1.05, vespo_k_pos: 2, vespo_lambda_pos: 3, vespo_k_neg: 3, vespo_lambda_neg: 2,
+      off_policy_mask_threshold: null, use_bias_correction_kl: false, vllm_importance_sampling_correction: true,
+      vllm_importance_sampling_mode: 'sequence_mask', vllm_importance_sampling_clip_max: 3, vllm_importance_sampling_clip_min: null,
+      entropy_coef: 0, use_adaptive_entropy: false, entropy_target: 0.2,
+    };
+    for (const [k, v] of Object.entries(want)) {
+      const s = specs.find((q) => q.name === k);
+      expect(s?.default, k).toBe(v);
+      expect(s?.trl, k).toBe(k);
+    }
+  });
+});
+
 describe('prefzoo loss grpo', () => {
   it('prints {"loss","per_example","grad":{"policy_token_logps":[[…]]}}; the onnx and reference engines agree', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'pz-grpo-loss-'));
