@@ -67,6 +67,8 @@ export interface ChartSeries {
   markers?: boolean;
   /** A shaded spread around the line: [step, low, high] (mean ± std). */
   band?: [number, number, number][];
+  /** Index into the palette (default: the series' own); a metric's evaluations take its line's. */
+  color?: number;
 }
 
 const COLORS = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e', '#8c564b', '#e377c2', '#17becf'];
@@ -86,7 +88,7 @@ export function lineChart(title: string, series: ChartSeries[]): string {
   if (y0 === y1) [y0, y1] = [y0 - 0.5, y1 + 0.5];
   const sx = (x: number) => m.l + ((x - x0) / (x1 - x0)) * (W - m.l - m.r);
   const sy = (y: number) => H - m.b - ((y - y0) / (y1 - y0)) * (H - m.t - m.b);
-  const color = (i: number) => COLORS[i % COLORS.length];
+  const color = (i: number) => COLORS[(series[i].color ?? i) % COLORS.length];
   const spreads = series
     .map((s, i) => {
       const b = (s.band ?? []).filter(([x, lo, hi]) => Number.isFinite(x) && Number.isFinite(lo) && Number.isFinite(hi));
@@ -199,8 +201,8 @@ function panelsOf(rows: MetricRow[]): Panel[] {
 /** The panel's chart: each metric's training line (with its spread), and its evaluations as points. */
 function panelChart(p: Panel, train: MetricRow[], evals: MetricRow[]): string {
   const series: ChartSeries[] = [];
-  for (const s of p.series) series.push({ label: s.label, points: seriesOf(train, s.key), band: s.std ? bandOf(train, s.key, s.std) : undefined });
-  for (const s of p.series) series.push({ label: `${s.label} (eval)`, points: seriesOf(evals, s.key), markers: true });
+  p.series.forEach((s, i) => series.push({ label: s.label, points: seriesOf(train, s.key), band: s.std ? bandOf(train, s.key, s.std) : undefined, color: i }));
+  p.series.forEach((s, i) => series.push({ label: `${s.label} (eval)`, points: seriesOf(evals, s.key), markers: true, color: i }));
   return lineChart(p.title, series.filter((s) => s.points.length > 0));
 }
 
