@@ -279,7 +279,8 @@ function frozenOf(x: Batch, p: P): Frozen {
         const pos = x.advantages[b] >= 0;
         const k = pos ? p.vespo_k_pos : p.vespo_k_neg;
         const lam = Math.max(pos ? p.vespo_lambda_pos : p.vespo_lambda_neg, 1e-4);
-        return Math.exp(lam + k * lw - lam * Math.exp(lw));
+        const v = Math.exp(lam + k * lw - lam * Math.exp(lw));
+        return Number.isFinite(v) ? v : 0;
       })),
     };
   }
@@ -322,7 +323,11 @@ for (const lt of GRPO_LOSS_TYPES) {
 }
 VARIANTS.push({ name: 'dapo token top_entropy_quantile=0.4 beta=0.1', params: { top_entropy_quantile: 0.4, beta: 0.1 } });
 VARIANTS.push({ name: 'grpo sequence top_entropy_quantile=0.2', params: { loss_type: 'grpo', importance_sampling_level: 'sequence', top_entropy_quantile: 0.2 } });
-VARIANTS.push({ name: 'vespo: k large enough that φ overflows to ∞ for a row (TRL counts it 0)', params: { loss_type: 'vespo', vespo_k_pos: 400, vespo_lambda_pos: 1e-4 } });
+// Row 1 (A < 0) has Σ log w ≈ 0.78: e^(1000·0.78) overflows, and TRL's nan_to_num counts that row's φ as 0
+// (row 3 is given A > 0 here, so no other row's φ is astronomically large).
+const OVERFLOW = { loss_type: 'vespo', vespo_k_neg: 1000, vespo_lambda_neg: 1e-4 };
+const OVERFLOW_ADV = [1.2, -0.7, 0.4, 1.5, 0.9, -0.3];
+VARIANTS.push({ name: 'vespo: k large enough that φ overflows to ∞ for a row (TRL counts it 0)', params: OVERFLOW, batch: { advantages: OVERFLOW_ADV } });
 
 // The sampler–trainer correction: both bounds bind (token ratios e^±0.45 against [0.8, 1.25]; the
 // rows' products 0.35…1.29 against [0.5, 1.2]; the test checks it).
@@ -418,6 +423,17 @@ async function checkCase(v: Variant): Promise<{ ref: LossRun; f64: LossRun; x: B
 
 describe('grpo loss: float64 reference (TRL transcription), finite differences, ONNX', () => {
   for (const v of VARIANTS) it(v.name, async () => void (await checkCase(v)));
+
+  it('the overflow case overflows: one row\'s φ is ∞ before TRL\'s nan_to_num, and that row then adds nothing', () => {
+    const x = batchOf(makeBatch(11), { advantages: OVERFLOW_ADV });
+    const p: P = { ...DEFAULTS, ...OVERFLOW } as P;
+    const lw = x.policy_token_logps[1].reduce((a, v, t) => a + (v - x.old_token_logps[1][t]) * x.completion_mask[1][t], 0);
+    expect(Math.exp(1e-4 + 1000 * lw - 1e-4 * Math.exp(lw))).toBe(Infinity);
+    const bound = resolveLoss('grpo', OVERFLOW);
+    const r = runLossReference(bound, hostBatch(x, p));
+    expect(Math.abs(r.perExample[1])).toBe(0);
+    expect(Number.isFinite(r.loss)).toBe(true);
+  });
 });
 
 describe('grpo loss: the sampler–trainer correction (sampling_token_logps)', () => {
