@@ -24,6 +24,14 @@ describe('report', () => {
     expect(html).toContain('dpo&lt;x&gt;');
     expect(html).not.toMatch(/<script|https?:\/\/(?!www\.w3\.org)/);
   });
+  it("draws a method's other metrics too, a family name/… in one panel, without bookkeeping columns", () => {
+    const dir = mkdtempSync(join(tmpdir(), 'pz-report-other-'));
+    const rows = [1, 2, 3].map((step) => ({ step, epoch: step / 3, learning_rate: 1e-6, tokens: 10, loss: 1 / step, 'objective/win_rate_vs_mixture': 0.5 + step / 10, 'objective/kl': step, grad_norm: 2 }));
+    writeFileSync(join(dir, 'metrics.jsonl'), rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+    const html = readFileSync(writeReport(dir), 'utf8');
+    expect([...html.matchAll(/<figcaption>([^<]*)<\/figcaption>/g)].map((m) => m[1])).toEqual(['loss', 'objective/…', 'grad_norm']);
+    expect(html).toContain('━ win_rate_vs_mixture');
+  });
   it('names the missing metrics file', () => {
     expect(() => writeReport('/nonexistent-run')).toThrow(UserError);
     expect(existsSync('/nonexistent-run/report.html')).toBe(false);

@@ -198,6 +198,27 @@ function panelsOf(rows: MetricRow[]): Panel[] {
   ].filter((p) => p.series.some((s) => keys.has(s.key)));
 }
 
+/** Bookkeeping columns of a metrics row, not curves. */
+const NOT_CURVES = new Set(['step', 'epoch', 'split', 'tokens', 'num_tokens', 'tokens/s', 'learning_rate']);
+
+/**
+ * The rest of what the run logged (a method's own metrics, e.g. Nash-MD's objective/win_rate_vs_mixture,
+ * DPO's rewards/chosen): one panel per metric, or per family `name/…` of several.
+ */
+function otherPanels(rows: MetricRow[], drawn: Panel[]): Panel[] {
+  const taken = new Set(drawn.flatMap((p) => p.series.flatMap((s) => [s.key, ...(s.std ? [s.std] : [])])));
+  const keys = [...new Set(rows.flatMap((r) => Object.keys(r).filter((k) => typeof r[k] === 'number')))].filter((k) => !taken.has(k) && !NOT_CURVES.has(k));
+  const families = new Map<string, string[]>();
+  for (const k of keys) {
+    const slash = k.indexOf('/');
+    const fam = slash > 0 ? k.slice(0, slash) : k;
+    families.set(fam, [...(families.get(fam) ?? []), k]);
+  }
+  return [...families.entries()].map(([fam, ks]) =>
+    ks.length === 1 ? { title: ks[0], series: [{ key: ks[0], label: ks[0] }] } : { title: `${fam}/…`, series: ks.map((k) => ({ key: k, label: k.slice(fam.length + 1) })) },
+  );
+}
+
 /** The panel's chart: each metric's training line (with its spread), and its evaluations as points. */
 function panelChart(p: Panel, train: MetricRow[], evals: MetricRow[]): string {
   const series: ChartSeries[] = [];
@@ -259,7 +280,8 @@ export function renderReport(runDir: string): string {
   const rows = readMetrics(runDir);
   const train = rows.filter((r) => r.split === undefined || r.split === 'train');
   const evals = rows.filter((r) => r.split === 'eval');
-  const charts = panelsOf(rows).map((p) => panelChart(p, train, evals)).join('\n');
+  const known = panelsOf(rows);
+  const charts = [...known, ...otherPanels(rows, known)].map((p) => panelChart(p, train, evals)).join('\n');
   const evalFile = join(runDir, 'eval.json');
   // A demo's run holds the before → after evaluation the demo printed (demo-eval.ts).
   const demo = readDemoEval(runDir);
