@@ -337,7 +337,7 @@ const CORRECTION_CASES: Variant[] = [];
 for (const mode of ['token_truncate', 'token_mask', 'sequence_truncate', 'sequence_mask']) {
   const bounds = mode.startsWith('token') ? TOKEN_BOUNDS : SEQ_BOUNDS;
   const c = { vllm_importance_sampling_mode: mode, ...bounds };
-  CORRECTION_CASES.push({ name: `${mode}: dapo token`, params: c, batch: { withSampling: true } });
+  CORRECTION_CASES.push({ name: `${mode}: dapo token`, params: c, batch: { withSampling: true }, f32: true });
   CORRECTION_CASES.push({ name: `${mode}: grpo sequence beta=0.04 (the KL term is not corrected)`, params: { ...c, loss_type: 'grpo', importance_sampling_level: 'sequence', beta: 0.04 }, batch: { withSampling: true } });
   if (mode.startsWith('token')) CORRECTION_CASES.push({ name: `${mode}: vespo (the ratio enters φ)`, params: { ...c, loss_type: 'vespo' }, batch: { withSampling: true } });
   else CORRECTION_CASES.push({ name: `${mode}: luspo`, params: { ...c, loss_type: 'luspo', importance_sampling_level: 'sequence' }, batch: { withSampling: true } });
@@ -352,7 +352,7 @@ CORRECTION_CASES.push({ name: 'correction off: the sampler log-probs only measur
 const SIGNED = [1.2, -0.7, 0, -1.5, 0.9, -0.3];
 const MASK_CASES: Variant[] = [
   { name: 'dapo token, drift from old', params: { off_policy_mask_threshold: 0.001 }, batch: { advantages: SIGNED } },
-  { name: 'dapo token beta=0.04, drift from old (the KL term is never masked)', params: { off_policy_mask_threshold: 0.001, beta: 0.04 }, batch: { advantages: SIGNED } },
+  { name: 'dapo token beta=0.04, drift from old (the KL term is never masked)', params: { off_policy_mask_threshold: 0.001, beta: 0.04 }, batch: { advantages: SIGNED }, f32: true },
   { name: 'grpo sequence, drift from the sampler', params: { off_policy_mask_threshold: 0.04, loss_type: 'grpo', importance_sampling_level: 'sequence', vllm_importance_sampling_correction: false }, batch: { advantages: SIGNED, withSampling: true } },
   { name: 'sapo token, drift from the sampler, with the correction', params: { off_policy_mask_threshold: 0.04, loss_type: 'sapo', vllm_importance_sampling_mode: 'token_truncate', ...TOKEN_BOUNDS }, batch: { advantages: SIGNED, withSampling: true } },
   { name: 'vespo, drift from old, beta=0.04', params: { off_policy_mask_threshold: 0.001, loss_type: 'vespo', beta: 0.04 }, batch: { advantages: SIGNED } },
@@ -362,7 +362,7 @@ const MASK_CASES: Variant[] = [
 // The bias-corrected KL: k3 × the undetached ratio, at each level (for vespo the level only sets this ratio).
 const BIAS_CASES: Variant[] = [
   { name: 'dapo token', params: { beta: 0.1, use_bias_correction_kl: true } },
-  { name: 'grpo sequence', params: { beta: 0.1, use_bias_correction_kl: true, loss_type: 'grpo', importance_sampling_level: 'sequence' } },
+  { name: 'grpo sequence', params: { beta: 0.1, use_bias_correction_kl: true, loss_type: 'grpo', importance_sampling_level: 'sequence' }, f32: true },
   { name: 'cispo token', params: { beta: 0.1, use_bias_correction_kl: true, loss_type: 'cispo' } },
   { name: 'vespo sequence', params: { beta: 0.1, use_bias_correction_kl: true, loss_type: 'vespo', importance_sampling_level: 'sequence' } },
   { name: 'sapo token with off-policy masking', params: { beta: 0.1, use_bias_correction_kl: true, loss_type: 'sapo', off_policy_mask_threshold: 0.001 }, batch: { advantages: SIGNED } },
@@ -376,7 +376,7 @@ const ENTROPY_CASES: Variant[] = GRPO_LOSS_TYPES.map((lt) => ({
 ENTROPY_CASES.push(
   { name: 'grpo with top_entropy_quantile=0.5 (the bonus on the same tokens)', params: { loss_type: 'grpo', entropy_coef: 0.05, top_entropy_quantile: 0.5 } },
   { name: 'dapo with num_items_in_batch', params: { entropy_coef: 0.05 }, batch: { num_items_in_batch: 40 } as Partial<Batch> },
-  { name: 'adaptive, last entropy at the target: applied, coefficient from the batch', params: { use_adaptive_entropy: true, entropy_target: 0.5 }, batch: { last_world_entropy: 0.5, entropy_coef: 0.3 } },
+  { name: 'adaptive, last entropy at the target: applied, coefficient from the batch', params: { use_adaptive_entropy: true, entropy_target: 0.5 }, batch: { last_world_entropy: 0.5, entropy_coef: 0.3 }, f32: true },
   { name: 'adaptive, last entropy above the target: not applied', params: { use_adaptive_entropy: true, entropy_coef: 0.3 }, batch: { last_world_entropy: 0.21 } },
   { name: 'adaptive, no measurement yet: not applied', params: { use_adaptive_entropy: true, entropy_coef: 0.3, loss_type: 'sapo' } },
 );
@@ -417,6 +417,8 @@ async function checkCase(v: Variant): Promise<{ ref: LossRun; f64: LossRun; x: B
     const f32 = await runLossOnnx(bound, b32, { dtype: 'float32', grad: true });
     expect(Math.abs(f32.loss - ref32.loss)).toBeLessThan(1e-5 * Math.max(1, Math.abs(ref32.loss)));
     expect(maxAbsDiff(f32.grad.policy_token_logps, ref32.grad.policy_token_logps)).toBeLessThan(1e-5);
+    if (bonus) expect(maxAbsDiff(f32.grad.token_entropies, ref32.grad.token_entropies)).toBeLessThan(1e-6);
+    for (const k of Object.keys(ref32.metrics)) expect(Math.abs(f32.metrics[k] - ref32.metrics[k]), k).toBeLessThan(1e-5 * Math.max(1, Math.abs(ref32.metrics[k])));
   }
   return { ref, f64, x, p };
 }
