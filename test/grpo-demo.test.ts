@@ -23,7 +23,7 @@ describe('prefzoo demo --method grpo', () => {
 
   it('π_0 copies a digit of the prompt, any of the four; the run folder holds what was printed and the report shows it', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'pz-demo-grpo-'));
-    const r = await runGrpoDemo({ seed: 0, out: dir, params: ['max_steps=2'], quiet: true, log: () => {} });
+    const r = await runGrpoDemo({ seed: 0, out: dir, params: ['max_steps=2', 'logging_steps=1'], quiet: true, log: () => {} });
     expect(r.steps).toBe(2);
     expect(r.run).toBe(join(dir, 'grpo'));
 
@@ -53,5 +53,12 @@ describe('prefzoo demo --method grpo', () => {
     const html = readFileSync(join(r.run, 'report.html'), 'utf8');
     expect(html).not.toContain('No final evaluation recorded');
     expect(html).toContain(`<tr><td>heldout_accuracy</td><td>${r.heldout_accuracy_start.toFixed(4)}</td><td>${r.heldout_accuracy_final.toFixed(4)}</td>`);
+    // The RL panels GRPO fills, none it never fills, its evaluations as points, and its sampled completions.
+    for (const panel of ['reward (mean ± std over the round)', 'reward per function (mean ± std)', 'entropy (nats per token)', 'clip ratios', 'completion length (tokens)']) expect(html).toContain(`<figcaption>${panel}</figcaption>`);
+    expect(html).not.toContain('no data');
+    expect(html).not.toContain('implicit-reward accuracy');
+    expect(html).toContain('<circle class="eval"');
+    expect(html).toContain('Sampled completions (rewards and advantages)');
+    expect(html).toMatch(/<th>accuracy<\/th><th>reward<\/th><th>advantage<\/th>/);
   }, 180_000);
 });

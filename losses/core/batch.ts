@@ -14,8 +14,11 @@
  * nash_md   [B]:    policy_logps, ref_logps, probs (preference P(y ≻ y'))
  * grpo      [B, T]: policy_token_logps, old_token_logps, ref_token_logps (per-token log-probs),
  *                   completion_mask (1 = a completion token counted), token_entropies (nats, for
- *                   top_entropy_quantile); [B]: advantages; a number: num_items_in_batch (DAPO's
- *                   token count of the whole accumulated batch)
+ *                   top_entropy_quantile and the entropy bonus), sampling_token_logps (the sampler's
+ *                   own log-probs of the tokens it drew: the sampler–trainer correction); [B]:
+ *                   advantages; numbers: num_items_in_batch (DAPO's token count of the whole
+ *                   accumulated batch), entropy_coef (the entropy bonus's coefficient this step),
+ *                   last_world_entropy (the adaptive controller's last measured entropy)
  * every kind:       weight [B] (row weights of the batch mean)
  */
 import { UserError } from '../../src/errors.ts';
@@ -33,19 +36,22 @@ export const SINGLE_KEYS = [
 export const NASH_KEYS = ['policy_logps', 'ref_logps', 'probs', 'weight'] as const;
 export const GRPO_KEYS = [
   'policy_token_logps', 'old_token_logps', 'ref_token_logps', 'advantages', 'completion_mask', 'token_entropies', 'num_items_in_batch',
+  'sampling_token_logps', 'entropy_coef', 'last_world_entropy',
 ] as const;
 /** GRPO's per-token columns ([B, T]: one entry per completion position). */
-export const TOKEN_KEYS: ReadonlySet<string> = new Set(['policy_token_logps', 'old_token_logps', 'ref_token_logps', 'completion_mask', 'token_entropies']);
+export const TOKEN_KEYS: ReadonlySet<string> = new Set(['policy_token_logps', 'old_token_logps', 'ref_token_logps', 'completion_mask', 'token_entropies', 'sampling_token_logps']);
+/** Keys that are one number for the whole batch. */
+const SCALAR_KEYS: ReadonlySet<string> = new Set(['kl', 'num_items_in_batch', 'entropy_coef', 'last_world_entropy']);
 
 export const KEYS_OF: Record<Kind, readonly string[]> = {
   pairwise: PAIR_KEYS, listwise: LIST_KEYS, single: SINGLE_KEYS, nash_md: NASH_KEYS, grpo: GRPO_KEYS,
 };
 
-/** Rank of a key's tensor: 2 for [B, K] list and [B, T] token columns, 0 for the scalars `kl` and `num_items_in_batch`, else 1. */
+/** Rank of a key's tensor: 2 for [B, K] list and [B, T] token columns, 0 for the batch scalars (`kl`, `num_items_in_batch`, …), else 1. */
 export function keyRank(kind: Kind, key: string): number {
   if (kind === 'listwise' && key !== 'weight') return 2;
   if (TOKEN_KEYS.has(key)) return 2;
-  if (key === 'kl' || key === 'num_items_in_batch') return 0;
+  if (SCALAR_KEYS.has(key)) return 0;
   return 1;
 }
 
@@ -57,7 +63,7 @@ function domainOf(key: string): Domain {
   if (key.endsWith('_tokens')) return 'positive';
   if (key.endsWith('_probs') || key === 'probs' || key === 'win_probs') return 'prob';
   if (key === 'mask' || key === 'labels' || key === 'rationale_mask' || key === 'completion_mask') return 'binary';
-  if (key === 'weight' || key === 'token_entropies') return 'nonneg';
+  if (key === 'weight' || key === 'token_entropies' || key === 'last_world_entropy') return 'nonneg';
   if (key === 'num_items_in_batch') return 'positive';
   return 'real';
 }

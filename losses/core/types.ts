@@ -42,6 +42,8 @@ export interface ParamSpec {
   choices?: readonly string[];
   /** Other accepted names (e.g. a peer toolkit's name for the same parameter). */
   aliases?: readonly string[];
+  /** The name TRL's config gives the parameter, shown in `--help`. */
+  trl?: string;
 }
 
 /** Which batch keys a loss reads, given its parameters and the batch kind. */

@@ -1,7 +1,11 @@
 /**
- * `prefzoo report RUN` → RUN/report.html: loss, accuracy and margin curves as inline SVG (no
- * scripts, no network), the final evaluation table (eval.json, and a demo's before → after from
- * demo_eval.json) and the run's config.
+ * `prefzoo report RUN` → RUN/report.html: the curves of what the run's method logged as inline SVG
+ * (no scripts, no network) — loss, and for preference losses accuracy and margin; for RL runs
+ * (GRPO) reward in total and per function with their spread, entropy and entropy_coef, KL, clip
+ * ratios, completion lengths and the clipped share, the sampler–trainer mismatch — a panel only
+ * where the run logged its metric, evaluations as points; the final evaluation table (eval.json,
+ * and a demo's before → after from demo_eval.json); sample generations, and an RL run's sampled
+ * completions (completions.jsonl) with their rewards and advantages; the run's config.
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { writeFileAtomic } from '../io/atomic.ts';
@@ -55,12 +59,28 @@ function fmt(v: number): string {
   return a !== 0 && (a < 1e-3 || a >= 1e5) ? v.toExponential(2) : String(Math.round(v * 1e4) / 1e4);
 }
 
-/** One line chart of `key` against `step` (train rows, and eval rows drawn dashed if present). */
-export function lineChart(title: string, series: { label: string; points: [number, number][]; dashed?: boolean }[]): string {
+export interface ChartSeries {
+  label: string;
+  points: [number, number][];
+  dashed?: boolean;
+  /** Drawn as separate points (evaluations), not a line through them. */
+  markers?: boolean;
+  /** A shaded spread around the line: [step, low, high] (mean ± std). */
+  band?: [number, number, number][];
+  /** Index into the palette (default: the series' own); a metric's evaluations take its line's. */
+  color?: number;
+}
+
+const COLORS = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e', '#8c564b', '#e377c2', '#17becf'];
+
+/** One line chart against `step`: lines, optional spreads, and point series (evaluations). */
+export function lineChart(title: string, series: ChartSeries[]): string {
   const W = 420;
   const H = 220;
   const m = { l: 56, r: 12, t: 24, b: 32 };
-  const all = series.flatMap((s) => s.points).filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y));
+  const finite = ([x, y]: [number, number]) => Number.isFinite(x) && Number.isFinite(y);
+  const bands = series.flatMap((s) => (s.band ?? []).filter(([x, lo, hi]) => Number.isFinite(x) && Number.isFinite(lo) && Number.isFinite(hi)));
+  const all = [...series.flatMap((s) => s.points).filter(finite), ...bands.flatMap(([x, lo, hi]) => [[x, lo], [x, hi]] as [number, number][])];
   if (all.length === 0) return `<figure><figcaption>${esc(title)}</figcaption><p>no data</p></figure>`;
   let [x0, x1] = [Math.min(...all.map((p) => p[0])), Math.max(...all.map((p) => p[0]))];
   let [y0, y1] = [Math.min(...all.map((p) => p[1])), Math.max(...all.map((p) => p[1]))];
@@ -68,13 +88,23 @@ export function lineChart(title: string, series: { label: string; points: [numbe
   if (y0 === y1) [y0, y1] = [y0 - 0.5, y1 + 0.5];
   const sx = (x: number) => m.l + ((x - x0) / (x1 - x0)) * (W - m.l - m.r);
   const sy = (y: number) => H - m.b - ((y - y0) / (y1 - y0)) * (H - m.t - m.b);
-  const colors = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd'];
+  const color = (i: number) => COLORS[(series[i].color ?? i) % COLORS.length];
+  const spreads = series
+    .map((s, i) => {
+      const b = (s.band ?? []).filter(([x, lo, hi]) => Number.isFinite(x) && Number.isFinite(lo) && Number.isFinite(hi));
+      if (b.length < 2) return '';
+      const upper = b.map(([x, , hi]) => `${sx(x).toFixed(1)},${sy(hi).toFixed(1)}`);
+      const lower = [...b].reverse().map(([x, lo]) => `${sx(x).toFixed(1)},${sy(lo).toFixed(1)}`);
+      return `<polygon class="spread" points="${[...upper, ...lower].join(' ')}" fill="${color(i)}" fill-opacity="0.15" stroke="none"/>`;
+    })
+    .join('');
   const paths = series
     .map((s, i) => {
-      const pts = s.points.filter(([x, y]) => Number.isFinite(x) && Number.isFinite(y));
+      const pts = s.points.filter(finite);
       if (!pts.length) return '';
+      if (s.markers) return pts.map(([x, y]) => `<circle class="eval" cx="${sx(x).toFixed(1)}" cy="${sy(y).toFixed(1)}" r="3.5" fill="${color(i)}"/>`).join('');
       const d = pts.map(([x, y], k) => `${k ? 'L' : 'M'}${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join('');
-      return `<path d="${d}" fill="none" stroke="${colors[i % colors.length]}" stroke-width="1.5"${s.dashed ? ' stroke-dasharray="4 3"' : ''}/>`;
+      return `<path d="${d}" fill="none" stroke="${color(i)}" stroke-width="1.5"${s.dashed ? ' stroke-dasharray="4 3"' : ''}/>`;
     })
     .join('');
   const ticks = [0, 0.5, 1]
@@ -84,13 +114,14 @@ export function lineChart(title: string, series: { label: string; points: [numbe
     })
     .join('');
   const xt = [x0, x1].map((x) => `<text x="${sx(x)}" y="${H - m.b + 14}" text-anchor="middle" font-size="10">${fmt(x)}</text>`).join('');
-  const legend = series
-    .map((s, i) => `<text x="${m.l + 8 + i * 90}" y="${m.t - 8}" font-size="10" fill="${colors[i % colors.length]}">${esc(s.label)}</text>`)
-    .join('');
+  const shown = series.map((s, i) => ({ s, i })).filter(({ s }) => s.points.some(finite));
+  const legend = shown.length > 1 || shown.some(({ s }) => s.markers || s.band)
+    ? `<div class="legend">${shown.map(({ s, i }) => `<span style="color:${color(i)}">${s.markers ? '●' : '━'} ${esc(s.label)}${s.band?.length ? ' (± std shaded)' : ''}</span>`).join(' ')}</div>`
+    : '';
   return (
     `<figure><figcaption>${esc(title)}</figcaption>` +
     `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" role="img" aria-label="${esc(title)}">` +
-    `${ticks}${xt}<text x="${(W + m.l) / 2}" y="${H - 4}" text-anchor="middle" font-size="10">step</text>${paths}${legend}</svg></figure>`
+    `${ticks}${xt}<text x="${(W + m.l) / 2}" y="${H - 4}" text-anchor="middle" font-size="10">step</text>${spreads}${paths}</svg>${legend}</figure>`
   );
 }
 
@@ -98,23 +129,159 @@ function seriesOf(rows: MetricRow[], key: string): [number, number][] {
   return rows.filter((r) => typeof r[key] === 'number' && typeof r.step === 'number').map((r) => [r.step as number, r[key] as number]);
 }
 
+function bandOf(rows: MetricRow[], key: string, std: string): [number, number, number][] {
+  return rows
+    .filter((r) => typeof r[key] === 'number' && typeof r[std] === 'number' && typeof r.step === 'number')
+    .map((r) => [r.step as number, (r[key] as number) - (r[std] as number), (r[key] as number) + (r[std] as number)]);
+}
+
+/** A panel: its title and the metrics it draws (TRL's names), each with an optional spread metric. */
+interface Panel {
+  title: string;
+  series: { key: string; label: string; std?: string }[];
+}
+
+/**
+ * The panels a run may fill, in the order drawn. A panel is drawn only when the run logged one of its
+ * metrics (a DPO run has no reward panel, a GRPO run no implicit-reward accuracy).
+ */
+function panelsOf(rows: MetricRow[]): Panel[] {
+  const keys = new Set(rows.flatMap((r) => Object.keys(r)));
+  const one = (key: string, title: string, label = key): Panel => ({ title, series: [{ key, label }] });
+  // Reward functions log rewards/<name>/mean and /std (TRL's names).
+  const fns = [...keys].map((k) => /^rewards\/(.+)\/mean$/.exec(k)?.[1]).filter((n): n is string => n !== undefined).sort();
+  return [
+    one('loss', 'loss'),
+    one('rewards/accuracies', 'implicit-reward accuracy'),
+    one('rewards/margins', 'reward margin'),
+    { title: 'reward (mean ± std over the round)', series: [{ key: 'reward', label: 'reward', std: 'reward_std' }] },
+    { title: 'reward per function (mean ± std)', series: fns.map((n) => ({ key: `rewards/${n}/mean`, label: n, std: `rewards/${n}/std` })) },
+    one('frac_reward_zero_std', 'share of groups with zero reward spread', 'frac_reward_zero_std'),
+    one('entropy', 'entropy (nats per token)'),
+    one('entropy_coef', 'entropy_coef'),
+    one('kl', 'KL to the reference (k3)'),
+    {
+      title: 'clip ratios',
+      series: [
+        { key: 'clip_ratio/low_mean', label: 'low' },
+        { key: 'clip_ratio/high_mean', label: 'high' },
+        { key: 'clip_ratio/region_mean', label: 'region' },
+        { key: 'cispo_clip_ratio', label: 'cispo' },
+      ],
+    },
+    one('vespo/phi_seq_mean', 'VESPO weight φ (mean)'),
+    {
+      title: 'completion length (tokens)',
+      series: [
+        { key: 'completions/mean_length', label: 'mean' },
+        { key: 'completions/min_length', label: 'min' },
+        { key: 'completions/max_length', label: 'max' },
+        { key: 'completions/mean_terminated_length', label: 'mean terminated' },
+      ],
+    },
+    one('completions/clipped_ratio', 'share of completions cut at max_completion_length', 'clipped_ratio'),
+    {
+      title: 'sampler–trainer log-prob difference |old − sampling|',
+      series: [
+        { key: 'sampling/sampling_logp_difference/mean', label: 'mean' },
+        { key: 'sampling/sampling_logp_difference/max', label: 'max' },
+      ],
+    },
+    {
+      title: 'sampler correction ratio',
+      series: [
+        { key: 'sampling/importance_sampling_ratio/min', label: 'min' },
+        { key: 'sampling/importance_sampling_ratio/mean', label: 'mean' },
+        { key: 'sampling/importance_sampling_ratio/max', label: 'max' },
+      ],
+    },
+  ].filter((p) => p.series.some((s) => keys.has(s.key)));
+}
+
+/** Bookkeeping columns of a metrics row, not curves. */
+const NOT_CURVES = new Set(['step', 'epoch', 'split', 'tokens', 'num_tokens', 'tokens/s', 'learning_rate']);
+
+/**
+ * The rest of what the run logged (a method's own metrics, e.g. Nash-MD's objective/win_rate_vs_mixture,
+ * DPO's rewards/chosen): one panel per metric, or per family `name/…` of several.
+ */
+function otherPanels(rows: MetricRow[], drawn: Panel[]): Panel[] {
+  const taken = new Set(drawn.flatMap((p) => p.series.flatMap((s) => [s.key, ...(s.std ? [s.std] : [])])));
+  const keys = [...new Set(rows.flatMap((r) => Object.keys(r).filter((k) => typeof r[k] === 'number')))].filter((k) => !taken.has(k) && !NOT_CURVES.has(k));
+  const families = new Map<string, string[]>();
+  for (const k of keys) {
+    const slash = k.indexOf('/');
+    const fam = slash > 0 ? k.slice(0, slash) : k;
+    families.set(fam, [...(families.get(fam) ?? []), k]);
+  }
+  return [...families.entries()].map(([fam, ks]) =>
+    ks.length === 1 ? { title: ks[0], series: [{ key: ks[0], label: ks[0] }] } : { title: `${fam}/…`, series: ks.map((k) => ({ key: k, label: k.slice(fam.length + 1) })) },
+  );
+}
+
+/** The panel's chart: each metric's training line (with its spread), and its evaluations as points. */
+function panelChart(p: Panel, train: MetricRow[], evals: MetricRow[]): string {
+  const series: ChartSeries[] = [];
+  p.series.forEach((s, i) => series.push({ label: s.label, points: seriesOf(train, s.key), band: s.std ? bandOf(train, s.key, s.std) : undefined, color: i }));
+  p.series.forEach((s, i) => series.push({ label: `${s.label} (eval)`, points: seriesOf(evals, s.key), markers: true, color: i }));
+  return lineChart(p.title, series.filter((s) => s.points.length > 0));
+}
+
+/** An RL run's logged completions (RUN/completions.jsonl): prompt, completion, rewards per function, reward, advantage. */
+interface CompletionRow {
+  step: number;
+  prompt: unknown;
+  completion: string;
+  rewards?: Record<string, number | null>;
+  reward?: number | null;
+  advantage?: number;
+}
+
+function readCompletions(runDir: string): CompletionRow[] {
+  const file = join(runDir, 'completions.jsonl');
+  if (!existsSync(file)) return [];
+  const out: CompletionRow[] = [];
+  readFileSync(file, 'utf8')
+    .split('\n')
+    .forEach((line, i) => {
+      if (!line.trim()) return;
+      try {
+        out.push(JSON.parse(line) as CompletionRow);
+      } catch {
+        throw new UserError(`${file}:${i + 1}: invalid JSON`);
+      }
+    });
+  return out;
+}
+
+const promptText = (p: unknown) => (typeof p === 'string' ? p : Array.isArray(p) ? p.map((m: { role: string; content: string }) => `${m.role}: ${m.content}`).join('\n') : JSON.stringify(p));
+
+/** The last `keep` logged steps of completions, one table each (the newest open). */
+function completionsSection(rows: CompletionRow[], keep = 4): string {
+  const steps = [...new Set(rows.map((r) => r.step))].sort((a, b) => a - b);
+  const shown = steps.slice(-keep);
+  const num = (v: number | null | undefined) => (v === null || v === undefined ? '—' : fmt(v));
+  const tables = shown.map((step, i) => {
+    const at = rows.filter((r) => r.step === step);
+    const fns = [...new Set(at.flatMap((r) => Object.keys(r.rewards ?? {})))];
+    const prompts = [...new Set(at.map((r) => promptText(r.prompt)))];
+    return (
+      `<details class="completions"${i === shown.length - 1 ? ' open' : ''}><summary>step ${step} (${at.length} completions)</summary>` +
+      prompts.map((p) => `<pre>${esc(p)}</pre>`).join('') +
+      `<table><tr><th>#</th><th>completion</th>${fns.map((f) => `<th>${esc(f)}</th>`).join('')}<th>reward</th><th>advantage</th></tr>` +
+      at.map((r, k) => `<tr><td>${k}</td><td><pre>${esc(r.completion)}</pre></td>${fns.map((f) => `<td>${num(r.rewards?.[f])}</td>`).join('')}<td>${num(r.reward)}</td><td>${num(r.advantage)}</td></tr>`).join('') +
+      '</table></details>'
+    );
+  });
+  return `<p>${steps.length} logged steps in completions.jsonl${steps.length > shown.length ? `; the last ${shown.length} shown` : ''}.</p>\n${tables.join('\n')}`;
+}
+
 export function renderReport(runDir: string): string {
   const rows = readMetrics(runDir);
   const train = rows.filter((r) => r.split === undefined || r.split === 'train');
   const evals = rows.filter((r) => r.split === 'eval');
-  const charts = [
-    ['loss', 'loss'],
-    ['rewards/accuracies', 'implicit-reward accuracy'],
-    ['rewards/margins', 'reward margin'],
-    ['reward', 'mean reward (GRPO)'],
-  ]
-    .map(([key, title]) =>
-      lineChart(title, [
-        { label: 'train', points: seriesOf(train, key) },
-        { label: 'eval', points: seriesOf(evals, key), dashed: true },
-      ]),
-    )
-    .join('\n');
+  const known = panelsOf(rows);
+  const charts = [...known, ...otherPanels(rows, known)].map((p) => panelChart(p, train, evals)).join('\n');
   const evalFile = join(runDir, 'eval.json');
   // A demo's run holds the before → after evaluation the demo printed (demo-eval.ts).
   const demo = readDemoEval(runDir);
@@ -131,7 +298,7 @@ export function renderReport(runDir: string): string {
       '</table>';
   }
   const sampleSets = readSamples(runDir);
-  const promptText = (p: unknown) => (typeof p === 'string' ? p : Array.isArray(p) ? p.map((m: { role: string; content: string }) => `${m.role}: ${m.content}`).join('\n') : JSON.stringify(p));
+  const completions = readCompletions(runDir);
   const samples = sampleSets.length
     ? sampleSets
         .map(
@@ -143,19 +310,22 @@ export function renderReport(runDir: string): string {
         )
         .join('\n')
     : '<p>No sample generations (set eval_generate=N to record them).</p>';
+  // An RL run's own samples are its completions; the eval-sample section appears there only when recorded.
+  const sampleSection = completions.length
+    ? `<h2>Sampled completions (rewards and advantages)</h2>\n${completionsSection(completions)}${sampleSets.length ? `\n<h2>Sample generations (greedy, eval prompts)</h2>\n${samples}` : ''}`
+    : `<h2>Sample generations (greedy, eval prompts)</h2>\n${samples}`;
   const cfgFile = join(runDir, 'config.json');
   const cfg = existsSync(cfgFile) ? readFileSync(cfgFile, 'utf8') : '{}';
   return `<!doctype html><html><head><meta charset="utf-8"><title>prefzoo run report</title>
-<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}figure{display:inline-block;margin:0 1em 1em 0}
-figcaption{font-weight:600}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}
-pre{background:#f6f6f6;padding:1em;overflow:auto}</style></head><body>
+<style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}figure{display:inline-block;margin:0 1em 1em 0;vertical-align:top}
+figcaption{font-weight:600}.legend{font-size:11px;max-width:420px}.legend span{margin-right:1em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}
+pre{background:#f6f6f6;padding:1em;overflow:auto}td pre{padding:0.2em;margin:0}</style></head><body>
 <h1>prefzoo run: ${esc(runDir)}</h1>
-<p>${train.length} logged training steps${evals.length ? `, ${evals.length} evaluations` : ''}.</p>
+<p>${train.length} logged training steps${evals.length ? `, ${evals.length} evaluations (drawn as points)` : ''}.</p>
 ${charts}
 <h2>Final evaluation</h2>
 ${evalTable}
-<h2>Sample generations (greedy, eval prompts)</h2>
-${samples}
+${sampleSection}
 <h2>Configuration</h2>
 <pre>${esc(cfg)}</pre>
 </body></html>

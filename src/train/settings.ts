@@ -326,6 +326,13 @@ export const GRPO_SETTINGS = defineSettings({
   mask_truncated_completions: { type: 'boolean', default: false, group: G.grpo, trl: 'mask_truncated_completions', paper: 'DAPO (2025)', doc: 'completions cut at max_completion_length (no end token) count in no loss term' },
   reward_timeout: { type: 'number', default: 300, min: 0, minOpen: true, max: 1e9, group: G.grpo, doc: 'seconds a reward function may take on one round before the run stops' },
   log_completions: { type: 'int', default: 8, min: 0, max: 1 << 16, group: G.grpo, trl: 'num_completions_to_print', doc: "completions of each logged round's first prompt written to completions.jsonl (0: none)" },
+  // --- The adaptive-entropy controller (Skywork-OR1; TRL's names): loop settings, read by the update
+  // after each optimizer step (losses/grpo.ts `nextEntropyCoef`). Its switch use_adaptive_entropy,
+  // entropy_target and the starting entropy_coef are parameters of the `grpo` loss, which applies the gate.
+  entropy_coef_delta: { type: 'number', default: 0.005, min: 0, max: 1e6, group: G.grpo, trl: 'entropy_coef_delta', paper: 'Skywork-OR1 (2025)', doc: 'use_adaptive_entropy: the step by which entropy_coef moves after every optimizer step' },
+  entropy_coef_min: { type: 'number', default: 0, min: -1e6, max: 1e6, group: G.grpo, trl: 'entropy_coef_min', paper: 'Skywork-OR1 (2025)', doc: 'use_adaptive_entropy: the lowest entropy_coef' },
+  entropy_coef_max: { type: 'number', default: 1, min: -1e6, max: 1e6, group: G.grpo, trl: 'entropy_coef_max', paper: 'Skywork-OR1 (2025)', doc: 'use_adaptive_entropy: the highest entropy_coef' },
+  // --- end of the adaptive-entropy controller
 });
 
 /** The trainer settings GRPO honours: the online loop's, and evaluation and recomputation. */
@@ -376,7 +383,8 @@ export function settingsHelp(command: string): string {
   const lines: string[] = [];
   for (const [g, keys] of groups(table, names)) {
     lines.push(`  ${g}:`);
-    for (const k of keys) lines.push(`    ${`${k}=${shown(defaults[k])}`.padEnd(width)}${table[k].doc}`);
+    // A command's own settings also name TRL's setting (the shared table's are in docs/settings.md).
+    for (const k of keys) lines.push(`    ${`${k}=${shown(defaults[k])}`.padEnd(width)}${table[k].doc}${c.own?.[k]?.trl ? ` (TRL ${c.own[k].trl})` : ''}`);
   }
   return lines.join('\n');
 }

@@ -22,7 +22,7 @@ function settingsHelp(): string {
     honouredHelp('grpo'),
     '',
     'Loss parameters (losses/grpo.ts; docs/losses.md has the formulas):',
-    ...loss.map((p) => `    ${p.name}=${show(p.default)}  ${describeRange(p)}  — ${p.doc}`),
+    ...loss.map((p) => `    ${p.name}=${show(p.default)}  ${describeRange(p)}  — ${p.doc}${p.trl ? ` (TRL ${p.trl}${p.aliases?.length ? `; also ${p.aliases.join(', ')}` : ''})` : ''}`),
     '',
     'Rewards (--reward, repeatable): accuracy | format:REGEX | length[:TOKENS] | ./rewards.mjs[:fn] | ./rewards.ts | cmd:COMMAND | reward:DIR',
     '',

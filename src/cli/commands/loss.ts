@@ -34,7 +34,9 @@ function lossTable(): string {
     '  single:   policy_logps, ref_logps, rewards, values (dro), labels (kto), kl or policy_kl_logps + ref_kl_logps (kto)',
     '  nash_md:  policy_logps, ref_logps, probs',
     '  grpo:     policy_token_logps, old_token_logps, ref_token_logps (beta > 0), completion_mask, token_entropies',
-    '            (top_entropy_quantile < 1) as [B][T] arrays; advantages [B]; num_items_in_batch (a number, dapo/cispo)',
+    '            (top_entropy_quantile < 1, entropy bonus), sampling_token_logps (the sampler\'s own: its correction)',
+    '            as [B][T] arrays; advantages [B]; numbers: num_items_in_batch (dapo/cispo/vespo), entropy_coef',
+    '            (the bonus\'s coefficient this step), last_world_entropy (use_adaptive_entropy: the last step\'s entropy)',
     '',
     'Example: prefzoo loss dpo --input batch.json --param beta=0.1 --grad',
   );

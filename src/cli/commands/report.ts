@@ -4,7 +4,7 @@ import { writeReport } from '../../train/report.ts';
 export function register(program: Command): void {
   program
     .command('report')
-    .description('write RUN/report.html: loss, accuracy and margin curves (inline SVG), final eval, config')
+    .description('write RUN/report.html: the curves the run logged (inline SVG: loss, accuracy and margin; for GRPO reward per function, entropy, KL, clip ratios, lengths, sampler mismatch), final eval, sampled completions, config')
     .argument('<run>', 'a training run folder (written by `prefzoo train -o RUN`)')
     .action((run: string) => {
       const out = writeReport(run);
