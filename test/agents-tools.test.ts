@@ -92,11 +92,17 @@ describe('the executor', () => {
     const run = () => ex.execute([call('dice', {}), call('dice', {}), call('counter', {}), call('counter', {})], ctx({ seed, turn: 2 }));
     const a = await run();
     const b = await run();
-    expect(a.messages).toEqual(b.messages);
+    expect(a.messages.slice(0, 2)).toEqual(b.messages.slice(0, 2));
     const rolls = a.messages.slice(0, 2).map((m) => JSON.parse(m.content));
     // The documented derivation: xoshiro seeded with mixSeed(seed, turn, call, 0x700c).
     expect(rolls).toEqual([0, 1].map((i) => ({ roll: 1 + new SeededRandom(mixSeed(seed, 2, i, 0x700c)).int(6), seed, turn: 2, call: i })));
+    // The state lives across the rollout's turns, apart from other rollouts, and starts afresh each step.
     expect(a.messages.slice(2).map((m) => m.content)).toEqual(['1', '2']);
+    expect(b.messages.slice(2).map((m) => m.content)).toEqual(['3', '4']);
+    const next = await ex.execute([call('counter', {})], ctx({ seed, turn: 3 }));
+    const other0 = await ex.execute([call('counter', {})], ctx({ seed, rollout: 1 }));
+    const newStep = await ex.execute([call('counter', {})], ctx({ seed, step: 1 }));
+    expect([next, other0, newStep].map((r) => r.messages[0].content)).toEqual(['5', '1', '1']);
     // Another episode seed draws differently somewhere over a few calls.
     const other = await ex.execute(Array.from({ length: 8 }, () => call('dice', {})), ctx({ seed: seed + 1 }));
     const mine = await ex.execute(Array.from({ length: 8 }, () => call('dice', {})), ctx({ seed }));

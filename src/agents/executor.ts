@@ -81,6 +81,9 @@ export class ToolExecutor {
   readonly toolTimeout: number;
   private journal: ToolJournal | null;
   private providers: readonly ToolProvider[];
+  /** Per-rollout tool state of the newest step, by rollout index (older steps' are dropped). */
+  private states = new Map<number, Record<string, unknown>>();
+  private statesStep = -Infinity;
 
   constructor(options: ToolExecutorOptions) {
     const t = options.toolTimeout ?? DEFAULT_TOOL_TIMEOUT;
@@ -148,7 +151,7 @@ export class ToolExecutor {
   async execute(calls: readonly ToolCall[], ctx: RolloutContext): Promise<ToolRound> {
     const messages: Message[] = [];
     const records: CallRecord[] = [];
-    const state = (ctx.state ??= {});
+    const state = ctx.state ?? this.stateOf(ctx.step, ctx.rollout);
     for (let i = 0; i < calls.length; i++) {
       if (ctx.signal?.aborted) throw new AbortedError();
       const call = calls[i];
@@ -179,6 +182,17 @@ export class ToolExecutor {
       records.push(rec);
     }
     return { messages, records };
+  }
+
+  /** The state object of a rollout, the same across its turns; a newer step starts them all afresh. */
+  private stateOf(step: number, rollout: number): Record<string, unknown> {
+    if (step !== this.statesStep) {
+      this.states.clear();
+      this.statesStep = step;
+    }
+    let s = this.states.get(rollout);
+    if (!s) this.states.set(rollout, (s = {}));
+    return s;
   }
 
   private async one(call: ToolCall, name: string, index: number, ctx: RolloutContext, state: Record<string, unknown>): Promise<{ content: string; ok: boolean; error?: string; replayed: boolean }> {

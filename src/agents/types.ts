@@ -104,7 +104,10 @@ export interface RolloutContext {
   turn: number;
   /** The run's signal: aborting it stops the round with an AbortedError. */
   signal?: AbortSignal;
-  /** Per-rollout tool state (ToolContext.state); the executor creates one when absent. */
+  /**
+   * Per-rollout tool state (ToolContext.state). When absent the executor keeps one per (step,
+   * rollout), the same across the rollout's turns, dropped once a later step calls.
+   */
   state?: Record<string, unknown>;
   /** The prompt's `file:line`, named in the one line a dead MCP server or a throwing environment stops the run with. */
   where?: string;
