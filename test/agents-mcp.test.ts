@@ -7,6 +7,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ToolExecutor, ToolJournal, JOURNAL_FILE, ProviderDiedError, McpServer, readMcpConfig, splitCommand, toolMetrics, type RolloutContext } from '../src/agents/index.ts';
 import type { ToolCall } from '../src/chat.ts';
+import { CommandTools } from '../src/agents/index.ts';
+import { LineProcess } from '../src/online/line-process.ts';
 
 const ROOT = join(__dirname, '..');
 const EVERYTHING = join(ROOT, 'node_modules/@modelcontextprotocol/server-everything/dist/index.js');
@@ -82,11 +84,15 @@ describe('MCP servers', () => {
   });
 
   it('a call past tool_timeout is a failure and the server lives on', async () => {
-    const ex = await executor({ mcp: [`node ${EVERYTHING} stdio`], toolTimeout: 0.5 });
-    const r = await ex.execute([call('trigger-long-running-operation', { duration: 3, steps: 3 }), call('echo', { message: 'still here' })], ctx());
+    const server = await McpServer.start({ command: 'node', args: [EVERYTHING, 'stdio'] });
+    const hasty = new ToolExecutor({ providers: [server], toolTimeout: 0.5 });
+    const patient = new ToolExecutor({ providers: [server], toolTimeout: 60 });
+    open.push(patient);
+    const r = await hasty.execute([call('trigger-long-running-operation', { duration: 3, steps: 3 })], ctx());
     expect(JSON.parse(r.messages[0].content)).toEqual({ error: 'trigger-long-running-operation ran past tool_timeout (0.5 s) and was stopped' });
-    expect(r.messages[1].content).toBe('Echo: still here');
-    expect(r.records.map((x) => x.ok)).toEqual([false, true]);
+    expect(r.records[0].ok).toBe(false);
+    const after = await patient.execute([call('echo', { message: 'still here' })], ctx());
+    expect(after.messages[0].content).toBe('Echo: still here');
   });
 
   it('a server that exits stops the run with one line naming it, the tool, the prompt and its last stderr line', async () => {
@@ -139,6 +145,30 @@ await ex.close();
   it('splits command lines as a shell would for words and quotes', () => {
     expect(splitCommand(`node 'my server.mjs' --name "a \\"b\\"" c\\ d ''`)).toEqual(['node', 'my server.mjs', '--name', 'a "b"', 'c d', '']);
     expect(() => splitCommand('node "open')).toThrow(/unclosed/);
+  });
+});
+
+describe('cmd: tools', () => {
+  const CMD = `node ${join(__dirname, 'fixtures/agents/cmd-tools.mjs')}`;
+  it('lists and calls a JSON-lines program through the online loop\'s LineProcess; errors, timeouts and a dead program', async () => {
+    const cmd = await CommandTools.start(CMD, (c) => new LineProcess(c));
+    const dir = mkdtempSync(join(tmpdir(), 'pz-cmd-'));
+    const journal = ToolJournal.open(join(dir, JOURNAL_FILE));
+    const ex = await executor({ providers: [cmd], toolTimeout: 60, journal });
+    expect(ex.specs.map((s) => s.function.name)).toEqual(['lookup', 'count', 'slow', 'die']);
+    const r = await ex.execute([call('lookup', { key: 'city' }), call('lookup', { key: 'zip' }), call('count', {}), call('count', {}), call('lookup', {})], ctx({ row: { city: 'Oslo' }, seed: 77 }));
+    expect(r.messages.map((m) => m.content)).toEqual(['Oslo (seed 77)', '{"error":"no column zip"}', '1', '2', `{"error":"invalid arguments for lookup: arguments must have required property 'key'"}`]);
+    expect(r.records.map((x) => x.ok)).toEqual([true, false, true, true, false]);
+    // A call past tool_timeout (an executor with a short one, on the same program) kills the program ...
+    const hasty = new ToolExecutor({ providers: [cmd], toolTimeout: 0.3 });
+    const slow = await hasty.execute([call('slow', {})], ctx());
+    expect(slow.messages[0].content).toBe('{"error":"slow ran past tool_timeout (0.3 s) and was stopped"}');
+    expect(slow.records[0].ok).toBe(false);
+    // ... and the next call starts a fresh one: its count starts again.
+    expect((await ex.execute([call('count', {})], ctx({ turn: 1 }))).messages[0].content).toBe('1');
+    // Results of the program are journaled (the schema fault, found before the call, is not).
+    expect(readFileSync(join(dir, JOURNAL_FILE), 'utf8').trim().split('\n').map((l) => JSON.parse(l).name)).toEqual(['lookup', 'lookup', 'count', 'count', 'count']);
+    await expect(ex.execute([call('die', {})], ctx({ where: 'q.jsonl:4' }))).rejects.toThrow(`tool command "${CMD}" closed its output during the call of tool "die" for the prompt at q.jsonl:4; its stderr ends: cmd-tools: giving up`);
   });
 });
 

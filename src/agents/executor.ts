@@ -118,18 +118,20 @@ export class ToolExecutor {
   }
 
   /**
-   * Builds an executor from the command line's sources: `--tools` modules, `--mcp` commands and an
-   * `--mcp-config` file. MCP servers are started here and closed by `close()` (or on a failure here).
+   * Builds an executor from the command line's sources: `--tools` modules, `--mcp` commands, an
+   * `--mcp-config` file, and providers started by the caller (`CommandTools` for `cmd:`). MCP servers
+   * are started here; all providers are closed by `close()` (or on a failure here).
    */
-  static async open(options: { tools?: readonly string[]; mcp?: readonly string[]; mcpConfig?: string; toolTimeout?: number; journal?: ToolJournal | null }): Promise<ToolExecutor> {
+  static async open(options: { tools?: readonly string[]; mcp?: readonly string[]; mcpConfig?: string; providers?: readonly ToolProvider[]; toolTimeout?: number; journal?: ToolJournal | null }): Promise<ToolExecutor> {
     const local: LoadedTool[] = [];
     for (const m of options.tools ?? []) local.push(...(await loadToolsModule(m)));
     const specs: McpServerSpec[] = [...(options.mcpConfig ? readMcpConfig(options.mcpConfig) : []), ...(options.mcp ?? []).map(mcpSpecFromCommand)];
-    const servers = specs.length ? await startMcpServers(specs) : [];
+    const servers: ToolProvider[] = specs.length ? await startMcpServers(specs) : [];
+    const providers = [...servers, ...(options.providers ?? [])];
     try {
-      return new ToolExecutor({ tools: local, providers: servers, toolTimeout: options.toolTimeout, journal: options.journal });
+      return new ToolExecutor({ tools: local, providers, toolTimeout: options.toolTimeout, journal: options.journal });
     } catch (e) {
-      await Promise.all(servers.map((s) => s.close()));
+      await Promise.all(providers.map((s) => s.close()));
       throw e;
     }
   }
@@ -258,7 +260,7 @@ export class ToolExecutor {
         result = toolOutputText(out);
         if (!result.ok) result.error = `${name} returned an error: ${result.error}`;
       } else {
-        const running = route.provider.call(route.remoteName, a, { signal: controller.signal, timeoutMs, where: ctx.where });
+        const running = route.provider.call(route.remoteName, a, { signal: controller.signal, timeoutMs, where: ctx.where, row: ctx.row, seed: ctx.seed });
         let r: { content: string; isError: boolean } | 'timeout';
         try {
           r = await Promise.race([running, timedOut]);

@@ -6,6 +6,7 @@
 export type { ToolDef, ZodToolDef, ToolContext, ToolOutput, Environment, EnvironmentFactory, EnvironmentStart, EnvironmentAction, EnvironmentStep, RolloutContext, CallRecord, ToolRound } from './types.ts';
 export { loadToolsModule, toolsFromModule, toolsFromValues, toolFromExport, compileSchema, TOOL_NAME, type LoadedTool } from './tools.ts';
 export { McpServer, startMcpServers, readMcpConfig, mcpSpecFromCommand, splitCommand, mcpResultText, ProviderDiedError, type McpServerSpec, type ToolProvider, type ProviderResult, type ProviderCallOptions } from './mcp.ts';
+export { CommandTools, type LineChannel } from './command.ts';
 export { ToolExecutor, DEFAULT_TOOL_TIMEOUT, errorContent, toolOutputText, type ToolExecutorOptions } from './executor.ts';
 export { loadEnvironment, environmentFrom, EnvironmentModule, EnvSession, EnvironmentError } from './env.ts';
 export { ToolJournal, JOURNAL_FILE, canonicalJson, type JournalEntry, type JournalKey } from './journal.ts';

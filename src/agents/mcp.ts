@@ -38,6 +38,9 @@ export interface ProviderCallOptions {
   signal: AbortSignal;
   timeoutMs: number;
   where?: string;
+  /** The prompt row and the episode seed (a `cmd:` program receives them; MCP has no place for them). */
+  row?: Record<string, unknown>;
+  seed?: number;
 }
 
 /**
