@@ -8,9 +8,10 @@
 import { existsSync } from 'node:fs';
 import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
-import Ajv, { type ValidateFunction } from 'ajv';
-import Ajv2019 from 'ajv/dist/2019.js';
-import Ajv2020 from 'ajv/dist/2020.js';
+// Named exports: the default export of these CommonJS modules reads differently under NodeNext (the build).
+import { Ajv, type ValidateFunction } from 'ajv';
+import { Ajv2019 } from 'ajv/dist/2019.js';
+import { Ajv2020 } from 'ajv/dist/2020.js';
 import { z } from 'zod';
 import { UserError } from '../errors.ts';
 import type { ToolSpec } from '../chat.ts';
