@@ -143,9 +143,11 @@ export interface ConversationIds {
  * prompt with the generation prompt, each assistant turn up to and including its end-of-turn token
  * (mask 1), the bridge to the next assistant turn (mask 0), and whatever the template writes after
  * the last turn (mask 0). Assistant turns are cut from the template's render of the whole
- * conversation, so earlier turns look as the template renders history.
+ * conversation, so earlier turns look as the template renders history. With `from`, the turns
+ * before message `from` are all prompt (a multi-turn prompt's assistant turns are context, mask 0).
  */
-export function tokenizeConversation(tok: LoadedTokenizer, messages: readonly Message[], opts: ChatRenderOptions = {}): ConversationIds {
+export function tokenizeConversation(tok: LoadedTokenizer, messages: readonly Message[], opts: ChatRenderOptions & { from?: number } = {}): ConversationIds {
+  const from = opts.from ?? 0;
   checkToolSupport(tok, messages, opts);
   const stops = endOfTurnStrings(tok);
   if (stops.length === 0) throw new UserError(`${tok.dir}: the tokenizer has no stop token, so an assistant turn's end cannot be found`);
@@ -164,7 +166,7 @@ export function tokenizeConversation(tok: LoadedTokenizer, messages: readonly Me
     segments.push(message === undefined ? { kind, ids: part } : { kind, ids: part, message });
   };
   messages.forEach((m, i) => {
-    if (m.role !== 'assistant') return;
+    if (m.role !== 'assistant' || i < from) return;
     const head = renderChat(tok, messages.slice(0, i), { ...opts, addGenerationPrompt: true });
     if (!full.startsWith(head) || head.length < cursor) {
       throw new TemplatePrefixError(
@@ -179,7 +181,7 @@ export function tokenizeConversation(tok: LoadedTokenizer, messages: readonly Me
     push('assistant', full.slice(head.length, end), 1, i);
     cursor = end;
   });
-  if (promptLength < 0) throw new UserError(`${tok.dir}: the conversation has no assistant message to train on`);
+  if (promptLength < 0) throw new UserError(`${tok.dir}: the conversation has no assistant message${from > 0 ? ` from message ${from + 1} on` : ''} to train on`);
   push('tail', full.slice(cursor), 0);
   return { ids, mask, promptLength, segments };
 }
