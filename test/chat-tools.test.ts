@@ -12,7 +12,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { UserError } from '../src/errors.ts';
 import type { Message, ToolSpec } from '../src/chat.ts';
 import { loadTokenizer, writeTokenizer, type LoadedTokenizer } from '../src/tokenize/index.ts';
-import { bridgeIds, checkTemplateExtends, renderChat, tokenizeConversation } from '../src/tokenize/conversation.ts';
+import { bridgeIds, chatPromptIds, checkTemplateExtends, renderChat, tokenizeConversation } from '../src/tokenize/conversation.ts';
 import { parseToolCalls, toolCallFormatOf } from '../src/tokenize/tool-calls.ts';
 
 const require = createRequire(import.meta.url);
@@ -37,7 +37,7 @@ const call = (a: number, b: number) => ({ type: 'function' as const, function: {
  * the tool results bring. Returns the ids and which of them were sampled.
  */
 function replay(tok: LoadedTokenizer, prompt: Message[], turns: { sampled: string; message: Message; after: Message[] }[]): { ids: number[]; sampled: number[] } {
-  const ids = tok.encode(renderChat(tok, prompt, { tools, addGenerationPrompt: true }), { addSpecialTokens: false });
+  const ids = chatPromptIds(tok, prompt, { tools });
   const sampled = ids.map(() => 0);
   const history = [...prompt];
   for (const t of turns) {

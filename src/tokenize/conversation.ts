@@ -45,6 +45,11 @@ export function renderChat(tok: LoadedTokenizer, messages: readonly Message[], o
   return tok.applyChatTemplate(templateMessages(messages), { addGenerationPrompt: opts.addGenerationPrompt ?? false, variables });
 }
 
+/** The ids a rollout starts from: the template's render of `messages` with the generation prompt. */
+export function chatPromptIds(tok: LoadedTokenizer, messages: readonly Message[], opts: ChatRenderOptions = {}): number[] {
+  return tok.encode(renderChat(tok, messages, { ...opts, addGenerationPrompt: true }), { addSpecialTokens: false });
+}
+
 /** The texts of the tokens that end a turn: the stop ids (EOS and generation_config's `eos_token_id`s). */
 export function endOfTurnStrings(tok: LoadedTokenizer): string[] {
   const out: string[] = [];

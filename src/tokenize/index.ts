@@ -13,6 +13,7 @@ export {
 export {
   bridgeIds,
   bridgeText,
+  chatPromptIds,
   checkTemplateExtends,
   endOfTurnStrings,
   renderChat,
