@@ -214,3 +214,28 @@ describe('the generated test tokenizer', () => {
     expect(parseToolCalls(sampled1.replace('<|im_end|>', ''), 'hermes')).toEqual({ content: 'Sure.', toolCalls: [call(2, 3), call(1, 1)], errors: [] });
   });
 });
+
+describe('the run-start check names the remedy that works', () => {
+  it('suggests enable_thinking=false where that makes the template extend its render', () => {
+    const dir = path.join(root, 'thinking');
+    writeTokenizer(dir);
+    // Like Qwen3's: the last assistant turn gets an empty <think> block unless thinking is off.
+    const file = path.join(root, 'thinking.jinja');
+    fs.writeFileSync(
+      file,
+      "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' }}" +
+        "{%- if m['role'] == 'assistant' and loop.last and enable_thinking is not false %}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}" +
+        "{{ m['content'] }}{%- for c in m['tool_calls'] or [] %}{{ '<tool_call>' + (c['function'] | tojson) + '</tool_call>' }}{%- endfor %}{{ '<|im_end|>\\n' }}{%- endfor %}" +
+        "{%- if tools %}{%- endif %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}",
+    );
+    const tok = loadTokenizer(dir, { chatTemplateFile: file });
+    let msg = '';
+    try {
+      checkTemplateExtends(tok, { tools });
+    } catch (e) {
+      msg = (e as Error).message;
+    }
+    expect(msg).toMatch(/set chat_template_kwargs enable_thinking=false, or pass --chat-template FILE/);
+    expect(() => checkTemplateExtends(tok, { tools, templateKwargs: { enable_thinking: false } })).not.toThrow();
+  });
+});
