@@ -52,7 +52,7 @@ import type { TruncationConfig } from '../datasets/examples.ts';
 import { GGUF_DTYPES, exportGguf, type GgufDtype } from './export/gguf.ts';
 import { ONNX_DTYPES, exportOnnx, type OnnxDtype } from './export/onnx.ts';
 import { readExportSource } from './export/source.ts';
-import { grpo as runGrpo, type GrpoOptions as GrpoLoopOptions, type GrpoResult, type GrpoSettings } from './online/grpo.ts';
+import { grpo as runGrpo, type GrpoOptions as GrpoLoopOptions, type GrpoResult, type GrpoSettings } from './online/grpo/index.ts';
 
 export { UserError, BadInputError, DamagedFileError, DeviceUnavailableError, AbortedError, type ErrorLocation, type UserErrorKind } from './errors.ts';
 export type { ProgressFactory, ProgressReporter, ProgressFields } from './progress.ts';

@@ -13,7 +13,7 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { initModelFolder } from '../src/models/init.ts';
-import { combineRewards, computeAdvantages, GRPO_SETTINGS, nanStd } from '../src/online/grpo.ts';
+import { combineRewards, computeAdvantages, GRPO_SETTINGS, nanStd } from '../src/online/grpo/index.ts';
 import { getLoss } from '../losses/index.ts';
 import { resolveConfig } from '../src/train/config.ts';
 import { commandDecl, commandDefaults, declareCommand, declaredCommands, settingsHelp, settingsMarkdown, TRAIN_SETTINGS } from '../src/train/settings.ts';

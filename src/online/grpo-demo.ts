@@ -29,7 +29,7 @@ import { writeDemoEval } from '../train/demo-eval.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
 import { recallPrompts, type OnlineDemoOptions } from './demo.ts';
-import { evaluateRewards, grpo } from './grpo.ts';
+import { evaluateRewards, grpo, samplingRollout } from './grpo/index.ts';
 import { Policy } from './policy.ts';
 import { readPromptRows } from './prompts.ts';
 import { loadAllRewards, releaseRewards } from './rewards.ts';
@@ -127,7 +127,8 @@ export async function runGrpoDemo(o: GrpoDemoOptions): Promise<GrpoDemoResult> {
   const heldRows = await readPromptRows(heldoutFile);
   const fns = await loadAllRewards(['accuracy']);
   const pi0 = await Policy.load(start.finalDir);
-  const before = await evaluateRewards(pi0.tok, pi0.decoder, heldRows, fns, [1], { n: EVAL_SAMPLES, seed: evalSeed, maxCompletionLength: 2, temperature: 1, topK: 0, topP: 1, timeout: 60 });
+  const rollout = samplingRollout({ max_completion_length: 2, temperature: 1, top_k: 0, top_p: 1 });
+  const before = await evaluateRewards(pi0.tok, pi0.decoder, heldRows, fns, [1], { rollout, n: EVAL_SAMPLES, seed: evalSeed, maxCompletionLength: 2, timeout: 60 });
   await pi0.release();
   await releaseRewards(fns);
 

@@ -311,7 +311,7 @@ declareCommand('nash-md', { honours: ONLINE_LOOP_SETTINGS, lossParams: 'nash_md'
 declareCommand('sppo', { honours: [...ONLINE_LOOP_SETTINGS, 'share_prompt', 'gradient_checkpointing', 'base_dtype'], lossParams: 'sppo' });
 /**
  * GRPO's own settings (beside the trainer's and the `grpo` loss's parameters), declared here:
- * parsing, validation, `prefzoo grpo --help` and docs/settings.md come from it (src/online/grpo.ts reads them).
+ * parsing, validation, `prefzoo grpo --help` and docs/settings.md come from it (src/online/grpo/ reads them).
  */
 export const GRPO_SETTINGS = defineSettings({
   num_generations: { type: 'int', default: 8, min: 2, max: 1 << 16, group: G.grpo, trl: 'num_generations', doc: 'completions sampled per prompt (the group, G ≥ 2)' },

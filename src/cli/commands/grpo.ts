@@ -5,7 +5,7 @@
  */
 import type { Command } from 'commander';
 import { DEVICE_HELP, collect, device } from '../flags.ts';
-import { grpo } from '../../online/grpo.ts';
+import { grpo } from '../../online/grpo/index.ts';
 import { settingsHelp as honouredHelp } from '../../train/settings.ts';
 import { getLoss } from '../../../losses/index.ts';
 import { describeRange } from '../../../losses/core/params.ts';
