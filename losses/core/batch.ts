@@ -16,6 +16,7 @@
  *                   completion_mask (1 = a completion token counted), token_entropies (nats, for
  *                   top_entropy_quantile); [B]: advantages; a number: num_items_in_batch (DAPO's
  *                   token count of the whole accumulated batch)
+ * reward_pairs [B]: chosen_rewards, rejected_rewards (a reward model's r(x, y_w), r(x, y_l))
  * every kind:       weight [B] (row weights of the batch mean)
  */
 import { UserError } from '../../src/errors.ts';
@@ -34,11 +35,12 @@ export const NASH_KEYS = ['policy_logps', 'ref_logps', 'probs', 'weight'] as con
 export const GRPO_KEYS = [
   'policy_token_logps', 'old_token_logps', 'ref_token_logps', 'advantages', 'completion_mask', 'token_entropies', 'num_items_in_batch',
 ] as const;
+export const REWARD_PAIR_KEYS = ['chosen_rewards', 'rejected_rewards', 'weight'] as const;
 /** GRPO's per-token columns ([B, T]: one entry per completion position). */
 export const TOKEN_KEYS: ReadonlySet<string> = new Set(['policy_token_logps', 'old_token_logps', 'ref_token_logps', 'completion_mask', 'token_entropies']);
 
 export const KEYS_OF: Record<Kind, readonly string[]> = {
-  pairwise: PAIR_KEYS, listwise: LIST_KEYS, single: SINGLE_KEYS, nash_md: NASH_KEYS, grpo: GRPO_KEYS,
+  pairwise: PAIR_KEYS, listwise: LIST_KEYS, single: SINGLE_KEYS, nash_md: NASH_KEYS, grpo: GRPO_KEYS, reward_pairs: REWARD_PAIR_KEYS,
 };
 
 /** Rank of a key's tensor: 2 for [B, K] list and [B, T] token columns, 0 for the scalars `kl` and `num_items_in_batch`, else 1. */

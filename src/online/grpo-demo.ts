@@ -32,7 +32,7 @@ import { recallPrompts, type OnlineDemoOptions } from './demo.ts';
 import { evaluateRewards, grpo, samplingRollout } from './grpo/index.ts';
 import { Policy } from './policy.ts';
 import { readPromptRows } from './prompts.ts';
-import { loadAllRewards, releaseRewards } from './rewards.ts';
+import { loadAllRewards, releaseRewards } from './rewards/index.ts';
 
 /** The online demo's options; `params` are extra settings of the GRPO run (e.g. loss_type=grpo, max_steps=40). */
 export type GrpoDemoOptions = Omit<OnlineDemoOptions, 'method'>;

@@ -28,16 +28,19 @@ import type { Text } from '../../datasets/schema.ts';
 import { Scorer } from '../models/scorer.ts';
 import { resolveLoss, type BoundLoss } from '../../losses/index.ts';
 import { Decoder } from '../models/generate.ts';
-import type { Judge } from './judges.ts';
+import { withJudge, type Judge } from './judges.ts';
 import { sampleWith } from './policy.ts';
 import type { SamplingOptions } from '../models/sampling.ts';
-import { modelParamSpecs, optimizerOf } from '../train/run.ts';
+import { modelParamSpecs, optimizerOf, runtimeOf } from '../train/run.ts';
 import { runOnline, type OnlineMethod, type OnlineOptions } from './loop.ts';
 
 /** `params`: trainer settings and the loss's `beta`, `mixture_coef`, as `key=value`. */
 export interface NashMdOptions extends SamplingOptions, OnlineOptions {
   prompts: readonly Text[];
-  judge: Judge;
+  /** The judge, or its spec (`task`, `reward:DIR`, `cmd:COMMAND`): then loaded on the run's device and released at the end. */
+  judge: Judge | string;
+  /** Settings by name, typed (as `--param` takes them, after `params`). */
+  settings?: Readonly<Record<string, unknown>>;
   maxNewTokens: number;
   /** The prompts file, recorded in config.json (a --resume must name the same). */
   promptsFile?: string;
@@ -85,7 +88,12 @@ interface NashMdRound {
 }
 
 export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
-  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'nash-md' });
+  const runtime = () => runtimeOf(resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'nash-md' }).config);
+  return withJudge(o.judge, runtime, (judge) => nashMdWith({ ...o, judge }));
+}
+
+async function nashMdWith(o: NashMdOptions & { judge: Judge }): Promise<NashMdResult> {
+  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'nash-md' });
   const loss = resolveLoss('nash_md', lossParams);
   const m = loss.terms[0].params.mixture_coef as number;
   let ref: Decoder | null = null;

@@ -1,11 +1,8 @@
 /**
  * Reward models: a causal LM with a scalar head (`value_head.weight [D]`, `value_head.bias [1]`) read
  * at the last token of prompt ++ response (the response ends with EOS or the template's end-of-turn,
- * so the head sees the whole answer). Trained with the Bradley–Terry loss on preference pairs,
- *
- *   L = −log σ(r(x, y_w) − r(x, y_l))     (mean over pairs),
- *
- * as in "Training language models to follow instructions with human feedback" (2022). The folder is
+ * so the head sees the whole answer). Trained with the Bradley–Terry loss of the registry
+ * (losses/bradley_terry.ts) on preference pairs, L = −log σ(r(x, y_w) − r(x, y_l)), mean over pairs. The folder is
  * an ordinary HF model folder whose safetensors also hold the head, plus `reward_model.json`.
  */
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
@@ -27,12 +24,15 @@ import { loadTokenizer, tokenizePromptResponse, type LoadedTokenizer } from '../
 import { resolveConfig, type TrainConfig } from '../train/config.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
 import type { Text } from '../../datasets/schema.ts';
-import { negLogSigmoid } from '../../losses/core/ops.ts';
+import { resolveLoss } from '../../losses/index.ts';
 import { modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder } from '../train/run.ts';
 import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions } from './loop.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 
 export const REWARD_MODEL_FILE = 'reward_model.json';
+
+/** The loss of the registry reward models train with (losses/bradley_terry.ts). */
+const BRADLEY_TERRY = resolveLoss('bradley_terry', {});
 
 /** Token sequences of (prompt, response) pairs, right-padded to a multiple of `padTo`. */
 function batchFeeds(seqs: number[][], padId: number, padTo: number): { feeds: Feeds; tokens: number } {
@@ -134,24 +134,15 @@ function rewardSpec(config: ModelConfig, init: Map<string, FloatTensor>, lora: L
       const two = g.reshape(r, [2, -1]);
       const rw = g.gather(two, g.constant(0, 'int64'), 0);
       const rl = g.gather(two, g.constant(1, 'int64'), 0);
-      const margin = g.sub(rw, rl);
-      const loss = g.reduceMean(negLogSigmoid(g, margin), undefined, false);
-      const m = g.stopGradient(margin);
-      return {
-        loss,
-        metrics: {
-          accuracy: g.reduceMean(g.cast(g.greater(m, 0), 'float32'), undefined, false),
-          margin: g.reduceMean(m, undefined, false),
-          'rewards/chosen': g.reduceMean(g.stopGradient(rw), undefined, false),
-          'rewards/rejected': g.reduceMean(g.stopGradient(rl), undefined, false),
-        },
-      };
+      return BRADLEY_TERRY.emit(g, { chosen_rewards: rw, rejected_rewards: rl }, 'reward_pairs');
     },
   };
 }
 
 export interface RewardTrainOptions extends OnlineOptions {
   data: string;
+  /** Settings by name, typed (as `--param` takes them, after `params`). */
+  settings?: Readonly<Record<string, unknown>>;
   rows?: LoadedData;
 }
 
@@ -189,7 +180,7 @@ function pairSeqs(rows: readonly TokenizedExample[]): number[][] {
  */
 export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainResult> {
   const log = o.log ?? (() => {});
-  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'reward-train' });
+  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'reward-train' });
   // The settings it honours are declared in train/settings.ts ('reward-train'); resolveConfig refuses the others.
   const unknown = Object.keys(lossParams);
   if (unknown.length) throw new UserError(`reward-train: unknown setting ${unknown.map((k) => `"${k}"`).join(', ')} (the Bradley–Terry loss has no parameters)`);

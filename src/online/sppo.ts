@@ -36,9 +36,9 @@ import type { Text } from '../../datasets/schema.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { collate, sequenceIndex } from '../models/batch.ts';
 import { lrAt } from '../optim/schedule.ts';
-import { loraOf, stepPlan } from '../train/run.ts';
+import { loraOf, runtimeOf, stepPlan } from '../train/run.ts';
 import { problemOf, problemSpec } from '../train/problem.ts';
-import { winRates, type Judge } from './judges.ts';
+import { winRates, withJudge, type Judge } from './judges.ts';
 import { sampleWith } from './policy.ts';
 import { writeFileAtomic, writeJsonAtomic } from '../io/atomic.ts';
 import type { SamplingOptions } from '../models/sampling.ts';
@@ -47,7 +47,10 @@ import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions } 
 /** `params`: settings of the loop (docs/settings.md, `sppo`) and the loss's `beta`, as `key=value`. */
 export interface SppoOptions extends SamplingOptions, OnlineOptions {
   prompts: readonly Text[];
-  judge: Judge;
+  /** The judge, or its spec (`task`, `reward:DIR`, `cmd:COMMAND`): then loaded on the run's device and released at the end. */
+  judge: Judge | string;
+  /** Settings by name, typed (as `--param` takes them, after `params`). */
+  settings?: Readonly<Record<string, unknown>>;
   /** T (default 3). */
   iterations?: number;
   /** K responses per prompt and iteration (default 4). */
@@ -102,6 +105,11 @@ interface SppoRound {
 }
 
 export async function runSppo(o: SppoOptions): Promise<SppoResult> {
+  const runtime = () => runtimeOf(resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'sppo' }).config);
+  return withJudge(o.judge, runtime, (judge) => sppoWith({ ...o, judge }));
+}
+
+async function sppoWith(o: SppoOptions & { judge: Judge }): Promise<SppoResult> {
   const t0 = Date.now();
   const log = o.log ?? (() => {});
   const T = o.iterations ?? 3;
@@ -109,7 +117,7 @@ export async function runSppo(o: SppoOptions): Promise<SppoResult> {
   if (!(Number.isInteger(T) && T >= 1)) throw new UserError(`--iterations must be a positive integer, got ${o.iterations}`);
   if (!(Number.isInteger(K) && K >= 2)) throw new UserError(`--samples must be an integer ≥ 2 (win-rates compare samples with each other), got ${o.samples}`);
   if (o.prompts.length === 0) throw new UserError('sppo: no prompts');
-  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'sppo' });
+  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'sppo' });
   const loss = resolveLoss('sppo', lossParams);
   // The model is the run's: its problem is worked out once, not every round.
   let solved: ReturnType<typeof problemOf> | undefined;

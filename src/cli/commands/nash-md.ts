@@ -1,7 +1,6 @@
 import type { Command } from 'commander';
 import { settingsHelp } from '../../train/settings.ts';
 import { DEVICE_HELP, device } from '../flags.ts';
-import { loadJudge } from '../../online/judges.ts';
 import { runNashMd } from '../../online/nash-md.ts';
 import { collect, parseSampling, SAMPLING_FLAGS, type SamplingFlags } from '../../online/options.ts';
 import { readPrompts } from '../../online/prompts.ts';
@@ -28,13 +27,8 @@ export function register(program: Command): void {
     .action(async (o: SamplingFlags & { model: string; prompts: string; judge: string; out: string; param: string[]; device?: string; config?: string; quiet?: boolean; json?: boolean; resume?: boolean; overwrite?: boolean }) => {
       const sampling = parseSampling(o);
       const prompts = await readPrompts(o.prompts);
-      const judge = await loadJudge(o.judge);
-      try {
-        const r = await runNashMd({ model: o.model, prompts, promptsFile: o.prompts, judge, out: o.out, resume: o.resume, overwrite: o.overwrite, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
-        if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last }) + '\n');
-        else process.stdout.write(`${r.steps} Nash-MD steps in ${r.seconds}s; final policy in ${r.finalDir}; metrics in ${o.out}/metrics.jsonl\n`);
-      } finally {
-        await judge.release();
-      }
+      const r = await runNashMd({ model: o.model, prompts, promptsFile: o.prompts, judge: o.judge, out: o.out, resume: o.resume, overwrite: o.overwrite, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
+      if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last }) + '\n');
+      else process.stdout.write(`${r.steps} Nash-MD steps in ${r.seconds}s; final policy in ${r.finalDir}; metrics in ${o.out}/metrics.jsonl\n`);
     });
 }

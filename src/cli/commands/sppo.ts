@@ -1,7 +1,6 @@
 import type { Command } from 'commander';
 import { settingsHelp } from '../../train/settings.ts';
 import { DEVICE_HELP, device } from '../flags.ts';
-import { loadJudge } from '../../online/judges.ts';
 import { collect, intFlag, parseSampling, SAMPLING_FLAGS, type SamplingFlags } from '../../online/options.ts';
 import { readPrompts } from '../../online/prompts.ts';
 import { runSppo } from '../../online/sppo.ts';
@@ -32,13 +31,8 @@ export function register(program: Command): void {
       const iterations = intFlag('--iterations', o.iterations);
       const samples = intFlag('--samples', o.samples, 2);
       const prompts = await readPrompts(o.prompts);
-      const judge = await loadJudge(o.judge);
-      try {
-        const r = await runSppo({ model: o.model, prompts, promptsFile: o.prompts, judge, out: o.out, resume: o.resume, overwrite: o.overwrite, iterations, samples, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
-        if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, seconds: r.seconds, iterations: r.iterations }) + '\n');
-        else process.stdout.write(`${iterations} SPPO iterations in ${r.seconds}s; final policy in ${r.finalDir}\n`);
-      } finally {
-        await judge.release();
-      }
+      const r = await runSppo({ model: o.model, prompts, promptsFile: o.prompts, judge: o.judge, out: o.out, resume: o.resume, overwrite: o.overwrite, iterations, samples, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
+      if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, seconds: r.seconds, iterations: r.iterations }) + '\n');
+      else process.stdout.write(`${iterations} SPPO iterations in ${r.seconds}s; final policy in ${r.finalDir}\n`);
     });
 }

@@ -2,7 +2,7 @@
 import type { Decoder } from '../../models/generate.ts';
 import type { LoadedTokenizer } from '../../tokenize/index.ts';
 import type { PromptRow } from '../prompts.ts';
-import { scoreAll, type RewardFunction, type RewardRow } from '../rewards.ts';
+import { scoreAll, type RewardFunction, type RewardRow } from '../rewards/index.ts';
 import { combineRewards, nanMean } from './advantages.ts';
 import { lengthMetrics, rewardMetrics } from './metrics.ts';
 import type { Completion, Rollout } from './rollout.ts';

@@ -27,9 +27,10 @@
  */
 import { UserError } from '../../errors.ts';
 import { resolveConfig } from '../../train/config.ts';
+import { runtimeOf } from '../../train/run.ts';
 import type { GrpoParams } from '../../../losses/grpo.ts';
 import { readPromptRows, type PromptRow } from '../prompts.ts';
-import { loadAllRewards, releaseRewards } from '../rewards.ts';
+import { loadAllRewards, releaseRewards } from '../rewards/index.ts';
 import { ReferenceScorer } from '../reference.ts';
 import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions, type OnlineResult } from '../loop.ts';
 import { computeAdvantages } from './advantages.ts';
@@ -51,6 +52,8 @@ export interface GrpoOptions extends OnlineOptions {
   prompts: string;
   /** `--reward` specs (rewards.ts), in order; reward_weights follows it. */
   rewards: readonly string[];
+  /** Settings by name, typed (as `--param` takes them, after `params`). */
+  settings?: Readonly<Record<string, unknown>>;
   /** How completions are made (default: `samplingRollout` with the run's sampling settings). */
   rollout?: (s: GrpoSettings) => Rollout;
 }
@@ -58,7 +61,7 @@ export interface GrpoOptions extends OnlineOptions {
 export type GrpoResult = OnlineResult;
 
 export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
-  const { config, lossParams, own } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'grpo' });
+  const { config, lossParams, own } = resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'grpo' });
   const s = own as unknown as GrpoSettings;
   const loss = grpoLoss(lossParams, s);
   const p = loss.terms[0].params as GrpoParams;
@@ -71,7 +74,8 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   const rows = await readPromptRows(o.prompts);
   const evalRows = config.eval_data ? (await readPromptRows(config.eval_data)).slice(0, config.eval_samples > 0 ? config.eval_samples : undefined) : [];
   const cols = columnsOf(p, s);
-  const fns = await loadAllRewards(o.rewards);
+  // Reward models run where the policy does.
+  const fns = await loadAllRewards(o.rewards, { runtime: runtimeOf(config) });
   const names = fns.map((f) => f.name);
   let weights: number[];
   try {

@@ -4,7 +4,11 @@ import type { Completion } from './rollout.ts';
 
 const mean = (xs: readonly number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : 0);
 
-/** reward, reward_std, rewards/<name>/mean and /std (NaN-free: null answers left out, a metric with no answer at all omitted). */
+/**
+ * reward, reward_std, rewards/<name>/mean and /std (NaN-free: null answers left out, a metric with no
+ * answer at all omitted), and frac_reward_none: the share of completions no function scored (every
+ * answer null), whose advantage is 0.
+ */
 export function rewardMetrics(names: readonly string[], perFunction: readonly Float64Array[], rewards: Float64Array): Record<string, number> {
   const m: Record<string, number> = {};
   const put = (k: string, v: number) => {
@@ -12,6 +16,7 @@ export function rewardMetrics(names: readonly string[], perFunction: readonly Fl
   };
   put('reward', nanMean(rewards));
   put('reward_std', nanStd(rewards));
+  put('frac_reward_none', Array.from(rewards).filter((r) => Number.isNaN(r)).length / rewards.length);
   names.forEach((n, k) => {
     put(`rewards/${n}/mean`, nanMean(perFunction[k]));
     put(`rewards/${n}/std`, nanStd(perFunction[k]));
