@@ -36,7 +36,7 @@ import type { TrainOptions as TrainerOptions, TrainResult } from './train/traine
 import type { TrainConfig } from './train/config.ts';
 import type { LoopOptions } from './train/run.ts';
 import { evaluateRows, type EvalOptions, type EvalSummary, type ModelSource } from './eval/evaluate.ts';
-import { Policy } from './online/policy.ts';
+import { ModelSampler } from './online/policy.ts';
 import type { Sample } from './online/policy.ts';
 import { readPrompts } from './online/prompts.ts';
 import { writeSamples } from './online/samples-io.ts';
@@ -315,7 +315,7 @@ export async function generate(options: GenerateOptions): Promise<Sample[]> {
   return guarded(options, async () => {
     const prompts = typeof options.prompts === 'string' ? await readPrompts(options.prompts) : options.prompts;
     options.signal?.throwIfAborted();
-    const policy = await Policy.load(options.model, options.runtime, options.chatTemplateFile);
+    const policy = await ModelSampler.load(options.model, options.runtime, options.chatTemplateFile);
     try {
       options.signal?.throwIfAborted();
       const samples = await policy.sample(prompts, { ...options, n: options.n ?? 1, seed: options.seed ?? 0, batchSize: options.batchSize ?? 32 });
@@ -337,7 +337,8 @@ export interface OnlineOptions extends Omit<LoopOptions, 'progress' | 'log' | 'q
   prompts: string | readonly Text[];
   /** Compares responses; a string is loaded on the run's device (and released) by the method. */
   judge: JudgeSpec;
-  maxNewTokens: number;
+  /** The longest response (the `max_completion_length` setting under its older name; default 64). */
+  maxNewTokens?: number;
   settings?: Settings;
 }
 

@@ -5,7 +5,7 @@
  * (losses/bradley_terry.ts) on preference pairs, L = −log σ(r(x, y_w) − r(x, y_l)), mean over pairs. The folder is
  * an ordinary HF model folder whose safetensors also hold the head, plus `reward_model.json`.
  */
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as arrow from 'apache-arrow';
@@ -28,6 +28,13 @@ import { resolveLoss } from '../../losses/index.ts';
 import { modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder } from '../train/run.ts';
 import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions } from './loop.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
+import { declareCommand, ONLINE_LOOP_SETTINGS } from '../train/settings.ts';
+
+/** The reward model is saved into the output folder itself, merged: save_merged and save_adapter do not apply. */
+declareCommand('reward-train', {
+  honours: [...ONLINE_LOOP_SETTINGS.filter((k) => k !== 'save_merged' && k !== 'save_adapter'), 'max_length', 'max_prompt_length', 'truncation', 'max_samples', 'eval_data', 'eval_steps', 'eval_samples'],
+  lossParams: 'none',
+});
 
 export const REWARD_MODEL_FILE = 'reward_model.json';
 
@@ -258,12 +265,6 @@ export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainRes
   writeJsonAtomic(join(o.out, REWARD_MODEL_FILE), { base_model: o.model, data: o.data, loss: 'bradley_terry', ...config, result });
   log(`reward-train: ${r.steps} steps in ${result.seconds}s; pair accuracy ${result.train_accuracy.toFixed(3)} (train)${result.eval_accuracy !== undefined ? `, ${result.eval_accuracy.toFixed(3)} (eval)` : ''}`);
   return result;
-}
-
-/** Reads `reward_model.json` of a folder, if any. */
-export function rewardModelInfo(dir: string): Record<string, unknown> | null {
-  const f = join(dir, REWARD_MODEL_FILE);
-  return existsSync(f) ? JSON.parse(readFileSync(f, 'utf8')) : null;
 }
 
 export interface ScorePairsResult {

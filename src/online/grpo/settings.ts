@@ -1,17 +1,41 @@
 /**
- * GRPO's settings: its own table (beside the trainer's and the `grpo` loss's parameters), the trainer
- * settings it honours and its defaults of them. Parsing, validation, `prefzoo grpo --help` and
- * docs/settings.md all come from this declaration.
+ * GRPO's settings: its own table (the sampling settings, declared once in ../sampling.ts, and GRPO's
+ * others), the trainer settings it honours and its defaults of them. Parsing, validation,
+ * `prefzoo grpo --help` and docs/settings.md all come from this declaration.
  */
 import { UserError } from '../../errors.ts';
 import { resolveLoss, type BoundLoss } from '../../../losses/index.ts';
-import { GRPO_HONOURS, GRPO_SETTINGS, type SettingsOf } from '../../train/settings.ts';
+import { declareCommand, defineSettings, ONLINE_LOOP_SETTINGS, type SettingsOf } from '../../train/settings.ts';
+import { SAMPLING_SETTINGS } from '../sampling.ts';
 
-export { GRPO_SETTINGS, GRPO_HONOURS };
+const GROUP = 'GRPO';
+
+export const GRPO_SETTINGS = defineSettings({
+  ...SAMPLING_SETTINGS,
+  num_iterations: { type: 'int', default: 1, min: 1, max: 1024, group: GROUP, trl: 'num_iterations', doc: 'μ: optimizer updates on each sampled round, the sampling policy’s log-probs kept as the old ones' },
+  scale_rewards: { type: 'enum', choices: ['group', 'batch', 'none'], default: 'group', group: GROUP, trl: 'scale_rewards', paper: 'Dr. GRPO (2025) for none', doc: 'divide advantages by the reward std of the group, of the batch, or not at all' },
+  advantage: { type: 'enum', choices: ['group', 'rloo'], default: 'group', group: GROUP, paper: 'RLOO: Ahmadian et al. (2024)', doc: "baseline: the group's mean reward (GRPO) or the mean of the group's other completions (RLOO)" },
+  reward_weights: { type: 'string', default: '', group: GROUP, trl: 'reward_weights', doc: "comma-separated weight per reward function, in --reward order ('': 1 each)" },
+  mask_truncated_completions: { type: 'boolean', default: false, group: GROUP, trl: 'mask_truncated_completions', paper: 'DAPO (2025)', doc: 'completions cut at max_completion_length (no end token) count in no loss term' },
+  reward_timeout: { type: 'number', default: 300, min: 0, minOpen: true, max: 1e9, group: GROUP, doc: 'seconds a reward function may take on one round before the run stops' },
+  log_completions: { type: 'int', default: 8, min: 0, max: 1 << 16, group: GROUP, trl: 'num_completions_to_print', doc: "completions of each logged round's first prompt written to completions.jsonl (0: none)" },
+});
+
 export type GrpoSettings = SettingsOf<typeof GRPO_SETTINGS>;
+
+/** The trainer settings GRPO honours: the online loop's, and evaluation and recomputation. */
+export const GRPO_HONOURS = [...ONLINE_LOOP_SETTINGS, 'eval_data', 'eval_steps', 'eval_samples', 'gradient_checkpointing'] as const;
+
+/**
+ * GRPO's defaults of trainer settings, TRL GRPOConfig's: learning rate 1e-6, and 8 completions (one
+ * group of the default num_generations) per micro-batch.
+ */
+declareCommand('grpo', { honours: GRPO_HONOURS, own: GRPO_SETTINGS, lossParams: 'grpo', defaults: { batch_size: 8, learning_rate: 1e-6 } });
 
 /** The `grpo` loss bound to the loss parameters given (max_completion_length is GRPO's setting, passed on). */
 export function grpoLoss(lossParams: Record<string, unknown>, s: GrpoSettings): BoundLoss {
+  // Log-probs, entropies and the importance ratio use logits / temperature: greedy decoding has none.
+  if (!(s.temperature > 0)) throw new UserError(`grpo: temperature must be > 0 (its log-probs use the logits divided by it), got ${s.temperature}`);
   return resolveLoss('grpo', { ...lossParams, max_completion_length: s.max_completion_length });
 }
 
