@@ -102,11 +102,32 @@ async function nashMdWith(o: NashMdOptions & { judge: Judge }): Promise<NashMdRe
   const { config, lossParams, own } = resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'nash-md' });
   const sampling = samplerOptions(own as unknown as SettingsOf<typeof NASH_MD_SETTINGS>);
   const loss = resolveLoss('nash_md', lossParams);
+  const r = await runOnline(o, o.prompts, nashMdMethod({ config, loss, sampling, judge: o.judge }), {
+    config,
+    record: { prompts: o.promptsFile ?? null, judge: o.judge.name, loss: 'nash_md', loss_params: loss.terms[0].params, max_new_tokens: sampling.maxNewTokens, sampling: { temperature: sampling.temperature, top_k: sampling.topK, top_p: sampling.topP } },
+    inputs: [
+      ...(o.promptsFile ? [{ key: 'prompts', now: o.promptsFile, flag: '--prompts' }] : []),
+      { key: 'judge', now: o.judge.name, flag: '--judge' },
+    ],
+  });
+  return { finalDir: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last };
+}
+
+/** What Nash-MD is made of once its command's settings are resolved. */
+export interface NashMdSetup {
+  config: TrainConfig;
+  loss: BoundLoss;
+  sampling: ReturnType<typeof samplerOptions>;
+  judge: Judge;
+}
+
+/** Nash-MD as a method of the online loop: `runNashMd` runs it under `nash-md`. */
+export function nashMdMethod({ config, loss, sampling, judge }: NashMdSetup): OnlineMethod<Text, NashMdRound> {
   const m = loss.terms[0].params.mixture_coef as number;
   let ref: Decoder | null = null;
   let refScorer: ReferenceScorer | null = null;
   const B = config.batch_size;
-  const method: OnlineMethod<Text, NashMdRound> = {
+  return {
     name: 'nash-md',
     spec: (s) => nashMdSpec(s.model, s.init, s.lora, s.config, loss),
     async open(ctx) {
@@ -121,7 +142,7 @@ async function nashMdWith(o: NashMdOptions & { judge: Judge }): Promise<NashMdRe
       const seed = (config.seed * 7919 + info.step * 2) >>> 0;
       const ys = await sampleWith(ctx.tok, policy, prompts, { ...draw, seed });
       const yps = await sampleWith(ctx.tok, policy, prompts, { ...draw, seed: (seed + 1) >>> 0, mixture: { decoder: ref!, coef: m } });
-      const probs = await o.judge.compare(prompts.map((prompt, i) => ({ prompt, a: ys[i].response, b: yps[i].response })));
+      const probs = await judge.compare(prompts.map((prompt, i) => ({ prompt, a: ys[i].response, b: yps[i].response })));
       const refLogps = (await refScorer!.score(ys, { batchSize: B, padTo: config.pad_to_multiple_of, padId: ctx.tok.padId ?? 0 })).sums;
       return { promptIds: ys.map((y) => y.promptIds), ids: ys.map((y) => y.ids), prompts: [...prompts], responses: ys.map((y) => y.response), probs: [...probs], refLogps };
     },
@@ -146,13 +167,4 @@ async function nashMdWith(o: NashMdOptions & { judge: Judge }): Promise<NashMdRe
       await Promise.all([ref?.release(), refScorer?.release()]);
     },
   };
-  const r = await runOnline(o, o.prompts, method, {
-    config,
-    record: { prompts: o.promptsFile ?? null, judge: o.judge.name, loss: 'nash_md', loss_params: loss.terms[0].params, max_new_tokens: sampling.maxNewTokens, sampling: { temperature: sampling.temperature, top_k: sampling.topK, top_p: sampling.topP } },
-    inputs: [
-      ...(o.promptsFile ? [{ key: 'prompts', now: o.promptsFile, flag: '--prompts' }] : []),
-      { key: 'judge', now: o.judge.name, flag: '--judge' },
-    ],
-  });
-  return { finalDir: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last };
 }
