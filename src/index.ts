@@ -426,8 +426,11 @@ export function exportModel(options: ExportModelOptions): ExportModelResult {
 export interface GrpoOptions extends Omit<GrpoLoopOptions, 'progress' | 'log' | 'quiet' | 'base' | 'params' | 'rewards' | 'settings'>, JobOptions {
   /** Settings by name, typed: GRPO's own (`num_generations`, `temperature`, …), the trainer's and the loss's, checked as `--param` is. */
   settings?: Settings & Partial<GrpoSettings>;
-  /** Reward specs, in order (`reward_weights` follows it): the kinds of the reward registry, see {@link RewardSpec}. */
-  rewards: readonly RewardSpec[];
+  /**
+   * Reward specs, in order (`reward_weights` follows it): the kinds of the reward registry, see
+   * {@link RewardSpec}; any string is accepted too (a module's path computed at run time), checked when loaded.
+   */
+  rewards: readonly (RewardSpec | (string & {}))[];
   /** Settings as `key=value` strings, applied before `settings`. */
   params?: string[];
 }
