@@ -82,7 +82,9 @@ const INDEX = 'model.safetensors.index.json';
 const ADAPTER_FILES = ['adapter_config.json', 'adapter_model.safetensors'];
 
 /** What a command reads from a model repo. */
-export type ModelWant = 'model' | 'adapter' | 'config';
+export type ModelWant = 'model' | 'adapter' | 'config' | 'tokenizer';
+
+const TOKENIZER_FILES = ['config.json', 'tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja'];
 
 /** The shards a safetensors index names, in order. */
 function shardsOf(indexFile: string, label: string): string[] {
@@ -106,6 +108,7 @@ function missingInSnapshot(cached: CachedRepo, commit: string, want: ModelWant):
   const has = (f: string): boolean => cached.file(commit, f) !== null;
   const kind = kindOf(want, has);
   if (kind === 'config') return has('config.json') ? null : 'config.json';
+  if (kind === 'tokenizer') return has('tokenizer.json') ? null : 'tokenizer.json';
   if (kind === 'adapter') return ADAPTER_FILES.find((f) => !has(f)) ?? null;
   for (const f of ['config.json', 'tokenizer.json']) if (!has(f)) return f;
   if (has(WEIGHTS)) return null;
@@ -140,7 +143,7 @@ export async function resolveModel(spec: string, want: ModelWant, o: HubOptions 
     }
     if (ctx.offline) throw offlineError(ctx, cached, label, revision, cachedCommit, missing);
   } else if (ctx.offline) {
-    throw offlineError(ctx, cached, label, revision, null, want === 'adapter' ? ADAPTER_FILES[0] : 'config.json');
+    throw offlineError(ctx, cached, label, revision, null, want === 'adapter' ? ADAPTER_FILES[0] : want === 'tokenizer' ? 'tokenizer.json' : 'config.json');
   }
   const hub = new HubRepo(ctx, 'model', repo, revision);
   const commit = await hub.commit();
@@ -154,6 +157,7 @@ export async function resolveModel(spec: string, want: ModelWant, o: HubOptions 
   };
   let files: TreeFile[];
   if (kind === 'config') files = [pick('config.json')];
+  else if (kind === 'tokenizer') files = [pick('tokenizer.json'), ...TOKENIZER_FILES.filter((f) => f !== 'tokenizer.json' && tree.has(f)).map(pick)];
   else if (kind === 'adapter') files = ADAPTER_FILES.map(pick);
   else {
     pick('config.json');
