@@ -173,7 +173,7 @@ export async function resolveModel(spec: string, want: ModelWant, o: HubOptions 
   }
   await hub.fetchFiles(commit, files);
   const path = cached.snapshotDir(commit);
-  return { path, adapter: kind === 'adapter', hub: { repo, type: 'model', revision, commit, path, files: files.map((f) => f.path), from: 'download' } };
+  return { path, adapter: kind === 'adapter', hub: { repo, type: 'model', revision, commit, path, files: files.map((f) => f.path).sort(), from: 'download' } };
 }
 
 // ─── datasets ──────────────────────────────────────────────────────────────────────────────────────
