@@ -16,6 +16,7 @@ import { scanCachedRepo } from '@huggingface/hub';
 import { LocalHub, preferenceParquet, publishFixtures } from '../scripts/hub-local-server.ts';
 import { resolveDataset, resolveModel, splitFiles } from '../src/hub/index.ts';
 import { initModelFolder } from '../src/models/init.ts';
+import { convert as convertByName, inspect as inspectByName } from '../src/index.ts';
 import { renderReport } from '../src/train/report.ts';
 import { BIN } from './helpers/cli.ts';
 
@@ -74,7 +75,7 @@ describe('a train run by name against the local Hub', () => {
   const cache = () => join(root, 'cache-train');
   const args = (out: string) => ['train', '--model', 'tiny-org/tiny-llama', '--data', 'tiny-org/tiny-prefs', '--loss', 'dpo', '-o', out, '--param', 'max_steps=1', '--param', 'batch_size=4'];
 
-  it('downloads once into the cache layout; a second run (TRL config keys) reads only the cache; an offline run finds it', async () => {
+  it('downloads once into the cache layout; a second run (TRL config keys) reads only the cache; offline, both names are found', async () => {
     const before = hub.count();
     const r1 = await pz(args('run1'), { HF_ENDPOINT: endpoint, HF_HUB_CACHE: cache() });
     expect(r1.code, r1.stderr).toBe(0);
@@ -116,10 +117,11 @@ describe('a train run by name against the local Hub', () => {
     expect(hub.count()).toBe(seen);
     expect(JSON.parse(readFileSync(join(root, 'run2', 'config.json'), 'utf8')).hub.model).toMatchObject({ commit: modelCommit, from: 'cache' });
 
-    // Offline: the same, with nothing asked of the server; convert reads the split from the cache too.
-    const r3 = await pz([...args('run3'), '--offline'], { HF_ENDPOINT: endpoint, HF_HUB_CACHE: cache() });
-    expect(r3.code, r3.stderr).toBe(0);
-    const r4 = await pz(['convert', 'tiny-org/tiny-prefs', '-o', 'd.parquet'], { HF_ENDPOINT: endpoint, HF_HUB_CACHE: cache(), HF_HUB_OFFLINE: '1' });
+    // Offline (--offline, and HF_HUB_OFFLINE=1 with nothing listening at the endpoint): both names are found.
+    const offline = { env: { HF_ENDPOINT: 'http://127.0.0.1:9', HF_HUB_CACHE: cache(), HF_HUB_OFFLINE: '1' } };
+    expect((await resolveModel('tiny-org/tiny-llama', 'model', offline)).hub).toMatchObject({ commit: modelCommit, from: 'cache' });
+    expect((await resolveDataset('tiny-org/tiny-prefs', offline)).hub).toMatchObject({ commit: dataCommit, from: 'cache' });
+    const r4 = await pz(['convert', 'tiny-org/tiny-prefs', '-o', 'd.parquet', '--offline'], { HF_ENDPOINT: endpoint, HF_HUB_CACHE: cache() });
     expect(r4.code, r4.stderr).toBe(0);
     expect(r4.stdout).toMatch(/rows: read 24, written 24, skipped 0/);
     expect(hub.count()).toBe(seen);
@@ -151,6 +153,25 @@ describe('a train run by name against the local Hub', () => {
     expect(r.hub?.from).toBe('download');
     expect(existsSync(join(r.path, 'model.safetensors'))).toBe(true);
   }, 120_000);
+});
+
+describe('the library takes names too', () => {
+  it('convert and inspect a split by name, through HF_ENDPOINT and HF_HUB_CACHE', async () => {
+    const saved = { HF_ENDPOINT: process.env.HF_ENDPOINT, HF_HUB_CACHE: process.env.HF_HUB_CACHE };
+    process.env.HF_ENDPOINT = endpoint;
+    process.env.HF_HUB_CACHE = join(root, 'cache-library');
+    try {
+      const s = await convertByName('tiny-org/tiny-prefs', join(root, 'lib-test.parquet'), { split: 'test' });
+      expect([s.read, s.written, s.kind]).toEqual([8, 8, 'pairwise']);
+      const seen = hub.count();
+      const r = await inspectByName('tiny-org/tiny-prefs', { split: 'test', offline: true });
+      expect(r.rows).toBe(8);
+      expect(hub.count()).toBe(seen);
+    } finally {
+      for (const [k, v] of Object.entries(saved)) if (v === undefined) delete process.env[k];
+      else process.env[k] = v;
+    }
+  });
 });
 
 describe('downloads resume', () => {
