@@ -78,7 +78,7 @@ export class Names {
   async data(key: string, flag: string, value: string | undefined, revision?: string): Promise<{ spec: string; files: string[] } | undefined>;
   async data(key: string, flag: string, value: string | undefined, revision?: string): Promise<{ spec: string; files: string[] } | undefined> {
     if (value === undefined) return undefined;
-    if ((this.o.split !== undefined || this.o.subset !== undefined) && !isHubName(value, { data: true })) {
+    if ((this.o.split !== undefined || this.o.subset !== undefined) && !isHubName(value)) {
       throw new UserError(`${this.o.split !== undefined ? '--split' : '--subset'} applies to a Hub dataset name (ORG/NAME); ${flag} ${value} is a local path`, { setting: this.o.split !== undefined ? 'split' : 'subset' });
     }
     const r = await resolveDataset(value, { ...this.hubOptions(revision), split: this.o.split, subset: this.o.subset });

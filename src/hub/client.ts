@@ -158,7 +158,7 @@ export class HubRepo {
     try {
       return await f();
     } catch (e) {
-      if (e instanceof Transient) throw new UserError(`${this.label}: ${e.message}; to use only the Hugging Face cache, set HF_HUB_OFFLINE=1`);
+      if (e instanceof Transient) throw new UserError(`${this.label}: no such folder here, and ${e.message}; to use only the Hugging Face cache, set HF_HUB_OFFLINE=1`);
       if (e instanceof UserError) throw e;
       const status = (e as { statusCode?: number }).statusCode;
       throw new UserError(`${this.label}: ${status ? `the Hub answered ${status}` : 'the Hub request failed'} (${reasonOf(e).split('\n')[0]})`);

@@ -58,13 +58,13 @@ export function hubContext(o: HubOptions = {}): HubContext {
 
 const NAME = /^[A-Za-z0-9][\w.-]*\/[A-Za-z0-9][\w.-]*(@[^\s@]+)?$/;
 
-/** A data file's extension: such a name is a local file that is missing, not a repo. */
-const DATA_FILE = /\.(parquet|jsonl|json|csv|tsv|arrow|gz)$/i;
+/** A file's extension: such a name is a local file that is missing (`runs/config.json`), not a repo. */
+const FILE_EXT = /\.(parquet|jsonl|json|csv|tsv|arrow|gz|safetensors|ya?ml|txt|jinja)$/i;
 
-/** Whether `spec` names a Hub repo: not an existing path, and of the form ORG/NAME[@revision]. */
-export function isHubName(spec: string, o: { data?: boolean } = {}): boolean {
+/** Whether `spec` names a Hub repo: not an existing path, of the form ORG/NAME[@revision], not ending in a file's extension. */
+export function isHubName(spec: string): boolean {
   if (existsSync(spec) || !NAME.test(spec)) return false;
-  return !(o.data && DATA_FILE.test(spec.replace(/@[^@]*$/, '')));
+  return !FILE_EXT.test(spec.replace(/@[^@]*$/, ''));
 }
 
 /** `ORG/NAME@rev` → repo and revision; `--revision` must agree with an `@rev`. */
@@ -254,7 +254,7 @@ export interface ResolvedData {
  * the Hub's Parquet conversion (revision refs/convert/parquet) when the repo has none.
  */
 export async function resolveDataset(spec: string, o: HubOptions & { split?: string; subset?: string } = {}): Promise<ResolvedData> {
-  if (!isHubName(spec, { data: true })) return { spec, files: [] };
+  if (!isHubName(spec)) return { spec, files: [] };
   const ctx = hubContext(o);
   const split = o.split ?? 'train';
   const { repo, revision } = parseName(spec, o.revision);
