@@ -8,7 +8,7 @@
 import { describe, it, expect, beforeAll, afterAll } from 'vitest';
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, relative } from 'node:path';
 import { promisify } from 'node:util';
@@ -18,6 +18,12 @@ import { resolveDataset, resolveModel, splitFiles } from '../src/hub/index.ts';
 import { initModelFolder } from '../src/models/init.ts';
 import { convert as convertByName, inspect as inspectByName } from '../src/index.ts';
 import { renderReport } from '../src/train/report.ts';
+import { loadModel } from '../src/models/load.ts';
+import { initLora } from '../src/models/lora.ts';
+import { saveAdapter } from '../src/models/peft.ts';
+import { readExportSource } from '../src/export/source.ts';
+import { exportGguf } from '../src/export/gguf.ts';
+import { Normal } from '../src/random.ts';
 import { BIN } from './helpers/cli.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'pz-hub-'));
@@ -172,6 +178,35 @@ describe('the library takes names too', () => {
       else process.env[k] = v;
     }
   });
+});
+
+describe('a LoRA adapter repo naming its base by Hub name', () => {
+  it('export --model ADAPTER-REPO merges it into the base it names: the same GGUF as the local folders', async () => {
+    const base = join(root, 'fixtures', 'tiny-llama');
+    const { config } = loadModel(base);
+    const lora = { rank: 4, alpha: 8, targets: ['q_proj', 'v_proj'] };
+    const w = initLora(config, lora, 3);
+    const rng = new Normal(11);
+    for (const [k, t] of w) if (k.includes('lora_B')) t.data.set(rng.fill(t.data.length, 0.2));
+    const adapterDir = join(root, 'tiny-adapter');
+    saveAdapter(adapterDir, w, { config, lora, baseModel: base });
+    const cfg = JSON.parse(readFileSync(join(adapterDir, 'adapter_config.json'), 'utf8'));
+    const commit = hub.publish('model', 'tiny-org/tiny-adapter', { 'adapter_config.json': JSON.stringify({ ...cfg, base_model_name_or_path: 'tiny-org/tiny-llama' }), 'adapter_model.safetensors': readFileSync(join(adapterDir, 'adapter_model.safetensors')) });
+    // GGUF's general.name is the adapter folder's name: the snapshot's is the commit.
+    const named = join(root, 'local-adapter', commit);
+    cpSync(adapterDir, named, { recursive: true });
+    exportGguf(readExportSource(base, named), join(root, 'local.gguf'), 'f32');
+    const cache = join(root, 'cache-adapter');
+    const r = await pz(['export', '--model', 'tiny-org/tiny-adapter', '--format', 'gguf', '-o', 'hub.gguf'], { HF_ENDPOINT: endpoint, HF_HUB_CACHE: cache });
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stderr).toMatch(/--model tiny-org\/tiny-adapter → .*models--tiny-org--tiny-adapter\/snapshots\//);
+    expect(r.stderr).toMatch(/base_model_name_or_path tiny-org\/tiny-llama → .*models--tiny-org--tiny-llama\/snapshots\//);
+    expect(readFileSync(join(root, 'hub.gguf')).equals(readFileSync(join(root, 'local.gguf')))).toBe(true);
+    // train --adapter takes the repo as the adapter to continue.
+    const a = await resolveModel('tiny-org/tiny-adapter', 'adapter', { env: { HF_ENDPOINT: endpoint, HF_HUB_CACHE: cache, HF_HUB_OFFLINE: '1' } });
+    expect(a.adapter).toBe(true);
+    expect(readdirSync(a.path).sort()).toEqual(['adapter_config.json', 'adapter_model.safetensors']);
+  }, 120_000);
 });
 
 describe('downloads resume', () => {
