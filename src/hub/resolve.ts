@@ -282,6 +282,9 @@ export async function resolveDataset(spec: string, o: HubOptions & { split?: str
     const where = commit ? `${cached.dir}/snapshots/${commit.slice(0, 12)}… ${firstMissing ? `lacks ${firstMissing}` : `holds no data files of the ${what}`}` : `${cached.dir} has no refs/${revision}`;
     throw new UserError(`${label}: the ${what} is not in the Hugging Face cache (${where}) and downloads are off (HF_HUB_OFFLINE=1 or --offline)`, { file: firstMissing ?? undefined });
   }
+  let dataFiles: string[] = [];
+  const none = (extra = ''): UserError =>
+    new UserError(`${label}: no data files for the ${what}${dataFiles.length ? ` (it has ${dataFiles.slice(0, 4).join(', ')}${dataFiles.length > 4 ? ', …' : ''}; choose with --split and --subset)` : ''}${extra}`, { setting: 'split' });
   for (const rev of revisions) {
     const hub = new HubRepo(ctx, 'dataset', repo, rev);
     let commit: string;
@@ -289,17 +292,17 @@ export async function resolveDataset(spec: string, o: HubOptions & { split?: str
       commit = await hub.commit();
     } catch (e) {
       // A dataset the Hub has not converted: say what the repo's own files lacked.
-      if (rev === PARQUET_REVISION && e instanceof UserError) throw new UserError(`${label}: no data files for the ${what}, and no Parquet conversion (${e.message})`, { setting: 'split' });
+      if (rev === PARQUET_REVISION && e instanceof UserError && /no revision/.test(e.message)) throw none(', and the Hub has no Parquet conversion of it');
       throw e;
     }
     cached.writeRef(rev, commit);
     const tree = await hub.tree(commit);
     const rel = splitFiles([...tree.keys()], split, o.subset);
     if (!rel.length) {
+      if (rev === revision) dataFiles = [...tree.keys()].filter((p) => DATA_EXT.test(p));
       // The repo's own files hold none: its data may live only in the conversion.
       if (rev !== revisions[revisions.length - 1]) continue;
-      const some = [...tree.keys()].filter((p) => DATA_EXT.test(p)).slice(0, 4);
-      throw new UserError(`${label}: no data files for the ${what}${some.length ? ` (it has ${some.join(', ')}…); choose with --split and --subset` : ''}`, { setting: 'split' });
+      throw none(rev === PARQUET_REVISION ? ', nor has the Hub\'s Parquet conversion' : '');
     }
     await hub.fetchFiles(commit, rel.map((f) => tree.get(f)!));
     return done(rev, commit, rel, 'download');
