@@ -217,7 +217,21 @@ describe('downloads resume', () => {
     hub.dropOnce = { path: 'model.safetensors', afterBytes: 200_000 };
     const before = hub.count();
     const notes: string[] = [];
-    const r = await resolveModel('tiny-org/tiny-llama', 'model', { env: { HF_ENDPOINT: endpoint, HF_HUB_CACHE: cache }, log: (l) => notes.push(l) });
+    const bars: { label: string; total: number; values: number[]; fields: Record<string, string | number>[]; stopped: boolean }[] = [];
+    const progress = (label: string, total: number) => {
+      const bar = { label, total, values: [] as number[], fields: [] as Record<string, string | number>[], stopped: false };
+      bars.push(bar);
+      return { update: (v: number, f: Record<string, string | number> = {}) => void (bar.values.push(v), bar.fields.push(f)), stop: () => void (bar.stopped = true) };
+    };
+    const r = await resolveModel('tiny-org/tiny-llama', 'model', { env: { HF_ENDPOINT: endpoint, HF_HUB_CACHE: cache }, log: (l) => notes.push(l), progress });
+    // One bar in bytes over the files fetched, rising to its total across the cut, with the rate.
+    const files = hub.repos.get('model/tiny-org/tiny-llama')!.commits.get(modelCommit)!;
+    const fetchedBytes = r.hub!.files.reduce((n, f) => n + files.get(f)!.bytes.length, 0);
+    expect(bars.map((b) => [b.label, b.total, b.stopped])).toEqual([['download tiny-org/tiny-llama', fetchedBytes, true]]);
+    expect(bars[0].values.at(-1)).toBe(fetchedBytes);
+    expect(bars[0].values.every((v, i) => v <= fetchedBytes && (i === 0 || v >= bars[0].values[i - 1]))).toBe(true);
+    expect(bars[0].fields.at(-1)).toMatchObject({ file: 'model.safetensors', MB: `${(fetchedBytes / 1e6).toFixed(2)}/${(fetchedBytes / 1e6).toFixed(2)}` });
+    expect(Number(bars[0].fields.at(-1)!['MB/s'])).toBeGreaterThan(0);
     expect(hub.dropOnce).toBeUndefined();
     const ranges = hub.requests.slice(before).filter((q) => q.url.startsWith('/cdn-lfs/') && q.range && q.range !== 'bytes=0-0');
     expect(ranges.length).toBe(1);
