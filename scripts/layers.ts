@@ -12,7 +12,7 @@ import { fileURLToPath } from 'node:url';
 /** Floors from the ground up; a folder may import its own floor and those below. */
 export const FLOORS: readonly (readonly string[])[] = [
   ['src/errors.ts', 'src/progress.ts', 'src/random.ts', 'src/chat.ts', 'src/io'],
-  ['src/onnx'],
+  ['src/onnx', 'src/hub'],
   ['src/runtime'],
   ['src/autodiff', 'src/optim'],
   ['src/tokenize'],

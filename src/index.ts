@@ -53,6 +53,7 @@ import { GGUF_DTYPES, exportGguf, type GgufDtype } from './export/gguf.ts';
 import { ONNX_DTYPES, exportOnnx, type OnnxDtype } from './export/onnx.ts';
 import { readExportSource } from './export/source.ts';
 import { grpo as runGrpo, type GrpoOptions as GrpoLoopOptions, type GrpoResult, type GrpoSettings } from './online/grpo/index.ts';
+import { resolveDataset, resolveModel, type HubSnapshot, type ModelWant } from './hub/index.ts';
 
 export { UserError, BadInputError, DamagedFileError, DeviceUnavailableError, AbortedError, type ErrorLocation, type UserErrorKind } from './errors.ts';
 export type { ProgressFactory, ProgressReporter, ProgressFields } from './progress.ts';
@@ -79,6 +80,8 @@ export { DEFAULT_CONFIG } from './train/config.ts';
 export type { ToolCall, ToolSpec } from './chat.ts';
 export { ToolExecutor, loadToolsModule, toolsFromValues, startMcpServers, readMcpConfig, McpServer, loadEnvironment, environmentFrom, EnvSession, EnvironmentError, ProviderDiedError, ToolJournal, JOURNAL_FILE, toolMetrics, turnMetrics, stopReasonMetrics, episodeSeed, DEFAULT_TOOL_TIMEOUT } from './agents/index.ts';
 export type { ToolDef, ZodToolDef, ToolContext, Environment, EnvironmentFactory, EnvironmentStart, EnvironmentAction, EnvironmentStep, RolloutContext, CallRecord, ToolRound, LoadedTool, McpServerSpec, ToolProvider, ToolExecutorOptions, ToolMetrics, JournalEntry } from './agents/index.ts';
+export type { HubSnapshot };
+export { hubCacheDir } from './hub/index.ts';
 
 /** What every long job takes. */
 export interface JobOptions {
@@ -141,6 +144,53 @@ async function guarded<T>(o: JobOptions, job: (progress: ProgressFactory | undef
   }
 }
 
+/**
+ * Models and datasets by Hugging Face Hub name (`ORG/NAME`, `ORG/NAME@revision`) wherever a folder
+ * or data file goes: found in the shared cache (HF_HUB_CACHE, else HF_HOME/hub, else
+ * ~/.cache/huggingface/hub), else downloaded into it (HF_ENDPOINT, HF_TOKEN); see docs/hub.md.
+ */
+export interface HubNameOptions {
+  /** Branch, tag or commit of `model` when it is a Hub name (default main). */
+  revision?: string;
+  /** Only the cache, never the network (as HF_HUB_OFFLINE=1). */
+  offline?: boolean;
+  /** Split of `data` when it is a Hub dataset name (default train). */
+  split?: string;
+  /** Subset (config) of `data` when it is a Hub dataset name. */
+  subset?: string;
+}
+
+/** Resolves the Hub names of one job into local paths, keeping what each resolved to. */
+class JobNames {
+  readonly record: Record<string, HubSnapshot> = {};
+  constructor(private readonly o: HubNameOptions & Pick<JobOptions, 'log'>, private readonly progress: ProgressFactory | undefined) {}
+
+  async model(key: string, value: string, want?: ModelWant): Promise<string>;
+  async model(key: string, value: string | undefined, want?: ModelWant): Promise<string | undefined>;
+  async model(key: string, value: string | undefined, want: ModelWant = 'model'): Promise<string | undefined> {
+    if (value === undefined) return undefined;
+    const r = await resolveModel(value, want, { revision: key === 'model' ? this.o.revision : undefined, offline: this.o.offline, progress: this.progress, log: this.o.log });
+    if (r.hub) this.record[key] = r.hub;
+    return r.path;
+  }
+
+  async data(value: string): Promise<string> {
+    const r = await resolveDataset(value, { offline: this.o.offline, split: this.o.split, subset: this.o.subset, progress: this.progress, log: this.o.log });
+    if (r.hub) this.record.data = r.hub;
+    return r.spec;
+  }
+
+  async dataFiles(value: string): Promise<string[]> {
+    const r = await resolveDataset(value, { revision: this.o.revision, offline: this.o.offline, split: this.o.split, subset: this.o.subset, progress: this.progress, log: this.o.log });
+    if (r.hub) this.record.data = r.hub;
+    return r.files.length ? r.files : [value];
+  }
+
+  get hub(): Record<string, HubSnapshot> | undefined {
+    return Object.keys(this.record).length ? this.record : undefined;
+  }
+}
+
 /** A temporary folder for the duration of `f`. */
 async function withTempDir<T>(prefix: string, f: (dir: string) => Promise<T>): Promise<T> {
   const dir = mkdtempSync(join(tmpdir(), prefix));
@@ -154,26 +204,37 @@ async function withTempDir<T>(prefix: string, f: (dir: string) => Promise<T>): P
 // ─── data ─────────────────────────────────────────────────────────────────────────────────────────
 
 /** Options of {@link convert}: format detection, field mapping, validation, sharding. */
-export interface ConvertOptions extends Omit<ConvertFileOptions, 'signal'>, Pick<JobOptions, 'signal'> {}
+export interface ConvertOptions extends Omit<ConvertFileOptions, 'signal'>, Pick<JobOptions, 'signal'>, Omit<HubNameOptions, 'revision'> {
+  /** Revision of an input given as a Hub dataset name (default main). */
+  revision?: string;
+}
 
 /**
  * Converts preference data (JSON, JSONL, CSV/TSV, Parquet, Arrow; .gz too; the formats of
  * docs/data.md, detected) to canonical Parquet at `output` (`prefzoo convert`).
  */
 export function convert(inputs: string | string[], output: string, options: ConvertOptions = {}): Promise<ConvertSummary> {
-  return guarded(options, () => convertFiles(Array.isArray(inputs) ? inputs : [inputs], output, options));
+  return guarded(options, async () => {
+    const names = new JobNames(options, undefined);
+    const files: string[] = [];
+    for (const input of Array.isArray(inputs) ? inputs : [inputs]) files.push(...(await names.dataFiles(input)));
+    return convertFiles(files, output, options);
+  });
 }
 
 /** Options of {@link inspect}. */
-export interface InspectOptions {
-  /** Also count the tokens of a preference dataset with this model folder's tokenizer and chat template. */
+export interface InspectOptions extends HubNameOptions {
+  /** Also count the tokens of a preference dataset with this model folder's (or Hub model's) tokenizer and chat template. */
   tokenizer?: string;
 }
 
 /** Schema, kind, rows and length statistics of a data file (`prefzoo inspect`). */
 export async function inspect(file: string, options: InspectOptions = {}): Promise<InspectReport & { tokens?: TokenReport }> {
+  const names = new JobNames(options, undefined);
+  file = (await names.dataFiles(file))[0];
   const report = await inspectFile(file);
   if (!options.tokenizer) return report;
+  options = { ...options, tokenizer: await names.model('tokenizer', options.tokenizer, 'tokenizer') };
   if (!report.kind) throw new BadInputError(`${file}: a tokenizer counts tokens of preference data; this file is not preference data`, { file });
   const tokens = await withTempDir('prefzoo-inspect-', (dir) => tokenReport(file, options.tokenizer!, dir));
   return { ...report, tokens };
@@ -230,7 +291,7 @@ export function initModel(options: InitModelOptions): InitModelResult {
 // ─── training and evaluation ──────────────────────────────────────────────────────────────────────
 
 /** Options of {@link train}: the model, data, loss and run folder, and settings by name. */
-export interface TrainOptions extends Omit<TrainerOptions, 'progress' | 'log' | 'quiet' | 'rows' | 'base'>, JobOptions {
+export interface TrainOptions extends Omit<TrainerOptions, 'progress' | 'log' | 'quiet' | 'rows' | 'base' | 'hub'>, JobOptions, HubNameOptions {
   /** Settings and loss parameters by name; applied after `configFile` and `params`. */
   settings?: Settings;
 }
@@ -240,11 +301,18 @@ export interface TrainOptions extends Omit<TrainerOptions, 'progress' | 'log' | 
  * `mpo`'s two stages), writing the run folder `out`: metrics.jsonl, checkpoints/, final/ (`prefzoo train`).
  */
 export function train(options: TrainOptions): Promise<TrainResult> {
-  return guarded(options, (progress) => trainAny({ ...options, params: paramsOf(options), progress, log: options.log }));
+  return guarded(options, async (progress) => {
+    const names = new JobNames(options, progress);
+    const model = await names.model('model', options.model);
+    const data = await names.data(options.data);
+    const refModel = await names.model('ref', options.refModel);
+    const adapter = await names.model('adapter', options.adapter, 'adapter');
+    return trainAny({ ...options, model, data, refModel, adapter, hub: names.hub, params: paramsOf(options), progress, log: options.log });
+  });
 }
 
 /** Options of {@link evaluate}. */
-export interface EvaluateOptions extends JobOptions {
+export interface EvaluateOptions extends JobOptions, HubNameOptions {
   /** The policy: a model folder (HF layout, e.g. RUN/final). */
   model: ModelSource;
   /** The reference model, usually the starting model. */
@@ -270,13 +338,19 @@ export interface EvaluateOptions extends JobOptions {
  * margins, listwise NDCG / Kendall τ / top-1, single-trajectory ROC-AUC, overall and per source.
  */
 export function evaluate(options: EvaluateOptions): Promise<EvalSummary> {
-  return guarded(options, (progress) =>
-    withTempDir('prefzoo-eval-', (workDir) => {
+  return guarded(options, async (progress) => {
+    const names = new JobNames(options, progress);
+    const named = async (key: string, m: ModelSource): Promise<ModelSource> => (typeof m === 'string' ? names.model(key, m) : m);
+    const policy = await named('model', options.model);
+    const ref = await named('ref', options.ref);
+    const data = await names.data(options.data);
+    const tokenizer = await names.model('tokenizer', options.tokenizer, 'tokenizer');
+    return withTempDir('prefzoo-eval-', (workDir) => {
       const o: EvalOptions = {
-        policy: options.model,
-        ref: options.ref,
-        data: options.data,
-        tokenizer: options.tokenizer,
+        policy,
+        ref,
+        data,
+        tokenizer,
         workDir,
         params: options.beta !== undefined ? { beta: options.beta } : undefined,
         runtime: options.runtime,
@@ -287,14 +361,14 @@ export function evaluate(options: EvaluateOptions): Promise<EvalSummary> {
         maxRows: options.maxRows,
       };
       return evaluateRows(o);
-    }),
-  );
+    });
+  });
 }
 
 // ─── generation and online methods ───────────────────────────────────────────────────────────────
 
 /** Options of {@link generate}: sampling (temperature, top-k, top-p), count, seed. */
-export interface GenerateOptions extends SamplingOptions, Pick<JobOptions, 'signal'> {
+export interface GenerateOptions extends SamplingOptions, Pick<JobOptions, 'signal'>, Pick<HubNameOptions, 'revision' | 'offline'> {
   /** Model folder (HF layout). */
   model: string;
   /** Prompts, or a file of them: .txt (one a line) or records with a "prompt" field. */
@@ -319,7 +393,8 @@ export async function generate(options: GenerateOptions): Promise<Sample[]> {
   return guarded(options, async () => {
     const prompts = typeof options.prompts === 'string' ? await readPrompts(options.prompts) : options.prompts;
     options.signal?.throwIfAborted();
-    const policy = await ModelSampler.load(options.model, options.runtime, options.chatTemplateFile);
+    const model = await new JobNames(options, undefined).model('model', options.model);
+    const policy = await ModelSampler.load(model, options.runtime, options.chatTemplateFile);
     try {
       options.signal?.throwIfAborted();
       const samples = await policy.sample(prompts, { ...options, n: options.n ?? 1, seed: options.seed ?? 0, batchSize: options.batchSize ?? 32 });
@@ -336,7 +411,7 @@ export type JudgeSpec = string | Judge;
 
 
 /** What the online methods share: prompts, a judge, sampling, settings. */
-export interface OnlineOptions extends Omit<LoopOptions, 'progress' | 'log' | 'quiet' | 'base'>, JobOptions, SamplingOptions {
+export interface OnlineOptions extends Omit<LoopOptions, 'progress' | 'log' | 'quiet' | 'base' | 'hub'>, JobOptions, SamplingOptions, Pick<HubNameOptions, 'revision' | 'offline'> {
   /** Prompts, or a file of them (.txt, one a line, or records with a "prompt" field). */
   prompts: string | readonly Text[];
   /** Compares responses; a string is loaded on the run's device (and released) by the method. */
@@ -353,7 +428,9 @@ export interface SppoOptions extends OnlineOptions, Pick<SppoLoopOptions, 'itera
 export function sppo(options: SppoOptions): Promise<SppoResult> {
   return guarded(options, async (progress) => {
     const prompts = typeof options.prompts === 'string' ? await readPrompts(options.prompts) : options.prompts;
-    return runSppo({ ...options, prompts, params: options.params, settings: options.settings, progress, log: options.log });
+    const names = new JobNames(options, progress);
+    const model = await names.model('model', options.model);
+    return runSppo({ ...options, model, hub: names.hub, prompts, params: options.params, settings: options.settings, progress, log: options.log });
   });
 }
 
@@ -364,12 +441,14 @@ export interface NashMdOptions extends OnlineOptions {}
 export function nashMd(options: NashMdOptions): Promise<NashMdResult> {
   return guarded(options, async (progress) => {
     const prompts = typeof options.prompts === 'string' ? await readPrompts(options.prompts) : options.prompts;
-    return runNashMd({ ...options, prompts, params: options.params, settings: options.settings, progress, log: options.log } satisfies NashMdLoopOptions);
+    const names = new JobNames(options, progress);
+    const model = await names.model('model', options.model);
+    return runNashMd({ ...options, model, hub: names.hub, prompts, params: options.params, settings: options.settings, progress, log: options.log } satisfies NashMdLoopOptions);
   });
 }
 
 /** Options of {@link rewardTrain}. */
-export interface RewardTrainOptions extends Omit<LoopOptions, 'progress' | 'log' | 'quiet' | 'base'>, JobOptions {
+export interface RewardTrainOptions extends Omit<LoopOptions, 'progress' | 'log' | 'quiet' | 'base' | 'hub'>, JobOptions, HubNameOptions {
   /** Pairwise preference data (canonical Parquet or any file `convert` accepts). */
   data: string;
   settings?: Settings;
@@ -377,7 +456,12 @@ export interface RewardTrainOptions extends Omit<LoopOptions, 'progress' | 'log'
 
 /** Trains a reward model (the LM plus a scalar head) with the Bradley–Terry loss (`prefzoo reward-train`). */
 export function rewardTrain(options: RewardTrainOptions): Promise<RewardTrainResult> {
-  return guarded(options, (progress) => trainRewardModel({ ...options, params: options.params, settings: options.settings, progress, log: options.log }));
+  return guarded(options, async (progress) => {
+    const names = new JobNames(options, progress);
+    const model = await names.model('model', options.model);
+    const data = await names.data(options.data);
+    return trainRewardModel({ ...options, model, data, hub: names.hub, params: options.params, settings: options.settings, progress, log: options.log });
+  });
 }
 
 /** Adds chosen_score/rejected_score from a reward model to pairwise data (`prefzoo reward-score`). */
@@ -427,7 +511,7 @@ export function exportModel(options: ExportModelOptions): ExportModelResult {
 }
 
 /** Options of {@link grpo}: a prompts file, reward specs and settings with TRL's GRPOConfig names. */
-export interface GrpoOptions extends Omit<GrpoLoopOptions, 'progress' | 'log' | 'quiet' | 'base' | 'params' | 'rewards' | 'settings'>, JobOptions {
+export interface GrpoOptions extends Omit<GrpoLoopOptions, 'progress' | 'log' | 'quiet' | 'base' | 'params' | 'rewards' | 'settings' | 'hub'>, JobOptions, Pick<HubNameOptions, 'revision' | 'offline'> {
   /** Settings by name, typed: GRPO's own (`num_generations`, `temperature`, …), the trainer's and the loss's, checked as `--param` is. */
   settings?: Settings & Partial<GrpoSettings>;
   /**
@@ -445,5 +529,9 @@ export interface GrpoOptions extends Omit<GrpoLoopOptions, 'progress' | 'log' | 
  * scored by `rewards` (the reward registry's kinds: {@link RewardSpec}).
  */
 export function grpo(options: GrpoOptions): Promise<GrpoResult> {
-  return guarded(options, (progress) => runGrpo({ ...options, params: options.params, settings: options.settings, progress, log: options.log }));
+  return guarded(options, async (progress) => {
+    const names = new JobNames(options, progress);
+    const model = await names.model('model', options.model);
+    return runGrpo({ ...options, model, hub: names.hub, params: options.params, settings: options.settings, progress, log: options.log });
+  });
 }

@@ -41,6 +41,8 @@ export async function buildProgram(load?: readonly string[]): Promise<Command> {
   const modules = new Set<{ register(program: Command): void }>();
   for (const entry of COMMANDS) if (!load || load.includes(entry.name)) modules.add(await entry.load());
   for (const m of modules) m.register(program);
+  // Hub names (ORG/NAME) in the loaded commands' model and data flags become cache folders before their actions.
+  if (modules.size) (await import('./hub.ts')).installHubNames(program);
   for (const entry of COMMANDS) {
     const loaded = program.commands.find((c) => c.name() === entry.name);
     if (loaded) loaded.summary(entry.summary);

@@ -231,7 +231,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
   const runtime = runtimeOf(config, base.config);
   const lora = loraOf(config);
   if (config.save_adapter && !lora && !method.save) throw new UserError('save_adapter=true needs LoRA (set lora_r)');
-  writeJsonAtomic(join(run, 'config.json'), { model: o.model, method: method.name, ...r.record, ...config });
+  writeJsonAtomic(join(run, 'config.json'), { model: o.model, method: method.name, ...(o.hub ? { hub: o.hub } : {}), ...r.record, ...config });
 
   // Step plan: whole rounds per epoch (or every item once, with a short last round), each giving updatesPerRound steps.
   const roundSize = Math.max(1, Math.min(items.length, method.roundSize ? method.roundSize(config) : config.batch_size * config.gradient_accumulation_steps));

@@ -75,7 +75,7 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
     { dir: stage1Dir, tag: { stage: 1 } },
     { dir: join(o.out, 'stage2'), tag: { stage: 2 } },
   ]);
-  writeJsonAtomic(join(o.out, 'config.json'), { model: o.model, data: o.data, loss: 'mpo', ...config, loss_params: lossParams, split: { delta: split.delta, easy: split.easy.length, hard: split.hard.length } });
+  writeJsonAtomic(join(o.out, 'config.json'), { model: o.model, data: o.data, loss: 'mpo', ...(o.hub ? { hub: o.hub } : {}), ...config, loss_params: lossParams, split: { delta: split.delta, easy: split.easy.length, hard: split.hard.length } });
   const finalDir = join(o.out, 'final');
   rmSync(finalDir, { recursive: true, force: true });
   cpSync(r2.finalDir, finalDir, { recursive: true });

@@ -316,6 +316,7 @@ export function renderReport(runDir: string): string {
     : `<h2>Sample generations (greedy, eval prompts)</h2>\n${samples}`;
   const cfgFile = join(runDir, 'config.json');
   const cfg = existsSync(cfgFile) ? readFileSync(cfgFile, 'utf8') : '{}';
+  const hubRows = hubSnapshots(cfg).map(([k, s]) => `<tr><td>${esc(k)}</td><td>${esc(`${s.repo}@${s.revision}`)}</td><td><code>${esc(s.commit)}</code></td><td>${esc(s.from)}</td></tr>`);
   return `<!doctype html><html><head><meta charset="utf-8"><title>prefzoo run report</title>
 <style>body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}figure{display:inline-block;margin:0 1em 1em 0;vertical-align:top}
 figcaption{font-weight:600}.legend{font-size:11px;max-width:420px}.legend span{margin-right:1em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}
@@ -326,10 +327,21 @@ ${charts}
 <h2>Final evaluation</h2>
 ${evalTable}
 ${sampleSection}
+${hubRows.length ? `<h2>Hub snapshots</h2>\n<table><tr><th>input</th><th>repo@revision</th><th>commit</th><th>from</th></tr>${hubRows.join('')}</table>` : ''}
 <h2>Configuration</h2>
 <pre>${esc(cfg)}</pre>
 </body></html>
 `;
+}
+
+/** The Hub snapshots a run's config.json records (docs/hub.md), by input. */
+function hubSnapshots(cfg: string): [string, { repo: string; revision: string; commit: string; from: string }][] {
+  try {
+    const hub = (JSON.parse(cfg) as { hub?: Record<string, { repo: string; revision: string; commit: string; from: string }> }).hub;
+    return hub ? Object.entries(hub) : [];
+  } catch {
+    return [];
+  }
 }
 
 /** Writes RUN/report.html atomically and returns its path. */

@@ -3,6 +3,7 @@
  * optimizer, runtime and LoRA settings of a TrainConfig, artifact parameter specs, and saving a
  * trained model in HF layout (LoRA merged, tokenizer files copied).
  */
+import type { HubSnapshot } from '../hub/index.ts';
 import { cpSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync } from 'node:fs';
 import { appendLine, fileError, releaseTemp, removeTemp, sweepStaleTemps, tempPath, writeFileAtomic } from '../io/atomic.ts';
 import { join, resolve } from 'node:path';
@@ -48,6 +49,8 @@ export interface LoopOptions {
   quiet?: boolean;
   /** Where plain progress and summary lines go (default: nowhere; the CLI passes stderr). */
   log?: (line: string) => void;
+  /** The Hub snapshots the inputs were resolved to (by flag: model, data, ref, adapter), written into config.json. */
+  hub?: Record<string, HubSnapshot>;
 }
 
 export function optimizerOf(c: TrainConfig): OptimizerConfig {

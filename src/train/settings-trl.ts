@@ -24,6 +24,11 @@ export interface TrlFlags {
   out?: string;
   /** The loss spec from loss_type (and loss_weights). */
   loss?: string;
+  /** model_revision: the model's Hub revision. */
+  revision?: string;
+  /** dataset_config and dataset_train_split: the Hub dataset's subset and split. */
+  subset?: string;
+  split?: string;
 }
 
 /** TRL's loss_type names where prefzoo's differ; every other name is prefzoo's own. */
@@ -78,6 +83,15 @@ export function fromTrl(src: Record<string, unknown>, file: string, own: Setting
         continue;
       case 'dataset_name':
         flags.data = String(v);
+        continue;
+      case 'model_revision':
+        if (v !== null) flags.revision = String(v);
+        continue;
+      case 'dataset_config':
+        if (v !== null) flags.subset = String(v);
+        continue;
+      case 'dataset_train_split':
+        flags.split = String(v);
         continue;
       case 'output_dir':
         flags.out = String(v);

@@ -266,7 +266,7 @@ async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming
       }
     }
   }
-  writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ref: o.refModel ?? null, adapter: o.adapter ?? null, ...config, loss_params: lossParams });
+  writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ref: o.refModel ?? null, adapter: o.adapter ?? null, ...(o.hub ? { hub: o.hub } : {}), ...config, loss_params: lossParams });
   // The cache records what made it (identity.ts) and is reused only when all of it is the same.
   const refFile = join(run, 'data', 'reference.parquet');
   const idFile = join(run, 'data', 'reference.json');
