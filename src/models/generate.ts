@@ -101,11 +101,20 @@ export interface GenerationRow {
 }
 
 let timer: ((label: string, ms: number) => void) | null = null;
+/** Milliseconds reported since the iteration began (the rest of it is reported as bookkeeping). */
+let timed = 0;
 
-/** Reports how long each piece of a generation step takes (scripts/bench/decode-profile.ts); null stops. */
+/**
+ * Reports how long each piece of a generation iteration takes (scripts/bench/decode-profile.ts):
+ * 'prefill' (new rows' prefill and rows' extend runs), 'forward' (the batch's step), 'sample' (the
+ * draws and stop checks), 'bookkeeping' (the rest: rows leaving and joining, the turn callers get
+ * between iterations). null stops.
+ */
 export function setGenerateTimer(t: ((label: string, ms: number) => void) | null): void {
-  timer = t;
+  timer = t === null ? null : (label, ms) => ((timed += ms), t(label, ms));
+  report = t;
 }
+let report: ((label: string, ms: number) => void) | null = null;
 
 interface Want {
   kind: 'generate' | 'logits';
@@ -295,9 +304,14 @@ export class GenerationSession {
       if (this.failed) throw this.failed;
       do {
         this.again = false;
-        while (await this.iterate()) {
+        for (;;) {
+          timed = 0;
+          const t0 = report ? performance.now() : 0;
+          const more = await this.iterate();
           // Let callers react to what finished (close it, extend and ask again) before the next step.
-          await new Promise((r) => setImmediate(r));
+          if (more) await new Promise((r) => setImmediate(r));
+          report?.('bookkeeping', performance.now() - t0 - timed);
+          if (!more) break;
         }
       } while (this.again);
     } catch (e) {
