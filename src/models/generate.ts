@@ -165,7 +165,7 @@ class Row implements GenerationRow {
   }
 
   private check(what: string): void {
-    if (this.closed) throw new Error(`generation: ${what} on a closed row`);
+    if (this.closed || this.session.closed) throw new Error(`generation: ${what} on a closed ${this.closed ? 'row' : 'session'}`);
     if (this.want) throw new Error(`generation: ${what} while the row is generating`);
   }
 
@@ -213,6 +213,8 @@ class Row implements GenerationRow {
   close(): void {
     if (this.closed) return;
     this.closed = true;
+    this.want?.reject(new Error('generation: the row was closed while generating'));
+    this.want = null;
     this.session.wake();
   }
 }
@@ -234,6 +236,8 @@ export class GenerationSession {
   private pump: Promise<void> | null = null;
   private again = false;
   private failed: unknown = null;
+  /** @internal After `close()`. */
+  closed = false;
   private readonly backend: DecodeBackend;
   private readonly sampling: Required<SamplingOptions>;
   private readonly stop: Set<number>;
@@ -278,6 +282,7 @@ export class GenerationSession {
   /** @internal */
   newRow(seq: number[], promptLength: number, rng: SeededRandom, budget: number): Row {
     if (this.failed) throw this.failed;
+    if (this.closed) throw new Error('generation: start() on a closed session');
     const r = new Row(this, this.nextId++, seq, promptLength, rng, budget);
     this.rows.set(r.id, r);
     return r;
@@ -327,6 +332,7 @@ export class GenerationSession {
 
   /** Frees every row's cache; rows still generating are rejected. */
   async close(): Promise<void> {
+    this.closed = true;
     while (this.pump) await this.pump;
     for (const r of this.rows.values()) {
       r.want?.reject(new Error('generation: the session was closed'));
