@@ -1,9 +1,10 @@
 /**
  * The layering check of docs/architecture.md: reads every relative import of src/, losses/,
  * datasets/ and scripts/, and lists (1) imports that run to a higher floor than the importer's, except
- * from the CLI and scripts, which stand on top, and (2) pairs of folders that import each other.
+ * from the CLI and scripts, which stand on top, (2) pairs of folders that import each other and (3)
+ * circles of imports between files, inside a folder too, `import type` included.
  *
- *   node --import tsx scripts/layers.ts          prints the folder graph and both lists; exit 1 if either is non-empty
+ *   node --import tsx scripts/layers.ts          prints the folder graph and the three lists; exit 1 if any is non-empty
  */
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join, normalize, relative } from 'node:path';
@@ -71,6 +72,106 @@ export function importEdges(root: string): Edge[] {
   return edges;
 }
 
+/** Every relative import, within a room too, as file → file (only files that exist: `.ts`/`.mjs` sources). */
+export function fileEdges(root: string): Edge[] {
+  const files: string[] = [];
+  for (const r of ROOTS) walk(root, r, files);
+  const known = new Set(files);
+  const spec = /(?:from\s+|import\s*\(\s*|import\s+)['"](\.{1,2}\/[^'"]+)['"]/g;
+  const edges: Edge[] = [];
+  for (const from of files) {
+    for (const m of readFileSync(join(root, from), 'utf8').matchAll(spec)) {
+      const to = normalize(join(dirname(from), m[1]));
+      if (known.has(to)) edges.push({ from, to });
+    }
+  }
+  return edges;
+}
+
+/**
+ * Circles of imports between files, `import type` included (a type-only circle still ties the files
+ * together: none of them can be read, moved or tested without the others). Each is one strongly
+ * connected component of the file graph, its files sorted.
+ */
+export function importCircles(root: string): string[][] {
+  const next = new Map<string, string[]>();
+  for (const e of fileEdges(root)) {
+    const row = next.get(e.from) ?? [];
+    if (!row.includes(e.to)) row.push(e.to);
+    next.set(e.from, row);
+  }
+  // Tarjan's strongly connected components, iteratively (no recursion limit on deep chains).
+  const index = new Map<string, number>();
+  const low = new Map<string, number>();
+  const onStack = new Set<string>();
+  const stack: string[] = [];
+  const components: string[][] = [];
+  let counter = 0;
+  for (const start of [...next.keys()].sort()) {
+    if (index.has(start)) continue;
+    const work: [string, number][] = [[start, 0]];
+    while (work.length) {
+      const top = work[work.length - 1];
+      const [v, i] = top;
+      if (i === 0) {
+        index.set(v, counter);
+        low.set(v, counter++);
+        stack.push(v);
+        onStack.add(v);
+      }
+      const out = next.get(v) ?? [];
+      if (i < out.length) {
+        top[1]++;
+        const w = out[i];
+        if (!index.has(w)) work.push([w, 0]);
+        else if (onStack.has(w)) low.set(v, Math.min(low.get(v)!, index.get(w)!));
+        continue;
+      }
+      work.pop();
+      if (work.length) {
+        const parent = work[work.length - 1][0];
+        low.set(parent, Math.min(low.get(parent)!, low.get(v)!));
+      }
+      if (low.get(v) === index.get(v)) {
+        const comp: string[] = [];
+        let w: string;
+        do {
+          w = stack.pop()!;
+          onStack.delete(w);
+          comp.push(w);
+        } while (w !== v);
+        if (comp.length > 1 || (next.get(v) ?? []).includes(v)) components.push(comp.sort());
+      }
+    }
+  }
+  return components.sort((a, b) => a[0].localeCompare(b[0]));
+}
+
+/** The shortest circle through `file` inside `component` (breadth-first), as file → … → file. */
+export function shortestCircle(root: string, component: string[]): string[] {
+  const inside = new Set(component);
+  const next = new Map<string, string[]>();
+  for (const e of fileEdges(root)) if (inside.has(e.from) && inside.has(e.to)) next.set(e.from, [...(next.get(e.from) ?? []), e.to]);
+  const start = component[0];
+  const prev = new Map<string, string>();
+  const queue = [start];
+  while (queue.length) {
+    const v = queue.shift()!;
+    for (const w of next.get(v) ?? []) {
+      if (w === start) {
+        const path = [v];
+        while (path[0] !== start) path.unshift(prev.get(path[0])!);
+        return [...path, start];
+      }
+      if (!prev.has(w)) {
+        prev.set(w, v);
+        queue.push(w);
+      }
+    }
+  }
+  return [start, start];
+}
+
 export interface LayerReport {
   /** room → rooms it imports, with counts. */
   graph: Map<string, Map<string, number>>;
@@ -105,5 +206,8 @@ if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
   for (const e of r.upward) process.stdout.write(`  ${relative('.', e.from)} → ${e.to}\n`);
   process.stdout.write(`folders that import each other: ${r.mutual.length}\n`);
   for (const [a, b] of r.mutual) process.stdout.write(`  ${a} ⇄ ${b}\n`);
-  process.exitCode = r.upward.length || r.mutual.length ? 1 : 0;
+  const circles = importCircles(root);
+  process.stdout.write(`circles of imports between files (import type included): ${circles.length}\n`);
+  for (const c of circles) process.stdout.write(`  ${c.length} files: ${shortestCircle(root, c).join(' → ')}${c.length > 2 ? ` (and ${c.join(', ')})` : ''}\n`);
+  process.exitCode = r.upward.length || r.mutual.length || circles.length ? 1 : 0;
 }

@@ -18,7 +18,7 @@ let m1: string;
 let m2: string;
 let pairs: string;
 
-const SETTINGS = ['batch_size=8', 'max_length=32', 'max_prompt_length=16', 'pad_to_multiple_of=16', 'learning_rate=3e-3', 'threads=1'];
+const SETTINGS = ['batch_size=8', 'max_length=32', 'max_prompt_length=16', 'pad_to_multiple_of=16', 'learning_rate=3e-3'];
 
 function train(out: string, o: { model?: string; steps?: number; extra?: string[]; data?: string; loss?: string; env?: Record<string, string> } = {}) {
   return cli(trainArgs(out, o), { env: o.env });
@@ -106,7 +106,7 @@ describe('numbers that must not mislead', () => {
     writeFileSync(sg, JSON.stringify((JSON.parse(readFileSync('/work/shared/data/dpo_en_demo.json', 'utf8')) as unknown[]).slice(0, 32)));
     for (const loss of ['dpo', 'ipo']) {
       const run = join(dir, `step1-${loss}`);
-      const r = cli(['train', '--model', m1, '--data', sg, '--loss', loss, '-o', run, '--quiet', ...['batch_size=32', 'max_steps=1', 'max_length=128', 'max_prompt_length=64', 'pad_to_multiple_of=16', 'threads=1'].flatMap((s) => ['--param', s])]);
+      const r = cli(['train', '--model', m1, '--data', sg, '--loss', loss, '-o', run, '--quiet', ...['batch_size=32', 'max_steps=1', 'max_length=128', 'max_prompt_length=64', 'pad_to_multiple_of=16'].flatMap((s) => ['--param', s])]);
       expect(r.status, r.stderr).toBe(0);
       const [m] = metrics(run);
       expect(m['rewards/accuracies']).toBe(0);

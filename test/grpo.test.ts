@@ -32,7 +32,7 @@ const rewardsMjs = join(dir, 'rewards.mjs');
 const SETTINGS = [
   'max_steps=4', 'save_steps=3', 'batch_size=4', 'gradient_accumulation_steps=2', 'num_generations=2', 'num_iterations=2',
   'max_completion_length=3', 'beta=0.05', 'loss_type=grpo', 'learning_rate=3e-3', 'warmup_steps=1', 'pad_to_multiple_of=8',
-  'logging_steps=1', 'threads=1', 'log_completions=2',
+  'logging_steps=1', 'log_completions=2',
 ];
 
 function args(out: string, rewards: string[], extra: string[] = []): string[] {

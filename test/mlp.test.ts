@@ -73,16 +73,16 @@ describe('MLP trained only through the artifacts (training graph + optimizer gra
     const batches = range(0, 10).map((k) => batchFeeds(data, 'float32', range((k * 12) % 108, ((k * 12) % 108) + 12)));
     const sched: LrScheduleConfig = { type: 'linear', lr: 0.05, warmupSteps: 3, totalSteps: 10 };
 
-    const straight = await TrainingArtifacts.load(dir, { threads: 1 });
+    const straight = await TrainingArtifacts.load(dir);
     for (const b of batches) await straight.trainStep(b, { lr: lrAt(straight.step + 1, sched) });
 
-    const first = await TrainingArtifacts.load(dir, { threads: 1 });
+    const first = await TrainingArtifacts.load(dir);
     for (const b of batches.slice(0, 5)) await first.trainStep(b, { lr: lrAt(first.step + 1, sched) });
     const ck = join(root, 'ckpt-run', 'checkpoint-5');
     first.saveCheckpoint(ck, { epoch: 0, rng: [1, 2, 3], dataCursor: { index: 5 }, config: { lr: 0.05 } });
     await first.release();
 
-    const resumed = await TrainingArtifacts.load(dir, { threads: 1 }, { checkpoint: ck });
+    const resumed = await TrainingArtifacts.load(dir, {}, { checkpoint: ck });
     expect(resumed.step).toBe(5);
     const state = resumed.loadCheckpoint(ck);
     expect(state).toMatchObject({ step: 5, epoch: 0, rng: [1, 2, 3], dataCursor: { index: 5 } });
@@ -92,7 +92,7 @@ describe('MLP trained only through the artifacts (training graph + optimizer gra
       expect(Array.from(resumed.param(name) as ArrayLike<number>), name).toEqual(Array.from(straight.param(name) as ArrayLike<number>));
     }
     // And training did change the trainable parameters relative to the initial checkpoint.
-    const fresh = await TrainingArtifacts.load(dir, { threads: 1 });
+    const fresh = await TrainingArtifacts.load(dir);
     expect(Array.from(fresh.param('fc1.weight') as ArrayLike<number>)).not.toEqual(Array.from(straight.param('fc1.weight') as ArrayLike<number>));
     expect(Array.from(fresh.param('input_scale') as ArrayLike<number>)).toEqual(Array.from(straight.param('input_scale') as ArrayLike<number>));
     await Promise.all([straight.release(), resumed.release(), fresh.release()]);

@@ -30,7 +30,7 @@ const prompts = join(dir, 'prompts.txt');
 const judge = join(dir, 'judge.mjs');
 
 // 6 prompts, rounds of 2 × 2: one round per epoch (a new shuffle every round), two micro-batches per update.
-const SETTINGS = ['max_steps=12', 'save_steps=3', 'batch_size=2', 'gradient_accumulation_steps=2', 'learning_rate=3e-3', 'warmup_steps=2', 'lr_scheduler=cosine', 'pad_to_multiple_of=16', 'logging_steps=1', 'threads=1', 'beta=0.1', 'mixture_coef=0.5'];
+const SETTINGS = ['max_steps=12', 'save_steps=3', 'batch_size=2', 'gradient_accumulation_steps=2', 'learning_rate=3e-3', 'warmup_steps=2', 'lr_scheduler=cosine', 'pad_to_multiple_of=16', 'logging_steps=1', 'beta=0.1', 'mixture_coef=0.5'];
 
 function args(out: string, extra: string[] = []): string[] {
   return ['nash-md', '--model', model, '--prompts', prompts, '--judge', `cmd:node ${judge}`, '-o', out, '--max-new-tokens', '4', '--quiet', ...SETTINGS.flatMap((s) => ['--param', s]), ...extra];
@@ -151,7 +151,7 @@ describe('online loop: several updates per round', () => {
     metrics: (r, u) => ({ update: u, 'completions/mean_length': r.ids.reduce((a, y) => a + y.length, 0) / r.ids.length }),
   };
   const list = ['1+2=', '3+4=', '5+6=', '7+8=', '9+0='];
-  const params = ['max_steps=8', 'save_steps=3', 'batch_size=2', 'learning_rate=1e-2', 'logging_steps=1', 'threads=1'];
+  const params = ['max_steps=8', 'save_steps=3', 'batch_size=2', 'learning_rate=1e-2', 'logging_steps=1'];
   const go = (out: string, resume = false) => runOnline({ model, out, params, resume, quiet: true, log: () => {} }, list, selfTrain, { config: resolveConfig({ params }).config, record: {} });
 
   it('a run stopped inside a round resumes from the checkpoint holding that round: the same rows and weights', async () => {
@@ -191,7 +191,7 @@ describe('reward-train on the loop', () => {
       rows: { kind: 'pairwise', meta: makeMeta('pairwise', 'plain', 'test'), examples: train, files: [] },
       out,
       params: ['max_steps=6', 'save_steps=2', 'eval_steps=3', `eval_data=${evalFile}`],
-      base: { learning_rate: 3e-3, batch_size: 4, warmup_steps: 0, pad_to_multiple_of: 16, logging_steps: 1, max_length: 32, max_prompt_length: 16, threads: 1 },
+      base: { learning_rate: 3e-3, batch_size: 4, warmup_steps: 0, pad_to_multiple_of: 16, logging_steps: 1, max_length: 32, max_prompt_length: 16 },
       quiet: true,
       log: () => {},
     });

@@ -57,7 +57,7 @@ function lists(out: string, t: number): { prompt: string; responses: string[]; w
   return readFileSync(join(out, `iter-${t}`, 'samples.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
 }
 
-const base = { learning_rate: 3e-3, batch_size: 4, pad_to_multiple_of: 16, logging_steps: 1, warmup_steps: 0, threads: 1 };
+const base = { learning_rate: 3e-3, batch_size: 4, pad_to_multiple_of: 16, logging_steps: 1, warmup_steps: 0 };
 
 describe('SPPO on the online loop', () => {
   it('samples K per prompt, judges win-rates, and trains each iteration against π_t: the loss of its first step is exact', async () => {
@@ -115,7 +115,7 @@ describe('SPPO on the online loop', () => {
 
 describe('sppo --resume (CLI)', () => {
   // 4 prompts in one round of 2 micro-batches of 2: 3 steps per iteration (num_epochs 3), a checkpoint every 2 steps.
-  const SETTINGS = ['num_epochs=3', 'save_steps=2', 'batch_size=2', 'gradient_accumulation_steps=2', 'learning_rate=3e-3', 'warmup_steps=1', 'lr_scheduler=cosine', 'pad_to_multiple_of=16', 'logging_steps=1', 'threads=1', 'beta=0.1'];
+  const SETTINGS = ['num_epochs=3', 'save_steps=2', 'batch_size=2', 'gradient_accumulation_steps=2', 'learning_rate=3e-3', 'warmup_steps=1', 'lr_scheduler=cosine', 'pad_to_multiple_of=16', 'logging_steps=1', 'beta=0.1'];
   const args = (out: string) => ['sppo', '--model', model, '--prompts', promptsFile, '--judge', `cmd:node ${judgeFile}`, '-o', out, '--iterations', '2', '--samples', '2', '--max-new-tokens', '3', '--quiet', ...SETTINGS.flatMap((s) => ['--param', s])];
 
   it('a run killed with SIGKILL after its first checkpoint and resumed writes the same rows, samples and weights', async () => {

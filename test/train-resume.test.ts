@@ -11,7 +11,7 @@ let dir: string;
 let model: string;
 let data: string;
 
-const SETTINGS = ['batch_size=8', 'max_steps=16', 'save_steps=4', 'learning_rate=3e-3', 'max_length=32', 'max_prompt_length=16', 'pad_to_multiple_of=16', 'gradient_accumulation_steps=2', 'lr_scheduler=cosine', 'warmup_steps=3', 'threads=1'];
+const SETTINGS = ['batch_size=8', 'max_steps=16', 'save_steps=4', 'learning_rate=3e-3', 'max_length=32', 'max_prompt_length=16', 'pad_to_multiple_of=16', 'gradient_accumulation_steps=2', 'lr_scheduler=cosine', 'warmup_steps=3'];
 
 function args(out: string, extra: string[] = []): string[] {
   return [bin, 'train', '--model', model, '--data', data, '--loss', 'dpo', '-o', out, '--quiet', ...SETTINGS.flatMap((s) => ['--param', s]), ...extra];

@@ -29,7 +29,7 @@ import { zerosLike } from '../autodiff/shape.ts';
 import { UserError } from '../errors.ts';
 import { buildOptimizerGraph, defaultDecay, type OptimizerConfig, gradName, gradAccName, stateName } from '../optim/index.ts';
 import { pruneGraph } from './prune.ts';
-import { elideBroadcastExpands, foldOutputIdentities, foldScatterAddIntoSum, isZeroFill } from './simplify.ts';
+import { elideBroadcastExpands, foldOutputIdentities, foldScatterAddIntoSum, isScatterAdd, isZeroFill } from './simplify.ts';
 import { fuseOptimizer } from './fuse.ts';
 import { writeCheckpoint, type CheckpointTensor } from './checkpoint.ts';
 import { writeFileAtomic } from '../io/atomic.ts';
@@ -180,8 +180,7 @@ export function accumulateInto(g: Graph, d: Tensor, acc: Tensor): Tensor {
       node.inputs.push(acc.name);
       return d;
     }
-    const reduction = node.attrs.reduction;
-    const zeros = node.op === 'ScatterND' && reduction?.kind === 'string' && reduction.value === 'add' ? g.producer.get(node.inputs[0]) : undefined;
+    const zeros = isScatterAdd(node) ? g.producer.get(node.inputs[0]) : undefined;
     if (zeros && isZeroFill(zeros) && readers(node.inputs[0]) === 1) {
       node.inputs[0] = acc.name;
       return d;

@@ -69,8 +69,14 @@ export function isZeroFill(n: Node): boolean {
   return v.kind === 'tensor' && Array.from(v.value.data as ArrayLike<number | bigint>).every((x) => Number(x) === 0);
 }
 
+/** A scatter-add (ScatterElements or ScatterND with reduction "add"): its data input is where the sum starts. */
+export function isScatterAdd(n: Node): boolean {
+  const reduction = n.attrs.reduction;
+  return (n.op === 'ScatterElements' || n.op === 'ScatterND') && n.domain === '' && reduction?.kind === 'string' && reduction.value === 'add';
+}
+
 /**
- * Sum(x, …, ScatterND(zeros, idx, u, add)) → ScatterND(Sum(x, …), idx, u, add): the scatter-add
+ * Sum(x, …, Scatter(zeros, idx, u, add)) → Scatter(Sum(x, …), idx, u, add): the scatter-add
  * starts from the other terms instead of a zero tensor, so the zero fill and one pass of the Sum go
  * (for a gathered weight that is also a matmul operand, such as the output head whose target rows
  * are gathered, two parameter-sized passes per step). Only the rounding order of the additions changes.
@@ -85,8 +91,7 @@ export function foldScatterAddIntoSum(g: Graph): void {
     if (sum.op !== 'Sum' || sum.domain !== '' || sum.inputs.length < 2) continue;
     const at = sum.inputs.findIndex((name) => {
       const s = g.producer.get(name);
-      const reduction = s?.attrs.reduction;
-      if (!s || s.op !== 'ScatterND' || s.domain !== '' || drop.has(s) || reduction?.kind !== 'string' || reduction.value !== 'add') return false;
+      if (!s || !isScatterAdd(s) || drop.has(s)) return false;
       const zeros = g.producer.get(s.inputs[0]);
       return !!zeros && isZeroFill(zeros) && readers.get(s.inputs[0]) === 1 && readers.get(name) === 1 && !outputs.has(name) && sum.inputs.indexOf(name) === sum.inputs.lastIndexOf(name);
     });

@@ -188,22 +188,35 @@ function sliceGrad(c: RuleContext): (Tensor | null)[] {
   return [reshapeLike(g, t, x)];
 }
 
-/** Gather: embedding-style rows accumulate with ScatterND(add); other axes via ScatterElements(add). */
+/**
+ * Gather: the rows of dy accumulate into the gathered rows with ScatterElements(add) along the axis.
+ * Not ScatterND(add), although it adds whole rows at once: ONNX Runtime's CPU kernel splits its
+ * updates over the thread pool, so the additions for a repeated index (a token seen twice) land in
+ * varying order, or race, and two runs differ in the last bits. ScatterElements gives each output
+ * element to one thread and adds its updates in index order: the same sum every run, and the one a
+ * sequential loop over the rows gives.
+ */
 function gatherGrad(c: RuleContext): (Tensor | null)[] {
   const { g } = c;
   const [x, idx] = c.x as Tensor[];
   const dy = dy0(c);
   const a = norm(c.int('axis', 0), rank(x));
-  if (a === 0) return [g.scatterND(zerosLike(g, x), g.unsqueeze(int64(g, idx), [-1]), dy, 'add')];
-  // Flatten the index dims of dy to one axis, then scatter along axis a with broadcast indices.
+  // One index: a single row to place, nothing to accumulate (and no shape arithmetic).
+  if (a === 0 && idx.shape?.length === 0) return [g.scatterND(zerosLike(g, x), g.unsqueeze(int64(g, idx), [-1]), dy, 'add')];
   const xs = x.staticShape;
-  const flatShape = xs
-    ? g.ints(xs.map((d, i) => (i === a ? -1 : d)))
-    : g.concat([g.shapeOf(x, 0, a), g.ints([-1]), g.shapeOf(x, a + 1)], 0);
-  const d2 = g.op('Reshape', [dy, flatShape], {}, [{ dtype: dy.dtype, shape: x.shape!.map((d, i) => (i === a ? '?' : d)) }])[0];
+  // dy with the index dims flattened to one axis (already so for a vector of indices).
+  let d2 = dy;
+  if (idx.shape?.length !== 1) {
+    const flatShape = xs
+      ? g.ints(xs.map((d, i) => (i === a ? -1 : d)))
+      : g.concat([g.shapeOf(x, 0, a), g.ints([-1]), g.shapeOf(x, a + 1)], 0);
+    d2 = g.op('Reshape', [dy, flatShape], {}, [{ dtype: dy.dtype, shape: x.shape!.map((d, i) => (i === a ? '?' : d)) }])[0];
+  }
   const shape = Array(rank(x)).fill(1);
   shape[a] = -1;
-  const i2 = g.expand(g.reshape(idx, shape), g.shapeOf(d2));
+  // The indices broadcast over the other axes. Expand broadcasts both ways, so against x's shape
+  // with a 1 on the axis when it is known: no Shape of dy to compute.
+  const i2 = g.expand(g.reshape(idx, shape), xs ? xs.map((d, i) => (i === a ? 1 : d)) : g.shapeOf(d2));
   return [g.scatterElements(zerosLike(g, x), i2, d2, a, 'add')];
 }
 

@@ -3,14 +3,81 @@
  * is one object per HF `model_type` (src/models/llama.ts, gpt2.ts, qwen3.ts, …) holding its config
  * fields and defaults, presets, HF tensor names, training forward, KV-cached decode, LoRA targets and,
  * optionally, its names in exported formats. src/models/families.ts lists them; everything else asks
- * the registry, never compares `model_type`. This file imports no family, so the families, the
- * registry and config.ts all stand on it without cycles.
+ * the registry, never compares `model_type`. This file imports nothing from src/models: it also
+ * declares the types a family's builders take (the batch and decode indices, the parameter lookup,
+ * LoRA modules), so the families, layers.ts, params.ts, lora.ts, the registry and config.ts all
+ * stand on it, and test/layers.test.ts holds the folder free of import circles.
  */
 import { UserError } from '../errors.ts';
-import type { Graph, Tensor } from '../onnx/graph.ts';
-import type { BatchIndex, DecodeIndex } from './layers.ts';
-import type { LoraModule } from './lora.ts';
-import type { Params } from './params.ts';
+import type { Dim, Graph, Tensor } from '../onnx/graph.ts';
+
+/** Float types of the parameters and activations. */
+export type FloatDType = 'float32' | 'float64';
+
+/** Index tensors of one batch, derived once and shared by every layer. */
+export interface BatchIndex {
+  dtype: FloatDType;
+  B: Dim;
+  T: Dim;
+  /** B·T, the row count of the 2-D activations. */
+  N: Dim;
+  /** `[B, T]` int64 token ids. */
+  ids: Tensor;
+  /** `[N]` int64 token ids. */
+  flatIds: Tensor;
+  /** `[B, T]` int64 position of each token among the row's real tokens (pads get their neighbour's). */
+  positions: Tensor;
+  /** `[B, 1, T, T]` additive mask: 0 where query t may attend key s (s ≤ t and s is real), else MASK_VALUE. */
+  mask: Tensor;
+  /** `[2]` int64 runtime shape (B, T). */
+  shapeBT: Tensor;
+  /**
+   * Attention in up to this many pieces over the key/value heads (CausalLMOptions.attentionPieces):
+   * one piece's `[B, heads/pieces, T, T]` scores are alive at a time instead of all heads'.
+   */
+  pieces?: number;
+}
+
+/** Index tensors shared by the layers of one decode graph. */
+export interface DecodeIndex {
+  /** `[B·S]` new token ids. */
+  flatIds: Tensor;
+  /** `[B, S]` int64 positions of the new tokens. */
+  positions: Tensor;
+  /** `[B, 1, S, L]` additive mask of new queries over past + new keys. */
+  mask: Tensor;
+  /** `[2]` runtime (B, S). */
+  shapeBS: Tensor;
+}
+
+/** LoRA adapter of one projection: y += scale · (x Aᵀ) Bᵀ with A `[r, in]`, B `[out, r]`. */
+export interface Adapter {
+  A: Tensor;
+  B: Tensor;
+  scale: number;
+}
+
+/** Parameter lookup for a family's builders (src/models/params.ts's `Params`). */
+export interface ModelParams {
+  /** The parameter as the forward computes with it (a float16 one widened to float32). */
+  get(name: string): Tensor;
+  /** The parameter as declared (no widening). */
+  raw(name: string): Tensor;
+  /** Rows `ids` of a table (embeddings), gathered, then widened. */
+  rows(name: string, ids: Tensor): Tensor;
+  /** The LoRA adapter of module `name`, if adapters are on. */
+  adapter(name: string): Adapter | undefined;
+}
+
+/** One projection that can carry an adapter. */
+export interface LoraModule {
+  /** Module path, e.g. `model.layers.0.self_attn.q_proj`. */
+  name: string;
+  in: number;
+  out: number;
+  /** GPT-2's Conv1D stores its weight `[in, out]`; Linear stores `[out, in]`. */
+  layout: 'linear' | 'conv1d';
+}
 
 /** The model_types prefzoo ships (the registry may hold more: {@link Family} objects registered at run time). */
 export type LlamaType = 'llama' | 'qwen2' | 'qwen3' | 'mistral' | 'gemma' | 'phi3';
@@ -228,11 +295,11 @@ export interface Family<C extends ModelConfig = ModelConfig> {
   /** A token attends to at most this many positions (itself included); null: no window. */
   window(c: C): number | null;
   /** The training forward: final hidden states `[N, D]` (after the final norm) of a batch. */
-  hidden(g: Graph, c: C, P: Params, bi: BatchIndex): Tensor;
+  hidden(g: Graph, c: C, P: ModelParams, bi: BatchIndex): Tensor;
   /** The output head's weight `[V, D]` (the token embedding when tied). */
-  headWeight(c: C, P: Params): Tensor;
+  headWeight(c: C, P: ModelParams): Tensor;
   /** The KV-cached decode: final hidden states `[B·S, D]` of S new tokens per row over the cache `past`. */
-  decode(g: Graph, c: C, P: Params, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor;
+  decode(g: Graph, c: C, P: ModelParams, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor;
   cacheShape(c: C): CacheShape;
   /** Every projection that can carry a LoRA adapter (the LM head and embeddings are not targets). */
   projections(c: C): LoraModule[];

@@ -8,10 +8,8 @@
  */
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import { UserError } from '../errors.ts';
-import { type Family, type GgufNames, type Gpt2Config, type OnnxNames, ggufValue as gv } from './family.ts';
+import { type Family, type GgufNames, type Gpt2Config, type LoraModule, type ModelParams, type OnnxNames, ggufValue as gv } from './family.ts';
 import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, decodeHeads, extendCache, layerNorm, project, reshapeTo, splitHeads } from './layers.ts';
-import type { LoraModule } from './lora.ts';
-import type { Params } from './params.ts';
 
 /** MLP width: `n_inner`, or 4 · n_embd when the file says null. */
 export function gpt2Inner(c: Gpt2Config): number {
@@ -32,7 +30,7 @@ function dims(c: Gpt2Config): { D: number; H: number; hd: number; eps: number; s
 }
 
 /** Final hidden states `[N, D]` (after `ln_f`). */
-function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): Tensor {
+function gpt2Hidden(g: Graph, c: Gpt2Config, P: ModelParams, bi: BatchIndex): Tensor {
   const { D, H, hd, eps, scale: scaleOf } = dims(c);
 
   let h = g.scope('embed', () => {
@@ -71,12 +69,12 @@ function gpt2Hidden(g: Graph, c: Gpt2Config, P: Params, bi: BatchIndex): Tensor 
 }
 
 /** The output head's weight `[V, D]`: the token embedding when tied (always, in released GPT-2s). */
-function gpt2HeadWeight(c: Gpt2Config, P: Params): Tensor {
+function gpt2HeadWeight(c: Gpt2Config, P: ModelParams): Tensor {
   return P.get(c.tie_word_embeddings ? 'transformer.wte.weight' : 'lm_head.weight');
 }
 
 /** Final hidden states `[B·S, D]` of S new tokens per row, reading and extending the key/value cache `past`. */
-function gpt2Decode(g: Graph, c: Gpt2Config, P: Params, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor {
+function gpt2Decode(g: Graph, c: Gpt2Config, P: ModelParams, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor {
   const { D, H, hd, eps, scale: scaleOf } = dims(c);
   let h = g.add(g.gather(P.get('transformer.wte.weight'), ix.flatIds, 0), g.gather(P.get('transformer.wpe.weight'), g.reshape(ix.positions, [-1]), 0));
   for (let i = 0; i < c.n_layer; i++) {

@@ -6,39 +6,17 @@
  * to `[B, heads, T, head_dim]`. The second half holds the blocks of KV-cached decoding (src/models/decode.ts).
  */
 import { Graph, Tensor, type Dim, type Shape } from '../onnx/graph.ts';
-import type { Activation } from './family.ts';
+import type { Activation, Adapter, BatchIndex, DecodeIndex, FloatDType } from './family.ts';
 
-export type FloatDType = 'float32' | 'float64';
+// The batch, decode and adapter types are declared in family.ts, which the family files and this file
+// both stand on; re-exported here for the modules that build graphs from layers.
+export type { Adapter, BatchIndex, DecodeIndex, FloatDType };
 
 /**
  * Additive mask value: exp(x − 1e9) is exactly 0 in float32 and float64, yet a row whose keys are all
  * masked (a left pad as query) stays finite, so no NaN reaches the gradients.
  */
 export const MASK_VALUE = -1e9;
-
-/** Index tensors of one batch, derived once and shared by every layer. */
-export interface BatchIndex {
-  dtype: FloatDType;
-  B: Dim;
-  T: Dim;
-  /** B·T, the row count of the 2-D activations. */
-  N: Dim;
-  /** `[B, T]` int64 token ids. */
-  ids: Tensor;
-  /** `[N]` int64 token ids. */
-  flatIds: Tensor;
-  /** `[B, T]` int64 position of each token among the row's real tokens (pads get their neighbour's). */
-  positions: Tensor;
-  /** `[B, 1, T, T]` additive mask: 0 where query t may attend key s (s ≤ t and s is real), else MASK_VALUE. */
-  mask: Tensor;
-  /** `[2]` int64 runtime shape (B, T). */
-  shapeBT: Tensor;
-  /**
-   * Attention in up to this many pieces over the key/value heads (CausalLMOptions.attentionPieces):
-   * one piece's `[B, heads/pieces, T, T]` scores are alive at a time instead of all heads'.
-   */
-  pieces?: number;
-}
 
 /** Product of symbolic dims: a number when both are known, else a readable name like `batch*seq`. */
 export function mulDims(a: Dim, b: Dim): Dim {
@@ -118,13 +96,6 @@ export function windowed(g: Graph, allowed: Tensor, queryPositions: Tensor, keyP
   if (window === null) return allowed;
   const dist = g.sub(g.unsqueeze(queryPositions, [1, 3]), g.unsqueeze(keyPositions, [1, 2])); // [B, 1, Q, K]
   return g.and(allowed, g.less(dist, g.scalar(window, 'int64')));
-}
-
-/** LoRA adapter of one projection: y += scale · (x Aᵀ) Bᵀ with A `[r, in]`, B `[out, r]`. */
-export interface Adapter {
-  A: Tensor;
-  B: Tensor;
-  scale: number;
 }
 
 /**
@@ -243,18 +214,6 @@ export function lmHead(g: Graph, hidden: Tensor, weight: Tensor): Tensor {
 
 export const pastName = (layer: number, kv: 'key' | 'value') => `past.${layer}.${kv}`;
 export const presentName = (layer: number, kv: 'key' | 'value') => `present.${layer}.${kv}`;
-
-/** Index tensors shared by the layers of one decode graph. */
-export interface DecodeIndex {
-  /** `[B·S]` new token ids. */
-  flatIds: Tensor;
-  /** `[B, S]` int64 positions of the new tokens. */
-  positions: Tensor;
-  /** `[B, 1, S, L]` additive mask of new queries over past + new keys. */
-  mask: Tensor;
-  /** `[2]` runtime (B, S). */
-  shapeBS: Tensor;
-}
 
 /**
  * Positions and mask of the new tokens `ids [B, S]` under `attn [B, L]` (past + new). Positions count

@@ -12,10 +12,8 @@
  */
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import { UserError } from '../errors.ts';
-import { type Activation, type Family, type FieldReader, type GgufNames, type LlamaConfig, type LlamaType, type OnnxNames, type SpecialIds, ggufValue as gv } from './family.ts';
+import { type Activation, type Family, type FieldReader, type GgufNames, type LlamaConfig, type LoraModule, type ModelParams, type LlamaType, type OnnxNames, type SpecialIds, ggufValue as gv } from './family.ts';
 import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, extendCache, project, reshapeRt, rmsNorm, splitHeads } from './layers.ts';
-import type { LoraModule } from './lora.ts';
-import type { Params } from './params.ts';
 
 /** A projection of layer tensors by module name (`self_attn.q_proj`), with its LoRA adapter when on. */
 export type Proj = (name: string, x: Tensor, hasBias: boolean) => Tensor;
@@ -64,13 +62,13 @@ export interface LlamaMember {
   /** The layer's projections that can carry LoRA adapters. */
   projections?(c: LlamaConfig, p: string): LoraModule[];
   /** Token embeddings `[N, D]` of the flat ids. */
-  embed?(g: Graph, c: LlamaConfig, P: Params, flatIds: Tensor): Tensor;
+  embed?(g: Graph, c: LlamaConfig, P: ModelParams, flatIds: Tensor): Tensor;
   /** The RMSNorm of weight `w`. */
   norm?(g: Graph, c: LlamaConfig, x: Tensor, w: Tensor): Tensor;
   /** q `[N, H·hd]`, k and v `[N, KV·hd]` from the normed input. */
-  qkv?(g: Graph, c: LlamaConfig, p: string, x: Tensor, proj: Proj, P: Params): [Tensor, Tensor, Tensor];
+  qkv?(g: Graph, c: LlamaConfig, p: string, x: Tensor, proj: Proj, P: ModelParams): [Tensor, Tensor, Tensor];
   /** Per-head transform of q and k `[B, T, heads, hd]` before the rotary embedding. */
-  headNorm?(g: Graph, c: LlamaConfig, p: string, q: Tensor, k: Tensor, P: Params): [Tensor, Tensor];
+  headNorm?(g: Graph, c: LlamaConfig, p: string, q: Tensor, k: Tensor, P: ModelParams): [Tensor, Tensor];
   /** The MLP of the normed input. */
   mlp?(g: Graph, c: LlamaConfig, p: string, x: Tensor, proj: Proj): Tensor;
   /** Leading dims of each head that rotate (default all: head_dim). */
@@ -269,7 +267,7 @@ export interface Attend {
 }
 
 /** The decoder: embeddings, every layer, the final norm → `[N, D]`. */
-function llamaStack(fam: LlamaMember, g: Graph, c: LlamaConfig, P: Params, flatIds: Tensor, at: Attend): Tensor {
+function llamaStack(fam: LlamaMember, g: Graph, c: LlamaConfig, P: ModelParams, flatIds: Tensor, at: Attend): Tensor {
   const H = c.num_attention_heads;
   const KV = c.num_key_value_heads;
   const hd = c.head_dim;
@@ -316,7 +314,7 @@ function attentionWindow(m: LlamaMember, c: LlamaConfig): number | null {
 }
 
 /** Final hidden states `[N, D]` (after the last RMSNorm) of the training forward. */
-function llamaHidden(m: LlamaMember, g: Graph, c: LlamaConfig, P: Params, bi: BatchIndex): Tensor {
+function llamaHidden(m: LlamaMember, g: Graph, c: LlamaConfig, P: ModelParams, bi: BatchIndex): Tensor {
   const H = c.num_attention_heads;
   const KV = c.num_key_value_heads;
   const hd = c.head_dim;
@@ -338,12 +336,12 @@ function llamaHidden(m: LlamaMember, g: Graph, c: LlamaConfig, P: Params, bi: Ba
 }
 
 /** The output head's weight `[V, D]`: the embedding when tied. */
-function llamaHeadWeight(c: LlamaConfig, P: Params): Tensor {
+function llamaHeadWeight(c: LlamaConfig, P: ModelParams): Tensor {
   return P.get(c.tie_word_embeddings ? 'model.embed_tokens.weight' : 'lm_head.weight');
 }
 
 /** Final hidden states `[B·S, D]` of S new tokens per row: the same layers, attending over the key/value cache `past`. */
-function llamaDecode(m: LlamaMember, g: Graph, c: LlamaConfig, P: Params, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor {
+function llamaDecode(m: LlamaMember, g: Graph, c: LlamaConfig, P: ModelParams, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor {
   const H = c.num_attention_heads;
   const KV = c.num_key_value_heads;
   const hd = c.head_dim;

@@ -6,6 +6,9 @@
  * reference model, and `mergeLora` folds the adapters in for saving.
  */
 import { UserError } from '../errors.ts';
+import type { LoraModule } from './family.ts';
+
+export type { LoraModule };
 import type { FloatTensor } from './checkpoint.ts';
 import type { ModelConfig } from './config.ts';
 import { familyFor } from './families.ts';
@@ -21,16 +24,6 @@ export interface LoraConfig {
    * layer's `self_attn.q_proj`, `c_proj` both of GPT-2's), or `all-linear` for every projection.
    */
   targets: string[];
-}
-
-/** One projection that can carry an adapter. */
-export interface LoraModule {
-  /** Module path, e.g. `model.layers.0.self_attn.q_proj`. */
-  name: string;
-  in: number;
-  out: number;
-  /** GPT-2's Conv1D stores its weight `[in, out]`; Linear stores `[out, in]`. */
-  layout: 'linear' | 'conv1d';
 }
 
 export function loraScale(lora: LoraConfig): number {

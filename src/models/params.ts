@@ -7,7 +7,7 @@
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import type { FloatTensor } from './checkpoint.ts';
 import { type ModelConfig, hiddenSize, parameterShapes } from './config.ts';
-import type { Adapter, FloatDType } from './layers.ts';
+import type { Adapter, FloatDType, ModelParams } from './family.ts';
 import { type LoraConfig, loraModules, loraParameterShapes, loraScale } from './lora.ts';
 
 export interface ParameterOptions {
@@ -51,7 +51,7 @@ export function parameterInitializers(g: Graph, weights: Map<string, FloatTensor
 }
 
 /** Parameter lookup for the forward builders; adapters are used only when a LoRA config is passed. */
-export class Params {
+export class Params implements ModelParams {
   private readonly adapted: Set<string>;
   private readonly scale: number;
 

@@ -6,10 +6,9 @@
  * adapts the fused modules as PEFT does (`qkv_proj`, `o_proj`, `gate_up_proj`, `down_proj`).
  */
 import { UserError } from '../errors.ts';
-import type { LlamaConfig } from './family.ts';
+import type { LlamaConfig, LoraModule } from './family.ts';
 import { activation } from './layers.ts';
 import { llamaFamily } from './llama.ts';
-import type { LoraModule } from './lora.ts';
 
 function sizes(c: LlamaConfig) {
   return { d: c.hidden_size, q: c.num_attention_heads * c.head_dim, kv: c.num_key_value_heads * c.head_dim, ffn: c.intermediate_size };
