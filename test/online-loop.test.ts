@@ -1,5 +1,5 @@
 /**
- * The online loop (src/online/loop.ts) through `prefzoo nash-md`: checkpoints every save_steps, a run
+ * The training loop (src/train/loop.ts) through `prefzoo nash-md`: checkpoints every save_steps, a run
  * killed with SIGKILL and continued with --resume writing the same metrics rows and final weights as
  * an uninterrupted run, the NaN stop, and the refusal of a setting nash-md does not honour.
  */
@@ -15,7 +15,7 @@ import { loadJudge, type Judge } from '../src/online/judges.ts';
 import { runNashMd } from '../src/online/nash-md.ts';
 import { pairAccuracy, RewardModel, rewardTrain } from '../src/online/reward-model.ts';
 import { makeMeta } from '../datasets/schema.ts';
-import { runOnline, type OnlineMethod } from '../src/online/loop.ts';
+import { runOnline, type OnlineMethod } from '../src/train/loop.ts';
 import { sampleWith } from '../src/online/policy.ts';
 import { buildCausalLM } from '../src/models/index.ts';
 import { sequenceLogps } from '../src/models/logps.ts';
