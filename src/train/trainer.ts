@@ -200,6 +200,12 @@ async function dataStage(o: TrainOptions, c0: Setup, resuming: boolean, info: (l
 /** The reference stage's result: the reference model, and its log-probs cached per row or scored per batch. */
 interface ReferenceStage {
   reference: ReferenceModel;
+  /**
+   * The reference the held-out evaluation scores against: the starting one, also under TR-DPO (the
+   * evaluation's reference log-probs are scored once, before the first step of a fresh run, so a
+   * resumed run scores them with the reference it started from, not where it had moved).
+   */
+  evalReference: { config: ModelConfig; weights: Map<string, FloatTensor> } | null;
   /** TR-DPO: the reference moves toward the policy. */
   sync: boolean;
   /** Cached log-probs per row (data order); empty when they are scored per batch. */
@@ -227,6 +233,8 @@ async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming
           { config: base.config, weights: roundedToF16(base.weights), identity: `model:${resolve(o.model)}+float16` }
         : { config: base.config, weights: base.weights, identity: `model:${resolve(o.model)}` };
   const sync = config.sync_ref_model;
+  // Held only when there is an evaluation (under TR-DPO a second reference-sized set of weights).
+  const evalReference = config.eval_data ? { config: reference.config, weights: reference.weights } : null;
   if (sync) {
     if (!sameParameters(reference.config, base.config)) {
       throw new UserError(`sync_ref_model: the reference ${o.refModel} and the policy ${o.model} have different parameters, so ref ← α·policy + (1 − α)·ref is undefined; use a reference of the policy's architecture and size`);
@@ -274,7 +282,7 @@ async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming
     await writeRefColumns(refFile, kind, ref);
     writeIdentity(idFile, identity);
   }
-  return { reference, sync, ref, refScorer };
+  return { reference, evalReference, sync, ref, refScorer };
 }
 
 
@@ -299,7 +307,7 @@ class OfflineTraining implements OnlineMethod<number, Round> {
   private r!: ReferenceStage;
   private evaluator: Evaluator | null = null;
   private sampler: EvalSampler | null = null;
-  /** The weights the last evaluation scored (merged), for its samples. */
+  /** The weights the last evaluation scored (merged), until its samples are written. */
   private evaluatedWeights: { config: ModelConfig; weights: Map<string, FloatTensor> } | null = null;
   /** The last evaluation's full summary: after the run, the final one. */
   finalEval: EvalSummary | undefined;
@@ -343,7 +351,7 @@ class OfflineTraining implements OnlineMethod<number, Round> {
 
   async open(ctx: OnlineContext): Promise<void> {
     const { config } = this.s;
-    const { reference } = this.r;
+    const { reference, evalReference } = this.r;
     const art = ctx.art;
     ctx.info(`steps: ${this.d.packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
     const advice = mallocAdvice(config.gradient_checkpointing, config.device);
@@ -353,14 +361,14 @@ class OfflineTraining implements OnlineMethod<number, Round> {
       ctx.info(`device ${config.device}: step graph nodes ${describePlacement(await placement(graph, ctx.runtime))}; parameters, optimizer state and gradients stay on the device`);
     }
     // Held-out evaluation: data and reference scores prepared once, the policy scored every eval_steps.
-    if (config.eval_data) {
+    if (evalReference) {
       this.evaluator = await Evaluator.create({
-        ref: { config: reference.config, weights: reference.weights },
+        ref: evalReference,
         tokenizer: this.o.model,
         data: config.eval_data,
         workDir: join(ctx.run, 'data'),
         params: this.s.lossParams,
-        runtime: runtimeOf(config, reference.config),
+        runtime: runtimeOf(config, evalReference.config),
         quiet: true,
         truncation: config,
         batchSize: config.batch_size * 2,
@@ -438,13 +446,16 @@ class OfflineTraining implements OnlineMethod<number, Round> {
   }
 
   async evaluate(ctx: OnlineContext): Promise<Record<string, number>> {
-    this.evaluatedWeights = { config: ctx.model, weights: await this.weightsNow(ctx) };
-    this.finalEval = await this.evaluator!.evaluate(this.evaluatedWeights, { quiet: true });
+    const weights = { config: ctx.model, weights: await this.weightsNow(ctx) };
+    this.finalEval = await this.evaluator!.evaluate(weights, { quiet: true });
+    // Kept for the samples of this evaluation only (a parameter-sized copy).
+    this.evaluatedWeights = this.sampler ? weights : null;
     return this.finalEval.overall;
   }
 
   async evaluated(_ctx: OnlineContext, step: number): Promise<void> {
-    if (this.sampler) await this.sampler.write(step, this.evaluatedWeights!);
+    if (this.sampler && this.evaluatedWeights) await this.sampler.write(step, this.evaluatedWeights);
+    this.evaluatedWeights = null;
   }
 
   bestMetric(config: TrainConfig): string {
