@@ -60,7 +60,7 @@ export interface OnlineContext {
   /** The starting model folder and its architecture. */
   readonly modelDir: string;
   readonly model: ModelConfig;
-  /** The starting weights (no adapters): the reference of most methods. */
+  /** The starting weights (no adapters): the reference of most methods (empty when the method's `needsBaseWeights` says false). */
   readonly baseWeights: Map<string, FloatTensor>;
   readonly tok: LoadedTokenizer;
   /** Session settings of the run (device, threads, memory mode). */
@@ -259,7 +259,6 @@ interface LoopState {
   pending: { round: unknown; next: number; info: RoundInfo } | null;
   method?: unknown;
 }
-
 
 /**
  * Runs `method` over `items` (or the items `items(…)` reads once the run folder is ready) in the run
