@@ -1,5 +1,5 @@
 /**
- * The online loop (src/online/loop.ts) through `prefzoo nash-md`: checkpoints every save_steps, a run
+ * The training loop (src/train/loop.ts) through `prefzoo nash-md`: checkpoints every save_steps, a run
  * killed with SIGKILL and continued with --resume writing the same metrics rows and final weights as
  * an uninterrupted run, the NaN stop, and the refusal of a setting nash-md does not honour.
  */
@@ -15,13 +15,14 @@ import { loadJudge, type Judge } from '../src/online/judges.ts';
 import { runNashMd } from '../src/online/nash-md.ts';
 import { pairAccuracy, RewardModel, rewardTrain } from '../src/online/reward-model.ts';
 import { makeMeta } from '../datasets/schema.ts';
-import { runOnline, type OnlineMethod } from '../src/online/loop.ts';
+import { runOnline, type OnlineMethod } from '../src/train/loop.ts';
 import { sampleWith } from '../src/online/policy.ts';
 import { buildCausalLM } from '../src/models/index.ts';
 import { sequenceLogps } from '../src/models/logps.ts';
 import { collate } from '../src/models/batch.ts';
 import { modelParamSpecs, optimizerOf } from '../src/train/run.ts';
 import { resolveConfig } from '../src/train/config.ts';
+import { tokenizePromptResponse } from '../src/tokenize/index.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'prefzoo-online-loop-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -174,6 +175,59 @@ describe('online loop: several updates per round', () => {
     await go(broken, true);
     expect(rows(broken)).toEqual(want);
     expect(Buffer.compare(readFileSync(join(straight, 'final', 'model.safetensors')), readFileSync(join(broken, 'final', 'model.safetensors')))).toBe(0);
+  });
+});
+
+describe('a round of several draws (the trainer\'s micro-batches)', () => {
+  it('each draw stays in one epoch and the next draw starts the next epoch, so a round may span two; every item once per epoch; the plan counts ⌊draws per epoch / draws per round⌋ rounds', async () => {
+    const items = ['a', 'b', 'c', 'd', 'e'];
+    const seen: { items: string[]; draws: number[]; epoch: number }[] = [];
+    const method: OnlineMethod<string, { ids: number[][] }> = {
+      name: 'draws-sft',
+      partialRounds: true,
+      draws: () => ({ size: 2, count: 2 }),
+      spec: (s) => ({
+        params: modelParamSpecs(s.model, s.init, s.lora, false),
+        batchInputs: [
+          { name: 'input_ids', dtype: 'int64', shape: ['rows', 'len'] },
+          { name: 'attention_mask', dtype: 'int64', shape: ['rows', 'len'] },
+          { name: 'loss_mask', dtype: 'float32', shape: ['rows', 'len'] },
+        ],
+        optimizer: optimizerOf(s.config),
+        loss: { name: 'draws_sft' },
+        modelConfig: s.model,
+        buildForward(g, p, batch, mode) {
+          const m = buildCausalLM(g, s.model, new Map(Object.entries(p)), { inputIds: batch.input_ids, attentionMask: batch.attention_mask }, { lora: s.lora });
+          const { logp } = sequenceLogps(g, m, batch.loss_mask);
+          if (mode === 'eval') return { outputs: { logp } };
+          return { loss: g.neg(g.reduceMean(logp, undefined, false)), metrics: {} };
+        },
+      }),
+      async collect(ctx, got, info) {
+        seen.push({ items: [...got], draws: info.draws!, epoch: info.epoch });
+        return { ids: got.map((x) => tokenizePromptResponse(ctx.tok, `${x}=`, x).responseIds) };
+      },
+      async microBatches(ctx, r) {
+        const rows = r.ids.map((ids) => ({ promptIds: [1], responseIds: [ids], src: { prompt: '', responses: [''] } }));
+        const c = collate(rows, { kind: 'single', padTo: 16, padId: ctx.tok.padId ?? 0, dtype: 'float32', refLogps: () => [0] });
+        return [{ feeds: { input_ids: c.feeds.input_ids, attention_mask: c.feeds.attention_mask, loss_mask: c.feeds.loss_mask }, tokens: c.tokens }];
+      },
+    };
+    const params = ['num_epochs=3', 'batch_size=2', 'learning_rate=1e-3', 'logging_steps=1', 'threads=1'];
+    const r = await runOnline({ model, out: join(dir, 'draws'), params, quiet: true, log: () => {} }, items, method, { config: resolveConfig({ params }).config, record: {} });
+    // 5 items in draws of 2: 3 draws per epoch (2, 2, 1), 2 draws per round: ⌊3/2⌋ = 1 round per epoch.
+    expect(r.steps).toBe(3);
+    expect(seen.map((x) => x.draws)).toEqual([
+      [2, 2],
+      [1, 2],
+      [2, 1],
+    ]);
+    // Epoch by epoch the draws hold every item once: the first five items, then the next five.
+    const flat = seen.flatMap((x) => x.items);
+    expect([...flat.slice(0, 5)].sort()).toEqual(items);
+    expect([...flat.slice(5, 10)].sort()).toEqual(items);
+    expect(seen.map((x) => x.epoch)).toEqual([0, 1, 1]);
+    expect(rows(join(dir, 'draws')).map((x) => x.epoch)).toEqual([0.8, 1.4, 2]);
   });
 });
 

@@ -182,6 +182,21 @@ describe('TR-DPO (sync_ref_model)', () => {
     for (const k of ['loss', 'grad_norm', 'logps/chosen']) expect(resumed.map((r) => r[k])).toEqual(rows.map((r) => r[k]));
   });
 
+  it('evaluates against the reference it started from, resumed or not: a resumed run writes the same eval rows', async () => {
+    // α = 1 every step: by step 4 the moving reference is the policy, so an evaluation scored
+    // against where it had moved (a resumed run's restored reference) would show no margin at all.
+    const params = [...SHORT, 'batch_size=3', 'learning_rate=1e-2', 'sync_ref_model=true', 'ref_model_mixup_alpha=1', 'ref_model_sync_steps=1', 'save_steps=1', 'threads=1', `eval_data=${pairs}`, 'eval_steps=2'];
+    const evals = (run: string) => metrics(run).filter((r) => (r as Record<string, unknown>).split === 'eval');
+    const full = join(dir, 'trdpo-eval');
+    await trainAny({ model, data: pairs, loss: 'dpo', out: full, params: [...params, 'max_steps=4'], ...quiet });
+    expect(evals(full).map((r) => r.step)).toEqual([2, 4]);
+    expect(Math.abs(evals(full)[1].margin)).toBeGreaterThan(1e-3);
+    const part = join(dir, 'trdpo-eval-resume');
+    await trainAny({ model, data: pairs, loss: 'dpo', out: part, params: [...params, 'max_steps=2'], ...quiet });
+    await trainAny({ model, data: pairs, loss: 'dpo', out: part, params: [...params, 'max_steps=4'], resume: true, ...quiet });
+    expect(evals(part)).toEqual(evals(full));
+  });
+
   it('refuses a reference whose parameters differ from the policy\'s', async () => {
     await expect(trainAny({ model, data: pairs, loss: 'dpo', out: join(dir, 'trdpo-gpt2'), params: [...SHORT, 'sync_ref_model=true'], refModel: gpt2, ...quiet })).rejects.toThrow(/different parameters/);
   });

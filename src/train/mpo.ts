@@ -16,7 +16,8 @@ import { UserError } from '../errors.ts';
 import { resolveConfig } from './config.ts';
 import { loadData, type LoadedData } from '../../datasets/examples.ts';
 import { getLoss, resolveLoss, scheduleOf } from '../../losses/index.ts';
-import { prepareRunFolder, train, type TrainOptions, type TrainResult } from './trainer.ts';
+import { train, type TrainOptions, type TrainResult } from './trainer.ts';
+import { prepareRunFolder } from './run.ts';
 
 export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
   const log = o.log ?? (() => {});

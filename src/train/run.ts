@@ -1,5 +1,5 @@
 /**
- * Pieces every training loop shares (the offline trainer, SPPO, Nash-MD, reward training): the
+ * Pieces of the training loop (loop.ts: the offline trainer, SPPO, Nash-MD, GRPO, reward training): the
  * optimizer, runtime and LoRA settings of a TrainConfig, artifact parameter specs, and saving a
  * trained model in HF layout (LoRA merged, tokenizer files copied).
  */
@@ -31,7 +31,7 @@ import type { ProgressFactory } from '../progress.ts';
 import { modelParameterShapes, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT } from '../models/params.ts';
 import { f16BitsToFloat, float32ToF16 } from '../models/safetensors.ts';
 
-/** What every training loop takes besides its own inputs: the trainer, SPPO, Nash-MD, reward training. */
+/** What every command on the training loop takes besides its own inputs: the trainer, SPPO, Nash-MD, GRPO, reward training. */
 export interface LoopOptions {
   /** The starting model folder (HF layout). */
   model: string;
@@ -188,7 +188,7 @@ export function modelParamSpecs(config: ModelConfig, init: Map<string, FloatTens
 }
 
 // ---------------------------------------------------------------------------------------------
-// The stages every loop shares (the offline trainer's `trainIn` and the online loop, src/online/loop.ts):
+// The stages of the training loop (loop.ts, which the offline trainer and the online methods run on):
 // the run folder, the artifacts, one optimizer update over micro-batches, the metrics writer, the
 // final save. Checkpoints and the NaN stop are in checkpoints.ts.
 

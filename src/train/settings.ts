@@ -294,7 +294,7 @@ declareCommand('artifacts', {
   honours: [...OPTIMIZER.filter((k) => k !== 'learning_rate'), ...LORA, 'seed', 'share_prompt', 'ld_alpha', 'gradient_checkpointing', 'base_dtype', 'device', 'compute_dtype', 'gradient_accumulation_steps'],
 });
 /**
- * What the online loop (src/online/loop.ts) honours for every method on it: the optimizer and its
+ * What the training loop (src/train/loop.ts) honours for every online method on it: the optimizer and its
  * schedule, micro-batches and accumulation, LoRA, the device, checkpoints, logging and saving.
  */
 export const ONLINE_LOOP_SETTINGS = [

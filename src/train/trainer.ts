@@ -1,10 +1,12 @@
 /**
  * `prefzoo train`: data → tokens → reference log-prob cache → training artifacts → optimizer steps
  * with gradient accumulation, TRL-named metrics, atomic checkpoints, bit-identical resume, and the
- * final model in HF layout.
+ * final model in HF layout. The steps run on the training loop (loop.ts), the trainer being a method
+ * on it whose items are the dataset's rows: a round is gradient_accumulation_steps micro-batches of
+ * batch_size rows (`draws`), one optimizer update.
  *
  * Run folder:
- *   config.json            the resolved TrainConfig + loss + model (written first)
+ *   config.json            the resolved TrainConfig + loss + model
  *   data/                  the converted input (when it was not canonical Parquet) and the
  *                          reference cache `reference.parquet` (ref_chosen_logp, ref_rejected_logp, …
  *                          one row per training example, in data order) with `reference.json`
@@ -24,18 +26,15 @@
  *
  * The reference is the starting policy (the base model, merged with --adapter's adapter when one is
  * given), or `--ref DIR`. Under TR-DPO (sync_ref_model) it moves toward the policy every
- * ref_model_sync_steps steps and its log-probs are computed for every batch.
+ * ref_model_sync_steps steps (the method's `afterUpdate`) and its log-probs are computed for every batch.
  */
 import { existsSync, mkdirSync, rmSync } from 'node:fs';
-import { join, relative, resolve } from 'node:path';
+import { join, resolve } from 'node:path';
 import type { Kind } from '../../datasets/schema.ts';
 import { UserError } from '../errors.ts';
-import { startProgress } from '../progress.ts';
-import { collectGarbage } from '../runtime/gc.ts';
 import { mallocAdvice } from '../runtime/malloc.ts';
-import { TrainingArtifacts } from '../artifacts/training.ts';
-import { loadModel } from '../models/load.ts';
-import { countParameters } from '../models/config.ts';
+import type { ArtifactSpec } from '../artifacts/build.ts';
+import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { mergeLora, type LoraConfig } from '../models/index.ts';
 import { loadAdapter } from '../models/peft.ts';
@@ -44,12 +43,11 @@ import type { CheckpointTensor } from '../artifacts/checkpoint.ts';
 import { copyWeights, loadReferenceModel, sameParameters, softUpdate, type ReferenceModel } from './reference.ts';
 import { identityDiff, readIdentity, refCacheIdentity, writeIdentity } from './identity.ts';
 import { tokenizeRationales } from './rationale.ts';
-import { loadTokenizer } from '../tokenize/index.ts';
-import { lrAt } from '../optim/schedule.ts';
+import type { LoadedTokenizer } from '../tokenize/index.ts';
 import { describePlacement, placement } from '../runtime/placement.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
-import { currentWeights as artifactWeights, ensureArtifacts, inRunFolder, ItemOrder, loraOf, lowMemoryFor, MetricsLog, optimizerUpdate, runtimeOf, saveTrained, startingParams, StepRows, stepPlan, type LoopOptions, type MicroBatch, type RunInput } from './run.ts';
-import { writeJsonAtomic } from '../io/atomic.ts';
+import { currentWeights, loraOf, runtimeOf, type LoopOptions, type MicroBatch, type RunInput } from './run.ts';
+import { runOnline, type OnlineContext, type OnlineMethod, type RoundInfo, type SpecInput } from './loop.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
 import { canPack, collate } from '../models/batch.ts';
 import { readManifest } from '../artifacts/manifest.ts';
@@ -60,7 +58,7 @@ import { f16BitsToFloat, float32ToF16 } from '../models/safetensors.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { Scorer } from '../models/scorer.ts';
 import { Evaluator, type EvalSummary } from '../eval/evaluate.ts';
-import { bestMetricName, completeCheckpoints, improves, lastCheckpoint, metricValue, nonFiniteLoss, saveCheckpointAt, stepDir, type Best } from './checkpoints.ts';
+import { bestMetricName, lastCheckpoint } from './checkpoints.ts';
 import { EvalSampler } from './samples.ts';
 
 export interface TrainOptions extends LoopOptions {
@@ -92,10 +90,8 @@ export interface TrainResult {
 /** TR-DPO's moving reference, saved with each checkpoint so a resumed run continues it. */
 const REFERENCE_FILE = 'reference.safetensors';
 
-export { lastCheckpoint } from './checkpoints.ts';
-export { prepareRunFolder } from './run.ts';
-
 export async function train(o: TrainOptions): Promise<TrainResult> {
+  const t0 = Date.now();
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const loss = resolveLoss(o.loss, lossParams);
   // --resume continues a run only with the model, data, loss and reference it was started with.
@@ -104,33 +100,22 @@ export async function train(o: TrainOptions): Promise<TrainResult> {
     { key: 'loss', now: o.loss, flag: '--loss' },
     { key: 'ref', now: o.refModel, flag: '--ref', optional: true, absent: 'no --ref' },
   ];
-  return inRunFolder(o, config, inputs, (base, tok) => trainIn(o, { config, lossParams, loss, base, tok }));
+  const method = new OfflineTraining(o, { config, lossParams, loss });
+  const r = await runOnline(o, (s) => method.load(s), method, { config, record: () => method.record(), inputs });
+  return { steps: r.steps, seconds: (Date.now() - t0) / 1000, finalDir: r.finalDir, config, last: r.last, eval: method.finalEval };
 }
 
-/** What `train` resolved before the stages: settings, loss, the starting model and its tokenizer. */
-interface Setup {
+/** What `train` resolved before the run: settings and loss. */
+interface Resolved {
   config: TrainConfig;
   lossParams: Record<string, string | number | boolean>;
   loss: ReturnType<typeof resolveLoss>;
-  base: ReturnType<typeof loadModel>;
-  tok: ReturnType<typeof loadTokenizer>;
 }
 
-/** The run's stages, in order: data → reference → artifacts → loop → save. */
-async function trainIn(o: TrainOptions, c0: Setup): Promise<TrainResult> {
-  const t0 = Date.now();
-  const log = o.log ?? (() => {});
-  // Notes on what the run does: --quiet silences them on stderr (errors still speak); a caller's own
-  // `log` still receives them.
-  const info = o.quiet && !o.log ? () => {} : log;
-  const resuming = !!o.resume && lastCheckpoint(o.out) !== null;
-  if (o.resume && !resuming) info(`no checkpoint in ${o.out}; starting from the beginning`);
-  const data = await dataStage(o, c0, resuming, info);
-  const ref = await referenceStage(o, c0, data, resuming);
-  const art = await artifactsStage(o, c0, data, ref, resuming, info);
-  const done = await loopStage(o, c0, data, ref, art, resuming, info);
-  const saved = await saveStage(o, c0, data, art, done, info);
-  return { steps: saved.steps, seconds: (Date.now() - t0) / 1000, finalDir: saved.finalDir, config: c0.config, last: done.last, eval: saved.eval };
+/** `Resolved` with the starting model and its tokenizer, once the run folder is ready. */
+interface Setup extends Resolved {
+  base: { config: ModelConfig; weights: Map<string, FloatTensor> };
+  tok: LoadedTokenizer;
 }
 
 /** The data stage's result: tokenized rows and the training problem they make. */
@@ -223,6 +208,12 @@ async function dataStage(o: TrainOptions, c0: Setup, resuming: boolean, info: (l
 /** The reference stage's result: the reference model, and its log-probs cached per row or scored per batch. */
 interface ReferenceStage {
   reference: ReferenceModel;
+  /**
+   * The reference the held-out evaluation scores against: the starting one, also under TR-DPO (the
+   * evaluation's reference log-probs are scored once, before the first step of a fresh run, so a
+   * resumed run scores them with the reference it started from, not where it had moved).
+   */
+  evalReference: { config: ModelConfig; weights: Map<string, FloatTensor> } | null;
   /** TR-DPO: the reference moves toward the policy. */
   sync: boolean;
   /** Cached log-probs per row (data order); empty when they are scored per batch. */
@@ -235,10 +226,10 @@ interface ReferenceStage {
  * Reference stage: --ref's model, else the starting policy (the base model with --adapter's adapter
  * merged in, LoRA's fresh adapters being zero). Its log-probs are scored once and cached in the run,
  * or for every batch (ref_on_the_fly, and always under TR-DPO, whose reference moves: a resumed run
- * reads where it had moved from its checkpoint). Writes config.json.
+ * reads where it had moved from its checkpoint).
  */
 async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming: boolean): Promise<ReferenceStage> {
-  const { config, lossParams, base, tok } = c0;
+  const { config, base, tok } = c0;
   const { kind, rows, adapter, kl } = d;
   const run = o.out;
   const reference: ReferenceModel = o.refModel
@@ -250,6 +241,8 @@ async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming
           { config: base.config, weights: roundedToF16(base.weights), identity: `model:${resolve(o.model)}+float16` }
         : { config: base.config, weights: base.weights, identity: `model:${resolve(o.model)}` };
   const sync = config.sync_ref_model;
+  // Held only when there is an evaluation (under TR-DPO a second reference-sized set of weights).
+  const evalReference = config.eval_data ? { config: reference.config, weights: reference.weights } : null;
   if (sync) {
     if (!sameParameters(reference.config, base.config)) {
       throw new UserError(`sync_ref_model: the reference ${o.refModel} and the policy ${o.model} have different parameters, so ref ← α·policy + (1 − α)·ref is undefined; use a reference of the policy's architecture and size`);
@@ -266,7 +259,6 @@ async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming
       }
     }
   }
-  writeJsonAtomic(join(run, 'config.json'), { model: o.model, data: o.data, loss: o.loss, kind, ref: o.refModel ?? null, adapter: o.adapter ?? null, ...(o.hub ? { hub: o.hub } : {}), ...config, loss_params: lossParams });
   // The cache records what made it (identity.ts) and is reused only when all of it is the same.
   const refFile = join(run, 'data', 'reference.parquet');
   const idFile = join(run, 'data', 'reference.json');
@@ -299,123 +291,133 @@ async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming
     await writeRefColumns(refFile, kind, ref);
     writeIdentity(idFile, identity);
   }
-  return { reference, sync, ref, refScorer };
+  return { reference, evalReference, sync, ref, refScorer };
 }
+
+
+/** A data row's micro-batches: row indices, one array per micro-batch. */
+type Round = number[][];
 
 /**
- * Artifacts stage: the training graphs built once per run (a resumed run reuses them; written for
- * the device, WebGPU's lowered), then loaded. The loaded starting weights are let go of first when
- * nothing reads them again.
+ * The offline trainer as a method of the training loop. Its items are row indices; `load` runs the
+ * data and reference stages once the run folder is ready; a round is gradient_accumulation_steps
+ * micro-batches of batch_size rows (each draw crossing into the next epoch on its own), collated
+ * with their reference log-probs (cached, or scored per batch); evaluation on eval_data through
+ * `Evaluator` (and its samples, and the best checkpoint), TR-DPO's reference sync after each update.
  */
-async function artifactsStage(o: TrainOptions, c0: Setup, d: DataStage, r: ReferenceStage, resuming: boolean, info: (l: string) => void): Promise<TrainingArtifacts> {
-  const { config, base } = c0;
-  const artDir = join(o.out, 'artifacts');
-  ensureArtifacts(artDir, config, resuming, () => {
-    const init = startingParams(base.config, base.weights, { lora: d.lora, adapter: d.adapter?.weights, valueHead: d.valueHeadOn, seed: config.seed });
-    return problemSpec(d.problem, init, config);
-  });
-  // The artifacts' checkpoint holds the starting weights now: unless a reference scorer, the held-out
-  // evaluation or TR-DPO reads the loaded copy again, drop it before the store takes its own (a parameter-sized copy).
-  if (!r.refScorer && !config.eval_data && !r.sync) {
-    base.weights.clear();
-    if (lowMemoryFor(config.gradient_checkpointing, countParameters(base.config))) collectGarbage();
+class OfflineTraining implements OnlineMethod<number, Round> {
+  readonly name = 'train';
+  readonly errorPrefix = '';
+  // Every row once per epoch, the last micro-batch of an epoch short.
+  readonly partialRounds = true;
+  valueHead = false;
+  private s!: Setup;
+  private d!: DataStage;
+  private r!: ReferenceStage;
+  private evaluator: Evaluator | null = null;
+  private sampler: EvalSampler | null = null;
+  /** The weights the last evaluation scored (merged), until its samples are written. */
+  private evaluatedWeights: { config: ModelConfig; weights: Map<string, FloatTensor> } | null = null;
+  /** The last evaluation's full summary: after the run, the final one. */
+  finalEval: EvalSummary | undefined;
+
+  constructor(
+    private readonly o: TrainOptions,
+    private readonly resolved: Resolved,
+  ) {}
+
+  /** The data and reference stages; the items are the rows' indices. */
+  async load(x: { run: string; tok: LoadedTokenizer; info: (line: string) => void; model: ModelConfig; baseWeights: Map<string, FloatTensor>; resuming: boolean }): Promise<number[]> {
+    this.s = { ...this.resolved, base: { config: x.model, weights: x.baseWeights }, tok: x.tok };
+    this.d = await dataStage(this.o, this.s, x.resuming, x.info);
+    this.r = await referenceStage(this.o, this.s, this.d, x.resuming);
+    this.valueHead = this.d.valueHeadOn;
+    return this.d.rows.map((_, i) => i);
   }
-  const art = await TrainingArtifacts.load(artDir, runtimeOf(config, base.config));
-  info(`steps: ${d.packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
-  const advice = mallocAdvice(config.gradient_checkpointing, config.device);
-  if (advice) info(advice);
-  if (config.device !== 'cpu') {
-    const graph = join(artDir, (art.manifest.step ?? art.manifest.training).file);
-    info(`device ${config.device}: step graph nodes ${describePlacement(await placement(graph, runtimeOf(config, base.config)))}; parameters, optimizer state and gradients stay on the device`);
+
+  /** What config.json records beside the settings. */
+  record(): Record<string, unknown> {
+    const o = this.o;
+    return { data: o.data, loss: o.loss, kind: this.d.kind, ref: o.refModel ?? null, adapter: o.adapter ?? null, loss_params: this.s.lossParams };
   }
-  return art;
-}
 
-/** What the loop stage hands to the save stage. */
-interface LoopDone {
-  totalSteps: number;
-  last: Record<string, number>;
-  best: Best | null;
-  metrics: MetricsLog;
-  evaluator: Evaluator | null;
-  sampler: EvalSampler | null;
-}
-
-/**
- * Loop stage: optimizer steps (`optimizerUpdate` over gradient_accumulation_steps micro-batches of a
- * seeded shuffle) until the step plan's total, with metrics rows, progress, the NaN stop, TR-DPO's
- * reference updates, held-out evaluations (and the best checkpoint), checkpoints every save_steps
- * and at the end. A resumed run continues from its newest checkpoint.
- */
-async function loopStage(o: TrainOptions, c0: Setup, d: DataStage, r: ReferenceStage, art: TrainingArtifacts, resuming: boolean, info: (l: string) => void): Promise<LoopDone> {
-  const { config, lossParams, base, tok } = c0;
-  const { kind, rows, lora, kl, packed, lengthWeighted, rationale, valueHeadOn } = d;
-  const { reference, sync, ref, refScorer } = r;
-  const run = o.out;
-  const perEpoch = Math.ceil(rows.length / config.batch_size);
-  const stepsPerEpoch = Math.max(1, Math.floor(perEpoch / config.gradient_accumulation_steps));
-  const { total: totalSteps, schedule } = stepPlan(config, stepsPerEpoch);
-
-  // Issue 17 (items 6, 7): cumulative tokens, the best checkpoint so far, TensorBoard, eval samples.
-  let numTokens = 0;
-  let best: Best | null = null;
-  let at = { epoch: 0, index: 0 };
-  const bestMetric = bestMetricName(kind, config.metric_for_best_model);
-  if (resuming) {
-    const ck = lastCheckpoint(run)!;
-    const state = art.loadCheckpoint(ck);
-    at = state.dataCursor as { epoch: number; index: number };
-    numTokens = typeof state.num_tokens === 'number' ? state.num_tokens : 0;
-    best = (state.best as Best | undefined) ?? null;
-    info(`resuming from ${ck} (step ${state.step})`);
+  draws(config: TrainConfig): { size: number; count: number } {
+    return { size: config.batch_size, count: config.gradient_accumulation_steps };
   }
-  const order = new ItemOrder(rows.length, config.seed, at.epoch, at.index);
 
-  // Held-out evaluation: data and reference scores prepared once, the policy scored every eval_steps.
-  const evaluator = config.eval_data
-    ? await Evaluator.create({
-        ref: { config: reference.config, weights: reference.weights },
-        tokenizer: o.model,
+  lora(): { lora: LoraConfig | null; weights?: Map<string, FloatTensor> } {
+    return { lora: this.d.lora, weights: this.d.adapter?.weights };
+  }
+
+  needsBaseWeights(): boolean {
+    // A per-batch reference scorer, the held-out evaluation and TR-DPO read the loaded weights again.
+    return !!this.r.refScorer || !!this.s.config.eval_data || this.r.sync;
+  }
+
+  spec(s: SpecInput): ArtifactSpec {
+    return problemSpec(this.d.problem, s.init, s.config);
+  }
+
+  async open(ctx: OnlineContext): Promise<void> {
+    const { config } = this.s;
+    const { reference, evalReference } = this.r;
+    const art = ctx.art;
+    ctx.info(`steps: ${this.d.packed ? 'each prompt computed once for all its responses' : 'one sequence per response'}; optimizer update ${art.updater === 'host' ? 'in place in this process' : 'in the optimizer graph'}`);
+    const advice = mallocAdvice(config.gradient_checkpointing, config.device);
+    if (advice) ctx.info(advice);
+    if (config.device !== 'cpu') {
+      const graph = join(ctx.run, 'artifacts', (art.manifest.step ?? art.manifest.training).file);
+      ctx.info(`device ${config.device}: step graph nodes ${describePlacement(await placement(graph, ctx.runtime))}; parameters, optimizer state and gradients stay on the device`);
+    }
+    // Held-out evaluation: data and reference scores prepared once, the policy scored every eval_steps.
+    if (evalReference) {
+      this.evaluator = await Evaluator.create({
+        ref: evalReference,
+        tokenizer: this.o.model,
         data: config.eval_data,
-        workDir: join(run, 'data'),
-        params: lossParams,
-        runtime: runtimeOf(config, reference.config),
+        workDir: join(ctx.run, 'data'),
+        params: this.s.lossParams,
+        runtime: runtimeOf(config, evalReference.config),
         quiet: true,
         truncation: config,
         batchSize: config.batch_size * 2,
         maxRows: config.eval_samples,
-      })
-    : null;
-  /** The current weights as an HF model: adapters merged. */
-  const currentWeights = (): Map<string, FloatTensor> => {
-    const w = artifactWeights(art);
-    return lora ? mergeLora(w, base.config, lora) : w;
-  };
-  const sampler =
-    evaluator && config.eval_generate > 0
-      ? new EvalSampler({ run, prompts: evaluator.prompts(config.eval_generate), tok, ref: { config: reference.config, weights: reference.weights }, maxNewTokens: config.eval_generate_max_new_tokens, runtime: runtimeOf(config, reference.config) })
-      : null;
-  const metrics = MetricsLog.open(run, { step: art.step, tensorboard: config.report_to === 'tensorboard', resuming });
-  /** Evaluates the current weights at `step`: a metrics row, samples, and the best checkpoint so far. */
-  const evaluateAt = async (step: number): Promise<void> => {
-    await art.toHost();
-    const weights = { config: base.config, weights: currentWeights() };
-    const ev = await evaluator!.evaluate(weights, { quiet: true });
-    metrics.row({ step, split: 'eval', ...ev.overall });
-    if (sampler) await sampler.write(step, weights);
-    if (config.load_best_model_at_end) {
-      const value = metricValue(ev.overall, bestMetric);
-      if (improves(value, best, bestMetric)) best = { step, metric: bestMetric, value, checkpoint: relative(run, stepDir(run, step)) };
+      });
+      if (config.eval_generate > 0) {
+        this.sampler = new EvalSampler({ run: ctx.run, prompts: this.evaluator.prompts(config.eval_generate), tok: this.s.tok, ref: { config: reference.config, weights: reference.weights }, maxNewTokens: config.eval_generate_max_new_tokens, runtime: runtimeOf(config, reference.config) });
+      }
     }
-  };
-  const refOf = new Map(config.ref_on_the_fly ? [] : rows.map((row, i) => [row, ref[i]]));
-  /** One micro-batch: the next batch_size rows (reference log-probs scored now when they are not cached). */
-  const microBatch = async (): Promise<MicroBatch> => {
-    const batch = order.take(config.batch_size).map((i) => rows[i]);
+  }
+
+  async collect(_ctx: OnlineContext, idx: readonly number[], info: RoundInfo): Promise<Round> {
+    const out: Round = [];
+    let k = 0;
+    for (const n of info.draws!) {
+      out.push(idx.slice(k, k + n));
+      k += n;
+    }
+    return out;
+  }
+
+  async microBatches(_ctx: OnlineContext, round: Round): Promise<MicroBatch[]> {
+    const out: MicroBatch[] = [];
+    for (const idx of round) out.push(await this.microBatch(idx));
+    return out;
+  }
+
+  /** One micro-batch of rows, with their reference log-probs (scored now when they are not cached). */
+  private async microBatch(idx: readonly number[]): Promise<MicroBatch> {
+    const { config, tok } = this.s;
+    const { kind, rows, kl, packed, lengthWeighted, rationale, valueHeadOn } = this.d;
+    const { ref, refScorer } = this.r;
+    const batch = idx.map((i) => rows[i]);
+    const refOf = new Map<TokenizedExample, number[]>();
     if (refScorer) {
       const fresh = await refScorer.score(kind, batch, { batchSize: batch.length, padTo: config.pad_to_multiple_of });
       const freshKl = kl ? await refScorer.score(kind, batch.map((row) => ({ ...row, responseIds: [row.klResponseIds!], responseMasks: undefined })), { batchSize: batch.length, padTo: config.pad_to_multiple_of }) : null;
       batch.forEach((ex, i) => refOf.set(ex, freshKl ? [fresh.logps[i][0], freshKl.logps[i][0]] : fresh.logps[i]));
+    } else {
+      batch.forEach((ex, i) => refOf.set(ex, ref[idx[i]]));
     }
     const c = collate(batch, {
       kind,
@@ -430,78 +432,54 @@ async function loopStage(o: TrainOptions, c0: Setup, d: DataStage, r: ReferenceS
       rationale,
     });
     return { feeds: c.feeds, tokens: c.tokens };
-  };
-  const progress = startProgress(o.progress, 'train', totalSteps, o.quiet);
-  let last: Record<string, number> = {};
-  const stepRows = new StepRows(numTokens);
-  while (art.step < totalSteps) {
-    const step = art.step + 1;
-    const lr = lrAt(step, schedule);
-    const up = await optimizerUpdate(art, { step, lr, micro: config.gradient_accumulation_steps, batch: microBatch });
-    if (!Number.isFinite(up.metrics.loss)) {
-      progress.stop();
-      await art.release();
-      throw nonFiniteLoss(run, art, up.metrics.loss, step);
-    }
-    const row = stepRows.row(step, order.epochs, up, lr);
-    last = row;
-    if (step % config.logging_steps === 0 || step === totalSteps) metrics.row(row);
-    const acc = up.metrics['rewards/accuracies'];
-    progress.update(step, { loss: up.metrics.loss, ...(acc !== undefined ? { acc } : {}), 'tok/s': row['tokens/s'] });
-    if (sync && step % config.ref_model_sync_steps === 0) {
-      // In place: the reference scorer's parameter feeds are views of these arrays, so its next batch
-      // already sees the updated reference.
-      await art.toHost();
-      softUpdate(reference.weights, currentWeights(), config.ref_model_mixup_alpha);
-    }
-    // The last step is evaluated after the final model is saved, unless the best checkpoint is
-    // being tracked: then it is a candidate like any other evaluation.
-    const evalNow = evaluator && config.eval_steps > 0 && step % config.eval_steps === 0 && (step !== totalSteps || config.load_best_model_at_end);
-    if (evalNow) await evaluateAt(step);
-    if ((config.save_steps > 0 && step % config.save_steps === 0) || step === totalSteps || (evalNow && config.load_best_model_at_end)) {
-      const files: Record<string, Map<string, CheckpointTensor>> = sync ? { [REFERENCE_FILE]: new Map([...reference.weights].map(([k, t]) => [k, { dtype: 'float32' as const, shape: t.shape, data: t.data }])) } : {};
-      await saveCheckpointAt(run, art, { epoch: order.epoch, dataCursor: order.cursor, rng: { seed: config.seed }, config, num_tokens: stepRows.numTokens }, { limit: config.save_total_limit, best, files });
-    }
   }
-  progress.stop();
-  await refScorer?.release();
-  return { totalSteps, last, best, metrics, evaluator, sampler };
-}
 
-/**
- * Save stage: the final model in HF layout (base weights with adapters merged, the value head saved
- * beside; with load_best_model_at_end the weights of the best checkpoint), the adapter alone in PEFT's
- * layout on request, then the final held-out evaluation (eval.json and its metrics row).
- */
-async function saveStage(o: TrainOptions, c0: Setup, d: DataStage, art: TrainingArtifacts, done: LoopDone, info: (l: string) => void): Promise<{ steps: number; finalDir: string; eval?: EvalSummary }> {
-  const { config, base } = c0;
-  const { lora } = d;
-  const { totalSteps, evaluator, sampler, metrics } = done;
-  const run = o.out;
-  await art.toHost();
-  const chosen = config.load_best_model_at_end ? done.best : null;
-  if (chosen && chosen.step !== art.step) {
-    const dir = stepDir(run, chosen.step);
-    if (!completeCheckpoints(run).includes(dir)) throw new UserError(`${dir}: the best checkpoint is missing; cannot load it`);
-    art.loadCheckpoint(dir);
-    info(`final model: the best checkpoint (step ${chosen.step}, ${chosen.metric} ${chosen.value})`);
+  progressFields(row: Record<string, number>): Record<string, number> {
+    const acc = row['rewards/accuracies'];
+    return { loss: row.loss, ...(acc !== undefined ? { acc } : {}), 'tok/s': row['tokens/s'] };
   }
-  const weightsNow = artifactWeights(art);
-  const finalDir = saveTrained(run, weightsNow, { config, model: base.config, lora, sourceDir: o.model });
-  await art.release();
 
-  let evalSummary: EvalSummary | undefined;
-  if (evaluator) {
-    const finalModel = { config: base.config, weights: lora ? mergeLora(weightsNow, base.config, lora) : weightsNow };
-    evalSummary = await evaluator.evaluate(finalModel, { quiet: true });
-    writeJsonAtomic(join(run, 'eval.json'), { ...evalSummary.overall, ...(chosen ? { best_step: chosen.step } : {}) });
-    // With load_best_model_at_end the last step was evaluated in the loop (when it is an eval step).
-    if (!config.load_best_model_at_end) {
-      metrics.row({ step: totalSteps, split: 'eval', ...evalSummary.overall });
-      if (sampler) await sampler.write(totalSteps, finalModel);
-    }
+  /** The live weights as an HF model: adapters merged. */
+  private async weightsNow(ctx: OnlineContext): Promise<Map<string, FloatTensor>> {
+    await ctx.art.toHost();
+    const w = currentWeights(ctx.art);
+    return ctx.lora ? mergeLora(w, ctx.model, ctx.lora) : w;
   }
-  return { steps: totalSteps, finalDir, eval: evalSummary };
+
+  async afterUpdate(ctx: OnlineContext, step: number): Promise<void> {
+    const { config } = this.s;
+    if (!this.r.sync || step % config.ref_model_sync_steps !== 0) return;
+    // In place: the reference scorer's parameter feeds are views of these arrays, so its next batch
+    // already sees the updated reference.
+    softUpdate(this.r.reference.weights, await this.weightsNow(ctx), config.ref_model_mixup_alpha);
+  }
+
+  async evaluate(ctx: OnlineContext): Promise<Record<string, number>> {
+    const weights = { config: ctx.model, weights: await this.weightsNow(ctx) };
+    this.finalEval = await this.evaluator!.evaluate(weights, { quiet: true });
+    // Kept for the samples of this evaluation only (a parameter-sized copy).
+    this.evaluatedWeights = this.sampler ? weights : null;
+    return this.finalEval.overall;
+  }
+
+  async evaluated(_ctx: OnlineContext, step: number): Promise<void> {
+    if (this.sampler && this.evaluatedWeights) await this.sampler.write(step, this.evaluatedWeights);
+    this.evaluatedWeights = null;
+  }
+
+  bestMetric(config: TrainConfig): string {
+    return bestMetricName(this.d.kind, config.metric_for_best_model);
+  }
+
+  checkpointFiles(): Record<string, Map<string, CheckpointTensor>> {
+    if (!this.r.sync) return {};
+    return { [REFERENCE_FILE]: new Map([...this.r.reference.weights].map(([k, t]) => [k, { dtype: 'float32' as const, shape: t.shape, data: t.data }])) };
+  }
+
+  async close(): Promise<void> {
+    this.evaluatedWeights = null;
+    await this.r?.refScorer?.release();
+  }
 }
 
 /** Whether the artifacts in `dir` take packed (shared-prompt) batches; null when there are none yet. */
