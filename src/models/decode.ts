@@ -41,6 +41,12 @@ export interface DecodeGraphOptions {
    * where a product packs its second operand on every call. Default true.
    */
   weightFirst?: boolean;
+  /**
+   * With `past`: `present.*` are past ++ new (`[B, KV, P+S, hd]`) and any number S of new tokens per
+   * row attends over both (a row's cache extended by several tokens in one run). Without it a step
+   * feeds one token per row and returns only its new keys/values.
+   */
+  concatPast?: boolean;
 }
 
 /**
@@ -69,7 +75,7 @@ export function buildDecodeGraph(config: ModelConfig, o: DecodeGraphOptions): Gr
   const { layers, kvHeads, headDim } = cacheShape(config);
   let past: PastCache | null = null;
   if (o.past) {
-    past = Object.assign(new Map<string, Tensor>(), { inPlace: true });
+    past = Object.assign(new Map<string, Tensor>(), { inPlace: !o.concatPast });
     for (let i = 0; i < layers; i++) {
       for (const kv of ['key', 'value'] as const) past.set(pastName(i, kv), g.input(pastName(i, kv), 'float32', ['batch', kvHeads, 'past', headDim]));
     }

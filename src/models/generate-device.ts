@@ -1,6 +1,6 @@
 /**
- * Generation that stays on the GPU (WebGPU). `generateIds` hands a batch here when its decoders run
- * on the WebGPU provider; the CPU path (generate.ts) is unchanged.
+ * Generation that stays on the GPU (WebGPU): the generation loop's backend (backend.ts) when its
+ * decoders run on the WebGPU provider.
  *
  * What stays on the device through a whole generation:
  * - the weights: a fed-weights decoder's parameters are uploaded once (one run of an upload graph
@@ -11,7 +11,10 @@
  *   device as the cache; each step feeds them as `past.*` and returns `cache.*` = past ++ the new
  *   token's keys/values (a Concat on the device, left there), which the next step feeds. Attention is
  *   the CPU path's own (the cache and the new token scored apart), so the logits are computed as on
- *   the CPU. Finished rows leave through a Gather graph whose outputs stay on the device.
+ *   the CPU. Rows leave (or are parked, or copied for a fork) through a Gather graph whose outputs
+ *   stay on the device, and join the batch through a Concat graph that left-pads the shorter side
+ *   with zero slots (masked); a parked row extended by several tokens runs the extend graph, whose
+ *   `present.*` are its cache and the new tokens' keys/values together.
  * - the logits: the graph picks the token (greedy: ArgMax; sampling without top-k/top-p: a float32
  *   draw with each row's uniform, see `pickToken`), so only the `[B]` ids come back. A mixture of
  *   models (Nash-MD's opponent) leaves each part's logits on the device and a small graph picks from
@@ -28,8 +31,7 @@ import type { LoraConfig } from './lora.ts';
 import { Graph, type Tensor } from '../onnx/graph.ts';
 import { Session, toOrt, type Feeds, type OrtTensor, type OutputLocation, type RuntimeOptions } from '../runtime/session.ts';
 import { buildDecodeGraph, cacheShape, pastName, presentName } from './decode.ts';
-import { mixLogits, sampleToken, type SamplingOptions } from './sampling.ts';
-import { takeTokens, type Generated, type GenerateOptions, type GenerateRequest, type MixturePart } from './generate.ts';
+import type { DecodeBackend, PickSpec, PrefillGroup, RunOut } from './backend.ts';
 
 /** What a device graph returns for each row's last position (see `deviceHead`). */
 export type DeviceHead = 'logits' | 'greedy' | 'sample';
@@ -37,18 +39,20 @@ export type DeviceHead = 'logits' | 'greedy' | 'sample';
 const cacheName = (layer: number, kv: 'key' | 'value') => `cache.${layer}.${kv}`;
 
 /**
- * The decode graph for the device: buildDecodeGraph's prefill or step (logits head), then
+ * The decode graph for the device: buildDecodeGraph's prefill, step or extend (logits head), then
  * - step: `cache.<i>.<kv>` = Concat(past, present) along the positions, the cache of the next step;
+ * - extend (`past` and `extend`): any number of new tokens; `present.<i>.<kv>` = past ++ new;
  * - the head: `greedy` or `sample` → `token` [B] (`pickToken`; float32: WebGPU has no float64);
  *   `logits` → `logits` [B, V].
  */
-export function buildDeviceDecodeGraph(config: ModelConfig, o: { past: boolean; weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; head: DeviceHead }): Graph {
+export function buildDeviceDecodeGraph(config: ModelConfig, o: { past: boolean; extend?: boolean; weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; head: DeviceHead }): Graph {
   // `weightFirst: false`: the products with fed weights stay x·Wᵀ (the weight-first rewrite is for
-  // the CPU's MLAS packing).
-  const g = buildDecodeGraph(config, { past: o.past, weights: o.weights, lora: o.lora, head: 'logits', weightFirst: false });
+  // the CPU's MLAS packing). The extend graph's `present.*` are past ++ new: the row's next cache.
+  const extend = o.past && (o.extend ?? false);
+  const g = buildDecodeGraph(config, { past: o.past, concatPast: extend, weights: o.weights, lora: o.lora, head: 'logits', weightFirst: false });
   const { layers } = cacheShape(config);
   const keep = new Set<string>();
-  if (o.past) {
+  if (o.past && !extend) {
     for (let i = 0; i < layers; i++) {
       for (const kv of ['key', 'value'] as const) g.output(g.concat([g.tensor(pastName(i, kv)), g.tensor(presentName(i, kv))], 2), cacheName(i, kv));
     }
@@ -112,6 +116,29 @@ export function selectRowsGraph(config: ModelConfig): Graph {
   const rows = g.input('rows', 'int64', ['kept']);
   for (let i = 0; i < layers; i++) {
     for (const kv of ['key', 'value'] as const) g.output(g.gather(g.input(pastName(i, kv), 'float32', ['batch', kvHeads, 'past', headDim]), rows, 0), cacheName(i, kv));
+  }
+  return g;
+}
+
+/**
+ * Two batches' caches as one: `a.past.*` `[Ba, KV, La, hd]` then `b.past.*` `[Bb, KV, Lb, hd]` along
+ * the rows, as `cache.*`. `pad` ('a' or 'b') left-pads that side with `padding` `[n]` zero slots
+ * (n = the other's length minus its own; the masks on the host mark them), made by broadcasting on
+ * the device: no shape arithmetic.
+ */
+export function joinGraph(config: ModelConfig, pad: 'a' | 'b' | null): Graph {
+  const g = new Graph('prefzoo_cache_join');
+  const { layers, kvHeads, headDim } = cacheShape(config);
+  const padding = pad ? g.reshape(g.input('padding', 'float32', ['pad']), [1, 1, -1, 1]) : null;
+  const padded = (x: Tensor) => g.concat([g.expand(padding!, g.shapeOf(g.slice(x, [0], [1], [2]))), x], 2);
+  for (let i = 0; i < layers; i++) {
+    for (const kv of ['key', 'value'] as const) {
+      const side = (s: 'a' | 'b') => {
+        const x = g.input(`${s}.${pastName(i, kv)}`, 'float32', [`rows_${s}`, kvHeads, `past_${s}`, headDim]);
+        return pad === s ? padded(x) : x;
+      };
+      g.output(g.concat([side('a'), side('b')], 0), cacheName(i, kv));
+    }
   }
   return g;
 }
@@ -192,15 +219,39 @@ export class DeviceDecode {
     return s;
   }
 
-  /** The prefill (`past` false) or step graph with `head`, its cache outputs left on the device. */
-  decodeSession(past: boolean, head: DeviceHead, logitsOnDevice = false): Promise<Session> {
-    return this.session(`${past ? 'step' : 'prefill'}/${head}${logitsOnDevice ? '/device' : ''}`, () => {
+  /** The prefill, step or extend graph with `head`, its cache outputs left on the device. */
+  decodeSession(kind: 'prefill' | 'step' | 'extend', head: DeviceHead, logitsOnDevice = false): Promise<Session> {
+    return this.session(`${kind}/${head}${logitsOnDevice ? '/device' : ''}`, () => {
       const { layers } = cacheShape(this.config);
       const where: Record<string, OutputLocation> = {};
-      for (let i = 0; i < layers; i++) for (const kv of ['key', 'value'] as const) where[past ? cacheName(i, kv) : presentName(i, kv)] = 'gpu-buffer';
+      for (let i = 0; i < layers; i++) for (const kv of ['key', 'value'] as const) where[kind === 'step' ? cacheName(i, kv) : presentName(i, kv)] = 'gpu-buffer';
       where[head === 'logits' ? 'logits' : 'token'] = logitsOnDevice ? 'gpu-buffer' : 'cpu';
-      return Session.fromGraph(buildDeviceDecodeGraph(this.config, { past, weights: this.build.weights, lora: this.build.lora, head }), this.build.runtime, where);
+      const g = buildDeviceDecodeGraph(this.config, { past: kind !== 'prefill', extend: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head });
+      return Session.fromGraph(g, this.build.runtime, where);
     });
+  }
+
+  private joinSession(pad: 'a' | 'b' | null): Promise<Session> {
+    return this.session(`join/${pad}`, () => {
+      const g = joinGraph(this.config, pad);
+      return Session.fromGraph(g, this.build.runtime, Object.fromEntries(g.outputs.map((v) => [v.name, 'gpu-buffer' as const])));
+    });
+  }
+
+  /**
+   * Caches `a` (`la` slots) and `b` (`lb`) as one, a's rows first, the shorter left-padded with
+   * zero slots; the inputs are freed.
+   */
+  async join(a: Feeds, la: number, b: Feeds, lb: number): Promise<Feeds> {
+    const pad = la === lb ? null : la < lb ? 'a' : 'b';
+    const feeds: Feeds = {};
+    for (const [name, t] of Object.entries(a)) feeds[`a.${name}`] = t;
+    for (const [name, t] of Object.entries(b)) feeds[`b.${name}`] = t;
+    if (pad) feeds.padding = toOrt('float32', new Float32Array(Math.abs(la - lb)), [Math.abs(la - lb)]);
+    const out = await counted(await this.joinSession(pad), feeds);
+    disposeAll(a);
+    disposeAll(b);
+    return renamed(out, cacheName, pastName, this.config);
   }
 
   /** The pick from a mixture of `n` models' device logits (see `mixtureGraph`); the ids come back. */
@@ -243,11 +294,11 @@ export class DeviceDecode {
     return to;
   }
 
-  /** Keeps cache rows `keep` (in that order), on the device; the old cache tensors are freed. */
-  async selectRows(cache: Feeds, keep: number[]): Promise<Feeds> {
+  /** Cache rows `keep` (in that order, repeats allowed), on the device; the old cache tensors are freed unless `keepOld`. */
+  async selectRows(cache: Feeds, keep: number[], keepOld = false): Promise<Feeds> {
     const feeds: Feeds = { ...cache, rows: toOrt('int64', BigInt64Array.from(keep, BigInt), [keep.length]) };
     const out = await counted(await this.rowsSession(), feeds);
-    disposeAll(cache);
+    if (!keepOld) disposeAll(cache);
     return renamed(out, cacheName, pastName, this.config);
   }
 
@@ -277,7 +328,7 @@ function renamed(out: Record<string, OrtTensor>, from: typeof cacheName, to: typ
   return feeds;
 }
 
-/** A decoder as the device generation sees it (generate.ts's `Decoder`). */
+/** A decoder as the device generation sees it (decoder.ts's `Decoder`). */
 export interface DeviceDecoder {
   readonly config: ModelConfig;
   readonly vocabSize: number;
@@ -286,118 +337,213 @@ export interface DeviceDecoder {
   readonly weightFeeds: Feeds;
 }
 
-/**
- * `generateIds` on the device for one batch `rowsIdx` of `reqs` (prompts left-padded to `P0`):
- * writes each row's result into `out`. `sampling` is checked; `timer` as generate.ts's.
- */
-export async function generateBatchOnDevice(
-  parts: (Omit<MixturePart, 'decoder'> & { decoder: DeviceDecoder })[],
-  reqs: GenerateRequest[],
-  rowsIdx: number[],
-  o: GenerateOptions,
-  sampling: Required<SamplingOptions>,
-  out: Generated[],
-  timer: ((label: string, ms: number) => void) | null,
-): Promise<void> {
-  const devs = parts.map((p) => {
-    if (!p.decoder.device) throw new Error('generateBatchOnDevice: a decoder that does not run on the device');
-    return p.decoder.device;
-  });
-  const config = parts[0].decoder.config;
-  const V = parts[0].decoder.vocabSize;
-  const limit = Math.min(o.vocabLimit ?? config.vocab_size, config.vocab_size);
-  const stop = new Set(o.stopIds);
-  const single = parts.length === 1 && parts[0].weight === 1;
-  // The graph picks unless top-k/top-p (or hostSampling) ask for the host; a mixture's parts leave
-  // their logits on the device for a pick graph over their weighted sum.
-  // Parts with weight 0 are left out of the sum, as mixLogits leaves them.
-  const used = parts.map((_, k) => k).filter((k) => parts[k].weight !== 0);
-  const canPick = o.hostSampling ? null : sampling.temperature === 0 ? 'greedy' : sampling.topK === 0 && sampling.topP === 1 ? 'sample' : null;
-  const mixed = !single && canPick !== null && used.length > 0;
-  const pick = single || mixed ? canPick : null;
-  const head: DeviceHead = single && pick ? pick : 'logits';
-  const weights = await Promise.all(parts.map((p, k) => devs[k].weights(p.decoder.weightFeeds)));
+/** Caches of some rows on the device (one `Feeds` per part of the mixture) and their masks `[B, L]` on the host. */
+interface DeviceRows {
+  caches: Feeds[];
+  mask: Int32Array;
+  L: number;
+}
 
-  let B = rowsIdx.length;
-  const P0 = Math.max(1, ...rowsIdx.map((i) => reqs[i].promptIds.length));
-  // Host copies of what is fed: the ids and the mask (int32: the lowered graphs take int32).
-  let ids = new Int32Array(B * P0).fill(o.padId);
-  let mask = new Int32Array(B * P0);
-  rowsIdx.forEach((r, b) => {
-    const p = reqs[r].promptIds;
-    for (let t = 0; t < p.length; t++) {
-      ids[b * P0 + P0 - p.length + t] = p[t];
-      mask[b * P0 + P0 - p.length + t] = 1;
+/**
+ * The generation loop's backend on WebGPU: the batch's caches on the device, left-padded to a
+ * common length `L` (each row's real slots marked by its mask on the host), parked rows as caches
+ * of their own. Host traffic per step: the ids, the mask and the uniforms up; the picked ids back.
+ */
+export class DeviceBackend implements DecodeBackend {
+  readonly padPrefill = true;
+  private readonly devs: DeviceDecode[];
+  private weights: Feeds[] | null = null;
+  private batch: DeviceRows | null = null;
+  private order: number[] = [];
+  private readonly parked = new Map<number, DeviceRows>();
+  /** The parts in the weighted sum (weight 0 is left out, as mixLogits leaves it). */
+  private readonly used: number[];
+  private readonly config: ModelConfig;
+  private readonly V: number;
+
+  constructor(
+    private readonly parts: { decoder: DeviceDecoder; weight: number }[],
+    private readonly o: { padId: number },
+  ) {
+    this.devs = parts.map((p) => {
+      if (!p.decoder.device) throw new Error('DeviceBackend: a decoder that does not run on the device');
+      return p.decoder.device;
+    });
+    this.config = parts[0].decoder.config;
+    this.V = parts[0].decoder.vocabSize;
+    this.used = parts.map((_, k) => k).filter((k) => parts[k].weight !== 0);
+  }
+
+  private get single(): boolean {
+    return this.parts.length === 1 && this.parts[0].weight === 1;
+  }
+
+  canPick(_pick: PickSpec): boolean {
+    return this.single || this.used.length > 0;
+  }
+
+  batchRows(): readonly number[] {
+    return this.order;
+  }
+
+  /** The weights on the device, uploaded on first use (and again after setWeights). */
+  private async weightFeeds(): Promise<Feeds[]> {
+    this.weights ??= await Promise.all(this.parts.map((p, k) => this.devs[k].weights(p.decoder.weightFeeds)));
+    return this.weights;
+  }
+
+  /**
+   * One run of `kind` over `ids` `[n, S]` under `mask` `[n, M]` for every part (`past` their caches,
+   * freed after), then the pick: each part's new caches and the answer.
+   */
+  private async run(kind: 'prefill' | 'step' | 'extend', ids: Int32Array, mask: Int32Array, n: number, past: Feeds[] | null, pick: PickSpec | null, uniform: Float64Array | null): Promise<{ caches: Feeds[]; out: RunOut }> {
+    const S = ids.length / n;
+    const weights = await this.weightFeeds();
+    const mixed = !this.single && pick !== null;
+    const head: DeviceHead = this.single && pick ? pick.head : 'logits';
+    const feeds: Feeds = { input_ids: toOrt('int32', ids, [n, S]), attention_mask: toOrt('int32', mask, [n, mask.length / n]) };
+    const pickFeeds: Feeds = {};
+    if (pick) pickFeeds.vocab_limit = toOrt('int64', BigInt64Array.of(BigInt(pick.limit)), [1]);
+    if (pick?.head === 'sample') {
+      pickFeeds.temperature = toOrt('float32', Float32Array.of(pick.temperature), []);
+      pickFeeds.uniform = toOrt('float32', Float32Array.from(uniform!), [n, 1]);
     }
-  });
-  let L = P0; // positions in the cache after the prefill
-  let caches: Feeds[] = [];
-  let active = rowsIdx.slice();
-  const got = new Map<number, number[]>(rowsIdx.map((r) => [r, []]));
-  const uniform = new Float32Array(B);
-  try {
-    for (let step = 0; active.length > 0; step++) {
-      let t0 = timer ? performance.now() : 0;
-      const S = step === 0 ? P0 : 1;
-      const M = step === 0 ? P0 : L + 1;
-      const feeds: Feeds = { input_ids: toOrt('int32', ids.subarray(0, B * S), [B, S]), attention_mask: toOrt('int32', mask.subarray(0, B * M), [B, M]) };
-      const pickFeeds: Feeds = {};
-      if (pick) pickFeeds.vocab_limit = toOrt('int64', BigInt64Array.of(BigInt(limit)), [1]);
-      if (pick === 'sample') {
-        active.forEach((r, b) => (uniform[b] = reqs[r].rng.next()));
-        pickFeeds.temperature = toOrt('float32', Float32Array.of(sampling.temperature), []);
-        pickFeeds.uniform = toOrt('float32', uniform.subarray(0, B), [B, 1]);
-      }
-      if (head !== 'logits') Object.assign(feeds, pickFeeds);
-      const results: Record<string, OrtTensor>[] = [];
-      for (let k = 0; k < parts.length; k++) {
-        const s = await devs[k].decodeSession(step > 0, head, mixed);
-        const r = await counted(s, { ...weights[k], ...feeds, ...(step > 0 ? caches[k] : {}) });
-        if (step > 0) {
-          disposeAll(caches[k]);
-          caches[k] = renamed(r, cacheName, pastName, config);
-        } else caches.push(renamed(r, presentName, pastName, config));
-        results.push(r);
-      }
-      if (mixed) {
-        const mf: Feeds = { ...pickFeeds };
-        used.forEach((k, j) => {
-          mf[`logits.${j}`] = results[k].logits;
-          mf[`weight.${j}`] = toOrt('float32', Float32Array.of(parts[k].weight), []);
-        });
-        const picked = await counted(await devs[0].mixtureSession(used.length, pick!), mf);
-        for (const r of results) r.logits.dispose();
-        results.unshift(picked);
-      }
-      traffic.steps++;
-      if (timer) {
-        timer(step === 0 ? 'prefill' : 'forward', performance.now() - t0);
-        t0 = performance.now();
-      }
-      L = step === 0 ? P0 : L + 1;
-      const tokens = pick ? (results[0].token.data as BigInt64Array | Int32Array) : null;
-      const { keep, next } = takeTokens(active, got, stop, o.maxNewTokens, out, (b, r) =>
-        tokens ? Number(tokens[b]) : sampleToken(mixLogits(results.map((res, k) => ({ logits: (res.logits.data as Float32Array).subarray(b * V, b * V + limit), weight: parts[k].weight }))), sampling, reqs[r].rng),
-      );
-      if (timer) {
-        timer('sample', performance.now() - t0);
-        t0 = performance.now();
-      }
-      if (keep.length === 0) break;
-      // The next step's mask: the kept rows' cache columns, then the new token.
-      const nextMask = new Int32Array(keep.length * (L + 1));
-      keep.forEach((b, i) => {
-        nextMask.set(mask.subarray(b * L, (b + 1) * L), i * (L + 1));
-        nextMask[i * (L + 1) + L] = 1;
+    if (head !== 'logits') Object.assign(feeds, pickFeeds);
+    const results: Record<string, OrtTensor>[] = [];
+    const caches: Feeds[] = [];
+    for (let k = 0; k < this.parts.length; k++) {
+      const s = await this.devs[k].decodeSession(kind, head, mixed);
+      const r = await counted(s, { ...weights[k], ...feeds, ...(past ? past[k] : {}) });
+      if (past) disposeAll(past[k]);
+      caches.push(renamed(r, kind === 'step' ? cacheName : presentName, pastName, this.config));
+      results.push(r);
+    }
+    traffic.steps++;
+    if (mixed) {
+      const mf: Feeds = { ...pickFeeds };
+      this.used.forEach((k, j) => {
+        mf[`logits.${j}`] = results[k].logits;
+        mf[`weight.${j}`] = toOrt('float32', Float32Array.of(this.parts[k].weight), []);
       });
-      if (keep.length < B) caches = await Promise.all(caches.map((c, k) => devs[k].selectRows(c, keep)));
-      mask = nextMask;
-      active = keep.map((b) => active[b]);
-      B = keep.length;
-      ids = Int32Array.from(next);
-      timer?.('bookkeeping', performance.now() - t0);
+      const picked = await counted(await this.devs[0].mixtureSession(this.used.length, pick!.head), mf);
+      for (const r of results) r.logits.dispose();
+      return { caches, out: { tokens: picked.token.data as BigInt64Array } };
     }
-  } finally {
-    for (const c of caches) disposeAll(c);
+    if (pick) return { caches, out: { tokens: results[0].token.data as BigInt64Array } };
+    return { caches, out: { logits: results.map((r) => r.logits.data as Float32Array) } };
+  }
+
+  async leave(rows: readonly number[], park: (row: number) => boolean): Promise<void> {
+    if (rows.length === 0 || !this.batch) return;
+    const going = new Set(rows);
+    const batch = this.batch;
+    const keep: number[] = [];
+    for (let b = 0; b < this.order.length; b++) {
+      const r = this.order[b];
+      if (!going.has(r)) keep.push(b);
+      else if (park(r)) this.parked.set(r, await this.rowsOf(batch, [b], true));
+    }
+    this.order = keep.map((b) => this.order[b]);
+    if (keep.length === 0) {
+      for (const c of batch.caches) disposeAll(c);
+      this.batch = null;
+    } else this.batch = await this.rowsOf(batch, keep, false);
+  }
+
+  /** Rows `pick` of `from` (caches gathered on the device, masks on the host); `from`'s caches are freed unless `keepOld`. */
+  private async rowsOf(from: DeviceRows, pick: number[], keepOld: boolean): Promise<DeviceRows> {
+    const caches = await Promise.all(from.caches.map((c, k) => this.devs[k].selectRows(c, pick, keepOld)));
+    const mask = new Int32Array(pick.length * from.L);
+    pick.forEach((b, i) => mask.set(from.mask.subarray(b * from.L, (b + 1) * from.L), i * from.L));
+    return { caches, mask, L: from.L };
+  }
+
+  /** `rows` appended to the batch (its caches and theirs freed into the joined ones). */
+  private async append(rows: DeviceRows): Promise<void> {
+    const a = this.batch;
+    if (!a) {
+      this.batch = rows;
+      return;
+    }
+    const L = Math.max(a.L, rows.L);
+    const caches = await Promise.all(a.caches.map((c, k) => this.devs[k].join(c, a.L, rows.caches[k], rows.L)));
+    const Ba = a.mask.length / a.L;
+    const Bb = rows.mask.length / rows.L;
+    const mask = new Int32Array((Ba + Bb) * L);
+    for (let b = 0; b < Ba; b++) mask.set(a.mask.subarray(b * a.L, (b + 1) * a.L), b * L + L - a.L);
+    for (let b = 0; b < Bb; b++) mask.set(rows.mask.subarray(b * rows.L, (b + 1) * rows.L), (Ba + b) * L + L - rows.L);
+    this.batch = { caches, mask, L };
+  }
+
+  async join(rows: readonly number[]): Promise<void> {
+    for (const r of rows) {
+      const own = this.parked.get(r);
+      if (!own) throw new Error(`generation: row ${r} has no parked cache`);
+      this.parked.delete(r);
+      await this.append(own);
+      this.order.push(r);
+    }
+  }
+
+  async step(tokens: readonly number[], pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut> {
+    const a = this.batch!;
+    const B = this.order.length;
+    const mask = new Int32Array(B * (a.L + 1));
+    for (let b = 0; b < B; b++) {
+      mask.set(a.mask.subarray(b * a.L, (b + 1) * a.L), b * (a.L + 1));
+      mask[b * (a.L + 1) + a.L] = 1;
+    }
+    const { caches, out } = await this.run('step', Int32Array.from(tokens), mask, B, a.caches, pick, uniform);
+    this.batch = { caches, mask, L: a.L + 1 };
+    return out;
+  }
+
+  async extend(row: number, tokens: readonly number[], pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut> {
+    const own = this.parked.get(row);
+    if (!own) throw new Error(`generation: row ${row} has no parked cache`);
+    const S = tokens.length;
+    const mask = new Int32Array(own.L + S).fill(1);
+    mask.set(own.mask);
+    const { caches, out } = await this.run('extend', Int32Array.from(tokens), mask, 1, own.caches, pick, uniform);
+    this.parked.set(row, { caches, mask, L: own.L + S });
+    return out;
+  }
+
+  async prefill(group: PrefillGroup, pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut> {
+    const n = group.rows.length;
+    const S = Math.max(1, ...group.prompts.map((p) => p.length));
+    const ids = new Int32Array(n * S).fill(this.o.padId);
+    const mask = new Int32Array(n * S);
+    group.prompts.forEach((p, b) => {
+      for (let t = 0; t < p.length; t++) {
+        ids[b * S + S - p.length + t] = p[t];
+        mask[b * S + S - p.length + t] = 1;
+      }
+    });
+    const { caches, out } = await this.run('prefill', ids, mask, n, null, pick, uniform);
+    await this.append({ caches, mask, L: S });
+    this.order.push(...group.rows);
+    return out;
+  }
+
+  async copy(from: number, to: number): Promise<void> {
+    const own = this.parked.get(from);
+    const b = own ? 0 : this.order.indexOf(from);
+    if (b < 0) throw new Error(`generation: row ${from} has no cache`);
+    this.parked.set(to, await this.rowsOf(own ?? this.batch!, [b], true));
+  }
+
+  free(row: number): void {
+    const own = this.parked.get(row);
+    if (own) for (const c of own.caches) disposeAll(c);
+    this.parked.delete(row);
+  }
+
+  async close(): Promise<void> {
+    for (const r of [...this.parked.keys()]) this.free(r);
+    if (this.batch) for (const c of this.batch.caches) disposeAll(c);
+    this.batch = null;
+    this.order = [];
+    this.weights = null;
   }
 }

@@ -1,433 +1,528 @@
 /**
- * Batched sampling with a key/value cache. A `Decoder` holds the prefill and step sessions of one
- * model; `generateIds` left-pads a batch of prompts, prefills once, then feeds one token per step,
- * drawing each row's token from the (mixture of the) decoders' logits with that row's own random
- * stream. The cache is preallocated (`SlotCache`: fixed shapes, grown a chunk of slots at a time) and
- * each step writes only its new keys/values into it; the step graph attends over unfilled slots
- * masked out, and the logits and new keys/values land in buffers allocated once. Finished rows leave
- * the batch (the rows after them move up in place), so a long answer in the batch does not make the
- * short ones pay.
+ * Generation: one loop over rows that decode together, on the CPU or WebGPU (a backend each, see
+ * backend.ts). A `GenerationSession` is opened over a model (or a geometric mixture of models, as
+ * Nash-MD samples) with the sampling options; `start` gives a row for a prompt, and each
+ * `row.generate()` asks for one segment: tokens until a stop id, a stop string or the segment's
+ * budget. The session's one loop decodes every row that asks together, at most `maxBatch` at a
+ * time; a row that is not asking (its caller busy, e.g. running a tool) leaves the batch and its
+ * cache is parked. `row.extend(ids)` appends tokens the model did not sample (a tool's answer), fed
+ * in one run into the row's cache when it next generates; `row.fork(rng)` continues the same tokens
+ * with another random stream from a copy of the cache.
+ *
+ * What the loop saves: identical prompts asked together are prefilled once and copied (a GRPO
+ * group's completions, SPPO's samples, Nash-MD's pairs), and when a row finishes, a waiting one
+ * takes its place in the batch at once, prefilled at its own length (no padding to the longest).
+ * `sharePrompts: false, continuous: false` turn both off: batches of `maxBatch` rows, left-padded,
+ * one after the other (the generation before sessions, kept for comparison).
+ *
+ * Each row draws from its own random stream, one number a token, so which rows decode together
+ * never changes what a row draws. `generateIds` is the whole-batch function over a session.
  */
-import { type ModelConfig, maxPositions } from './config.ts';
-import type { FloatTensor } from './checkpoint.ts';
-import type { LoraConfig } from './lora.ts';
-import { modelParameterShapes } from './params.ts';
-import { Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
+import { maxPositions } from './config.ts';
 import { UserError } from '../errors.ts';
 import type { SeededRandom } from '../random.ts';
 import type { LoadedTokenizer } from '../tokenize/index.ts';
-import { buildDecodeGraph, cacheShape, pastName, presentName, type DecodeHead } from './decode.ts';
-import { mixLogits, sampleToken, samplingOptions, type SamplingOptions } from './sampling.ts';
-import { DeviceDecode, generateBatchOnDevice } from './generate-device.ts';
+import { mixLogits, sampleToken, samplingDistribution, samplingOptions, type SamplingOptions } from './sampling.ts';
+import { Decoder } from './decoder.ts';
+import { CpuBackend } from './generate-cpu.ts';
+import { DeviceBackend } from './generate-device.ts';
+import type { DecodeBackend, PickSpec, RunOut } from './backend.ts';
 
-/** The cache of a batch: `[B, KV, L, hd]` per layer and kind, as fed back under the past names. */
-export interface KVCache {
-  rows: number;
-  length: number;
-  tensors: Feeds;
+export { Decoder, SlotCache, selectCacheRows, type DecoderOptions, type KVCache, type Pick, type Picked } from './decoder.ts';
+
+/** One decoder of a mixture and its weight w_i in softmax(Σ w_i·logits_i). */
+export interface MixturePart {
+  decoder: Decoder;
+  weight: number;
 }
 
-export interface DecoderOptions {
-  runtime?: RuntimeOptions;
+export interface SessionOptions extends SamplingOptions {
+  /** Ids that end a segment (kept as its last token). */
+  stopIds?: readonly number[];
+  /** Texts that end a segment once the segment's decoded text contains one (needs `decode`). */
+  stopStrings?: readonly string[];
+  /** The text of token ids (for `stopStrings`). */
+  decode?: (ids: readonly number[]) => string;
+  /** Rows decoded together at most (default 32). */
+  maxBatch?: number;
+  /** Id fed under the mask where prompts are left-padded (`continuous: false`). Default 0. */
+  padId?: number;
   /**
-   * Bake the weights into the graphs (fastest for a fixed model). Without it they are graph inputs
-   * and `setWeights` swaps them without new sessions (a policy that is being trained).
+   * Only ids below this are drawn: embeddings are often padded past the tokenizer's vocabulary, and
+   * those rows (never trained) must not be sampled. Default: the model's vocab_size.
    */
-  bake?: boolean;
-  lora?: LoraConfig | null;
+  vocabLimit?: number;
+  /** Sample on the host from the logits even where the graph could pick the tokens (for measuring). */
+  hostSampling?: boolean;
   /**
-   * Prompt tokens per prefill run (default 256): a batch's prompts are prefilled a few rows at a
-   * time, so the prefill's activations (kept by ONNX Runtime's arena for the session's life) are
-   * those of this many tokens, not of the whole batch.
+   * Return each sampled token's log-probability under the distribution it was drawn from (after
+   * temperature, top-k and top-p; 0 for greedy). Off by default: the logits then come back to the
+   * host and the draw is made there, not in the graph.
    */
-  prefillTokens?: number;
+  logprobs?: boolean;
+  /** Identical prompts starting together are prefilled once (default true). */
+  sharePrompts?: boolean;
+  /** A finished row's slot takes the next waiting row at once, prompts prefilled at their own length (default true). */
+  continuous?: boolean;
+  /** Slots (prompt + new tokens) a row is expected to need at most: what a batch cache reserves. */
+  slots?: number;
 }
 
-/**
- * What a step returns for each row: `greedy` the argmax, `sample` a draw with each row's `uniform`
- * number, both among the ids below `limit`, picked inside the graph (see `DecodeHead`); no pick,
- * the logits.
- */
-export type Pick = { head: 'greedy'; limit: number } | { head: 'sample'; limit: number; temperature: number; uniform: Float64Array };
+/** Why a segment ended. */
+export type StopReason = 'stop-id' | 'stop-string' | 'budget' | 'positions';
 
-export class Decoder {
-  private params: Feeds = {};
-  /** Prefill and step sessions by head, built on first use (a decoder that only samples never builds the logits graphs). */
-  private readonly sessions = new Map<string, Promise<Session>>();
-  /** The cache buffers of the last generation, for the next one (see `recycle`). */
-  private spare: Float32Array[] = [];
-  /** On WebGPU: the sessions and weights of generation on the device (generate-device.ts). */
-  readonly device: DeviceDecode | null;
-
-  private constructor(
-    readonly config: ModelConfig,
-    private readonly shapes: Map<string, number[]>,
-    readonly baked: boolean,
-    private readonly build: { weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; runtime?: RuntimeOptions; prefillTokens: number },
-  ) {
-    this.device = build.runtime?.ep === 'webgpu' ? new DeviceDecode(config, shapes, { ...build, runtime: build.runtime }) : null;
-  }
-
-  static async create(config: ModelConfig, weights: Map<string, FloatTensor>, o: DecoderOptions = {}): Promise<Decoder> {
-    const bake = o.bake ?? false;
-    // Without ONNX Runtime's memory pattern unless asked for: the planned block of every intermediate
-    // of a run comes on top of the arena (measured: ~75 MB less peak RSS at batch 32, no slower).
-    const runtime: RuntimeOptions = { memPattern: false, ...o.runtime };
-    const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime, prefillTokens: o.prefillTokens ?? 256 });
-    if (!bake) d.setWeights((name) => weights.get(name)?.data);
-    return d;
-  }
-
-  private session(past: boolean, head: DecodeHead): Promise<Session> {
-    const key = `${past ? 'step' : 'prefill'}/${head}`;
-    let s = this.sessions.get(key);
-    if (!s) {
-      const weightFirst = (this.build.runtime?.ep ?? 'cpu') === 'cpu';
-      s = Session.fromGraph(buildDecodeGraph(this.config, { past, weights: this.build.weights, lora: this.build.lora, head, weightFirst }), this.build.runtime);
-      this.sessions.set(key, s);
-    }
-    return s;
-  }
-
-  /** Whether the graph can pick tokens (its float64 sampling runs on the CPU only). */
-  get picksTokens(): boolean {
-    return (this.build.runtime?.ep ?? 'cpu') === 'cpu';
-  }
-
-  /** Feeds these parameter values from now on (graph-input decoders only); arrays are not copied. */
-  setWeights(get: (name: string) => Float32Array | undefined): void {
-    if (this.baked) throw new Error('setWeights: this decoder has its weights baked in');
-    for (const [name, shape] of this.shapes) {
-      const data = get(name);
-      if (!data) throw new Error(`decoder: no values for parameter ${name}`);
-      this.params[name] = toOrt('float32', data, shape);
-    }
-  }
-
-  /**
-   * Feeds these tensors from now on (graph-input decoders only): host tensors, or on WebGPU GPU
-   * buffers (e.g. the training session's parameters), which the device generation feeds without a
-   * copy. They are not copied: the caller keeps them alive while the decoder uses them.
-   */
-  setWeightTensors(get: (name: string) => OrtTensor | undefined): void {
-    if (this.baked) throw new Error('setWeightTensors: this decoder has its weights baked in');
-    for (const name of this.shapes.keys()) {
-      const t = get(name);
-      if (!t) throw new Error(`decoder: no tensor for parameter ${name}`);
-      this.params[name] = t;
-    }
-  }
-
-  /** The parameter feeds (host or device tensors; none when baked). */
-  get weightFeeds(): Feeds {
-    return this.params;
-  }
-
-  get vocabSize(): number {
-    return this.config.vocab_size;
-  }
-
-  /**
-   * Runs S new tokens per row (S = 1 with a cache). `ids` [B, S]; `mask` [B, L] covers the cache and the new tokens.
-   * Returns the logits of each row's last new token `[B, V]` and the extended cache (a new one:
-   * `cache` is not changed).
-   */
-  async forward(ids: BigInt64Array, mask: BigInt64Array, rows: number, cache: KVCache | null): Promise<{ logits: Float32Array; cache: KVCache }> {
-    const S = ids.length / rows;
-    const L = mask.length / rows;
-    if (cache && S !== 1) throw new Error(`decoder: a step with a cache feeds one token per row, got ${S}`);
-    const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [rows, S]), attention_mask: toOrt('int64', mask, [rows, L]) };
-    if (cache) Object.assign(feeds, cache.tensors);
-    const out = await (await this.session(cache !== null, 'logits')).run(feeds);
-    const { layers, kvHeads: KV, headDim: hd } = cacheShape(this.config);
-    const tensors: Feeds = {};
-    for (let i = 0; i < layers; i++) {
-      for (const kv of ['key', 'value'] as const) {
-        const cur = out[presentName(i, kv)].data as Float32Array;
-        if (!cache) {
-          tensors[pastName(i, kv)] = toOrt('float32', cur, [rows, KV, S, hd]);
-          continue;
-        }
-        // past ++ new along the positions, row and head by row and head.
-        const past = cache.tensors[pastName(i, kv)].data as Float32Array;
-        const P = cache.length;
-        const full = new Float32Array(rows * KV * (P + S) * hd);
-        for (let r = 0; r < rows * KV; r++) {
-          full.set(past.subarray(r * P * hd, (r + 1) * P * hd), r * (P + S) * hd);
-          full.set(cur.subarray(r * S * hd, (r + 1) * S * hd), (r * (P + S) + P) * hd);
-        }
-        tensors[pastName(i, kv)] = toOrt('float32', full, [rows, KV, P + S, hd]);
-      }
-    }
-    return { logits: out.logits.data as Float32Array, cache: { rows, length: L, tensors } };
-  }
-
-  /**
-   * Prefills `ids` [B, S] under `mask` [B, S] into a new cache with room for `capacity` positions
-   * (grown as needed, in place up to `maxCapacity`); returns each row's pick for its last token (the
-   * logits `[B, V]` without one) and the cache.
-   */
-  async prefill(ids: BigInt64Array, mask: BigInt64Array, rows: number, capacity: number, pick?: Pick, maxCapacity = capacity): Promise<Picked & { cache: SlotCache }> {
-    const S = ids.length / rows;
-    const V = this.vocabSize;
-    const session = await this.session(false, headOf(pick));
-    const cache = new SlotCache(cacheShape(this.config), rows, Math.max(capacity, S), V, maxCapacity, this.spare);
-    this.spare = [];
-    const tokens = new BigInt64Array(pick ? rows : 0);
-    const logits = new Float32Array(pick ? 0 : rows * V);
-    const chunk = Math.max(1, Math.floor(this.build.prefillTokens / S));
-    for (let r0 = 0; r0 < rows; r0 += chunk) {
-      const n = Math.min(chunk, rows - r0);
-      const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids.subarray(r0 * S, (r0 + n) * S), [n, S]), attention_mask: toOrt('int64', mask.subarray(r0 * S, (r0 + n) * S), [n, S]) };
-      if (pick) Object.assign(feeds, pickFeeds(pick, n, r0));
-      const out = await session.run(feeds);
-      cache.writePrompt((name) => out[name].data as Float32Array, S, r0, n);
-      if (pick) tokens.set(out.token.data as BigInt64Array, r0);
-      else logits.set(out.logits.data as Float32Array, r0 * V);
-    }
-    cache.setPrompt(mask, S);
-    return pick ? { tokens, cache } : { logits, cache };
-  }
-
-  /**
-   * One token per row `ids` [B] into `cache` (B = cache.rows): its keys and values are written into
-   * the cache's next slot. Returns each row's pick (the logits `[B, V]` without one), in the cache's
-   * buffers (valid until its next step).
-   */
-  async step(ids: BigInt64Array, cache: SlotCache, pick?: Pick): Promise<Picked> {
-    cache.reserve(1);
-    const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [cache.rows, 1]), attention_mask: cache.stepMask() };
-    Object.assign(feeds, cache.pastFeeds());
-    if (pick) Object.assign(feeds, pickFeeds(pick, cache.rows));
-    await (await this.session(true, headOf(pick))).run(feeds, cache.outputs(pick !== undefined));
-    cache.writeStep((name) => cache.newSlot(name));
-    return pick ? { tokens: cache.tokens() } : { logits: cache.logits() };
-  }
-
-  /**
-   * Keeps a finished generation's cache buffers for the next prefill (the online loops generate
-   * batch after batch of the same shape): the cache is not allocated again while the last one waits
-   * for the garbage collector, which held two at once.
-   */
-  recycle(cache: SlotCache): void {
-    this.spare = cache.release();
-  }
-
-  /** Ends ONNX Runtime's profiling of the sessions built so far (`runtime.profilePrefix`), writing the traces. */
-  async endProfiling(): Promise<void> {
-    for (const s of this.sessions.values()) (await s).endProfiling();
-  }
-
-  async release(): Promise<void> {
-    const all = await Promise.allSettled(this.sessions.values());
-    this.sessions.clear();
-    for (const r of all) if (r.status === 'fulfilled') await r.value.release();
-    await this.device?.release();
-  }
+/** What one `generate()` decoded. */
+export interface Segment {
+  /** Sampled ids, ending with the stop id when `stop` is 'stop-id'. */
+  ids: number[];
+  stop: StopReason;
+  /** With `logprobs`: each sampled id's log-probability under the distribution it was drawn from. */
+  logps?: Float32Array;
 }
 
-/** A step's result: the picked tokens `[B]`, or the logits `[B, V]`. */
-export type Picked = { tokens: BigInt64Array; logits?: undefined } | { logits: Float32Array; tokens?: undefined };
-
-function headOf(pick: Pick | undefined): DecodeHead {
-  return !pick ? 'logits' : pick.head === 'sample' && pick.temperature === 1 ? 'sample-t1' : pick.head;
+/** A sequence being generated (see `GenerationSession.start`). */
+export interface GenerationRow {
+  /** Every token of the row: the prompt, the sampled segments and the extensions, in order. */
+  readonly ids: readonly number[];
+  readonly promptLength: number;
+  /** Decodes the next segment, at most `maxNewTokens` tokens (default: the row's budget from `start`). */
+  generate(o?: { maxNewTokens?: number }): Promise<Segment>;
+  /**
+   * The next token's logits (the mixture's Σ w_i·logits_i, before temperature, `[V]`), after one run
+   * over what the row has not fed yet; a `generate()` after it draws from them without another run.
+   */
+  logits(): Promise<Float32Array>;
+  /** Appends tokens the model did not sample; the next `generate()` feeds them in one run. */
+  extend(ids: readonly number[]): void;
+  /** A new row with the same tokens and a copy of this row's cache, drawing from `rng`. */
+  fork(rng: SeededRandom, maxNewTokens?: number): GenerationRow;
+  /** Frees the row's cache; the row cannot be used after. */
+  close(): void;
 }
 
-/** The pick's feeds for `rows` rows from row `first`. */
-function pickFeeds(pick: Pick, rows: number, first = 0): Feeds {
-  const feeds: Feeds = { vocab_limit: toOrt('int64', BigInt64Array.of(BigInt(pick.limit)), [1]) };
-  if (pick.head === 'sample') {
-    if (pick.temperature !== 1) feeds.temperature = toOrt('float64', Float64Array.of(pick.temperature), []);
-    feeds.uniform = toOrt('float64', pick.uniform.subarray(first, first + rows), [rows, 1]);
-  }
-  return feeds;
+let timer: ((label: string, ms: number) => void) | null = null;
+
+/** Reports how long each piece of a generation step takes (scripts/bench/decode-profile.ts); null stops. */
+export function setGenerateTimer(t: ((label: string, ms: number) => void) | null): void {
+  timer = t;
 }
 
-/** Keeps cache rows `keep` (in that order). */
-export function selectCacheRows(cache: KVCache, keep: number[]): KVCache {
-  const tensors: Feeds = {};
-  for (const [name, t] of Object.entries(cache.tensors)) {
-    const [B, KV, L, hd] = t.dims as number[];
-    const row = KV * L * hd;
-    const src = t.data as Float32Array;
-    const dst = new Float32Array(keep.length * row);
-    keep.forEach((r, i) => dst.set(src.subarray(r * row, (r + 1) * row), i * row));
-    if (B !== cache.rows) throw new Error('cache rows disagree');
-    tensors[name] = toOrt('float32', dst, [keep.length, KV, L, hd]) as OrtTensor;
-  }
-  return { rows: keep.length, length: cache.length, tensors };
+interface Want {
+  kind: 'generate' | 'logits';
+  budget: number;
+  seg: number[];
+  logps: number[];
+  order: number;
+  resolve: (s: Segment) => void;
+  resolveLogits: (l: Float32Array) => void;
+  reject: (e: unknown) => void;
 }
 
-/** Cache slots are added this many at a time: fixed shapes between, and attention over at most this many unfilled slots. */
-const SLOT_CHUNK = 32;
-
-/**
- * A batch's key/value cache in place: per layer and kind one `[B, KV, capacity, hd]` buffer, of
- * which the first `length` positions are written; `mask` `[B, capacity]` marks the real ones (left
- * padding and unwritten slots are 0). A step feeds the whole buffer with its mask and writes its own
- * keys/values into slot `length`; when the slots run out the buffers grow by a chunk. Each buffer is
- * allocated once with room for `maxCapacity` slots (pages the generation never reaches are never
- * touched, so never resident) and grows within it, rows moved apart in place: the cache is never
- * held twice. The step's outputs (logits, new keys/values) go to buffers allocated with it.
- */
-export class SlotCache {
-  length = 0;
-  private buffers = new Map<string, Float32Array>();
-  private mask: BigInt64Array;
-  private fresh = new Map<string, Float32Array>();
-  private logitsBuf: Float32Array | null = null;
-  private tokenBuf: BigInt64Array;
-  private maxCapacity: number;
+class Row implements GenerationRow {
+  /** How many of `seq` are in the row's cache. */
+  cached = 0;
+  /** Where its cache is: none yet, in the batch, parked outside it. */
+  where: 'none' | 'batch' | 'parked' = 'none';
+  want: Want | null = null;
+  closed = false;
+  /** The row whose cache this one copies at the next iteration (a fork). */
+  forkOf: Row | null = null;
+  /** Logits of the next token, fetched by `logits()` (per part, `[V]`). */
+  ready: Float32Array[] | null = null;
 
   constructor(
-    private readonly geom: { layers: number; kvHeads: number; headDim: number },
-    public rows: number,
-    public capacity: number,
-    private readonly vocab: number,
-    maxCapacity = capacity,
-    /** Buffers to use again (a finished cache's, see `release`), where long enough. */
-    reuse: Float32Array[] = [],
+    private readonly session: GenerationSession,
+    readonly id: number,
+    readonly seq: number[],
+    readonly promptLength: number,
+    readonly rng: SeededRandom,
+    readonly budget: number,
+  ) {}
+
+  get ids(): readonly number[] {
+    return this.seq;
+  }
+
+  get pending(): number {
+    return this.seq.length - this.cached;
+  }
+
+  private check(what: string): void {
+    if (this.closed) throw new Error(`generation: ${what} on a closed row`);
+    if (this.want) throw new Error(`generation: ${what} while the row is generating`);
+  }
+
+  generate(o: { maxNewTokens?: number } = {}): Promise<Segment> {
+    this.check('generate()');
+    const budget = o.maxNewTokens ?? this.budget;
+    if (!(Number.isInteger(budget) && budget >= 1)) throw new UserError(`max_new_tokens must be a positive integer, got ${budget}`);
+    return new Promise<Segment>((resolve, reject) => {
+      this.want = { kind: 'generate', budget, seg: [], logps: [], order: this.session.ticket(), resolve, resolveLogits: () => {}, reject };
+      this.session.wake();
+    });
+  }
+
+  logits(): Promise<Float32Array> {
+    this.check('logits()');
+    return new Promise<Float32Array>((resolveLogits, reject) => {
+      this.want = { kind: 'logits', budget: 0, seg: [], logps: [], order: this.session.ticket(), resolve: () => {}, resolveLogits, reject };
+      this.session.wake();
+    });
+  }
+
+  extend(ids: readonly number[]): void {
+    this.check('extend()');
+    if (this.seq.length + ids.length > this.session.maxPositions) {
+      throw new UserError(`generation: ${this.seq.length} tokens plus ${ids.length} exceed the model's ${this.session.maxPositions} positions`);
+    }
+    this.seq.push(...ids);
+    if (ids.length) this.ready = null;
+  }
+
+  fork(rng: SeededRandom, maxNewTokens = this.budget): GenerationRow {
+    this.check('fork()');
+    const child = this.session.newRow(this.seq.slice(), this.promptLength, rng, maxNewTokens);
+    child.ready = this.ready;
+    if (this.where !== 'none' || this.forkOf) {
+      child.forkOf = this;
+      child.cached = this.cached;
+    }
+    return child;
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    this.session.wake();
+  }
+}
+
+/**
+ * The one generation loop over a model or a mixture (see the file's comment). Open it, `start`
+ * rows, `generate` them (concurrently: rows asking together decode together), `close` it.
+ */
+export class GenerationSession {
+  private readonly rows = new Map<number, Row>();
+  private nextId = 0;
+  private tickets = 0;
+  private pump: Promise<void> | null = null;
+  private again = false;
+  private failed: unknown = null;
+  private readonly backend: DecodeBackend;
+  private readonly sampling: Required<SamplingOptions>;
+  private readonly stop: Set<number>;
+  private readonly limit: number;
+  private readonly maxBatch: number;
+  private readonly vocab: number;
+  readonly maxPositions: number;
+
+  private constructor(
+    private readonly parts: MixturePart[],
+    private readonly o: SessionOptions,
   ) {
-    const { layers, kvHeads: KV, headDim: hd } = geom;
-    this.maxCapacity = Math.max(capacity, maxCapacity);
-    const size = rows * KV * this.maxCapacity * hd;
-    // Reused buffers hold an earlier cache's values; unwritten slots are masked, as after growing.
-    const spare = reuse.filter((b) => b.length >= size);
-    for (let i = 0; i < layers; i++) {
-      for (const kv of ['key', 'value'] as const) {
-        this.buffers.set(pastName(i, kv), spare.pop() ?? new Float32Array(size));
-        this.fresh.set(presentName(i, kv), new Float32Array(rows * KV * hd));
+    if (parts.length === 0) throw new Error('generation: no decoder');
+    this.sampling = samplingOptions(o);
+    const config = parts[0].decoder.config;
+    this.maxPositions = maxPositions(config);
+    this.stop = new Set(o.stopIds ?? []);
+    this.vocab = parts[0].decoder.vocabSize;
+    this.limit = Math.min(o.vocabLimit ?? config.vocab_size, config.vocab_size);
+    this.maxBatch = o.maxBatch ?? 32;
+    if (!(Number.isInteger(this.maxBatch) && this.maxBatch >= 1)) throw new UserError(`batch size for generation must be a positive integer, got ${o.maxBatch}`);
+    if (o.stopStrings?.length && !o.decode) throw new Error('generation: stopStrings need a decode function');
+    const decoders = parts.map((p) => p.decoder);
+    const slots = Math.min(o.slots ?? 256, this.maxPositions);
+    const padId = o.padId ?? 0;
+    if (decoders.every((d) => d.device)) this.backend = new DeviceBackend(parts.map((p) => ({ decoder: p.decoder, weight: p.weight })), { padId });
+    else if (decoders.some((d) => d.device)) throw new Error('generation: a mixture of decoders on different devices');
+    else this.backend = new CpuBackend(decoders, { maxBatch: this.maxBatch, slots, padId });
+  }
+
+  /** A session over one decoder (weight 1) or a mixture of them. */
+  static open(parts: Decoder | MixturePart[], o: SessionOptions = {}): GenerationSession {
+    return new GenerationSession(parts instanceof Decoder ? [{ decoder: parts, weight: 1 }] : parts, o);
+  }
+
+  /** A new row for `promptIds`, drawing from `rng`; `maxNewTokens` is its segments' default budget. */
+  start(promptIds: readonly number[], rng: SeededRandom, maxNewTokens = 256): GenerationRow {
+    if (promptIds.length >= this.maxPositions) throw new UserError(`a prompt of ${promptIds.length} tokens fills the model's ${this.maxPositions} positions`);
+    return this.newRow(promptIds.slice(), promptIds.length, rng, maxNewTokens);
+  }
+
+  /** @internal */
+  newRow(seq: number[], promptLength: number, rng: SeededRandom, budget: number): Row {
+    if (this.failed) throw this.failed;
+    const r = new Row(this, this.nextId++, seq, promptLength, rng, budget);
+    this.rows.set(r.id, r);
+    return r;
+  }
+
+  /** @internal */
+  ticket(): number {
+    return this.tickets++;
+  }
+
+  /** @internal Runs the loop (again) after a row asked for something. */
+  wake(): void {
+    if (this.pump) {
+      this.again = true;
+      return;
+    }
+    this.pump = this.run();
+  }
+
+  private async run(): Promise<void> {
+    try {
+      // Rows asked for in the same turn of the event loop start together.
+      await new Promise((r) => setImmediate(r));
+      if (this.failed) throw this.failed;
+      do {
+        this.again = false;
+        while (await this.iterate()) {
+          // Let callers react to what finished (close it, extend and ask again) before the next step.
+          await new Promise((r) => setImmediate(r));
+        }
+      } while (this.again);
+    } catch (e) {
+      this.failed = e;
+      for (const r of this.rows.values()) {
+        r.want?.reject(e);
+        r.want = null;
       }
     }
-    this.mask = new BigInt64Array(rows * capacity);
-    this.tokenBuf = new BigInt64Array(rows);
+    // In the same turn as the last look at `again`: a row asking after this starts a new pump.
+    this.pump = null;
   }
 
-  /** Writes the prompt's `n` positions of rows `first`…`first + count − 1` (`src(presentName)`: `[count, KV, n, hd]`) into slots 0…n−1. */
-  writePrompt(src: (name: string) => Float32Array, n: number, first: number, count: number): void {
-    const { layers, kvHeads: KV, headDim: hd } = this.geom;
-    const cap = this.capacity;
-    for (let i = 0; i < layers; i++) {
-      for (const kv of ['key', 'value'] as const) {
-        const from = src(presentName(i, kv));
-        const to = this.buffers.get(pastName(i, kv))!;
-        for (let r = 0; r < count * KV; r++) to.set(from.subarray(r * n * hd, (r + 1) * n * hd), (first * KV + r) * cap * hd);
+  /** Frees every row's cache; rows still generating are rejected. */
+  async close(): Promise<void> {
+    while (this.pump) await this.pump;
+    for (const r of this.rows.values()) {
+      r.want?.reject(new Error('generation: the session was closed'));
+      r.want = null;
+    }
+    this.rows.clear();
+    await this.backend.close();
+  }
+
+  private pickSpec(): PickSpec | null {
+    if (this.o.hostSampling || this.o.logprobs) return null;
+    const s = this.sampling;
+    if (this.parts.length === 1 && this.parts[0].weight !== 1) return null;
+    const spec: PickSpec | null = s.temperature === 0 ? { head: 'greedy', limit: this.limit } : s.topK === 0 && s.topP === 1 ? { head: 'sample', limit: this.limit, temperature: s.temperature } : null;
+    return spec && this.backend.canPick(spec) ? spec : null;
+  }
+
+  /** One pass: forks copied, closed rows freed, then one token for every row asking (within maxBatch). Returns whether rows still ask. */
+  private async iterate(): Promise<boolean> {
+    const b = this.backend;
+    for (const r of this.rows.values()) {
+      if (!r.forkOf) continue;
+      const src = r.forkOf;
+      r.forkOf = null;
+      if (src.where === 'none') r.cached = 0;
+      else {
+        await b.copy(src.id, r.id);
+        r.where = 'parked';
       }
     }
-  }
+    for (const r of [...this.rows.values()]) {
+      if (!r.closed || [...this.rows.values()].some((c) => c.forkOf === r)) continue;
+      if (r.where === 'parked') b.free(r.id);
+      if (r.where !== 'batch') this.rows.delete(r.id);
+    }
+    const wanting = [...this.rows.values()].filter((r) => r.want).sort((x, y) => x.want!.order - y.want!.order);
+    // Rows in the batch go on only if they ask for one token's step.
+    const steps = (r: Row) => r.want?.kind === 'generate' && !r.ready && r.pending === 1;
+    const leaving = b.batchRows().filter((id) => !steps(this.rows.get(id)!));
+    await b.leave(leaving, (id) => !this.rows.get(id)!.closed);
+    for (const id of leaving) {
+      const r = this.rows.get(id)!;
+      if (r.closed) this.rows.delete(id);
+      else r.where = 'parked';
+    }
+    if (wanting.length === 0) return false;
+    const pick = this.pickSpec();
+    const continuous = this.o.continuous ?? true;
+    let free = this.maxBatch - b.batchRows().length;
+    // Answers to sample: each row with the run that fed it and its index there.
+    const answers: { row: Row; out: RunOut; i: number }[] = [];
+    const ready: Row[] = [];
+    const uniform = (rows: Row[]) => (pick?.head === 'sample' ? Float64Array.from(rows, (r) => r.rng.next()) : null);
 
-  /** Once every row's prompt is written: its mask (`[B, n]`); the next step writes slot n. */
-  setPrompt(mask: BigInt64Array, n: number): void {
-    for (let b = 0; b < this.rows; b++) this.mask.set(mask.subarray(b * n, (b + 1) * n), b * this.capacity);
-    this.length = n;
-  }
-
-  /** Makes room for `n` more positions (growing every buffer by whole chunks). */
-  reserve(n: number): void {
-    if (this.length + n <= this.capacity) return;
-    let cap = Math.ceil((this.length + n) / SLOT_CHUNK) * SLOT_CHUNK;
-    if (cap > this.maxCapacity && this.length + n <= this.maxCapacity) cap = this.maxCapacity;
-    const { kvHeads: KV, headDim: hd } = this.geom;
-    if (cap > this.maxCapacity) {
-      // Past the room allocated: new buffers (a caller that did not say how long it would run).
-      for (const [name, old] of this.buffers) {
-        const grown = new Float32Array(this.rows * KV * cap * hd);
-        for (let r = 0; r < this.rows * KV; r++) grown.set(old.subarray(r * this.capacity * hd, (r * this.capacity + this.length) * hd), r * cap * hd);
-        this.buffers.set(name, grown);
+    // Parked rows asking for a step join the batch first.
+    const joining: Row[] = [];
+    for (const r of wanting) {
+      if (r.where === 'batch') continue;
+      if (r.ready && r.pending === 0) ready.push(r);
+      else if (r.where === 'parked' && steps(r) && free > 0) {
+        joining.push(r);
+        free--;
       }
-      this.maxCapacity = cap;
+    }
+    await b.join(joining.map((r) => r.id));
+    for (const r of joining) r.where = 'batch';
+
+    let t0 = timer ? performance.now() : 0;
+    const batch = b.batchRows().map((id) => this.rows.get(id)!);
+    if (batch.length > 0) {
+      const out = await b.step(batch.map((r) => r.seq[r.cached]), pick, uniform(batch));
+      batch.forEach((r, i) => {
+        r.cached++;
+        answers.push({ row: r, out, i });
+      });
+      if (timer) timer('forward', performance.now() - t0);
+    }
+
+    t0 = timer ? performance.now() : 0;
+    // Parked rows with several tokens to feed (extended, or asking for logits): one run each.
+    for (const r of wanting) {
+      if (r.where !== 'parked' || r.pending === 0 || steps(r)) continue;
+      const forLogits = r.want!.kind === 'logits';
+      if (!forLogits && free === 0) continue;
+      const p = forLogits ? null : pick;
+      const out = await b.extend(r.id, r.seq.slice(r.cached), p, p ? uniform([r]) : null);
+      r.cached = r.seq.length;
+      answers.push({ row: r, out, i: 0 });
+      if (!forLogits) {
+        await b.join([r.id]);
+        r.where = 'batch';
+        free--;
+      }
+    }
+    // New rows: identical prompts prefilled once (the others copy the cache), at their own length,
+    // or (not continuous) a batch left-padded to its longest when no row is decoding.
+    const fresh = wanting.filter((r) => r.where === 'none');
+    const admit = continuous || b.batchRows().length === 0 ? fresh : [];
+    if (admit.length > 0) await this.prefill(admit, pick, uniform, answers, free);
+    if (timer && admit.length > 0) timer('prefill', performance.now() - t0);
+
+    t0 = timer ? performance.now() : 0;
+    this.take(answers, ready);
+    timer?.('sample', performance.now() - t0);
+    return [...this.rows.values()].some((r) => r.want);
+  }
+
+  private async prefill(fresh: Row[], pick: PickSpec | null, uniform: (rows: Row[]) => Float64Array | null, answers: { row: Row; out: RunOut; i: number }[], free: number): Promise<void> {
+    const b = this.backend;
+    const share = this.o.sharePrompts ?? true;
+    const continuous = this.o.continuous ?? true;
+    // Groups of rows with the same tokens: the first is prefilled, the rest copy it.
+    const byTokens = new Map<string, Row[]>();
+    const admitted: Row[] = [];
+    for (const r of fresh) {
+      if (free === 0) break;
+      const key = share ? r.seq.join(',') : String(r.id);
+      const g = byTokens.get(key);
+      if (g) g.push(r);
+      else byTokens.set(key, [r]);
+      admitted.push(r);
+      free--;
+    }
+    const heads = [...byTokens.values()].map((g) => g[0]);
+    // A prompt shared by several rows gives the logits (each row draws its own token from them);
+    // the others are picked in the graph where it can.
+    const runs: { rows: Row[]; pad: boolean; pick: PickSpec | null }[] = [];
+    const add = (rows: Row[], pad: boolean, p: PickSpec | null) => rows.length && runs.push({ rows, pad, pick: p });
+    // Rows whose first token is drawn on the host: a prompt several rows share, or a row asking for logits.
+    const shared = (r: Row) => {
+      const g = byTokens.get(share ? r.seq.join(',') : String(r.id))!;
+      return g.length > 1 || g.some((x) => x.want!.kind === 'logits');
+    };
+    if (!continuous || b.padPrefill) {
+      add(heads.filter((r) => !shared(r)), true, pick);
+      add(heads.filter(shared), true, null);
     } else {
-      // Rows move apart in place, the last first (each moves to a higher offset, over rows already moved).
-      for (const buf of this.buffers.values()) {
-        for (let r = this.rows * KV - 1; r > 0; r--) buf.copyWithin(r * cap * hd, r * this.capacity * hd, (r * this.capacity + this.length) * hd);
+      const byLength = new Map<number, Row[]>();
+      for (const r of heads) {
+        const k = r.seq.length === 0 ? -1 : r.seq.length;
+        byLength.set(k, [...(byLength.get(k) ?? []), r]);
+      }
+      for (const [len, rows] of byLength) {
+        add(rows.filter((r) => !shared(r)), len === -1, pick);
+        add(rows.filter(shared), len === -1, null);
       }
     }
-    const mask = new BigInt64Array(this.rows * cap);
-    for (let b = 0; b < this.rows; b++) mask.set(this.mask.subarray(b * this.capacity, b * this.capacity + this.length), b * cap);
-    this.mask = mask;
-    this.capacity = cap;
-  }
-
-  /** Writes a step's new position (`src(presentName)`: `[B, KV, 1, hd]`) into the next slot. */
-  writeStep(src: (name: string) => Float32Array): void {
-    const { layers, kvHeads: KV, headDim: hd } = this.geom;
-    this.reserve(1);
-    const cap = this.capacity;
-    for (let i = 0; i < layers; i++) {
-      for (const kv of ['key', 'value'] as const) {
-        const from = src(presentName(i, kv));
-        const to = this.buffers.get(pastName(i, kv))!;
-        for (let r = 0; r < this.rows * KV; r++) {
-          const o = (r * cap + this.length) * hd;
-          for (let d = 0; d < hd; d++) to[o + d] = from[r * hd + d];
+    const budget = (r: Row) => r.seq.length + (r.want!.budget || 1) - 1;
+    for (const run of runs) {
+      const room = Math.max(...admitted.map(budget));
+      const out = await b.prefill({ rows: run.rows.map((r) => r.id), prompts: run.rows.map((r) => r.seq), pad: run.pad, room }, run.pick, run.pick ? uniform(run.rows) : null);
+      run.rows.forEach((r, i) => {
+        r.cached = r.seq.length;
+        r.where = 'batch';
+        answers.push({ row: r, out, i });
+      });
+      for (const r of run.rows) {
+        const group = byTokens.get(share ? r.seq.join(',') : String(r.id))!;
+        for (const d of group.slice(1)) {
+          await b.copy(r.id, d.id);
+          await b.join([d.id]);
+          d.cached = d.seq.length;
+          d.where = 'batch';
+          answers.push({ row: d, out, i: run.rows.indexOf(r) });
         }
       }
     }
-    for (let b = 0; b < this.rows; b++) this.mask[b * cap + this.length] = 1n;
-    this.length += 1;
   }
 
-  /** The attention mask of a one-token step: the cache's slots, then the new token. */
-  stepMask(): OrtTensor {
-    const cap = this.capacity;
-    const m = new BigInt64Array(this.rows * (cap + 1));
-    for (let b = 0; b < this.rows; b++) {
-      m.set(this.mask.subarray(b * cap, (b + 1) * cap), b * (cap + 1));
-      m[b * (cap + 1) + cap] = 1n;
+  /** Draws each answered row's token (or hands over its logits) and ends the rows that stop. */
+  private take(answers: { row: Row; out: RunOut; i: number }[], ready: Row[]): void {
+    const V = this.vocab;
+    const lim = this.limit;
+    const rowLogits = (a: { out: RunOut; i: number }) => a.out.logits!.map((l) => l.subarray(a.i * V, a.i * V + lim));
+    const all = [...answers, ...ready.map((row) => ({ row, out: null as RunOut | null, i: 0 }))];
+    for (const a of all) {
+      const r = a.row;
+      const w = r.want!;
+      const logits = a.out ? (a.out.tokens ? null : rowLogits(a as { out: RunOut; i: number })) : r.ready!;
+      r.ready = null;
+      if (w.kind === 'logits') {
+        const own = logits!.map((l) => l.slice());
+        r.ready = own;
+        r.want = null;
+        w.resolveLogits(own.length === 1 && this.parts[0].weight === 1 ? own[0] : mixLogits(own.map((l, k) => ({ logits: l, weight: this.parts[k].weight }))).slice());
+        continue;
+      }
+      let tok: number;
+      if (!logits) tok = Number(a.out!.tokens![a.i]);
+      else {
+        const mixed = mixLogits(logits.map((l, k) => ({ logits: l, weight: this.parts[k].weight })));
+        tok = sampleToken(mixed, this.sampling, r.rng);
+        if (this.o.logprobs) w.logps.push(logProb(mixed, tok, this.sampling));
+      }
+      r.seq.push(tok);
+      w.seg.push(tok);
+      const text = this.o.stopStrings?.length ? this.o.decode!(w.seg) : '';
+      const reason: StopReason | null = this.stop.has(tok)
+        ? 'stop-id'
+        : text && this.o.stopStrings!.some((s) => text.includes(s))
+          ? 'stop-string'
+          : w.seg.length >= w.budget
+            ? 'budget'
+            : r.seq.length >= this.maxPositions
+              ? 'positions'
+              : null;
+      if (reason) {
+        r.want = null;
+        w.resolve(this.o.logprobs ? { ids: w.seg, stop: reason, logps: Float32Array.from(w.logps) } : { ids: w.seg, stop: reason });
+      }
     }
-    return toOrt('int64', m, [this.rows, cap + 1]) as OrtTensor;
   }
+}
 
-  /** The cache buffers as the step's past inputs (the first `rows` rows, not copied). */
-  pastFeeds(): Feeds {
-    const { kvHeads: KV, headDim: hd } = this.geom;
-    const feeds: Feeds = {};
-    const n = this.rows * KV * this.capacity * hd;
-    for (const [name, buf] of this.buffers) feeds[name] = toOrt('float32', buf.length === n ? buf : buf.subarray(0, n), [this.rows, KV, this.capacity, hd]);
-    return feeds;
+/** log p(tok) under the distribution `sampleToken` draws from (temperature, top-k, top-p); 0 for greedy. */
+export function logProb(logits: ArrayLike<number>, tok: number, o: Required<SamplingOptions>): number {
+  if (o.temperature === 0) return 0;
+  if (o.topK === 0 && o.topP === 1) {
+    let max = -Infinity;
+    for (let i = 0; i < logits.length; i++) if (logits[i] > max) max = logits[i];
+    let z = 0;
+    for (let i = 0; i < logits.length; i++) z += Math.exp((logits[i] - max) / o.temperature);
+    return (logits[tok] - max) / o.temperature - Math.log(z);
   }
-
-  /** Preallocated outputs of a step: logits `[B, V]` (or the picked `token` `[B]`) and each layer's new keys/values `[B, KV, 1, hd]`. */
-  outputs(picked: boolean): Record<string, OrtTensor> {
-    const { kvHeads: KV, headDim: hd } = this.geom;
-    const out: Record<string, OrtTensor> = picked
-      ? { token: toOrt('int64', this.tokens(), [this.rows]) as OrtTensor }
-      : { logits: toOrt('float32', this.logits(), [this.rows, this.vocab]) as OrtTensor };
-    for (const [name, buf] of this.fresh) out[name] = toOrt('float32', buf.subarray(0, this.rows * KV * hd), [this.rows, KV, 1, hd]) as OrtTensor;
-    return out;
-  }
-
-  newSlot(name: string): Float32Array {
-    return this.fresh.get(name)!;
-  }
-
-  logits(): Float32Array {
-    this.logitsBuf ??= new Float32Array(this.rows * this.vocab);
-    return this.logitsBuf.subarray(0, this.rows * this.vocab);
-  }
-
-  tokens(): BigInt64Array {
-    return this.tokenBuf.subarray(0, this.rows);
-  }
-
-  /** Hands the cache buffers over (for a later cache); this cache is unusable after. */
-  release(): Float32Array[] {
-    const out = [...this.buffers.values()];
-    this.buffers.clear();
-    return out;
-  }
-
-  /** Keeps rows `keep` (ascending), moving them up in place. */
-  keepRows(keep: number[]): void {
-    const { kvHeads: KV, headDim: hd } = this.geom;
-    const row = KV * this.capacity * hd;
-    keep.forEach((b, i) => {
-      if (b === i) return;
-      for (const buf of this.buffers.values()) buf.copyWithin(i * row, b * row, (b + 1) * row);
-      this.mask.copyWithin(i * this.capacity, b * this.capacity, (b + 1) * this.capacity);
-    });
-    this.rows = keep.length;
-  }
+  const { ids, probs } = samplingDistribution(logits, o);
+  const k = ids.indexOf(tok);
+  return k < 0 ? -Infinity : Math.log(probs[k]);
 }
 
 export interface GenerateRequest {
@@ -451,6 +546,11 @@ export interface GenerateOptions extends SamplingOptions {
    * those rows (never trained) must not be sampled. Default: the model's vocab_size.
    */
   vocabLimit?: number;
+  /** See `SessionOptions`: shared prompts prefilled once, continuous batching (both default true). */
+  sharePrompts?: boolean;
+  continuous?: boolean;
+  /** Each id's log-probability under the distribution it was drawn from (see `SessionOptions.logprobs`). */
+  logprobs?: boolean;
 }
 
 export interface Generated {
@@ -458,135 +558,41 @@ export interface Generated {
   ids: number[];
   /** True when a stop id ended the response (false: max_new_tokens reached). */
   stopped: boolean;
-}
-
-let timer: ((label: string, ms: number) => void) | null = null;
-
-/** Reports how long each piece of a generation step takes (scripts/bench/decode-profile.ts); null stops. */
-export function setGenerateTimer(t: ((label: string, ms: number) => void) | null): void {
-  timer = t;
-}
-
-/** One decoder of a mixture and its weight w_i in softmax(Σ w_i·logits_i). */
-export interface MixturePart {
-  decoder: Decoder;
-  weight: number;
+  /** With `logprobs`: each id's log-probability under the distribution it was drawn from. */
+  logps?: Float32Array;
 }
 
 /**
  * Samples a response per request from softmax(Σ_i w_i·logits_i / temperature) (one part with
- * weight 1 is plain sampling), with top-k/top-p, until a stop id or `maxNewTokens`.
+ * weight 1 is plain sampling), with top-k/top-p, until a stop id or `maxNewTokens`: one session,
+ * every request a row, closed when it ends.
  */
 export async function generateIds(parts: MixturePart[], reqs: GenerateRequest[], o: GenerateOptions): Promise<Generated[]> {
   if (parts.length === 0) throw new Error('generateIds: no decoder');
-  const sampling = samplingOptions(o);
+  samplingOptions(o);
   if (!(Number.isInteger(o.maxNewTokens) && o.maxNewTokens >= 1)) throw new UserError(`--max-new-tokens must be a positive integer, got ${o.maxNewTokens}`);
-  const config = parts[0].decoder.config;
-  const maxPos = maxPositions(config);
-  const stop = new Set(o.stopIds);
-  const limit = Math.min(o.vocabLimit ?? config.vocab_size, config.vocab_size);
-  const out: Generated[] = new Array(reqs.length);
-  const inGraph = !o.hostSampling && parts.length === 1 && parts[0].weight === 1 && parts[0].decoder.picksTokens && (sampling.temperature === 0 || (sampling.topK === 0 && sampling.topP === 1));
-  // Similar prompt lengths share a batch (less padding); each row's stream makes the order irrelevant.
+  const maxPos = maxPositions(parts[0].decoder.config);
+  const P = Math.max(1, ...reqs.map((r) => r.promptIds.length));
+  if (P + o.maxNewTokens > maxPos) throw new UserError(`a prompt of ${P} tokens plus max_new_tokens ${o.maxNewTokens} exceeds the model's ${maxPos} positions`);
+  const session = GenerationSession.open(parts, { ...o, maxBatch: o.batchSize ?? 32, slots: P + o.maxNewTokens - 1 });
+  // Similar prompt lengths start together (less padding where batches are padded); each row's
+  // stream makes the order irrelevant to what it draws.
   const order = reqs.map((_, i) => i).sort((a, b) => reqs[a].promptIds.length - reqs[b].promptIds.length);
-  const batchSize = o.batchSize ?? 32;
-  for (let s = 0; s < order.length; s += batchSize) {
-    const rowsIdx = order.slice(s, s + batchSize);
-    const P0 = Math.max(1, ...rowsIdx.map((i) => reqs[i].promptIds.length));
-    if (P0 + o.maxNewTokens > maxPos) {
-      throw new UserError(`a prompt of ${P0} tokens plus max_new_tokens ${o.maxNewTokens} exceeds the model's ${maxPos} positions`);
-    }
-    if (parts.every((p) => p.decoder.device)) {
-      await generateBatchOnDevice(parts, reqs, rowsIdx, o, sampling, out, timer);
-      continue;
-    }
-    let B = rowsIdx.length;
-    const prompt = new BigInt64Array(B * P0).fill(BigInt(o.padId));
-    const mask = new BigInt64Array(B * P0);
-    rowsIdx.forEach((r, b) => {
-      const p = reqs[r].promptIds;
-      for (let t = 0; t < p.length; t++) {
-        prompt[b * P0 + P0 - p.length + t] = BigInt(p[t]);
-        mask[b * P0 + P0 - p.length + t] = 1n;
-      }
-    });
-    // The prompt and a chunk of slots to start with; the cache grows a chunk at a time as rows go on.
-    const capacity = Math.max(P0, Math.min(Math.ceil((P0 + 1) / SLOT_CHUNK) * SLOT_CHUNK, P0 + o.maxNewTokens - 1));
-    const caches: SlotCache[] = [];
-    let active = rowsIdx.slice();
-    const got = new Map<number, number[]>(rowsIdx.map((r) => [r, []]));
-    const V = parts[0].decoder.vocabSize;
-    // One model without top-k/top-p: the graph picks the tokens (each row's uniform drawn here, from
-    // its own stream, as sampleToken would draw it), and the logits never reach JavaScript.
-    const uniform = new Float64Array(B);
-    const pick: Pick | undefined = !inGraph ? undefined : sampling.temperature === 0 ? { head: 'greedy', limit } : { head: 'sample', limit, temperature: sampling.temperature, uniform };
-    let ids = prompt;
-    for (let step = 0; active.length > 0; step++) {
-      let t0 = timer ? performance.now() : 0;
-      if (pick?.head === 'sample') active.forEach((r, b) => (uniform[b] = reqs[r].rng.next()));
-      const results: Picked[] = [];
-      for (let k = 0; k < parts.length; k++) {
-        if (step === 0) {
-          const r = await parts[k].decoder.prefill(prompt, mask, B, capacity, pick, P0 + o.maxNewTokens - 1);
-          caches.push(r.cache);
-          results.push(r);
-        } else {
-          results.push(await parts[k].decoder.step(ids, caches[k], pick));
-        }
-      }
-      if (timer) {
-        timer(step === 0 ? 'prefill' : 'forward', performance.now() - t0);
-        t0 = performance.now();
-      }
-      const tokens = results[0].tokens;
-      const { keep, next } = takeTokens(active, got, stop, o.maxNewTokens, out, (b, r) =>
-        tokens ? Number(tokens[b]) : sampleToken(mixLogits(results.map((res, k) => ({ logits: res.logits!.subarray(b * V, b * V + limit), weight: parts[k].weight }))), sampling, reqs[r].rng),
-      );
-      if (timer) {
-        timer('sample', performance.now() - t0);
-        t0 = performance.now();
-      }
-      if (keep.length === 0) {
-        caches.forEach((c, k) => parts[k].decoder.recycle(c));
-        break;
-      }
-      if (keep.length < B) for (const c of caches) c.keepRows(keep);
-      active = keep.map((b) => active[b]);
-      B = keep.length;
-      ids = BigInt64Array.from(next, BigInt);
-      timer?.('bookkeeping', performance.now() - t0);
-    }
+  const out: Generated[] = new Array(reqs.length);
+  try {
+    await Promise.all(
+      order.map(async (i) => {
+        const row = session.start(reqs[i].promptIds, reqs[i].rng, o.maxNewTokens);
+        const seg = await row.generate();
+        row.close();
+        out[i] = { ids: seg.ids, stopped: seg.stop === 'stop-id' };
+        if (seg.logps) out[i].logps = seg.logps;
+      }),
+    );
+  } finally {
+    await session.close();
   }
   return out;
-}
-
-/**
- * Appends to each active row (request `active[b]`) its token `tokenAt(b, r)`; a row that drew a stop
- * id (kept as its last token) or reached `maxNewTokens` is finished into `out`. Returns the batch
- * positions that go on and their tokens, the next step's input.
- */
-export function takeTokens(
-  active: readonly number[],
-  got: Map<number, number[]>,
-  stop: ReadonlySet<number>,
-  maxNewTokens: number,
-  out: Generated[],
-  tokenAt: (b: number, r: number) => number,
-): { keep: number[]; next: number[] } {
-  const keep: number[] = [];
-  const next: number[] = [];
-  active.forEach((r, b) => {
-    const tok = tokenAt(b, r);
-    const seq = got.get(r)!;
-    seq.push(tok);
-    if (stop.has(tok)) out[r] = { ids: seq, stopped: true };
-    else if (seq.length >= maxNewTokens) out[r] = { ids: seq, stopped: false };
-    else {
-      keep.push(b);
-      next.push(tok);
-    }
-  });
-  return { keep, next };
 }
 
 /** The text of a sampled response: its ids without the final stop token. */

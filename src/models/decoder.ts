@@ -1,0 +1,532 @@
+/**
+ * A model's decoding sessions and its key/value cache on the host. A `Decoder` holds the prefill,
+ * step and extend sessions of one model (built on first use, per head); `SlotCache` is a batch's
+ * cache in place: preallocated, grown a chunk of slots at a time, each row with its own number of
+ * filled slots, so rows of different lengths (and rows that joined late) share one step. The
+ * generation loop (generate.ts) drives them through the CPU backend (generate-cpu.ts); on WebGPU the
+ * same decoder holds its device side (generate-device.ts).
+ */
+import type { ModelConfig } from './config.ts';
+import type { FloatTensor } from './checkpoint.ts';
+import type { LoraConfig } from './lora.ts';
+import { modelParameterShapes } from './params.ts';
+import { Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
+import { buildDecodeGraph, cacheShape, pastName, presentName, type DecodeHead } from './decode.ts';
+import { DeviceDecode } from './generate-device.ts';
+
+/** The cache of a batch: `[B, KV, L, hd]` per layer and kind, as fed back under the past names. */
+export interface KVCache {
+  rows: number;
+  length: number;
+  tensors: Feeds;
+}
+
+export interface DecoderOptions {
+  runtime?: RuntimeOptions;
+  /**
+   * Bake the weights into the graphs (fastest for a fixed model). Without it they are graph inputs
+   * and `setWeights` swaps them without new sessions (a policy that is being trained).
+   */
+  bake?: boolean;
+  lora?: LoraConfig | null;
+  /**
+   * Prompt tokens per prefill run (default 256): a batch's prompts are prefilled a few rows at a
+   * time, so the prefill's activations (kept by ONNX Runtime's arena for the session's life) are
+   * those of this many tokens, not of the whole batch.
+   */
+  prefillTokens?: number;
+}
+
+/**
+ * What a run returns for each row: `greedy` the argmax, `sample` a draw with each row's `uniform`
+ * number, both among the ids below `limit`, picked inside the graph (see `DecodeHead`); no pick,
+ * the logits.
+ */
+export type Pick = { head: 'greedy'; limit: number } | { head: 'sample'; limit: number; temperature: number; uniform: Float64Array };
+
+/** A run's result: the picked tokens `[B]`, or the logits `[B, V]`. */
+export type Picked = { tokens: BigInt64Array; logits?: undefined } | { logits: Float32Array; tokens?: undefined };
+
+type GraphKind = 'prefill' | 'step' | 'extend';
+
+export class Decoder {
+  private params: Feeds = {};
+  /** Prefill, step and extend sessions by head, built on first use (a decoder that only samples never builds the logits graphs). */
+  private readonly sessions = new Map<string, Promise<Session>>();
+  /** The cache buffers of the last generation, for the next one (see `recycle`). */
+  private spare: Float32Array[] = [];
+  /** On WebGPU: the sessions and weights of generation on the device (generate-device.ts). */
+  readonly device: DeviceDecode | null;
+
+  private constructor(
+    readonly config: ModelConfig,
+    private readonly shapes: Map<string, number[]>,
+    readonly baked: boolean,
+    private readonly build: { weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; runtime?: RuntimeOptions; prefillTokens: number },
+  ) {
+    this.device = build.runtime?.ep === 'webgpu' ? new DeviceDecode(config, shapes, { ...build, runtime: build.runtime }) : null;
+  }
+
+  static async create(config: ModelConfig, weights: Map<string, FloatTensor>, o: DecoderOptions = {}): Promise<Decoder> {
+    const bake = o.bake ?? false;
+    // Without ONNX Runtime's memory pattern unless asked for: the planned block of every intermediate
+    // of a run comes on top of the arena (measured: ~75 MB less peak RSS at batch 32, no slower).
+    const runtime: RuntimeOptions = { memPattern: false, ...o.runtime };
+    const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime, prefillTokens: o.prefillTokens ?? 256 });
+    if (!bake) d.setWeights((name) => weights.get(name)?.data);
+    return d;
+  }
+
+  private session(kind: GraphKind, head: DecodeHead): Promise<Session> {
+    const key = `${kind}/${head}`;
+    let s = this.sessions.get(key);
+    if (!s) {
+      const weightFirst = (this.build.runtime?.ep ?? 'cpu') === 'cpu';
+      const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst });
+      s = Session.fromGraph(g, this.build.runtime);
+      this.sessions.set(key, s);
+    }
+    return s;
+  }
+
+  /** Whether the graph can pick tokens (its float64 sampling runs on the CPU only). */
+  get picksTokens(): boolean {
+    return (this.build.runtime?.ep ?? 'cpu') === 'cpu';
+  }
+
+  /** Prompt tokens per prefill run. */
+  get prefillTokens(): number {
+    return this.build.prefillTokens;
+  }
+
+  /** Feeds these parameter values from now on (graph-input decoders only); arrays are not copied. */
+  setWeights(get: (name: string) => Float32Array | undefined): void {
+    if (this.baked) throw new Error('setWeights: this decoder has its weights baked in');
+    for (const [name, shape] of this.shapes) {
+      const data = get(name);
+      if (!data) throw new Error(`decoder: no values for parameter ${name}`);
+      this.params[name] = toOrt('float32', data, shape);
+    }
+  }
+
+  /**
+   * Feeds these tensors from now on (graph-input decoders only): host tensors, or on WebGPU GPU
+   * buffers (e.g. the training session's parameters), which the device generation feeds without a
+   * copy. They are not copied: the caller keeps them alive while the decoder uses them.
+   */
+  setWeightTensors(get: (name: string) => OrtTensor | undefined): void {
+    if (this.baked) throw new Error('setWeightTensors: this decoder has its weights baked in');
+    for (const name of this.shapes.keys()) {
+      const t = get(name);
+      if (!t) throw new Error(`decoder: no tensor for parameter ${name}`);
+      this.params[name] = t;
+    }
+  }
+
+  /** The parameter feeds (host or device tensors; none when baked). */
+  get weightFeeds(): Feeds {
+    return this.params;
+  }
+
+  get vocabSize(): number {
+    return this.config.vocab_size;
+  }
+
+  /**
+   * Runs S new tokens per row (S = 1 with a cache). `ids` [B, S]; `mask` [B, L] covers the cache and the new tokens.
+   * Returns the logits of each row's last new token `[B, V]` and the extended cache (a new one:
+   * `cache` is not changed). A plain reference path for tests: generation uses `SlotCache`.
+   */
+  async forward(ids: BigInt64Array, mask: BigInt64Array, rows: number, cache: KVCache | null): Promise<{ logits: Float32Array; cache: KVCache }> {
+    const S = ids.length / rows;
+    const L = mask.length / rows;
+    if (cache && S !== 1) throw new Error(`decoder: a step with a cache feeds one token per row, got ${S}`);
+    const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [rows, S]), attention_mask: toOrt('int64', mask, [rows, L]) };
+    if (cache) Object.assign(feeds, cache.tensors);
+    const out = await (await this.session(cache ? 'step' : 'prefill', 'logits')).run(feeds);
+    const { layers, kvHeads: KV, headDim: hd } = cacheShape(this.config);
+    const tensors: Feeds = {};
+    for (let i = 0; i < layers; i++) {
+      for (const kv of ['key', 'value'] as const) {
+        const cur = out[presentName(i, kv)].data as Float32Array;
+        if (!cache) {
+          tensors[pastName(i, kv)] = toOrt('float32', cur, [rows, KV, S, hd]);
+          continue;
+        }
+        // past ++ new along the positions, row and head by row and head.
+        const past = cache.tensors[pastName(i, kv)].data as Float32Array;
+        const P = cache.length;
+        const full = new Float32Array(rows * KV * (P + S) * hd);
+        for (let r = 0; r < rows * KV; r++) {
+          full.set(past.subarray(r * P * hd, (r + 1) * P * hd), r * (P + S) * hd);
+          full.set(cur.subarray(r * S * hd, (r + 1) * S * hd), (r * (P + S) + P) * hd);
+        }
+        tensors[pastName(i, kv)] = toOrt('float32', full, [rows, KV, P + S, hd]);
+      }
+    }
+    return { logits: out.logits.data as Float32Array, cache: { rows, length: L, tensors } };
+  }
+
+  /** A new cache for up to `maxRows` rows, with room for `capacity` slots to start and `maxCapacity` reserved. */
+  newCache(maxRows: number, capacity: number, maxCapacity = capacity): SlotCache {
+    const c = new SlotCache(cacheShape(this.config), maxRows, capacity, this.vocabSize, maxCapacity, this.spare);
+    this.spare = [];
+    return c;
+  }
+
+  /**
+   * Prefills `n` prompts `ids` [n, S] under `mask` [n, S] into rows `first`…`first + n − 1` of
+   * `cache` (slots 0…S−1), a few rows a run (`prefillTokens`); returns each row's pick for its last
+   * token (the logits `[n, V]` without one). `pick.uniform` holds the n rows' numbers.
+   */
+  async prefill(cache: SlotCache, first: number, ids: BigInt64Array, mask: BigInt64Array, n: number, pick?: Pick): Promise<Picked> {
+    const S = ids.length / n;
+    const V = this.vocabSize;
+    const session = await this.session('prefill', headOf(pick));
+    const tokens = new BigInt64Array(pick ? n : 0);
+    const logits = new Float32Array(pick ? 0 : n * V);
+    const chunk = Math.max(1, Math.floor(this.build.prefillTokens / S));
+    for (let r0 = 0; r0 < n; r0 += chunk) {
+      const k = Math.min(chunk, n - r0);
+      const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids.subarray(r0 * S, (r0 + k) * S), [k, S]), attention_mask: toOrt('int64', mask.subarray(r0 * S, (r0 + k) * S), [k, S]) };
+      if (pick) Object.assign(feeds, pickFeeds(pick, k, r0));
+      const out = await session.run(feeds);
+      cache.writePrompt((name) => out[name].data as Float32Array, S, first + r0, k, mask.subarray(r0 * S, (r0 + k) * S));
+      if (pick) tokens.set(out.token.data as BigInt64Array, r0);
+      else logits.set(out.logits.data as Float32Array, r0 * V);
+    }
+    return pick ? { tokens } : { logits };
+  }
+
+  /**
+   * One token per row `ids` [B] into `cache` (B = cache.rows): its keys and values are written into
+   * each row's next slot. Returns each row's pick (the logits `[B, V]` without one), in the cache's
+   * buffers (valid until its next step).
+   */
+  async step(ids: BigInt64Array, cache: SlotCache, pick?: Pick): Promise<Picked> {
+    cache.reserve(cache.length + 1);
+    const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [cache.rows, 1]), attention_mask: cache.stepMask() };
+    Object.assign(feeds, cache.pastFeeds());
+    if (pick) Object.assign(feeds, pickFeeds(pick, cache.rows));
+    await (await this.session('step', headOf(pick))).run(feeds, cache.outputs(pick !== undefined));
+    cache.writeStep((name) => cache.newSlot(name));
+    return pick ? { tokens: cache.tokens() } : { logits: cache.logits() };
+  }
+
+  /**
+   * Extends row `row` of `cache` by `ids` in one run (the extend graph: the row's cache and the new
+   * tokens, any number of them); returns the pick for the last new token (its logits `[1, V]`
+   * without one). `pick.uniform[0]` is the row's number.
+   */
+  async extend(cache: SlotCache, row: number, ids: readonly number[], pick?: Pick): Promise<Picked> {
+    const S = ids.length;
+    const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', BigInt64Array.from(ids, BigInt), [1, S]), attention_mask: cache.rowMask(row, S) };
+    Object.assign(feeds, cache.rowPast(row));
+    if (pick) Object.assign(feeds, pickFeeds(pick, 1));
+    const out = await (await this.session('extend', headOf(pick))).run(feeds);
+    cache.writeTail(row, (name) => out[name].data as Float32Array, S);
+    return pick ? { tokens: out.token.data as BigInt64Array } : { logits: out.logits.data as Float32Array };
+  }
+
+  /**
+   * Keeps a finished generation's cache buffers for the next cache (the online loops generate batch
+   * after batch of the same shape): the cache is not allocated again while the last one waits for
+   * the garbage collector, which held two at once.
+   */
+  recycle(cache: SlotCache): void {
+    this.spare = cache.release();
+  }
+
+  /** Ends ONNX Runtime's profiling of the sessions built so far (`runtime.profilePrefix`), writing the traces. */
+  async endProfiling(): Promise<void> {
+    for (const s of this.sessions.values()) (await s).endProfiling();
+  }
+
+  async release(): Promise<void> {
+    const all = await Promise.allSettled(this.sessions.values());
+    this.sessions.clear();
+    for (const r of all) if (r.status === 'fulfilled') await r.value.release();
+    await this.device?.release();
+  }
+}
+
+export function headOf(pick: Pick | undefined): DecodeHead {
+  return !pick ? 'logits' : pick.head === 'sample' && pick.temperature === 1 ? 'sample-t1' : pick.head;
+}
+
+/** The pick's feeds for `rows` rows from row `first`. */
+function pickFeeds(pick: Pick, rows: number, first = 0): Feeds {
+  const feeds: Feeds = { vocab_limit: toOrt('int64', BigInt64Array.of(BigInt(pick.limit)), [1]) };
+  if (pick.head === 'sample') {
+    if (pick.temperature !== 1) feeds.temperature = toOrt('float64', Float64Array.of(pick.temperature), []);
+    feeds.uniform = toOrt('float64', pick.uniform.subarray(first, first + rows), [rows, 1]);
+  }
+  return feeds;
+}
+
+/** Keeps cache rows `keep` (in that order). */
+export function selectCacheRows(cache: KVCache, keep: number[]): KVCache {
+  const tensors: Feeds = {};
+  for (const [name, t] of Object.entries(cache.tensors)) {
+    const [B, KV, L, hd] = t.dims as number[];
+    const row = KV * L * hd;
+    const src = t.data as Float32Array;
+    const dst = new Float32Array(keep.length * row);
+    keep.forEach((r, i) => dst.set(src.subarray(r * row, (r + 1) * row), i * row));
+    if (B !== cache.rows) throw new Error('cache rows disagree');
+    tensors[name] = toOrt('float32', dst, [keep.length, KV, L, hd]) as OrtTensor;
+  }
+  return { rows: keep.length, length: cache.length, tensors };
+}
+
+/** Cache slots are added this many at a time: fixed shapes between, and attention over at most this many unfilled slots. */
+export const SLOT_CHUNK = 32;
+
+/**
+ * A batch's key/value cache in place: per layer and kind one `[B, KV, capacity, hd]` buffer; row b
+ * has its first `cols[b]` slots written, and `mask` `[B, capacity]` marks the real ones (left
+ * padding and unwritten slots are 0), so rows of different lengths share the buffer and a step. A
+ * step feeds the whole buffer with its mask and writes each row's new keys/values into that row's
+ * next slot; when the slots run out the buffers grow by a chunk. Each buffer is allocated once with
+ * room for `maxRows` rows of `maxCapacity` slots (pages the generation never reaches are never
+ * touched, so never resident) and grows within it, rows moved apart in place: the cache is never
+ * held twice. The step's outputs (logits, new keys/values) go to buffers allocated with it.
+ */
+export class SlotCache {
+  /** Rows in use (the first `rows` of the buffers). */
+  rows = 0;
+  /** Filled slots per row. */
+  cols: Int32Array;
+  private buffers = new Map<string, Float32Array>();
+  private mask: BigInt64Array;
+  private fresh = new Map<string, Float32Array>();
+  private logitsBuf: Float32Array | null = null;
+  private tokenBuf: BigInt64Array;
+  private maxCapacity: number;
+
+  constructor(
+    private readonly geom: { layers: number; kvHeads: number; headDim: number },
+    readonly maxRows: number,
+    public capacity: number,
+    private readonly vocab: number,
+    maxCapacity = capacity,
+    /** Buffers to use again (a finished cache's, see `release`), where long enough. */
+    reuse: Float32Array[] = [],
+  ) {
+    const { layers, kvHeads: KV, headDim: hd } = geom;
+    this.maxCapacity = Math.max(capacity, maxCapacity);
+    const size = maxRows * KV * this.maxCapacity * hd;
+    // Reused buffers hold an earlier cache's values; unwritten slots are masked, as after growing.
+    const spare = reuse.filter((b) => b.length >= size);
+    for (let i = 0; i < layers; i++) {
+      for (const kv of ['key', 'value'] as const) {
+        this.buffers.set(pastName(i, kv), spare.pop() ?? new Float32Array(size));
+        this.fresh.set(presentName(i, kv), new Float32Array(maxRows * KV * hd));
+      }
+    }
+    this.mask = new BigInt64Array(maxRows * capacity);
+    this.cols = new Int32Array(maxRows);
+    this.tokenBuf = new BigInt64Array(maxRows);
+  }
+
+  /** The most slots any row has filled. */
+  get length(): number {
+    let m = 0;
+    for (let b = 0; b < this.rows; b++) m = Math.max(m, this.cols[b]);
+    return m;
+  }
+
+  /** Appends `n` empty rows; returns the first one's index. */
+  addRows(n: number): number {
+    const first = this.rows;
+    if (first + n > this.maxRows) throw new Error(`cache: ${first + n} rows exceed its ${this.maxRows}`);
+    this.rows += n;
+    for (let b = first; b < this.rows; b++) {
+      this.cols[b] = 0;
+      this.mask.fill(0n, b * this.capacity, (b + 1) * this.capacity);
+    }
+    return first;
+  }
+
+  /**
+   * Writes the prompt's `n` positions of rows `first`…`first + count − 1` (`src(presentName)`:
+   * `[count, KV, n, hd]`, `mask` `[count, n]`) into their slots 0…n−1.
+   */
+  writePrompt(src: (name: string) => Float32Array, n: number, first: number, count: number, mask: BigInt64Array): void {
+    this.reserve(n);
+    const { layers, kvHeads: KV, headDim: hd } = this.geom;
+    const cap = this.capacity;
+    for (let i = 0; i < layers; i++) {
+      for (const kv of ['key', 'value'] as const) {
+        const from = src(presentName(i, kv));
+        const to = this.buffers.get(pastName(i, kv))!;
+        for (let r = 0; r < count * KV; r++) to.set(from.subarray(r * n * hd, (r + 1) * n * hd), (first * KV + r) * cap * hd);
+      }
+    }
+    for (let b = 0; b < count; b++) {
+      this.mask.set(mask.subarray(b * n, (b + 1) * n), (first + b) * cap);
+      this.cols[first + b] = n;
+    }
+  }
+
+  /** Makes room for `slots` slots per row (growing every buffer by whole chunks). */
+  reserve(slots: number): void {
+    if (slots <= this.capacity) return;
+    let cap = Math.ceil(slots / SLOT_CHUNK) * SLOT_CHUNK;
+    if (cap > this.maxCapacity && slots <= this.maxCapacity) cap = this.maxCapacity;
+    const { kvHeads: KV, headDim: hd } = this.geom;
+    const old = this.capacity;
+    if (cap > this.maxCapacity) {
+      // Past the room allocated: new buffers (a caller that did not say how long it would run).
+      for (const [name, buf] of this.buffers) {
+        const grown = new Float32Array(this.maxRows * KV * cap * hd);
+        for (let r = 0; r < this.rows * KV; r++) grown.set(buf.subarray(r * old * hd, (r * old + this.cols[Math.floor(r / KV)]) * hd), r * cap * hd);
+        this.buffers.set(name, grown);
+      }
+      this.maxCapacity = cap;
+    } else {
+      // Rows move apart in place, the last first (each moves to a higher offset, over rows already moved).
+      for (const buf of this.buffers.values()) {
+        for (let r = this.rows * KV - 1; r > 0; r--) buf.copyWithin(r * cap * hd, r * old * hd, (r * old + this.cols[Math.floor(r / KV)]) * hd);
+      }
+    }
+    const mask = new BigInt64Array(this.maxRows * cap);
+    for (let b = 0; b < this.rows; b++) mask.set(this.mask.subarray(b * old, b * old + this.cols[b]), b * cap);
+    this.mask = mask;
+    this.capacity = cap;
+  }
+
+  /** Writes a step's new position (`src(presentName)`: `[B, KV, 1, hd]`) into each row's next slot. */
+  writeStep(src: (name: string) => Float32Array): void {
+    const { layers, kvHeads: KV, headDim: hd } = this.geom;
+    this.reserve(this.length + 1);
+    const cap = this.capacity;
+    for (let i = 0; i < layers; i++) {
+      for (const kv of ['key', 'value'] as const) {
+        const from = src(presentName(i, kv));
+        const to = this.buffers.get(pastName(i, kv))!;
+        for (let r = 0; r < this.rows * KV; r++) {
+          const o = (r * cap + this.cols[Math.floor(r / KV)]) * hd;
+          for (let d = 0; d < hd; d++) to[o + d] = from[r * hd + d];
+        }
+      }
+    }
+    for (let b = 0; b < this.rows; b++) this.mask[b * cap + this.cols[b]++] = 1n;
+  }
+
+  /**
+   * Writes the last `n` positions of an extend run's `src(presentName)` (`[1, KV, T, hd]`, past ++
+   * new) into row `row`'s next `n` slots.
+   */
+  writeTail(row: number, src: (name: string) => Float32Array, n: number): void {
+    const { layers, kvHeads: KV, headDim: hd } = this.geom;
+    this.reserve(this.cols[row] + n);
+    const cap = this.capacity;
+    const c0 = this.cols[row];
+    for (let i = 0; i < layers; i++) {
+      for (const kv of ['key', 'value'] as const) {
+        const from = src(presentName(i, kv));
+        const T = from.length / (KV * hd);
+        const to = this.buffers.get(pastName(i, kv))!;
+        for (let h = 0; h < KV; h++) to.set(from.subarray((h * T + T - n) * hd, (h + 1) * T * hd), ((row * KV + h) * cap + c0) * hd);
+      }
+    }
+    this.mask.fill(1n, row * cap + c0, row * cap + c0 + n);
+    this.cols[row] += n;
+  }
+
+  /** The attention mask of a one-token step: the cache's slots, then the new token. */
+  stepMask(): OrtTensor {
+    const cap = this.capacity;
+    const m = new BigInt64Array(this.rows * (cap + 1));
+    for (let b = 0; b < this.rows; b++) {
+      m.set(this.mask.subarray(b * cap, (b + 1) * cap), b * (cap + 1));
+      m[b * (cap + 1) + cap] = 1n;
+    }
+    return toOrt('int64', m, [this.rows, cap + 1]) as OrtTensor;
+  }
+
+  /** The attention mask of `n` new tokens after row `row`'s slots: `[1, capacity + n]`. */
+  rowMask(row: number, n: number): OrtTensor {
+    const cap = this.capacity;
+    const m = new BigInt64Array(cap + n).fill(1n);
+    m.set(this.mask.subarray(row * cap, (row + 1) * cap));
+    return toOrt('int64', m, [1, cap + n]) as OrtTensor;
+  }
+
+  /** The cache buffers as the step's past inputs (the first `rows` rows, not copied). */
+  pastFeeds(): Feeds {
+    const { kvHeads: KV, headDim: hd } = this.geom;
+    const feeds: Feeds = {};
+    const n = this.rows * KV * this.capacity * hd;
+    for (const [name, buf] of this.buffers) feeds[name] = toOrt('float32', buf.length === n ? buf : buf.subarray(0, n), [this.rows, KV, this.capacity, hd]);
+    return feeds;
+  }
+
+  /** Row `row`'s cache as past inputs `[1, KV, capacity, hd]` (not copied). */
+  rowPast(row: number): Feeds {
+    const { kvHeads: KV, headDim: hd } = this.geom;
+    const feeds: Feeds = {};
+    const n = KV * this.capacity * hd;
+    for (const [name, buf] of this.buffers) feeds[name] = toOrt('float32', buf.subarray(row * n, (row + 1) * n), [1, KV, this.capacity, hd]);
+    return feeds;
+  }
+
+  /** Preallocated outputs of a step: logits `[B, V]` (or the picked `token` `[B]`) and each layer's new keys/values `[B, KV, 1, hd]`. */
+  outputs(picked: boolean): Record<string, OrtTensor> {
+    const { kvHeads: KV, headDim: hd } = this.geom;
+    const out: Record<string, OrtTensor> = picked
+      ? { token: toOrt('int64', this.tokens(), [this.rows]) as OrtTensor }
+      : { logits: toOrt('float32', this.logits(), [this.rows, this.vocab]) as OrtTensor };
+    for (const [name, buf] of this.fresh) out[name] = toOrt('float32', buf.subarray(0, this.rows * KV * hd), [this.rows, KV, 1, hd]) as OrtTensor;
+    return out;
+  }
+
+  newSlot(name: string): Float32Array {
+    return this.fresh.get(name)!;
+  }
+
+  logits(): Float32Array {
+    this.logitsBuf ??= new Float32Array(this.maxRows * this.vocab);
+    return this.logitsBuf.subarray(0, this.rows * this.vocab);
+  }
+
+  tokens(): BigInt64Array {
+    return this.tokenBuf.subarray(0, this.rows);
+  }
+
+  /** Hands the cache buffers over (for a later cache); this cache is unusable after. */
+  release(): Float32Array[] {
+    const out = [...this.buffers.values()];
+    this.buffers.clear();
+    return out;
+  }
+
+  /** Keeps rows `keep` (ascending), moving them up in place. */
+  keepRows(keep: readonly number[]): void {
+    const { kvHeads: KV, headDim: hd } = this.geom;
+    const row = KV * this.capacity * hd;
+    keep.forEach((b, i) => {
+      if (b === i) return;
+      for (const buf of this.buffers.values()) buf.copyWithin(i * row, b * row, (b + 1) * row);
+      this.mask.copyWithin(i * this.capacity, b * this.capacity, (b + 1) * this.capacity);
+      this.cols[i] = this.cols[b];
+    });
+    this.rows = keep.length;
+  }
+
+  /** Copies row `from` of `src` (its filled slots and mask) into row `to` of this cache. */
+  copyRow(src: SlotCache, from: number, to: number): void {
+    const { kvHeads: KV, headDim: hd } = this.geom;
+    const n = src.cols[from];
+    this.reserve(n);
+    const [cs, cd] = [src.capacity, this.capacity];
+    for (const [name, buf] of this.buffers) {
+      const s = src.buffers.get(name)!;
+      for (let h = 0; h < KV; h++) buf.set(s.subarray((from * KV + h) * cs * hd, ((from * KV + h) * cs + n) * hd), (to * KV + h) * cd * hd);
+    }
+    this.mask.fill(0n, to * cd, (to + 1) * cd);
+    this.mask.set(src.mask.subarray(from * cs, from * cs + n), to * cd);
+    this.cols[to] = n;
+  }
+}

@@ -1,0 +1,158 @@
+/**
+ * The generation loop's backend on the host (see backend.ts): per part of the mixture one batch
+ * `SlotCache` whose rows step together, and for each parked row a one-row `SlotCache` of its own.
+ * Rows leave the batch by moving the others up in place; a parked row joins by being copied into
+ * the next free row; a fork is a copy of the row's filled slots. New rows are prefilled straight
+ * into the batch.
+ */
+import { cacheShape } from './decode.ts';
+import { SLOT_CHUNK, SlotCache, type Decoder, type Pick, type Picked } from './decoder.ts';
+import type { DecodeBackend, PickSpec, PrefillGroup, RunOut } from './backend.ts';
+
+export interface CpuBackendOptions {
+  /** Rows that decode together at most. */
+  maxBatch: number;
+  /** Slots a row is expected to need at most (the room a batch reserves when rows join it empty); it grows past it if needed. */
+  slots: number;
+  /** Id fed under the mask for left padding. */
+  padId: number;
+}
+
+export class CpuBackend implements DecodeBackend {
+  readonly padPrefill = false;
+  private batch: SlotCache[] | null = null;
+  private order: number[] = [];
+  private readonly parked = new Map<number, SlotCache[]>();
+
+  constructor(
+    private readonly decoders: Decoder[],
+    private readonly o: CpuBackendOptions,
+  ) {}
+
+  canPick(_pick: PickSpec): boolean {
+    return this.decoders.length === 1 && this.decoders[0].picksTokens;
+  }
+
+  batchRows(): readonly number[] {
+    return this.order;
+  }
+
+  /**
+   * The batch caches, made when the batch is empty with `slots` slots to start and `room` reserved
+   * (a generation of left-padded batches gets the cache each batch got before rows could join).
+   */
+  private batchCaches(slots: number, room = this.o.slots): SlotCache[] {
+    if (!this.batch) {
+      room = Math.max(room, slots);
+      const capacity = Math.max(slots, Math.min(Math.ceil((slots + 1) / SLOT_CHUNK) * SLOT_CHUNK, room));
+      this.batch = this.decoders.map((d) => d.newCache(this.o.maxBatch, capacity, room));
+    }
+    return this.batch;
+  }
+
+  private rowCaches(slots: number): SlotCache[] {
+    const cap = Math.ceil((slots + 1) / SLOT_CHUNK) * SLOT_CHUNK;
+    return this.decoders.map((d) => new SlotCache(cacheShape(d.config), 1, cap, d.vocabSize));
+  }
+
+  async leave(rows: readonly number[], park: (row: number) => boolean): Promise<void> {
+    if (rows.length === 0) return;
+    const going = new Set(rows);
+    const keep: number[] = [];
+    this.order.forEach((r, b) => {
+      if (!going.has(r)) keep.push(b);
+      else if (park(r)) {
+        const own = this.rowCaches(this.batch![0].cols[b]);
+        own.forEach((c, k) => (c.addRows(1), c.copyRow(this.batch![k], b, 0)));
+        this.parked.set(r, own);
+      }
+    });
+    for (const c of this.batch ?? []) c.keepRows(keep);
+    this.order = keep.map((b) => this.order[b]);
+    if (this.order.length === 0) this.recycle();
+  }
+
+  async join(rows: readonly number[]): Promise<void> {
+    for (const r of rows) {
+      const own = this.parked.get(r);
+      if (!own) throw new Error(`generation: row ${r} has no parked cache`);
+      const batch = this.batchCaches(own[0].cols[0]);
+      batch.forEach((c, k) => c.copyRow(own[k], 0, c.addRows(1)));
+      this.parked.delete(r);
+      this.order.push(r);
+    }
+  }
+
+  private pick(spec: PickSpec | null, uniform: Float64Array | null): Pick | undefined {
+    if (!spec) return undefined;
+    return spec.head === 'greedy' ? spec : { ...spec, uniform: uniform! };
+  }
+
+  private answer(results: Picked[]): RunOut {
+    return results[0].tokens ? { tokens: results[0].tokens } : { logits: results.map((r) => r.logits!) };
+  }
+
+  async step(tokens: readonly number[], pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut> {
+    const ids = BigInt64Array.from(tokens, BigInt);
+    const p = this.pick(pick, uniform);
+    const results: Picked[] = [];
+    for (let k = 0; k < this.decoders.length; k++) results.push(await this.decoders[k].step(ids, this.batch![k], p));
+    return this.answer(results);
+  }
+
+  async extend(row: number, tokens: readonly number[], pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut> {
+    const own = this.parked.get(row);
+    if (!own) throw new Error(`generation: row ${row} has no parked cache`);
+    const p = this.pick(pick, uniform);
+    const results: Picked[] = [];
+    for (let k = 0; k < this.decoders.length; k++) results.push(await this.decoders[k].extend(own[k], 0, tokens, p));
+    return this.answer(results);
+  }
+
+  async prefill(group: PrefillGroup, pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut> {
+    const n = group.rows.length;
+    const S = Math.max(1, ...group.prompts.map((p) => p.length));
+    const ids = new BigInt64Array(n * S).fill(BigInt(this.o.padId));
+    const mask = new BigInt64Array(n * S);
+    group.prompts.forEach((p, b) => {
+      if (!group.pad && p.length !== S) throw new Error('generation: an unpadded prefill group with prompts of unequal lengths');
+      for (let t = 0; t < p.length; t++) {
+        ids[b * S + S - p.length + t] = BigInt(p[t]);
+        mask[b * S + S - p.length + t] = 1n;
+      }
+    });
+    const batch = this.batchCaches(S, group.room);
+    const first = batch[0].rows;
+    for (const c of batch) c.addRows(n);
+    const p = this.pick(pick, uniform);
+    const results: Picked[] = [];
+    for (let k = 0; k < this.decoders.length; k++) results.push(await this.decoders[k].prefill(batch[k], first, ids, mask, n, p));
+    this.order.push(...group.rows);
+    return this.answer(results);
+  }
+
+  async copy(from: number, to: number): Promise<void> {
+    const src = this.parked.get(from);
+    const b = src ? 0 : this.order.indexOf(from);
+    if (b < 0) throw new Error(`generation: row ${from} has no cache`);
+    const caches = src ?? this.batch!;
+    const own = this.rowCaches(caches[0].cols[b]);
+    own.forEach((c, k) => (c.addRows(1), c.copyRow(caches[k], b, 0)));
+    this.parked.set(to, own);
+  }
+
+  free(row: number): void {
+    this.parked.delete(row);
+  }
+
+  private recycle(): void {
+    this.batch?.forEach((c, k) => this.decoders[k].recycle(c));
+    this.batch = null;
+  }
+
+  async close(): Promise<void> {
+    this.recycle();
+    this.order = [];
+    this.parked.clear();
+  }
+}
