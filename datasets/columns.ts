@@ -4,7 +4,7 @@
  * made conversion ~13x slower than parsing; these cost one Buffer.write per string.
  */
 import * as arrow from 'apache-arrow';
-import { COLUMN_CLASS, type Message, type Text, type TextMode, columnType, messageType } from './schema.ts';
+import { COLUMN_CLASS, type Message, type Text, type TextMode, columnType, hasToolFields, messageType } from './schema.ts';
 
 /** Validity bitmap, allocated only once a null appears (most columns never have one). */
 class Validity {
@@ -47,8 +47,11 @@ export interface ColumnBuilder<T> {
   /** Bytes held so far: how flushes decide a batch is big enough. */
   readonly byteSize: number;
   push(value: T | null): void;
-  /** The Arrow data of the rows pushed so far; the builder starts empty afterwards. */
-  finish(): arrow.Data;
+  /**
+   * The Arrow data of the rows pushed so far; the builder starts empty afterwards. `type` is the
+   * schema's type where a builder can write more than one (messages with or without tool fields).
+   */
+  finish(type?: arrow.DataType): arrow.Data;
 }
 
 export class Utf8Builder implements ColumnBuilder<string> {
@@ -102,18 +105,27 @@ export class Utf8Builder implements ColumnBuilder<string> {
   }
 }
 
-/** List<Struct<role, content>>: one conversation per row. */
+/**
+ * List<Struct<role, content>>, or with tool fields List<Struct<role, content, tool_calls,
+ * tool_call_id, name>> (datasets/schema.ts): one conversation per row. It keeps all five and
+ * writes the struct `finish` is asked for.
+ */
 export class MessagesBuilder implements ColumnBuilder<Message[]> {
   readonly type = new arrow.List(new arrow.Field('item', messageType(), false));
+  /** Whether a message pushed since the builder was made has tool calls, a tool_call_id or a name. */
+  sawToolFields = false;
   length = 0;
   private offsets: Int32Array = new Int32Array(1024);
   private count = 0;
   private roles = new Utf8Builder();
   private contents = new Utf8Builder();
+  private toolCalls = new Utf8Builder();
+  private toolCallIds = new Utf8Builder();
+  private names = new Utf8Builder();
   private validity = new Validity();
 
   get byteSize(): number {
-    return this.roles.byteSize + this.contents.byteSize + 4 * this.length;
+    return this.roles.byteSize + this.contents.byteSize + this.toolCalls.byteSize + this.toolCallIds.byteSize + this.names.byteSize + 4 * this.length;
   }
 
   push(msgs: Message[] | null): void {
@@ -124,6 +136,10 @@ export class MessagesBuilder implements ColumnBuilder<Message[]> {
       for (const m of msgs) {
         this.roles.push(m.role);
         this.contents.push(m.content);
+        this.toolCalls.push(m.tool_calls && m.tool_calls.length > 0 ? JSON.stringify(m.tool_calls) : null);
+        this.toolCallIds.push(m.tool_call_id ?? null);
+        this.names.push(m.name ?? null);
+        if (!this.sawToolFields && hasToolFields(m)) this.sawToolFields = true;
       }
       this.count += msgs.length;
     }
@@ -131,18 +147,17 @@ export class MessagesBuilder implements ColumnBuilder<Message[]> {
     this.length = i + 1;
   }
 
-  finish(): arrow.Data {
+  finish(type?: arrow.DataType): arrow.Data {
     const length = this.length;
     const items = this.count;
-    const struct = arrow.makeData({
-      type: messageType(),
-      length: items,
-      nullCount: 0,
-      children: [this.roles.finish(), this.contents.finish()],
-    });
+    const toolFields = type !== undefined && arrow.DataType.isList(type) && (type.children[0].type as arrow.Struct).children.length > 2;
+    const children = [this.roles.finish(), this.contents.finish()];
+    const extra = [this.toolCalls.finish(), this.toolCallIds.finish(), this.names.finish()];
+    if (toolFields) children.push(...extra);
+    const struct = arrow.makeData({ type: messageType(toolFields), length: items, nullCount: 0, children });
     const nullCount = this.validity.nullCount;
     const data = arrow.makeData({
-      type: this.type,
+      type: new arrow.List(new arrow.Field('item', struct.type, false)),
       length,
       nullCount,
       nullBitmap: this.validity.take(length),
@@ -164,7 +179,7 @@ export class ListBuilder<T> implements ColumnBuilder<T[]> {
   private count = 0;
   private validity = new Validity();
 
-  constructor(private readonly child: ColumnBuilder<T>) {
+  constructor(readonly child: ColumnBuilder<T>) {
     this.type = new arrow.List(new arrow.Field('item', child.type, false));
   }
 
@@ -184,16 +199,17 @@ export class ListBuilder<T> implements ColumnBuilder<T[]> {
     this.length = i + 1;
   }
 
-  finish(): arrow.Data {
+  finish(type?: arrow.DataType): arrow.Data {
     const length = this.length;
     const nullCount = this.validity.nullCount;
+    const child = this.child.finish(type && arrow.DataType.isList(type) ? type.children[0].type : undefined);
     const data = arrow.makeData({
-      type: this.type,
+      type: new arrow.List(new arrow.Field('item', child.type, false)),
       length,
       nullCount,
       nullBitmap: this.validity.take(length),
       valueOffsets: this.offsets.subarray(0, length + 1),
-      child: this.child.finish(),
+      child,
     });
     this.offsets = new Int32Array(Math.max(1024, length + 1));
     this.count = 0;
@@ -332,6 +348,15 @@ export class BatchBuilder {
     return [...this.builders.keys()];
   }
 
+  /** Whether any message pushed so far carries tool fields (so the schema needs the wider struct). */
+  get sawToolFields(): boolean {
+    for (const b of this.builders.values()) {
+      const m = b instanceof ListBuilder ? b.child : b;
+      if (m instanceof MessagesBuilder && m.sawToolFields) return true;
+    }
+    return false;
+  }
+
   has(column: string): boolean {
     return this.builders.has(column);
   }
@@ -362,7 +387,7 @@ export class BatchBuilder {
     const children = schema.fields.map((f) => {
       const b = this.builders.get(f.name);
       if (!b) throw new Error(`no builder for column ${f.name}`);
-      return b.finish();
+      return b.finish(f.type);
     });
     const length = this.length;
     this.length = 0;

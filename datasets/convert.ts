@@ -12,7 +12,7 @@ import { BatchBuilder } from './columns.ts';
 import { ADAPTERS, type Adapter, type AdapterContext, type FormatName, type Row, detectFormat, expectedShapes } from './formats/index.ts';
 import { ParquetSink, type WriteOptions } from './parquet.ts';
 import { type Source, openSource, where } from './readers.ts';
-import { KIND_SPECS, type Kind, type TextMode, canonicalSchema, makeMeta, orderColumns } from './schema.ts';
+import { KIND_SPECS, type Kind, type Message, type TextMode, canonicalSchema, hasToolFields, makeMeta, orderColumns } from './schema.ts';
 import { type ValidateOptions, validateRow } from './validate.ts';
 import { RecordError, describe, isObject, type Rec } from './values.ts';
 
@@ -55,6 +55,17 @@ export function skippedPathFor(out: string): string {
 
 /** Optional columns that must be in every row once the first row has them (no silent nulls). */
 const NUMERIC_OPTIONAL = ['chosen_score', 'rejected_score', 'chosen_prob', 'rejected_prob', 'weight', 'reward', 'label', 'win_probs'];
+
+/** Whether a row's messages carry tool calls, tool_call_id or name. */
+function rowHasToolFields(row: Row): boolean {
+  const texts = (v: unknown): boolean => (Array.isArray(v) ? v.some((x) => (isObject(x) && typeof x.role === 'string' ? hasToolFields(x as unknown as Message) : texts(x))) : false);
+  return Object.values(row).some(texts);
+}
+
+/** Whether the schema's message structs have the tool-call fields. */
+function toolFieldsIn(schema: arrow.Schema): boolean {
+  return schema.fields.some((f) => f.name === 'prompt' && arrow.DataType.isList(f.type) && (f.type.children[0].type as arrow.Struct).children.length > 2);
+}
 
 function applyMap(rec: Rec, map: Record<string, string>): Rec {
   const out: Rec = { ...rec };
@@ -126,7 +137,8 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
     if (!builder || builder.length === 0) return;
     if (!schema) {
       // The first batch fixes the optional columns: later batches must match one file schema.
-      schema = canonicalSchema(kind!, text!, orderColumns(kind!, builder.columns), makeMeta(kind!, text!, formats.join('+')));
+      // Messages get the tool-call fields when the first batch has any (datasets/schema.ts messageType).
+      schema = canonicalSchema(kind!, text!, orderColumns(kind!, builder.columns), makeMeta(kind!, text!, formats.join('+')), builder.sawToolFields);
       sink = new ParquetSink(out, makeMeta(kind!, text!, formats.join('+')), opts);
     }
     await sink!.write(builder.finish(schema));
@@ -191,6 +203,9 @@ export async function convert(inputs: string[], out: string, opts: ConvertOption
                 }
                 builder.addColumn(k);
               }
+            }
+            if (schema && !toolFieldsIn(schema) && rowHasToolFields(row)) {
+              throw new RecordError(`tool calls (or tool_call_id, name) first appear after ${written} rows were written without them; put a record with them first`);
             }
             builder.push(row);
             written++;

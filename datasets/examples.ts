@@ -8,10 +8,10 @@ import { Table } from 'apache-arrow';
 import type * as arrow from 'apache-arrow';
 import { canonicalMeta, readCanonicalBatches, resolveDataset } from './parquet.ts';
 import { convert } from './convert.ts';
-import type { Kind, PrefzooMeta, Role, Text } from './schema.ts';
+import type { Kind, Message, PrefzooMeta, Role, Text, ToolCall, ToolSpec } from './schema.ts';
 import { readTokenColumns, type TokenRow } from './tokenized.ts';
 import { UserError } from '../src/errors.ts';
-import { type LoadedTokenizer, tokenizePromptResponse } from '../src/tokenize/index.ts';
+import { type ChatRenderOptions, type LoadedTokenizer, tokenizeConversation, tokenizePromptResponse } from '../src/tokenize/index.ts';
 
 /** One row of any kind; `responses` holds [chosen, rejected] for pairs, the list for lists, [response] for singles. */
 export interface Example {
@@ -28,6 +28,8 @@ export interface Example {
   source?: string;
   /** Pairwise: why chosen beats rejected (absent on rows without one). */
   rationale?: string;
+  /** The tools the row offers (the chat template's `tools`), when it has any. */
+  tools?: ToolSpec[];
 }
 
 export interface TokenizedExample {
@@ -35,6 +37,12 @@ export interface TokenizedExample {
   responseIds: number[][];
   /** KTO: the response of another row, scored after this row's prompt for the KL estimate. */
   klResponseIds?: number[];
+  /**
+   * Per response, 1 on the tokens trained on and 0 on the rest, where a response is more than one
+   * assistant turn (tool results, later user turns: docs/agents.md); absent where every response
+   * token counts.
+   */
+  responseMasks?: number[][];
   /** Cut to the length limits, here or when `prefzoo tokenize` stored the ids. */
   truncated?: boolean;
   /** The rationale as a sequence of its own (src/train/rationale.ts), when the row has one and the loss reads it. */
@@ -58,9 +66,19 @@ function textOf(v: unknown, where: string): Text {
   if (typeof v === 'string') return v;
   if (v && typeof (v as { toArray?: unknown }).toArray === 'function') {
     return Array.from((v as { toArray(): unknown[] }).toArray(), (m) => {
-      const row = m as { role: string; content: string };
-      // Roles were checked when the file was converted (datasets/validate.ts).
-      return { role: String(row.role) as Role, content: String(row.content) };
+      const row = m as { role: string; content: string; tool_calls?: string | null; tool_call_id?: string | null; name?: string | null };
+      // Roles and tool calls were checked when the file was converted (datasets/validate.ts, values.ts).
+      const msg: Message = { role: String(row.role) as Role, content: String(row.content) };
+      if (row.tool_calls !== undefined && row.tool_calls !== null) {
+        try {
+          msg.tool_calls = JSON.parse(String(row.tool_calls)) as ToolCall[];
+        } catch {
+          throw new UserError(`${where}: a message's "tool_calls" is not JSON`);
+        }
+      }
+      if (row.tool_call_id !== undefined && row.tool_call_id !== null) msg.tool_call_id = String(row.tool_call_id);
+      if (row.name !== undefined && row.name !== null) msg.name = String(row.name);
+      return msg;
     });
   }
   throw new UserError(`${where}: expected text or a message list`);
@@ -110,6 +128,14 @@ export function tableExamples(table: arrow.Table | arrow.RecordBatch, meta: Pref
     }
     const s = opt('source', i);
     if (s !== undefined) ex.source = String(s);
+    const tools = opt('tools', i);
+    if (tools !== undefined) {
+      try {
+        ex.tools = JSON.parse(String(tools)) as ToolSpec[];
+      } catch {
+        throw new UserError(`${where}: column "tools" is not JSON`);
+      }
+    }
     out.push(ex);
   }
   return out;
@@ -166,8 +192,45 @@ export interface TruncationConfig {
 export const DEFAULT_TRUNCATION: TruncationConfig = { max_length: 512, max_prompt_length: 256, truncation: 'keep_end' };
 
 /**
+ * Whether an example's responses hold more than the assistant's own turn (tool results, later user
+ * turns) or tool calls, so its tokens need a mask (src/tokenize/conversation.ts) rather than the
+ * prompt/response split.
+ */
+export function needsMask(ex: Example): boolean {
+  if (typeof ex.prompt === 'string') return false;
+  if (ex.tools && ex.tools.length > 0) return true;
+  const calls = (ms: Text) => typeof ms !== 'string' && ms.some((m) => (m.tool_calls && m.tool_calls.length > 0) || m.role === 'tool');
+  return calls(ex.prompt) || ex.responses.some((r) => typeof r !== 'string' && (r.length > 1 || calls(r)));
+}
+
+/**
+ * A conversational example whose responses need masks: each response rendered after the prompt as
+ * one conversation (its tools offered), the prompt's ids those before the first response turn.
+ */
+function tokenizeMasked(tok: LoadedTokenizer, ex: Example, render: ChatRenderOptions): { promptIds: number[]; responseIds: number[][]; masks: number[][] } {
+  const prompt = ex.prompt as Message[];
+  let promptIds: number[] | null = null;
+  const responseIds: number[][] = [];
+  const masks: number[][] = [];
+  for (const r of ex.responses) {
+    const resp: Message[] = typeof r === 'string' ? [{ role: 'assistant', content: r }] : r;
+    const conv = tokenizeConversation(tok, [...prompt, ...resp], { ...render, tools: ex.tools ?? render.tools, from: prompt.length });
+    const p = conv.ids.slice(0, conv.promptLength);
+    if (promptIds === null) promptIds = p;
+    else if (p.length !== promptIds.length || p.some((id, j) => id !== promptIds![j])) {
+      throw new UserError(`${tok.dir}: the chat template renders the same prompt differently before different responses, so they cannot share it`);
+    }
+    responseIds.push(conv.ids.slice(conv.promptLength));
+    masks.push(conv.mask.slice(conv.promptLength));
+  }
+  return { promptIds: promptIds ?? [], responseIds, masks };
+}
+
+/**
  * Tokenizes examples (or takes the ids a tokenized file already holds); rows that had to be
- * truncated (here, or by `prefzoo tokenize` before) are counted, never dropped.
+ * truncated (here, or by `prefzoo tokenize` before) are counted, never dropped. Rows with tool calls
+ * or multi-turn responses get `responseMasks` (the assistant's own tokens only); their ids are
+ * always made here, since stored ids carry no mask.
  */
 export function tokenizeExamples(
   examples: Example[],
@@ -175,18 +238,28 @@ export function tokenizeExamples(
   cfg: TruncationConfig,
   stored?: TokenRow[],
   onProgress?: (done: number) => void,
+  render: ChatRenderOptions = {},
 ): { rows: TokenizedExample[]; truncated: number } {
   let truncated = 0;
   const rows = examples.map((ex, i) => {
     if (onProgress && i % 256 === 0) onProgress(i);
     let promptIds: number[] = stored ? stored[i].promptIds : [];
-    const responseIds = stored
-      ? stored[i].responseIds
-      : ex.responses.map((r, k) => {
-          const ids = tokenizePromptResponse(tok, ex.prompt, r);
-          if (k === 0) promptIds = ids.promptIds;
-          return ids.responseIds;
-        });
+    let masks: number[][] | undefined;
+    let responseIds: number[][];
+    if (needsMask(ex)) {
+      const t = tokenizeMasked(tok, ex, render);
+      promptIds = t.promptIds;
+      responseIds = t.responseIds;
+      masks = t.masks;
+    } else {
+      responseIds = stored
+        ? stored[i].responseIds
+        : ex.responses.map((r, k) => {
+            const ids = tokenizePromptResponse(tok, ex.prompt, r);
+            if (k === 0) promptIds = ids.promptIds;
+            return ids.responseIds;
+          });
+    }
     let cut = stored?.[i].truncated ?? false;
     if (promptIds.length > cfg.max_prompt_length) {
       promptIds = cfg.truncation === 'keep_end' ? promptIds.slice(-cfg.max_prompt_length) : promptIds.slice(0, cfg.max_prompt_length);
@@ -201,6 +274,7 @@ export function tokenizeExamples(
       return r;
     });
     if (cut) truncated++;
+    if (masks) return { promptIds, responseIds: resp, responseMasks: masks.map((m) => m.slice(0, room)), truncated: cut, src: ex };
     return { promptIds, responseIds: resp, truncated: cut, src: ex };
   });
   onProgress?.(examples.length);

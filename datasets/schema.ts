@@ -4,11 +4,14 @@
  */
 import * as arrow from 'apache-arrow';
 
-import { type Kind, KINDS, type Message, ROLES, type Role, type Text } from './names.ts';
+import { type Kind, KINDS, type Message, ROLES, type Role, type Text, type ToolCall, type ToolSpec } from './names.ts';
 
-export { type Kind, KINDS, type Message, ROLES, type Role, type Text };
+export { type Kind, KINDS, type Message, ROLES, type Role, type Text, type ToolCall, type ToolSpec };
 
-/** `plain`: text columns are Utf8; `messages`: List<Struct<role, content>>. */
+/**
+ * `plain`: text columns are Utf8; `messages`: List<Struct<role, content, tool_calls, tool_call_id,
+ * name>> (the last three nullable; files written before tool calls have only role and content).
+ */
 export type TextMode = 'plain' | 'messages';
 
 export const SCHEMA_VERSION = 1;
@@ -51,6 +54,9 @@ export const COLUMN_CLASS: Readonly<Record<string, ColumnClass>> = {
   // Free text explaining why chosen beats rejected ("Data-Centric Human Preference Optimization with
   // Rationales", 2024); null on rows that have none.
   rationale: 'string',
+  // The tools a row offers, as JSON text of a list of {type: "function", function: {name,
+  // description, parameters}} (what chat templates take as `tools`); null on rows that offer none.
+  tools: 'string',
 };
 
 export interface KindSpec {
@@ -63,11 +69,12 @@ export interface KindSpec {
 export const KIND_SPECS: Readonly<Record<Kind, KindSpec>> = {
   pairwise: {
     required: ['prompt', 'chosen', 'rejected'],
-    optional: ['id', 'chosen_score', 'rejected_score', 'chosen_prob', 'rejected_prob', 'weight', 'source', 'rationale'],
+    optional: ['id', 'chosen_score', 'rejected_score', 'chosen_prob', 'rejected_prob', 'weight', 'source', 'rationale', 'tools'],
   },
-  listwise: { required: ['prompt', 'responses', 'scores'], optional: ['id', 'win_probs', 'source'] },
-  // `reward` or `label` (at least one) is checked by validation, so both sit in optional here.
-  single: { required: ['prompt', 'response'], optional: ['reward', 'label', 'id', 'source'] },
+  listwise: { required: ['prompt', 'responses', 'scores'], optional: ['id', 'win_probs', 'source', 'tools'] },
+  // With `reward` or `label` a row is a scored trajectory (KTO, DRO); with neither, a conversation
+  // to fine-tune on (SFT): its prompt is the turns before the first assistant turn.
+  single: { required: ['prompt', 'response'], optional: ['reward', 'label', 'id', 'source', 'tools'] },
 };
 
 /** Columns of `kind` in canonical file order, keeping only the optional ones in `present`. */
@@ -77,25 +84,38 @@ export function orderColumns(kind: Kind, present: Iterable<string>): string[] {
   return [...spec.required, ...spec.optional.filter((c) => have.has(c))];
 }
 
-export function messageType(): arrow.Struct {
-  return new arrow.Struct([
-    new arrow.Field('role', new arrow.Utf8(), false),
-    new arrow.Field('content', new arrow.Utf8(), false),
-  ]);
+/**
+ * One message: `role` and `content`, and in datasets with tool calls (`toolFields`) also
+ * `tool_calls` (JSON text of the assistant's calls, `[{id?, type: "function", function: {name,
+ * arguments: {...}}}]`: arguments are free-form JSON, which no fixed Arrow type holds, and
+ * pyarrow/DuckDB read JSON text as readily), `tool_call_id` and `name`, all nullable. Datasets
+ * without tool calls keep the two-field struct they always had.
+ */
+export function messageType(toolFields = false): arrow.Struct {
+  const fields = [new arrow.Field('role', new arrow.Utf8(), false), new arrow.Field('content', new arrow.Utf8(), false)];
+  if (toolFields) {
+    fields.push(new arrow.Field('tool_calls', new arrow.Utf8(), true), new arrow.Field('tool_call_id', new arrow.Utf8(), true), new arrow.Field('name', new arrow.Utf8(), true));
+  }
+  return new arrow.Struct(fields);
 }
 
-export function textType(text: TextMode): arrow.DataType {
-  return text === 'plain' ? new arrow.Utf8() : new arrow.List(new arrow.Field('item', messageType(), false));
+export function textType(text: TextMode, toolFields = false): arrow.DataType {
+  return text === 'plain' ? new arrow.Utf8() : new arrow.List(new arrow.Field('item', messageType(toolFields), false));
 }
 
-/** Arrow type of a canonical column. */
-export function columnType(name: string, text: TextMode): arrow.DataType {
+/** Whether a message carries a field only the tool-call struct holds. */
+export function hasToolFields(m: Message): boolean {
+  return (m.tool_calls !== undefined && m.tool_calls.length > 0) || m.tool_call_id !== undefined || m.name !== undefined;
+}
+
+/** Arrow type of a canonical column (`toolFields`: messages carry tool calls, see messageType). */
+export function columnType(name: string, text: TextMode, toolFields = false): arrow.DataType {
   const cls = COLUMN_CLASS[name];
   switch (cls) {
     case 'text':
-      return textType(text);
+      return textType(text, toolFields);
     case 'texts':
-      return new arrow.List(new arrow.Field('item', textType(text), false));
+      return new arrow.List(new arrow.Field('item', textType(text, toolFields), false));
     case 'float':
       return new arrow.Float64();
     case 'floats':
@@ -110,9 +130,9 @@ export function columnType(name: string, text: TextMode): arrow.DataType {
 }
 
 /** The Arrow schema of a canonical dataset; required columns are non-nullable. */
-export function canonicalSchema(kind: Kind, text: TextMode, columns: readonly string[], meta?: PrefzooMeta): arrow.Schema {
+export function canonicalSchema(kind: Kind, text: TextMode, columns: readonly string[], meta?: PrefzooMeta, toolFields = false): arrow.Schema {
   const required = new Set(KIND_SPECS[kind].required);
-  const fields = columns.map((c) => new arrow.Field(c, columnType(c, text), !required.has(c)));
+  const fields = columns.map((c) => new arrow.Field(c, columnType(c, text, toolFields), !required.has(c)));
   const md = meta ? new Map([[META_KEY, JSON.stringify(meta)]]) : undefined;
   return new arrow.Schema(fields, md);
 }
@@ -154,12 +174,9 @@ export function schemaProblems(schema: arrow.Schema, meta: PrefzooMeta): string[
   for (const c of KIND_SPECS[meta.kind].required) {
     const f = byName.get(c);
     if (!f) problems.push(`missing column "${c}"`);
-    else if (!sameShape(f.type, columnType(c, meta.text))) {
+    else if (!sameShape(f.type, columnType(c, meta.text)) && !(meta.text === 'messages' && sameShape(f.type, columnType(c, meta.text, true)))) {
       problems.push(`column "${c}" is ${f.type}, expected ${columnType(c, meta.text)}`);
     }
-  }
-  if (meta.kind === 'single' && !byName.has('reward') && !byName.has('label')) {
-    problems.push('a single-trajectory dataset needs a "reward" or "label" column');
   }
   return problems;
 }

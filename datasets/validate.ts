@@ -5,7 +5,7 @@
  */
 import type { Row } from './formats/index.ts';
 import type { Kind, Message, Text, TextMode } from './schema.ts';
-import { RecordError } from './values.ts';
+import { RecordError, sameMessage } from './values.ts';
 
 export interface ValidateOptions {
   /** Accept empty prompts and responses. */
@@ -30,12 +30,13 @@ function blank(s: string): boolean {
 
 function isEmpty(t: Text): boolean {
   if (typeof t === 'string') return blank(t);
-  return t.every((m) => blank(m.content));
+  // A turn that only calls tools says something.
+  return t.every((m) => blank(m.content) && !(m.tool_calls && m.tool_calls.length > 0));
 }
 
 function sameText(a: Text, b: Text): boolean {
   if (typeof a === 'string' || typeof b === 'string') return a === b;
-  return a.length === b.length && a.every((m, i) => m.role === b[i].role && m.content === b[i].content);
+  return a.length === b.length && a.every((m, i) => sameMessage(m, b[i]));
 }
 
 function checkText(t: Text, field: string, mode: TextMode, response: boolean, opts: ValidateOptions): void {
@@ -102,9 +103,12 @@ export function validateRow(kind: Kind, row: Row, opts: ValidateOptions = {}): T
     }
   } else {
     checkText(row.response as Text, 'response', mode, true, opts);
-    if (row.reward === undefined && row.label === undefined) throw new RecordError('missing field "reward" (or "label")', 'reward');
+    // Without reward or label the row is a conversation to fine-tune on (SFT).
     checkNumber(row.reward, 'reward', false);
     if (row.label === null) throw new RecordError('field "label" is null', 'label');
+  }
+  if (row.tools !== undefined && row.tools !== null && mode === 'plain') {
+    throw new RecordError('field "tools": tools need conversational text (message lists), but "prompt" is plain text', 'tools');
   }
   return mode;
 }

@@ -1,7 +1,7 @@
 /**
  * Turning one field of an input record into a canonical value, or a RecordError that names the field.
  */
-import { type Message, ROLES, type Role, type Text } from './names.ts';
+import { type Message, ROLES, type Role, type Text, type ToolCall, type ToolSpec } from './names.ts';
 
 /** A problem with one record; the converter prefixes it with file:line. */
 export class RecordError extends Error {
@@ -84,18 +84,121 @@ function contentText(v: unknown, field: string): string {
   throw new RecordError(`field "${field}": expected text, found ${describe(v)}`, field);
 }
 
-/** One chat message: {role, content} or sharegpt's {from, value}. */
+/** Tool-call arguments as an object: OpenAI carries them as JSON text, HF templates take an object. */
+function asArguments(v: unknown, field: string): Record<string, unknown> {
+  let args = v === undefined || v === null ? {} : v;
+  if (typeof args === 'string') {
+    try {
+      args = args.trim() === '' ? {} : JSON.parse(args);
+    } catch {
+      throw new RecordError(`field "${field}": tool-call arguments are not JSON: ${describe(v)}`, field);
+    }
+  }
+  if (!isObject(args)) throw new RecordError(`field "${field}": tool-call arguments must be a JSON object, found ${describe(args)}`, field);
+  return args;
+}
+
+/**
+ * One tool call: OpenAI/HF `{id?, type: "function", function: {name, arguments}}` or the bare
+ * `{name, arguments}` (also `parameters`, Llama's name) LLaMA-Factory and Hermes data write.
+ */
+export function asToolCall(v: unknown, field: string): ToolCall {
+  if (!isObject(v)) throw new RecordError(`field "${field}": expected a tool call {name, arguments}, found ${describe(v)}`, field);
+  const fn = isObject(v.function) ? v.function : v;
+  if (typeof fn.name !== 'string' || fn.name === '') throw new RecordError(`field "${field}": a tool call needs a "name"`, field);
+  const argsKey = fn.arguments !== undefined ? 'arguments' : 'parameters';
+  const call: ToolCall = { type: 'function', function: { name: fn.name, arguments: asArguments(fn[argsKey], `${field}.${argsKey}`) } };
+  if (v.id !== undefined && v.id !== null) call.id = asId(v.id, `${field}.id`);
+  return call;
+}
+
+function asToolCalls(v: unknown, field: string): ToolCall[] {
+  if (!Array.isArray(v)) throw new RecordError(`field "${field}": expected a list of tool calls, found ${describe(v)}`, field);
+  return v.map((c, i) => asToolCall(c, `${field}[${i}]`));
+}
+
+/** LLaMA-Factory's `function_call` turn: its value is the JSON of one call or of a list of calls. */
+function functionCallTurn(value: unknown, field: string): ToolCall[] {
+  let parsed = value;
+  if (typeof value === 'string') {
+    try {
+      parsed = JSON.parse(value);
+    } catch {
+      throw new RecordError(`field "${field}": a function_call turn must hold a JSON tool call {"name", "arguments"}, found ${describe(value)}`, field);
+    }
+  }
+  return Array.isArray(parsed) ? parsed.map((c, i) => asToolCall(c, `${field}[${i}]`)) : [asToolCall(parsed, field)];
+}
+
+/**
+ * One chat message: {role, content} or sharegpt's {from, value}, with OpenAI/HF `tool_calls`,
+ * `tool_call_id` and `name` kept. LLaMA-Factory's `function_call` turn becomes an assistant message
+ * whose `tool_calls` are the call(s) its value holds; `observation` a tool message.
+ */
 export function asMessage(v: unknown, field: string): Message {
   if (!isObject(v)) throw new RecordError(`field "${field}": expected a message {role, content}, found ${describe(v)}`, field);
   const rawRole = v.role ?? v.from;
   if (typeof rawRole !== 'string') throw new RecordError(`field "${field}": message has no "role" (or "from")`, field);
   const role = ROLE_ALIASES[rawRole.toLowerCase()];
-  if (!role || !ROLES.has(role)) throw new RecordError(`field "${field}.role": unknown role "${rawRole}" (expected system, user, assistant or tool)`, field);
+  if (!role || !ROLES.has(role)) throw new RecordError(`field "${field}.role": unknown role "${rawRole}" (expected system, user, assistant or tool; or human, gpt, function_call, observation)`, field);
   const rawContent = v.content !== undefined ? v.content : v.value;
-  if (rawContent === undefined) throw new RecordError(`field "${field}": message has no "content" (or "value")`, field);
+  if (rawRole.toLowerCase() === 'function_call') {
+    return { role: 'assistant', content: '', tool_calls: functionCallTurn(rawContent, `${field}.${v.content !== undefined ? 'content' : 'value'}`) };
+  }
+  if (rawContent === undefined && v.tool_calls === undefined) throw new RecordError(`field "${field}": message has no "content" (or "value")`, field);
   // A message that only carries tool calls has null content; it is still a turn.
-  const content = rawContent === null ? '' : contentText(rawContent, `${field}.content`);
-  return { role, content };
+  const content = rawContent === null || rawContent === undefined ? '' : contentText(rawContent, `${field}.content`);
+  const msg: Message = { role, content };
+  if (v.tool_calls !== undefined && v.tool_calls !== null) {
+    if (role !== 'assistant') throw new RecordError(`field "${field}.tool_calls": only assistant messages make tool calls, this one is "${rawRole}"`, field);
+    const calls = asToolCalls(v.tool_calls, `${field}.tool_calls`);
+    if (calls.length > 0) msg.tool_calls = calls;
+  }
+  // OpenAI's older `function_call` field on an assistant message: one call.
+  if (isObject(v.function_call) && role === 'assistant') msg.tool_calls = [...(msg.tool_calls ?? []), asToolCall(v.function_call, `${field}.function_call`)];
+  if (v.tool_call_id !== undefined && v.tool_call_id !== null) msg.tool_call_id = asId(v.tool_call_id, `${field}.tool_call_id`);
+  if (v.name !== undefined && v.name !== null) {
+    if (typeof v.name !== 'string') throw new RecordError(`field "${field}.name": expected text, found ${describe(v.name)}`, field);
+    msg.name = v.name;
+  }
+  return msg;
+}
+
+/**
+ * The tools a row offers, as chat templates take them (`{type: "function", function: {name,
+ * description, parameters}}`): a list, or JSON text of one (LLaMA-Factory's `tools` column), whose
+ * entries are that shape or the bare `{name, description, parameters}`. Empty text is no tools.
+ */
+export function asTools(v: unknown, field: string): ToolSpec[] {
+  let list = v;
+  if (typeof v === 'string') {
+    if (v.trim() === '') return [];
+    try {
+      list = JSON.parse(v);
+    } catch {
+      throw new RecordError(`field "${field}": expected a JSON list of tools, found ${describe(v)}`, field);
+    }
+  }
+  if (isObject(list)) list = [list];
+  if (!Array.isArray(list)) throw new RecordError(`field "${field}": expected a list of tools, found ${describe(v)}`, field);
+  return list.map((t, i) => {
+    const f = `${field}[${i}]`;
+    if (!isObject(t)) throw new RecordError(`field "${f}": expected a tool {name, description, parameters}, found ${describe(t)}`, field);
+    const fn = isObject(t.function) ? t.function : t;
+    if (typeof fn.name !== 'string' || fn.name === '') throw new RecordError(`field "${f}": a tool needs a "name"`, field);
+    if (fn.description !== undefined && typeof fn.description !== 'string') throw new RecordError(`field "${f}.description": expected text`, field);
+    const params = fn.parameters === undefined ? { type: 'object', properties: {} } : fn.parameters;
+    if (!isObject(params)) throw new RecordError(`field "${f}.parameters": expected a JSON Schema object, found ${describe(params)}`, field);
+    const spec: ToolSpec = { type: 'function', function: { name: fn.name, parameters: params } };
+    if (typeof fn.description === 'string') spec.function = { name: fn.name, description: fn.description, parameters: params };
+    return spec;
+  });
+}
+
+/** Same turn: role, content, tool calls, the call a tool message answers, and the name. */
+export function sameMessage(a: Message, b: Message): boolean {
+  const calls = (m: Message) => (m.tool_calls && m.tool_calls.length > 0 ? JSON.stringify(m.tool_calls) : '');
+  return a.role === b.role && a.content === b.content && calls(a) === calls(b) && (a.tool_call_id ?? null) === (b.tool_call_id ?? null) && (a.name ?? null) === (b.name ?? null);
 }
 
 export function asMessages(v: unknown, field: string): Message[] {

@@ -108,7 +108,7 @@ describe('trl', () => {
 });
 
 describe('sharegpt', () => {
-  it('maps from/value and the sharegpt role names onto role/content', async () => {
+  it('maps from/value and the sharegpt role names onto role/content; a function_call turn becomes tool_calls', async () => {
     const p = jsonl('sharegpt.jsonl', [
       {
         system: 'Be brief.',
@@ -123,15 +123,17 @@ describe('sharegpt', () => {
     ]);
     const { rows, meta } = await roundTrip(p);
     expect(meta.source_format).toBe('sharegpt');
+    // With tool calls in the data, every message carries the three tool fields (null where unused).
+    const m = (role: string, content: string, tool_calls: string | null = null) => ({ role, content, tool_calls, tool_call_id: null, name: null });
     expect(rows[0]).toEqual({
       prompt: [
-        { role: 'system', content: 'Be brief.' },
-        user('Weather in Oslo?'),
-        assistant('{"name":"weather"}'),
-        { role: 'tool', content: '{"temp":3}' },
+        m('system', 'Be brief.'),
+        m('user', 'Weather in Oslo?'),
+        m('assistant', '', JSON.stringify([{ type: 'function', function: { name: 'weather', arguments: {} } }])),
+        m('tool', '{"temp":3}'),
       ],
-      chosen: [assistant('It is 3 degrees.')],
-      rejected: [assistant('Sunny and hot.')],
+      chosen: [m('assistant', 'It is 3 degrees.')],
+      rejected: [m('assistant', 'Sunny and hot.')],
     });
   });
 });

@@ -3,7 +3,7 @@
  * several share: optional columns under their aliases, and binarizing a scored list into a pair.
  */
 import type { Kind, Text } from '../names.ts';
-import { type FieldContext, type Rec, RecordError, asBool, asId, asNumber, asNumbers, describe, firstKey } from '../values.ts';
+import { type FieldContext, type Rec, RecordError, asBool, asId, asNumber, asNumbers, asTools, describe, firstKey } from '../values.ts';
 
 export type Row = Record<string, unknown>;
 
@@ -35,6 +35,11 @@ export function addOptional(rec: Rec, row: Row, kind: Kind, ctx: FieldContext): 
   const idKey = firstKey(rec, ID_KEYS);
   if (idKey && rec[idKey] !== null) row.id = asId(rec[idKey], idKey);
   if (typeof rec.source === 'string') row.source = rec.source;
+  if (rec.tools !== undefined) {
+    // Null where a row offers none, so the column exists from the first row of a file that has one.
+    const tools = rec.tools === null ? [] : asTools(rec.tools, 'tools');
+    row.tools = tools.length > 0 ? JSON.stringify(tools) : null;
+  }
   const num = (col: string, keys: string[]) => {
     const k = firstKey(rec, keys);
     if (k) row[col] = rec[k] === null ? null : asNumber(rec[k], k);

@@ -6,6 +6,7 @@
  */
 import type { Rec } from '../values.ts';
 import type { Adapter } from './adapter.ts';
+import { chat } from './chat.ts';
 import { csvAdapter } from './csv.ts';
 import { hh } from './hh.ts';
 import { kto } from './kto.ts';
@@ -21,9 +22,9 @@ export { type Adapter, type AdapterContext, type Row } from './adapter.ts';
 export { splitCommonPrefix } from './trl.ts';
 
 /** Detection order: a record is read by the first adapter whose signature it has. */
-export const DETECTED = [openai, sharegpt, llamafactory, ultrafeedback, listwise, kto, rewards, hh, trl] as const;
+export const DETECTED = [openai, sharegpt, llamafactory, ultrafeedback, listwise, kto, rewards, chat, hh, trl] as const;
 
-/** The adapter whose signature the record has, or null when it looks like no preference format. */
+/** The adapter whose signature the record has, or null when it looks like no known format. */
 export function detectFormat(rec: Rec): Adapter | null {
   for (const a of DETECTED) if (a.detect(rec)) return a;
   return null;

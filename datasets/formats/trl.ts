@@ -1,12 +1,12 @@
 /** TRL's preference records: `{prompt, chosen, rejected}`, plain or conversational; an implicit prompt is the shared start of chosen and rejected. */
 import type { Message, Text } from '../names.ts';
-import { RecordError, asText, need } from '../values.ts';
+import { RecordError, asText, need, sameMessage } from '../values.ts';
 import { type Adapter, type Row, addOptional } from './adapter.ts';
 
 /** Leading messages shared by both lists. */
 export function commonMessages(a: Message[], b: Message[]): number {
   let n = 0;
-  while (n < a.length && n < b.length && a[n].role === b[n].role && a[n].content === b[n].content) n++;
+  while (n < a.length && n < b.length && sameMessage(a[n], b[n])) n++;
   return n;
 }
 

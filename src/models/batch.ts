@@ -72,12 +72,23 @@ export function sequenceIndex(kind: Kind, B: number, K: number, i: number, k: nu
   return kind === 'listwise' ? i * K + k : k * B + i;
 }
 
-/** One sequence of a batch: its prompt, its response, and LD-DPO's token weights (1 up to `front`, then `tail`). */
+/**
+ * One sequence of a batch: its prompt, its response, LD-DPO's token weights (1 up to `front`, then
+ * `tail`), and which response tokens count at all (`mask`, 0 on tool results and other turns that are
+ * not the assistant's own; absent: all).
+ */
 interface Sequence {
   prompt: number[];
   response: number[];
   front: number;
   tail: number;
+  mask?: number[];
+}
+
+/** The weight of response token j of a sequence in its log-prob sum (0: not scored). */
+function tokenWeight(s: { front: number; tail: number; mask?: number[] }, j: number): number {
+  if (s.mask && !s.mask[j]) return 0;
+  return j < s.front ? 1 : s.tail;
 }
 
 /** Response tokens counted at full weight in both responses of a pair under LD-DPO: the shorter one's length. */
@@ -91,7 +102,7 @@ function ldWeights(rows: TokenizedExample[], i: number, o: CollateOptions): { fr
 function sequences(rows: TokenizedExample[], o: CollateOptions): Sequence[] {
   const full = { front: Infinity, tail: 1 };
   if (o.kind === 'pairwise') {
-    const pairs = [0, 1].flatMap((k) => rows.map((r, i) => ({ prompt: r.promptIds, response: r.responseIds[k], ...ldWeights(rows, i, o) })));
+    const pairs = [0, 1].flatMap((k) => rows.map((r, i) => ({ prompt: r.promptIds, response: r.responseIds[k], mask: r.responseMasks?.[k], ...ldWeights(rows, i, o) })));
     if (!o.rationale) return pairs;
     // A row without a rationale gets a one-token placeholder that scores nothing (log-prob 0, masked out).
     return [...pairs, ...rows.map((r) => (r.rationale ? { prompt: r.rationale.promptIds, response: r.rationale.responseIds, ...full } : { prompt: r.promptIds.slice(0, 1), response: [], ...full }))];
@@ -99,9 +110,9 @@ function sequences(rows: TokenizedExample[], o: CollateOptions): Sequence[] {
   if (o.kind === 'listwise') {
     const K = Math.max(...rows.map((r) => r.responseIds.length));
     // Missing list entries become prompt-only sequences whose loss mask is empty (log-prob 0, masked).
-    return rows.flatMap((r) => Array.from({ length: K }, (_, k) => ({ prompt: r.promptIds, response: r.responseIds[k] ?? [], ...full })));
+    return rows.flatMap((r) => Array.from({ length: K }, (_, k) => ({ prompt: r.promptIds, response: r.responseIds[k] ?? [], mask: r.responseMasks?.[k], ...full })));
   }
-  const own = rows.map((r) => ({ prompt: r.promptIds, response: r.responseIds[0], ...full }));
+  const own = rows.map((r) => ({ prompt: r.promptIds, response: r.responseIds[0], mask: r.responseMasks?.[0], ...full }));
   if (!o.kl) return own;
   return [...own, ...rows.map((r) => {
     if (!r.klResponseIds) throw new Error('collate: kl rows need klResponseIds');
@@ -117,7 +128,7 @@ export function canPack(kind: Kind, kl = false): boolean {
 /** Prompt tokens computed once and the responses that follow it, each with its place among the S sequences. */
 interface PackGroup {
   prompt: number[];
-  responses: { ids: number[]; seq: number; front: number; tail: number }[];
+  responses: { ids: number[]; seq: number; front: number; tail: number; mask?: number[] }[];
 }
 
 /** The model tensors of a packed batch (see the module comment) over the S sequences of `groups`. */
@@ -149,11 +160,12 @@ function packRows(groups: PackGroup[], S: number, o: CollateOptions): { feeds: F
         seg[base + at + j] = BigInt(2 + k);
         // Predicted from the previous token of its own sequence; position 0 of a sequence has none.
         const from = j > 0 ? at + j - 1 : P - 1;
-        if (from < 0) return;
+        const w = tokenWeight(resp, j);
+        if (from < 0 || w === 0) return;
         scoreIndex.push(base + from);
         scoreTarget.push(id);
         scoreSeq.push(resp.seq);
-        scoreWeight.push(j < resp.front ? 1 : resp.tail);
+        scoreWeight.push(w);
       });
       at += resp.ids.length;
     });
@@ -179,7 +191,7 @@ function packGroups(rows: TokenizedExample[], K: number, o: CollateOptions): Pac
   const B = rows.length;
   const groups: PackGroup[] = rows.map((r, i) => ({
     prompt: r.promptIds,
-    responses: r.responseIds.map((ids, k) => ({ ids, seq: sequenceIndex(o.kind, B, K, i, k), ...ldWeights(rows, i, o) })),
+    responses: r.responseIds.map((ids, k) => ({ ids, seq: sequenceIndex(o.kind, B, K, i, k), mask: r.responseMasks?.[k], ...ldWeights(rows, i, o) })),
   }));
   if (o.rationale) {
     rows.forEach((r, i) => {
@@ -202,7 +214,8 @@ export function collate(rows: TokenizedExample[], o: CollateOptions): Collated {
   if (o.ldAlpha !== undefined) {
     // Token counts stay counts when LD-DPO weights the log-prob sums (length-normalised losses read them).
     const F = o.dtype === 'float32' ? Float32Array : Float64Array;
-    feeds.sequence_tokens = toOrt(o.dtype, F.from(seqs.map((s) => Math.max(0, s.response.length - (s.prompt.length === 0 ? 1 : 0)))), [N]);
+    const counted = (s: Sequence) => (s.mask ? s.mask.reduce((n, m, j) => n + (m && (j > 0 || s.prompt.length > 0) ? 1 : 0), 0) : Math.max(0, s.response.length - (s.prompt.length === 0 ? 1 : 0)));
+    feeds.sequence_tokens = toOrt(o.dtype, F.from(seqs.map(counted)), [N]);
   }
   return { ...finish(rows, feeds, K, o), sequences: N, length: T, tokens, computed: packed?.computed ?? tokens, k: K };
 }
@@ -223,7 +236,7 @@ function padSequences(seqs: Sequence[], o: CollateOptions): { feeds: Feeds; leng
       ids[base + t] = BigInt(all[t]);
       attn[base + t] = 1n;
     }
-    for (let t = s.prompt.length; t < all.length; t++) lossMask[base + t] = t - s.prompt.length < s.front ? 1 : s.tail;
+    for (let t = s.prompt.length; t < all.length; t++) lossMask[base + t] = tokenWeight(s, t - s.prompt.length);
   });
   const feeds: Feeds = {
     input_ids: toOrt('int64', ids, [N, T]),

@@ -11,10 +11,27 @@ import { writeFileAtomic } from '../io/atomic.ts';
 
 export const GENERATED_SPECIAL_TOKENS = ['<|bos|>', '<|eos|>', '<|pad|>', '<|im_start|>', '<|im_end|>'] as const;
 
-/** ChatML with a leading BOS: `<|im_start|>role\ncontent<|im_end|>\n` per message. */
+/**
+ * ChatML with a leading BOS: `<|im_start|>role\ncontent<|im_end|>\n` per message. With `tools`, a
+ * system turn lists them (as JSON) first; an assistant's `tool_calls` follow its content as Hermes /
+ * Qwen `<tool_call>\n{"name": …, "arguments": …}\n</tool_call>` blocks, so tiny test models can call
+ * tools. Without tools or calls the render is plain ChatML, as before tools existed.
+ */
 export const GENERATED_CHAT_TEMPLATE =
-  "{{ bos_token }}{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}" +
-  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  '{{ bos_token }}' +
+  "{%- if tools %}{{ '<|im_start|>system\\n' }}{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{%- endif %}" +
+  "{{ '# Tools\\n\\nTo call a function, write <tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call>. The functions:\\n<tools>' }}" +
+  "{%- for tool in tools %}{{ '\\n' + (tool | tojson) }}{%- endfor %}{{ '\\n</tools><|im_end|>\\n' }}{%- endif %}" +
+  "{%- for message in messages %}{%- if not (tools and loop.first and message['role'] == 'system') %}" +
+  "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] }}" +
+  "{%- if message['role'] == 'assistant' and message['tool_calls'] %}{%- for call in message['tool_calls'] %}" +
+  "{%- if message['content'] or not loop.first %}{{ '\\n' }}{%- endif %}" +
+  "{%- set fn = call['function'] if call['function'] is defined else call %}" +
+  "{{ '<tool_call>\\n{\"name\": \"' + fn['name'] + '\", \"arguments\": ' }}" +
+  "{%- if fn['arguments'] is string %}{{ fn['arguments'] }}{%- else %}{{ fn['arguments'] | tojson }}{%- endif %}{{ '}\\n</tool_call>' }}" +
+  '{%- endfor %}{%- endif %}' +
+  "{{ '<|im_end|>\\n' }}{%- endif %}{%- endfor %}" +
+  "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}";
 
 /** The split GPT-2's byte-level pre-tokenizer applies before BPE (contractions, letters, digits, other, spaces). */
 const PRETOKENIZE = /'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+/gu;

@@ -10,3 +10,29 @@ export {
   type GenerateTokenizerOptions,
   type GeneratedTokenizerInfo,
 } from './generate.ts';
+export {
+  bridgeIds,
+  bridgeText,
+  chatPromptIds,
+  checkTemplateExtends,
+  endOfTurnStrings,
+  renderChat,
+  templateMessages,
+  tokenizeConversation,
+  TemplatePrefixError,
+  type ChatRenderOptions,
+  type ConversationIds,
+  type SegmentKind,
+} from './conversation.ts';
+export {
+  parseToolCalls,
+  parseHermes,
+  parseLlama3,
+  templateToolSupport,
+  toolCallFormatOf,
+  TOOL_CALL_FORMATS,
+  type ParsedTurn,
+  type ToolCallError,
+  type ToolCallErrorKind,
+  type ToolCallFormat,
+} from './tool-calls.ts';

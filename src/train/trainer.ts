@@ -157,14 +157,22 @@ async function dataStage(o: TrainOptions, c0: Setup, resuming: boolean, info: (l
   const run = o.out;
   const kinds = new Set(loss.kinds);
   const data: LoadedData = o.rows ?? (await loadData(o.data, join(run, 'data'), { seed: config.seed, maxRows: config.max_samples }));
-  if (!kinds.has(data.kind)) {
+  // SFT on conversations (single rows without reward or label, docs/data.md): the sft loss reads the
+  // chosen side of a pair, so each row becomes a pair whose rejected response is empty — it scores
+  // nothing, and with shared prompts computes nothing.
+  const sftOnSingle = data.kind === 'single' && kinds.has('pairwise') && loss.terms.every((t) => t.loss.name === 'sft');
+  if (!kinds.has(data.kind) && !sftOnSingle) {
     throw new UserError(`${o.data}: is ${data.kind} data; loss ${o.loss} needs ${[...kinds].join(' or ')} data`);
   }
-  const kind: Kind = data.kind;
-  const { rows, truncated } = tokenizeExamples(data.examples, tok, config, data.tokens);
-  info(`data: ${rows.length} ${kind} rows from ${o.data}${truncated ? `, ${truncated} truncated to max_length ${config.max_length} / max_prompt_length ${config.max_prompt_length}` : ''}`);
+  const kind: Kind = sftOnSingle ? 'pairwise' : data.kind;
+  let { rows, truncated } = tokenizeExamples(data.examples, tok, config, data.tokens);
+  const masked = rows.filter((r) => r.responseMasks).length;
+  info(`data: ${rows.length} ${data.kind} rows from ${o.data}${sftOnSingle ? ' (conversations: sft on the assistant turns)' : ''}${masked ? `, ${masked} with tool calls or several turns (only the assistant's own tokens trained)` : ''}${truncated ? `, ${truncated} truncated to max_length ${config.max_length} / max_prompt_length ${config.max_prompt_length}` : ''}`);
   if (rows.some((r) => r.responseIds.some((x) => x.length === 0))) {
     throw new UserError(`${o.data}: a response is empty after tokenization and truncation (max_length ${config.max_length} leaves no room); raise max_length or lower max_prompt_length`);
+  }
+  if (sftOnSingle) {
+    rows = rows.map((r) => ({ ...r, responseIds: [r.responseIds[0], []], ...(r.responseMasks ? { responseMasks: [r.responseMasks[0], []] } : {}) }));
   }
 
   const adapter = o.adapter ? loadAdapter(o.adapter, base.config) : null;
@@ -281,7 +289,8 @@ async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming
     const scorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config, reference.config), tok.padId ?? 0);
     ref = (await scorer.score(kind, rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs', progress: o.quiet ? undefined : o.progress })).logps;
     if (kl) {
-      const mismatched = rows.map((r) => ({ ...r, responseIds: [r.klResponseIds!] }));
+      // The KL sequences are scored whole (the other row's mask does not travel with its ids).
+      const mismatched = rows.map((r) => ({ ...r, responseIds: [r.klResponseIds!], responseMasks: undefined }));
       const refKl = (await scorer.score(kind, mismatched, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs (KL pairs)', progress: o.quiet ? undefined : o.progress })).logps;
       ref = ref.map((r, i) => [r[0], refKl[i][0]]);
     }
@@ -405,7 +414,7 @@ async function loopStage(o: TrainOptions, c0: Setup, d: DataStage, r: ReferenceS
     const batch = order.take(config.batch_size).map((i) => rows[i]);
     if (refScorer) {
       const fresh = await refScorer.score(kind, batch, { batchSize: batch.length, padTo: config.pad_to_multiple_of });
-      const freshKl = kl ? await refScorer.score(kind, batch.map((row) => ({ ...row, responseIds: [row.klResponseIds!] })), { batchSize: batch.length, padTo: config.pad_to_multiple_of }) : null;
+      const freshKl = kl ? await refScorer.score(kind, batch.map((row) => ({ ...row, responseIds: [row.klResponseIds!], responseMasks: undefined })), { batchSize: batch.length, padTo: config.pad_to_multiple_of }) : null;
       batch.forEach((ex, i) => refOf.set(ex, freshKl ? [fresh.logps[i][0], freshKl.logps[i][0]] : fresh.logps[i]));
     }
     const c = collate(batch, {
