@@ -1,0 +1,50 @@
+/**
+ * An MCP server as a tool provider, without a model: the protocol's reference server
+ * (`@modelcontextprotocol/server-everything`) started over stdio, its tools listed as the specs a chat
+ * template receives, two calls answered (one with arguments its schema refuses), and the results
+ * journaled in a run folder as `--resume` replays them.
+ *
+ *   npx tsx examples/agent-mcp.mts [RUN_DIR]
+ *   MCP='node my-server.mjs' npx tsx examples/agent-mcp.mts      (any stdio server)
+ *
+ * The GRPO wiring (`grpo({ mcp, … })`) comes with the multi-turn rollout.
+ */
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { JOURNAL_FILE, ToolExecutor, ToolJournal, UserError } from 'prefzoo';
+
+const dir = process.argv[2] ?? mkdtempSync(join(tmpdir(), 'prefzoo-mcp-'));
+const command = process.env.MCP ?? 'npx -y @modelcontextprotocol/server-everything stdio';
+const journal = ToolJournal.open(join(dir, JOURNAL_FILE));
+
+let tools: ToolExecutor;
+try {
+  tools = await ToolExecutor.open({ mcp: [command], toolTimeout: 30, journal });
+} catch (e) {
+  if (e instanceof UserError) {
+    console.error(e.message);
+    process.exit(1);
+  }
+  throw e;
+}
+console.log(`${tools.specs.length} tools:`, tools.specs.map((s) => s.function.name).join(', '));
+
+const names = new Set(tools.specs.map((s) => s.function.name));
+const calls = names.has('get-sum')
+  ? [
+      { id: 'c1', function: { name: 'get-sum', arguments: { a: 19, b: 23 } } },
+      { id: 'c2', function: { name: 'get-sum', arguments: { a: 'nineteen', b: 23 } } },
+    ]
+  : [{ id: 'c1', function: { name: tools.specs[0].function.name, arguments: {} } }];
+try {
+  const round = await tools.execute(calls, { row: {}, seed: 0, step: 0, rollout: 0, turn: 0, where: 'example:1' });
+  for (const [i, m] of round.messages.entries()) console.log(`${m.name} → ${m.content}  (${round.records[i].ok ? 'ok' : 'failed'})`);
+} catch (e) {
+  // A server that dies mid-run: one line naming it, the tool and the prompt, with its last stderr line.
+  if (e instanceof UserError) console.error(e.message);
+  else throw e;
+} finally {
+  await tools.close();
+}
+console.log(`journal ${join(dir, JOURNAL_FILE)}:\n${readFileSync(join(dir, JOURNAL_FILE), 'utf8')}`);
