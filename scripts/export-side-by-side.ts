@@ -14,7 +14,7 @@ import { getLlama, type Token } from 'node-llama-cpp';
 import { exportGguf } from '../src/export/gguf.ts';
 import { exportOnnx } from '../src/export/onnx.ts';
 import { readExportSource } from '../src/export/source.ts';
-import { Policy } from '../src/online/policy.ts';
+import { ModelSampler } from '../src/online/policy.ts';
 
 const { values } = parseArgs({ options: { model: { type: 'string' }, prompt: { type: 'string', multiple: true }, tokens: { type: 'string', default: '16' } } });
 if (!values.model) throw new Error('--model DIR is required');
@@ -27,7 +27,7 @@ try {
   exportGguf(src, join(tmp, 'model.gguf'), 'f32');
   exportGguf(src, join(tmp, 'model-q8_0.gguf'), 'q8_0');
 
-  const policy = await Policy.load(values.model);
+  const policy = await ModelSampler.load(values.model);
   const samples = await policy.sample(
     prompts.map((p) => [{ role: 'user' as const, content: p }]),
     { temperature: 0, maxNewTokens: n, seed: 0 },

@@ -1,14 +1,14 @@
 /**
- * Writes docs/settings.md from the settings table (src/train/settings.ts); `--check` only says
+ * Writes docs/settings.md from the settings tables (src/train/settings.ts and the online methods') and the reward registry; `--check` only says
  * whether the page is up to date (exit 1 when not). test/settings.test.ts fails on a stale page.
  */
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { writeFileAtomic } from '../src/io/atomic.ts';
-import { settingsMarkdown } from '../src/train/settings.ts';
+import { settingsPage } from '../src/online/settings-page.ts';
 
 const file = join(import.meta.dirname, '..', 'docs', 'settings.md');
-const text = settingsMarkdown();
+const text = settingsPage();
 if (process.argv.includes('--check')) {
   let old = '';
   try {

@@ -36,11 +36,11 @@ import type { TrainOptions as TrainerOptions, TrainResult } from './train/traine
 import type { TrainConfig } from './train/config.ts';
 import type { LoopOptions } from './train/run.ts';
 import { evaluateRows, type EvalOptions, type EvalSummary, type ModelSource } from './eval/evaluate.ts';
-import { Policy } from './online/policy.ts';
+import { ModelSampler } from './online/policy.ts';
 import type { Sample } from './online/policy.ts';
 import { readPrompts } from './online/prompts.ts';
 import { writeSamples } from './online/samples-io.ts';
-import { loadJudge, type Judge } from './online/judges.ts';
+import type { Judge } from './online/judges.ts';
 import { runSppo, type SppoOptions as SppoLoopOptions, type SppoResult } from './online/sppo.ts';
 import { runNashMd, type NashMdOptions as NashMdLoopOptions, type NashMdResult } from './online/nash-md.ts';
 import { rewardTrain as trainRewardModel, scorePairs as scoreWithRewardModel, type RewardTrainResult, type ScorePairsResult } from './online/reward-model.ts';
@@ -52,7 +52,7 @@ import type { TruncationConfig } from '../datasets/examples.ts';
 import { GGUF_DTYPES, exportGguf, type GgufDtype } from './export/gguf.ts';
 import { ONNX_DTYPES, exportOnnx, type OnnxDtype } from './export/onnx.ts';
 import { readExportSource } from './export/source.ts';
-import { grpo as runGrpo, type GrpoOptions as GrpoLoopOptions, type GrpoResult, type GrpoSettings } from './online/grpo.ts';
+import { grpo as runGrpo, type GrpoOptions as GrpoLoopOptions, type GrpoResult, type GrpoSettings } from './online/grpo/index.ts';
 
 export { UserError, BadInputError, DamagedFileError, DeviceUnavailableError, AbortedError, type ErrorLocation, type UserErrorKind } from './errors.ts';
 export type { ProgressFactory, ProgressReporter, ProgressFields } from './progress.ts';
@@ -68,6 +68,8 @@ export type { FloatTensor } from './models/checkpoint.ts';
 export type { OptLevel } from './runtime/session.ts';
 export type { SppoIteration } from './online/sppo.ts';
 export type { GrpoResult, GrpoSettings };
+export type { RewardSpec, RewardFunction, RewardBatch, RewardRow } from './online/rewards/index.ts';
+import type { RewardSpec } from './online/rewards/index.ts';
 export type { Kind, LossModule, ParamSpec, Schedule } from '../losses/index.ts';
 /** The loss zoo: every loss by name, mixtures such as `dpo:0.8,sft:0.2`, and binding parameters. */
 export { listLosses, getLoss, parseLossSpec, resolveLoss, scheduleOf, type LossTerm, BoundLoss } from '../losses/index.ts';
@@ -317,7 +319,7 @@ export async function generate(options: GenerateOptions): Promise<Sample[]> {
   return guarded(options, async () => {
     const prompts = typeof options.prompts === 'string' ? await readPrompts(options.prompts) : options.prompts;
     options.signal?.throwIfAborted();
-    const policy = await Policy.load(options.model, options.runtime, options.chatTemplateFile);
+    const policy = await ModelSampler.load(options.model, options.runtime, options.chatTemplateFile);
     try {
       options.signal?.throwIfAborted();
       const samples = await policy.sample(prompts, { ...options, n: options.n ?? 1, seed: options.seed ?? 0, batchSize: options.batchSize ?? 32 });
@@ -332,23 +334,15 @@ export async function generate(options: GenerateOptions): Promise<Sample[]> {
 /** The judge of an online method: `task`, `reward:DIR`, `cmd:COMMAND`, or your own {@link Judge}. */
 export type JudgeSpec = string | Judge;
 
-async function withJudge<T>(spec: JudgeSpec, runtime: RuntimeOptions | undefined, f: (judge: Judge) => Promise<T>): Promise<T> {
-  if (typeof spec !== 'string') return f(spec);
-  const judge = await loadJudge(spec, runtime);
-  try {
-    return await f(judge);
-  } finally {
-    await judge.release();
-  }
-}
 
 /** What the online methods share: prompts, a judge, sampling, settings. */
 export interface OnlineOptions extends Omit<LoopOptions, 'progress' | 'log' | 'quiet' | 'base'>, JobOptions, SamplingOptions {
   /** Prompts, or a file of them (.txt, one a line, or records with a "prompt" field). */
   prompts: string | readonly Text[];
-  /** Compares responses; a string is loaded (and released) here. */
+  /** Compares responses; a string is loaded on the run's device (and released) by the method. */
   judge: JudgeSpec;
-  maxNewTokens: number;
+  /** The longest response (the `max_completion_length` setting under its older name; default 64). */
+  maxNewTokens?: number;
   settings?: Settings;
 }
 
@@ -359,7 +353,7 @@ export interface SppoOptions extends OnlineOptions, Pick<SppoLoopOptions, 'itera
 export function sppo(options: SppoOptions): Promise<SppoResult> {
   return guarded(options, async (progress) => {
     const prompts = typeof options.prompts === 'string' ? await readPrompts(options.prompts) : options.prompts;
-    return withJudge(options.judge, undefined, (judge) => runSppo({ ...options, prompts, judge, params: paramsOf(options), progress, log: options.log }));
+    return runSppo({ ...options, prompts, params: options.params, settings: options.settings, progress, log: options.log });
   });
 }
 
@@ -370,7 +364,7 @@ export interface NashMdOptions extends OnlineOptions {}
 export function nashMd(options: NashMdOptions): Promise<NashMdResult> {
   return guarded(options, async (progress) => {
     const prompts = typeof options.prompts === 'string' ? await readPrompts(options.prompts) : options.prompts;
-    return withJudge(options.judge, undefined, (judge) => runNashMd({ ...options, prompts, judge, params: paramsOf(options), progress, log: options.log } satisfies NashMdLoopOptions));
+    return runNashMd({ ...options, prompts, params: options.params, settings: options.settings, progress, log: options.log } satisfies NashMdLoopOptions);
   });
 }
 
@@ -383,7 +377,7 @@ export interface RewardTrainOptions extends Omit<LoopOptions, 'progress' | 'log'
 
 /** Trains a reward model (the LM plus a scalar head) with the Bradley–Terry loss (`prefzoo reward-train`). */
 export function rewardTrain(options: RewardTrainOptions): Promise<RewardTrainResult> {
-  return guarded(options, (progress) => trainRewardModel({ ...options, params: paramsOf(options), progress, log: options.log }));
+  return guarded(options, (progress) => trainRewardModel({ ...options, params: options.params, settings: options.settings, progress, log: options.log }));
 }
 
 /** Adds chosen_score/rejected_score from a reward model to pairwise data (`prefzoo reward-score`). */
@@ -433,7 +427,9 @@ export function exportModel(options: ExportModelOptions): ExportModelResult {
 }
 
 /** Options of {@link grpo}: a prompts file, reward specs and settings with TRL's GRPOConfig names. */
-export interface GrpoOptions extends Omit<GrpoLoopOptions, 'progress' | 'log' | 'quiet' | 'base' | 'params'>, JobOptions {
+export interface GrpoOptions extends Omit<GrpoLoopOptions, 'progress' | 'log' | 'quiet' | 'base' | 'params' | 'rewards' | 'settings'>, JobOptions {
+  /** Reward specs, in order (`reward_weights` follows it): the kinds of the reward registry, see {@link RewardSpec}. */
+  rewards: readonly RewardSpec[];
   /** Settings by name (`num_generations`, `loss_type`, `beta`, `max_steps`, …), checked as `--param` is. */
   settings?: Settings;
   /** Settings as `key=value` strings, applied before `settings`. */
@@ -443,8 +439,8 @@ export interface GrpoOptions extends Omit<GrpoLoopOptions, 'progress' | 'log' | 
 /**
  * GRPO and its descendants (`prefzoo grpo`): DAPO, Dr. GRPO, GSPO, CISPO and RLOO by `loss_type`,
  * `importance_sampling_level` and `advantage`; groups of `num_generations` completions per prompt,
- * scored by `rewards` (`accuracy`, `format:REGEX`, `length`, `./rewards.mjs`, `cmd:…`, `reward:DIR`).
+ * scored by `rewards` (the reward registry's kinds: {@link RewardSpec}).
  */
 export function grpo(options: GrpoOptions): Promise<GrpoResult> {
-  return guarded(options, (progress) => runGrpo({ ...options, params: paramsOf(options), progress, log: options.log }));
+  return guarded(options, (progress) => runGrpo({ ...options, params: options.params, settings: options.settings, progress, log: options.log }));
 }

@@ -1,7 +1,7 @@
 /**
  * The optimised decode path samples exactly what the original did: every case of
  * test/fixtures/decode/cases.ts (greedy and seeded sampling with temperature/top-k/top-p, baked and
- * fed weights, mixtures, Policy over a model folder; llama, gpt2, mistral's sliding window, qwen3)
+ * fed weights, mixtures, ModelSampler over a model folder; llama, gpt2, mistral's sliding window, qwen3)
  * against the tokens record.ts wrote from main before issue 24's changes.
  */
 import { readFileSync } from 'node:fs';

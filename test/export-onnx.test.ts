@@ -13,7 +13,7 @@ import type { Arch } from '../src/models/config.ts';
 import { loadModel } from '../src/models/load.ts';
 import { buildLogpsGraph } from '../src/models/logps.ts';
 import { Session, toOrt } from '../src/runtime/session.ts';
-import { Policy } from '../src/online/policy.ts';
+import { ModelSampler } from '../src/online/policy.ts';
 import { loadTokenizer } from '../src/tokenize/index.ts';
 import type { Message } from '../datasets/names.ts';
 import { promptIds } from '../src/online/prompts.ts';
@@ -118,7 +118,7 @@ describe('export --format onnx, loaded by transformers.js', () => {
       expect(Math.abs(sum - ref.sum)).toBeLessThanOrEqual(1e-4 * Math.abs(ref.sum));
       theirs.forEach((lp, t) => expect(Math.abs(lp - ref.perToken[t]), `token ${t + 1}`).toBeLessThanOrEqual(1e-4 * Math.abs(ref.perToken[t]) + 1e-5));
 
-      const policy = await Policy.load(dir);
+      const policy = await ModelSampler.load(dir);
       const [sample] = await policy.sample([messages], { temperature: 0, maxNewTokens: 16, seed: 0 });
       await policy.release();
       expect(sample.promptIds).toEqual(ids);

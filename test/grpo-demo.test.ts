@@ -11,7 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { prefzoo } from './helpers/cli.ts';
 import { maskedPrompt, runGrpoDemo } from '../src/online/grpo-demo.ts';
-import { Policy } from '../src/online/policy.ts';
+import { ModelSampler } from '../src/online/policy.ts';
 import { readDemoEval } from '../src/train/demo-eval.ts';
 
 describe('prefzoo demo --method grpo', () => {
@@ -29,7 +29,7 @@ describe('prefzoo demo --method grpo', () => {
 
     // π_0 on the held-out prompts: which digit of the prompt each answer is (or none).
     const heldout = readFileSync(join(dir, 'heldout.jsonl'), 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { prompt: string }).prompt);
-    const pi0 = await Policy.load(join(dir, 'start', 'final'));
+    const pi0 = await ModelSampler.load(join(dir, 'start', 'final'));
     const samples = await pi0.sample(heldout, { temperature: 1, maxNewTokens: 2, n: 8, seed: 3 });
     await pi0.release();
     const at = [0, 0, 0, 0];

@@ -13,7 +13,8 @@ import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { initModelFolder } from '../src/models/init.ts';
-import { combineRewards, computeAdvantages, GRPO_SETTINGS, nanStd } from '../src/online/grpo.ts';
+import { combineRewards, computeAdvantages, GRPO_SETTINGS, nanStd } from '../src/online/grpo/index.ts';
+import { rewardMetrics } from '../src/online/grpo/metrics.ts';
 import { getLoss } from '../losses/index.ts';
 import { resolveConfig } from '../src/train/config.ts';
 import { commandDecl, commandDefaults, declareCommand, declaredCommands, settingsHelp, settingsMarkdown, TRAIN_SETTINGS } from '../src/train/settings.ts';
@@ -72,7 +73,7 @@ describe('prefzoo grpo', () => {
     expect(readdirSync(join(straight, 'checkpoints'))).toEqual(['step-00000003', 'step-00000004']);
     const want = rows(straight);
     expect(want.map((r) => r.step)).toEqual([1, 2, 3, 4]);
-    for (const key of ['loss', 'reward', 'reward_std', 'rewards/accuracy/mean', `rewards/${rewardsMjs}:short/mean`, 'frac_reward_zero_std', 'completions/mean_length', 'completions/clipped_ratio', 'kl', 'entropy', 'clip_ratio/low_mean', 'clip_ratio/high_mean', 'clip_ratio/region_mean', 'grad_norm', 'learning_rate']) {
+    for (const key of ['loss', 'reward', 'reward_std', 'rewards/accuracy/mean', 'rewards/short/mean', 'frac_reward_zero_std', 'frac_reward_none', 'completions/mean_length', 'completions/clipped_ratio', 'kl', 'entropy', 'clip_ratio/low_mean', 'clip_ratio/high_mean', 'clip_ratio/region_mean', 'grad_norm', 'learning_rate']) {
       expect(want.every((r) => typeof r[key] === 'number' && Number.isFinite(r[key])), key).toBe(true);
     }
     // The second update of a round starts from the updated policy: its ratio is no longer 1, so KL and the loss move.
@@ -97,7 +98,7 @@ describe('prefzoo grpo', () => {
     const r = runSync(out, ['accuracy', `${rewardsMjs}:breaksLater`], ['--param', 'save_steps=2', '--param', 'num_iterations=1']);
     expect(r.status).toBe(1);
     expect(r.stderr.trim().split('\n')).toHaveLength(1);
-    expect(r.stderr.trim()).toMatch(new RegExp(`^prefzoo: reward function ".*rewards\\.mjs:breaksLater" threw: cannot read .* \\(prompt ${prompts.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}:[1-8]\\)$`));
+    expect(r.stderr.trim()).toMatch(new RegExp(`^prefzoo: reward function "breaksLater" \\(.*rewards\\.mjs\\) threw: cannot read .* \\(prompt ${prompts.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}:[1-8]\\)$`));
     expect(readdirSync(join(out, 'checkpoints'))).toEqual(['step-00000002']);
     expect(existsSync(join(out, 'checkpoints', 'step-00000002', 'state.json'))).toBe(true);
   });
@@ -173,5 +174,19 @@ describe('advantages', () => {
     expect(out[0]).toBe(4.5);
     expect(out[1]).toBe(6);
     expect(out[2]).toBeNaN();
+  });
+
+  it('a completion whose every reward is null gets advantage 0, is left out of its group\'s mean and std, and is counted in frac_reward_none', () => {
+    const perFunction = [Float64Array.of(1, NaN, 0, 3), Float64Array.of(NaN, NaN, 2, NaN)];
+    const r = combineRewards(perFunction, [1, 1]);
+    expect(Array.from(r)).toEqual([1, NaN, 2, 3]);
+    const a = computeAdvantages(r, 4, 'group', 'group');
+    // Group of the three scored completions: mean 2, sample std 1.
+    expect(Array.from(a.advantages)).toEqual([-1 / (1 + 1e-4), 0, 0, 1 / (1 + 1e-4)]);
+    const m = rewardMetrics(['a', 'b'], perFunction, r);
+    expect(m.frac_reward_none).toBe(0.25);
+    expect(m.reward).toBe(2);
+    expect(m['rewards/b/mean']).toBe(2);
+    expect(m['rewards/b/std']).toBe(0);
   });
 });

@@ -98,6 +98,7 @@ function extremeJson(kind: Kind): Json {
       rejected_probs: [0, 1, 0.5, 0, 1, 0.75],
     };
   }
+  if (kind === 'reward_pairs') return { chosen_rewards: [1e4, -1e4, 0, 3], rejected_rewards: [-1e4, 1e4, 0, 3 + 1e-3] };
   if (kind === 'grpo') {
     // Log-probs at −1e4 (importance ratios stay moderate: exp of ±1e4 is no ratio a sampler produces).
     return {
@@ -129,7 +130,15 @@ function extremeJson(kind: Kind): Json {
   };
 }
 
-const JSON_OF: Record<Kind, () => Json> = { pairwise: pairJson, listwise: listJson, single: singleJson, nash_md: singleJson, grpo: grpoJson };
+/** A reward model's scores of 6 pairs, one a tie (counted as wrong by accuracy). */
+function rewardPairsJson(seed = 5, B = 6): Json {
+  const r = rng(seed);
+  const u = (lo: number, hi: number) => lo + (hi - lo) * r();
+  const rw = Array.from({ length: B }, () => u(-3, 3));
+  return { chosen_rewards: rw, rejected_rewards: rw.map((x, i) => (i === 2 ? x : x + u(-4, 4))) };
+}
+
+const JSON_OF: Record<Kind, () => Json> = { pairwise: pairJson, listwise: listJson, single: singleJson, nash_md: singleJson, grpo: grpoJson, reward_pairs: rewardPairsJson };
 
 /** The subset of a JSON batch a bound loss reads, validated. */
 function batchFor(bound: BoundLoss, kind: Kind, json: Json, drop: string[] = []): HostBatch {
@@ -257,7 +266,14 @@ const CASES: Case[] = [
   // GRPO's every loss type and level are in test/losses-grpo.test.ts.
   { spec: 'grpo', params: { beta: 0.04 } },
   { spec: 'grpo', params: { loss_type: 'cispo', importance_sampling_level: 'sequence', epsilon_high: 1.1 }, stopsGradient: true },
+  { spec: 'bradley_terry' },
+  { spec: 'bradley_terry', weighted: true },
 ];
+
+/** A key holding one entry per row: the policy's log-probs, or a reward model's scores. */
+function rowKey(b: HostBatch): string {
+  return Object.keys(b).find((k) => k.startsWith('policy') || k === 'chosen_rewards')!;
+}
 
 function caseName(c: Case, kind: Kind) {
   return `${c.spec} ${kind} ${JSON.stringify(c.params ?? {})}${c.drop ? ` without ${c.drop.join(',')}` : ''}${c.weighted ? ' weighted' : ''}`;
@@ -266,7 +282,7 @@ function caseName(c: Case, kind: Kind) {
 function caseBatch(c: Case, bound: BoundLoss, kind: Kind, json: Json): HostBatch {
   const b = batchFor(bound, kind, { ...json, ...c.extra }, c.drop ?? []);
   if (c.weighted) {
-    const B = b[Object.keys(b).find((k) => k.startsWith('policy'))!].dims[0];
+    const B = b[rowKey(b)].dims[0];
     b.weight = { dims: [B], data: Float64Array.from({ length: B }, (_, i) => 0.5 + (i % 3)) };
   }
   return b;
@@ -293,7 +309,7 @@ describe('every loss: reference vs ONNX vs finite differences', () => {
       it(caseName(c, kind), async () => {
         const batch = caseBatch(c, bound, kind, JSON_OF[kind]());
         const ref = runLossReference(bound, batch, { grad: true });
-        expect(ref.perExample.length).toBe(batch[Object.keys(batch).find((k) => k.startsWith('policy'))!].dims[0]);
+        expect(ref.perExample.length).toBe(batch[rowKey(batch)].dims[0]);
         expectFinite(ref, 'reference');
 
         // The reference's analytic gradients against central differences of its own loss.

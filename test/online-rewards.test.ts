@@ -7,7 +7,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { answersMatch, extractAnswer, loadAllRewards, loadRewards, overlongPenalty, releaseRewards, scoreAll, scoreOne, type RewardBatch, type RewardRow } from '../src/online/rewards.ts';
+import { answersMatch, extractAnswer, loadAllRewards, loadRewards, overlongPenalty, releaseRewards, scoreAll, scoreOne, type RewardBatch, type RewardRow } from '../src/online/rewards/index.ts';
 import { readPromptRows } from '../src/online/prompts.ts';
 import { initModelFolder, initValueHead } from '../src/models/init.ts';
 import { loadModel } from '../src/models/load.ts';
@@ -105,7 +105,8 @@ describe('user modules, commands, reward models', () => {
 
   it('every exported function is a reward (sync or async; null means "does not apply"); FILE:name picks one', async () => {
     const fns = await loadRewards(mod);
-    expect(fns.map((f) => f.name)).toEqual([`${mod}:short`, `${mod}:echoAnswer`, `${mod}:throwsOnThird`, `${mod}:nan`, `${mod}:tooFew`, `${mod}:hangs`]);
+    // Each is logged under its own name, never the module's path (the same run logs the same names anywhere).
+    expect(fns.map((f) => f.name)).toEqual(['short', 'echoAnswer', 'throwsOnThird', 'nan', 'tooFew', 'hangs']);
     const [echo] = await loadRewards(`${mod}:echoAnswer`);
     const got = await scoreAll([fns[0], echo], batchOf(completions, rows), place, 10);
     expect(Array.from(got[0])).toEqual([1, 1, 1]);
@@ -117,10 +118,10 @@ describe('user modules, commands, reward models', () => {
   it('throws, NaN, the wrong count, a hang: one line naming the function and the prompt row', async () => {
     const one = async (name: string) => (await loadRewards(`${mod}:${name}`))[0];
     const b = batchOf(completions, rows);
-    await expect(scoreOne(await one('throwsOnThird'), b, place, 10)).rejects.toThrow(/^reward function ".*rewards\.mjs:throwsOnThird" threw: cannot parse z \(prompt p\.jsonl:3\)$/);
-    await expect(scoreOne(await one('nan'), b, place, 10)).rejects.toThrow(/^reward function ".*:nan" returned NaN for completion 2; a reward must be a finite number or null \(prompt p\.jsonl:2\)$/);
-    await expect(scoreOne(await one('tooFew'), b, place, 10)).rejects.toThrow(/^reward function ".*:tooFew" returned 2 rewards for 3 completions \(prompt p\.jsonl:1 … p\.jsonl:3\)$/);
-    await expect(scoreOne(await one('hangs'), b, place, 0.05)).rejects.toThrow(/^reward function ".*:hangs" gave no answer within reward_timeout = 0\.05 s \(prompt p\.jsonl:1 … p\.jsonl:3\)$/);
+    await expect(scoreOne(await one('throwsOnThird'), b, place, 10)).rejects.toThrow(/^reward function "throwsOnThird" \(.*rewards\.mjs\) threw: cannot parse z \(prompt p\.jsonl:3\)$/);
+    await expect(scoreOne(await one('nan'), b, place, 10)).rejects.toThrow(/^reward function "nan" \(.*rewards\.mjs\) returned NaN for completion 2; a reward must be a finite number or null \(prompt p\.jsonl:2\)$/);
+    await expect(scoreOne(await one('tooFew'), b, place, 10)).rejects.toThrow(/^reward function "tooFew" \(.*rewards\.mjs\) returned 2 rewards for 3 completions \(prompt p\.jsonl:1 … p\.jsonl:3\)$/);
+    await expect(scoreOne(await one('hangs'), b, place, 0.05)).rejects.toThrow(/^reward function "hangs" \(.*rewards\.mjs\) gave no answer within reward_timeout = 0\.05 s \(prompt p\.jsonl:1 … p\.jsonl:3\)$/);
   });
 
   it('cmd:COMMAND speaks JSON lines: {"prompt","completion","row"} in, {"reward"} out; a bad answer names the row', async () => {
@@ -133,10 +134,20 @@ describe('user modules, commands, reward models', () => {
     const fns = await loadAllRewards([`cmd:${process.execPath} ${script}`]);
     const ok = await scoreOne(fns[0], batchOf(['x', 'no'], rows.slice(0, 2)), place, 10);
     expect(Array.from(ok)).toEqual([2, 3]);
-    await expect(scoreOne(fns[0], batchOf(completions, rows), place, 10)).rejects.toThrow(/^reward function "cmd:.*" failed: answer is not JSON: "oops" \(prompt p\.jsonl:3\)$/);
+    await expect(scoreOne(fns[0], batchOf(completions, rows), place, 10)).rejects.toThrow(/^reward function "cmd" \(cmd:.*\) failed: answer is not JSON: "oops" \(prompt p\.jsonl:3\)$/);
     await releaseRewards(fns);
     await expect(loadAllRewards(['accuracy', 'accuracy'])).rejects.toThrow(/--reward accuracy is given twice/);
     await expect(loadRewards('nonsense')).rejects.toThrow(/--reward must be accuracy, format:REGEX/);
+  });
+
+  it('two rewards of the same name are told apart by _2, _3 in --reward order; built-ins go by their kind\'s name', async () => {
+    const other = join(dir, 'other.mjs');
+    writeFileSync(other, 'export function short(completions) { return completions.map(() => 0.5); }\n');
+    const fns = await loadAllRewards([`${mod}:short`, 'format:^x', 'format:o', `${other}:short`, 'length:1', 'accuracy']);
+    expect(fns.map((f) => f.name)).toEqual(['short', 'format', 'format_2', 'short_2', 'length', 'accuracy']);
+    const got = await scoreAll(fns.slice(0, 4), batchOf(completions, rows), place, 10);
+    expect(got.map((r) => Array.from(r))).toEqual([[1, 1, 1], [1, 0, 0], [0, 1, 0], [0.5, 0.5, 0.5]]);
+    await releaseRewards(fns);
   });
 
   it('reward:DIR scores with the reward model, as RewardModel.score does', async () => {

@@ -7,7 +7,8 @@ import { createHash } from 'node:crypto';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { resolveConfig, DEFAULT_CONFIG } from '../src/train/config.ts';
-import { TRAIN_SETTINGS, settingNames, settingsMarkdown, nearestName, declareCommand, defineSettings, refuseUnhonoured, settingsHelp } from '../src/train/settings.ts';
+import { settingsPage } from '../src/online/settings-page.ts';
+import { TRAIN_SETTINGS, settingNames, nearestName, declareCommand, defineSettings, refuseUnhonoured, settingsHelp } from '../src/train/settings.ts';
 import { resolveLoss } from '../losses/index.ts';
 import { exportArtifacts } from '../src/train/export.ts';
 import { train } from '../src/train/trainer.ts';
@@ -50,7 +51,7 @@ describe('the settings table', () => {
 
   it('docs/settings.md is what scripts/settings-doc.ts writes from the table', () => {
     const page = readFileSync(join(__dirname, '..', 'docs', 'settings.md'), 'utf8');
-    expect(page, 'docs/settings.md is stale: run node --import tsx scripts/settings-doc.ts').toBe(settingsMarkdown());
+    expect(page, 'docs/settings.md is stale: run node --import tsx scripts/settings-doc.ts').toBe(settingsPage());
     for (const k of Object.keys(TRAIN_SETTINGS)) expect(page).toContain(`| \`${k}\` |`);
   });
 

@@ -129,7 +129,7 @@ describe('every offline loss of the registry trains a step on its kind of data',
     const lists = jsonl(join(dir, 'reg-lists.jsonl'), demoLists(7, 8, 0).train);
     const singles = jsonl(join(dir, 'reg-singles.jsonl'), demoSingles(7, 4, 0).train.map((s) => ({ prompt: s.prompt, completion: s.response, label: s.label })));
     const fileOf = { pairwise: pairsFile, listwise: lists, single: singles } as const;
-    const online = (k: string) => k === 'nash_md' || k === 'grpo';
+    const online = (k: string) => k === 'nash_md' || k === 'grpo' || k === 'reward_pairs';
     const offline = listLosses().filter((l) => l.kinds.some((k) => !online(k)));
     expect(offline.length).toBeGreaterThanOrEqual(20);
     for (const l of offline) {

@@ -19,6 +19,7 @@
  *                   advantages; numbers: num_items_in_batch (DAPO's token count of the whole
  *                   accumulated batch), entropy_coef (the entropy bonus's coefficient this step),
  *                   last_world_entropy (the adaptive controller's last measured entropy)
+ * reward_pairs [B]: chosen_rewards, rejected_rewards (a reward model's r(x, y_w), r(x, y_l))
  * every kind:       weight [B] (row weights of the batch mean)
  */
 import { UserError } from '../../src/errors.ts';
@@ -38,13 +39,14 @@ export const GRPO_KEYS = [
   'policy_token_logps', 'old_token_logps', 'ref_token_logps', 'advantages', 'completion_mask', 'token_entropies', 'num_items_in_batch',
   'sampling_token_logps', 'entropy_coef', 'last_world_entropy',
 ] as const;
+export const REWARD_PAIR_KEYS = ['chosen_rewards', 'rejected_rewards', 'weight'] as const;
 /** GRPO's per-token columns ([B, T]: one entry per completion position). */
 export const TOKEN_KEYS: ReadonlySet<string> = new Set(['policy_token_logps', 'old_token_logps', 'ref_token_logps', 'completion_mask', 'token_entropies', 'sampling_token_logps']);
 /** Keys that are one number for the whole batch. */
 const SCALAR_KEYS: ReadonlySet<string> = new Set(['kl', 'num_items_in_batch', 'entropy_coef', 'last_world_entropy']);
 
 export const KEYS_OF: Record<Kind, readonly string[]> = {
-  pairwise: PAIR_KEYS, listwise: LIST_KEYS, single: SINGLE_KEYS, nash_md: NASH_KEYS, grpo: GRPO_KEYS,
+  pairwise: PAIR_KEYS, listwise: LIST_KEYS, single: SINGLE_KEYS, nash_md: NASH_KEYS, grpo: GRPO_KEYS, reward_pairs: REWARD_PAIR_KEYS,
 };
 
 /** Rank of a key's tensor: 2 for [B, K] list and [B, T] token columns, 0 for the batch scalars (`kl`, `num_items_in_batch`, …), else 1. */

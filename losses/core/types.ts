@@ -8,9 +8,10 @@ import type { Kind as DataKind } from '../../datasets/names.ts';
 
 /**
  * The data a loss consumes: pairs, ranked lists, single trajectories, Nash-MD's on-policy pairs, or
- * GRPO's groups of sampled completions with per-token log-probs.
+ * GRPO's groups of sampled completions with per-token log-probs, or the scalar rewards a reward
+ * model gives the two responses of a pair (Bradley–Terry).
  */
-export type Kind = DataKind | 'nash_md' | 'grpo';
+export type Kind = DataKind | 'nash_md' | 'grpo' | 'reward_pairs';
 
 /** A float64 batch tensor on the host, row-major: dims [B], [B, K] or [B, T] ([] for a batch scalar such as `kl`). */
 export interface HostTensor {

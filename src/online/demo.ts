@@ -32,16 +32,17 @@ import { train } from '../train/trainer.ts';
 import { writeDemoEval } from '../train/demo-eval.ts';
 import { taskCorrect, TaskJudge, type Judge } from './judges.ts';
 import { runNashMd } from './nash-md.ts';
-import { Policy } from './policy.ts';
+import { ModelSampler } from './policy.ts';
 import { RewardModel } from './reward-model.ts';
 import { rewardTrain } from './reward-model.ts';
 import { runSppo } from './sppo.ts';
 
 export const ONLINE_METHODS = ['sppo', 'nash_md', 'mpo'] as const;
-export type OnlineMethod = (typeof ONLINE_METHODS)[number];
+/** A method the online demo runs (not loop.ts's OnlineMethod, the interface a method implements). */
+export type OnlineDemoMethod = (typeof ONLINE_METHODS)[number];
 
 export interface OnlineDemoOptions {
-  method: OnlineMethod;
+  method: OnlineDemoMethod;
   seed: number;
   out?: string;
   /** Draws the progress of the training stages (the CLI passes a terminal bar). */
@@ -55,7 +56,7 @@ export interface OnlineDemoOptions {
 }
 
 export interface OnlineDemoResult {
-  method: OnlineMethod;
+  method: OnlineDemoMethod;
   /** Judged win-rate of the final policy's samples against π_0's on the held-out prompts. */
   win_rate_vs_start: number;
   /** Share of correct samples on the held-out prompts, π_0 and final. */
@@ -90,17 +91,16 @@ const COMMON: Partial<TrainConfig> = {
 const WARM_START: Partial<TrainConfig> = { ...COMMON, learning_rate: 3e-3, max_steps: 400, warmup_steps: 10 };
 
 /** Per-method settings, tuned to finish in a couple of minutes on two cores. */
-const METHOD: Record<OnlineMethod, { config: Partial<TrainConfig>; params: string[] }> = {
+const METHOD: Record<OnlineDemoMethod, { config: Partial<TrainConfig>; params: string[] }> = {
   sppo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 20, warmup_steps: 5 }, params: ['beta=0.1'] },
-  // The opponent y′ is drawn mostly from π_0 (mixture_coef 0.9, TRL's default is 0.5): with a verifier
-  // and m = 0.5 the opponent improves with the policy, so most comparisons become ties and the signal
-  // vanishes; near π_0 a right answer keeps beating it (docs/losses.md, "The demos"). From the warm
-  // start that copies, 300 steps reach 99–100% right on every seed (800 did no better, at 2.5× the time).
+  // The opponent y′ is drawn mostly from π_0 (mixture_coef 0.9, TRL's default is 0.5): under a verifier
+  // an opponent that improves with the policy turns most comparisons into ties and the signal vanishes,
+  // while near π_0 a right answer keeps beating it. 300 steps because the seed table (docs/losses.md,
+  // "The demos") is already at 99–100% there.
   nash_md: { config: { ...COMMON, learning_rate: 3e-3, max_steps: 300, warmup_steps: 10 }, params: ['beta=0.05', 'mixture_coef=0.9'] },
-  // Plain DPO in stage 1 pushes the right answer's log-prob down with the wrong one's (measured, seed
-  // 0: the chosen log-prob −2 → −8, correct samples 13% → 1%, junk 0% → 52%), and stage 2 then starts
-  // from, and is referenced to, that broken model (win-rates 0.54–0.72). RPO's NLL term on the chosen
-  // answer (rpo_alpha, both stages) keeps it up: see docs/losses.md, "The demos".
+  // RPO's NLL term on the chosen answer (rpo_alpha, both stages): plain DPO lowers the right answer's
+  // log-prob together with the wrong one's, and stage 2 would start from, and be referenced to, a model
+  // that answers junk (docs/losses.md, "The demos").
   mpo: { config: { ...COMMON, learning_rate: 3e-3, num_epochs: 16, warmup_steps: 10 }, params: ['beta=0.1', 'rpo_alpha=1'] },
 };
 
@@ -124,13 +124,11 @@ export function recallPrompts(rand: SeededRandom, count: number, avoid: Readonly
 
 /**
  * The warm start's rows: prompts of 1 to 4 distinct digits (a quarter of each length), each answered
- * with a random digit of its own. With four-digit prompts only, SFT on a random digit stays on the
- * plateau of the digits' marginal: after 400 steps about half the samples (46%, against 40% for
- * uniform over all ten) are a digit of the prompt, and 4,000 steps reach only 76%. A one-digit prompt
- * ("7:" → "7") has a single right answer, which the model learns to copy within a few dozen steps,
- * and the only rule right at every length is "one of the prompt's digits": after the same 400 steps
- * 87–91% of the samples are a digit of a held-out four-digit prompt, spread evenly over its four
- * positions (seeds 0–2, 4). The four-digit rows are the training prompts; no held-out prompt occurs.
+ * with a random digit of its own. The short prompts are why π_0 copies: a one-digit prompt ("7:" →
+ * "7") has a single right answer, learnt within a few dozen steps, and the only rule right at every
+ * length is "one of the prompt's digits", with no preference among positions; four-digit prompts alone
+ * leave SFT on the plateau of the digits' marginal. The four-digit rows are the training prompts; no
+ * held-out prompt occurs.
  */
 export function warmStartRows(rand: SeededRandom, trainPrompts: readonly string[], avoid: ReadonlySet<string>): Example[] {
   const rows: Example[] = [];
@@ -162,7 +160,7 @@ function rowsOf(kind: 'pairwise', examples: Example[]): LoadedData {
 
 /** Correct share of n samples per prompt, and the samples' texts. */
 async function sampleAndScore(dir: string, prompts: string[], seed: number): Promise<{ texts: string[][]; accuracy: number }> {
-  const policy = await Policy.load(dir);
+  const policy = await ModelSampler.load(dir);
   const s = await policy.sample(prompts, { ...SAMPLING, n: EVAL_SAMPLES, seed });
   await policy.release();
   const texts = prompts.map((_, i) => s.slice(i * EVAL_SAMPLES, (i + 1) * EVAL_SAMPLES).map((x) => x.response));

@@ -5,9 +5,7 @@
  *   1. a tiny llama is initialised and taught to copy a digit by a short SFT on masked prompts: each
  *      shows one digit in its place and dashes for the others ("-7--:" → "7"), so the starting policy
  *      answers a digit of the prompt and stops, with nothing to tell it which position is asked for:
- *      on the real prompts it picks among the four digits, right at chance among them (about one time
- *      in four; 5–27% over seeds 0–9, as each seed's π_0 leans to some positions and sometimes
- *      answers a digit that is not in the prompt)
+ *      on the real prompts it is right about one time in four, chance among the four digits
  *   2. prompts.jsonl (3,000 prompts with their answers: too many to memorise in the run, so only the
  *      rule pays) and heldout.jsonl (100 others) are written to the run folder; `grpo` trains on the
  *      first with `--reward accuracy`, evaluating on the second
@@ -29,10 +27,10 @@ import { writeDemoEval } from '../train/demo-eval.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
 import { recallPrompts, type OnlineDemoOptions } from './demo.ts';
-import { evaluateRewards, grpo } from './grpo.ts';
-import { Policy } from './policy.ts';
+import { evaluateRewards, grpo, samplingRollout } from './grpo/index.ts';
+import { ModelSampler } from './policy.ts';
 import { readPromptRows } from './prompts.ts';
-import { loadAllRewards, releaseRewards } from './rewards.ts';
+import { loadAllRewards, releaseRewards } from './rewards/index.ts';
 
 /** The online demo's options; `params` are extra settings of the GRPO run (e.g. loss_type=grpo, max_steps=40). */
 export type GrpoDemoOptions = Omit<OnlineDemoOptions, 'method'>;
@@ -53,12 +51,11 @@ export interface GrpoDemoResult {
 }
 
 /**
- * The warm start: SFT on masked prompts ("-7--:" → "7", the digit's place drawn at random), 300 steps
- * (about 3 s). SFT on the real prompts with a random digit of each as the answer does not do it: the
- * loss stays near ln 10 (answers spread over all ten digits, fewer than half of them in the prompt)
- * for 400 to 4,000 steps, so GRPO had to discover copying itself and some seeds wandered for 1,600
- * steps. A single digit to copy is a deterministic target, learnt at once, and by content, not by
- * position: with four digits shown, the policy copies one of them.
+ * The warm start: SFT on masked prompts ("-7--:" → "7", the digit's place drawn at random), 300 steps.
+ * A single digit to copy is a deterministic target, learnt at once, and by content, not by position:
+ * with four digits shown, the policy copies one of them, so GRPO starts from a policy whose groups
+ * already hold right answers and only has to learn which position is asked for. A random digit of the
+ * real prompt as the answer would leave SFT near ln 10, with no rule to learn.
  */
 const WARM_START: Partial<TrainConfig> = {
   batch_size: 32, learning_rate: 3e-3, max_steps: 300, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
@@ -68,11 +65,10 @@ const WARM_START: Partial<TrainConfig> = {
 /**
  * GRPO on the task: 16 prompts × 8 completions a step, answers of at most 2 tokens (a digit and the
  * end), 400 steps at learning rate 2e-3 (linear decay) with the k3 KL to the starting policy (β = 0.04,
- * DeepSeek's value). From the copying π_0 a group of 8 holds a right answer about eight times in ten,
- * and held-out accuracy passed 0.85 within 100–150 steps on seeds 4, 5 and 8; over seeds 0–9 it ends at
- * 0.989–0.999 (docs/losses.md, "The GRPO demo"). Without the KL (from the former π_0 that did not copy), seed 0 settled
- * on a confident wrong digit (entropy 0.07, every group scoring the same: no signal left). Learning
- * rates of 4e-3 and above unsettle the policy (its mass leaves the digits).
+ * DeepSeek's value). The KL keeps the policy near π_0, whose groups disagree often enough to give a
+ * signal; without it a seed can settle on a confident wrong digit, where every group scores the same.
+ * Learning rates of 4e-3 and above move the policy's mass off the digits. Seed table: docs/losses.md,
+ * "The GRPO demo".
  */
 const GRPO_BASE: Partial<TrainConfig> = {
   batch_size: 128, learning_rate: 2e-3, max_steps: 400, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
@@ -126,8 +122,9 @@ export async function runGrpoDemo(o: GrpoDemoOptions): Promise<GrpoDemoResult> {
   // The starting policy on the held-out prompts, sampled as the run's own evaluation samples.
   const heldRows = await readPromptRows(heldoutFile);
   const fns = await loadAllRewards(['accuracy']);
-  const pi0 = await Policy.load(start.finalDir);
-  const before = await evaluateRewards(pi0.tok, pi0.decoder, heldRows, fns, [1], { n: EVAL_SAMPLES, seed: evalSeed, maxCompletionLength: 2, temperature: 1, topK: 0, topP: 1, timeout: 60 });
+  const pi0 = await ModelSampler.load(start.finalDir);
+  const rollout = samplingRollout({ max_completion_length: 2, temperature: 1, top_k: 0, top_p: 1 });
+  const before = await evaluateRewards(pi0.tok, pi0.decoder, heldRows, fns, [1], { rollout, n: EVAL_SAMPLES, seed: evalSeed, maxCompletionLength: 2, timeout: 60 });
   await pi0.release();
   await releaseRewards(fns);
 

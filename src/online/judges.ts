@@ -4,9 +4,11 @@
  *   task          the built-in verifiable judge of the demo tasks (recall the first digit, "4719:" → "4";
  *                 modular addition, "3+4=" → "7"): a correct answer beats a wrong one, equal
  *                 correctness is a tie (½)
- *   reward:DIR    a reward model trained by `prefzoo reward-train`: P = σ(r(a) − r(b)) (Bradley–Terry)
+ *   reward:DIR    a reward model trained by `prefzoo reward-train`: P = σ(r(a) − r(b)) (Bradley–Terry),
+ *                 scored by the `reward:DIR` reward (rewards/model.ts) on the run's device
  *   cmd:COMMAND   an external program speaking JSONL: one `{"prompt","a","b"}` line in, one
- *                 `{"p": P(a ≻ b)}` line out, in order (see `CommandJudge`)
+ *                 `{"p": P(a ≻ b)}` line out, in order (see `CommandJudge`; the protocol is the
+ *                 `cmd:` reward's, line-process.ts's JsonLinesProgram)
  *
  * Judges see text (the decoded responses), so any judge works with any policy's tokenizer.
  */
@@ -14,9 +16,9 @@ import { UserError } from '../errors.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
 import type { Text } from '../../datasets/schema.ts';
 import { DEMO_MODULUS } from '../train/demo-task.ts';
-import { RewardModel } from './reward-model.ts';
+import { ModelReward } from './rewards/model.ts';
 import { promptKey } from './prompts.ts';
-import { LineProcess } from './line-process.ts';
+import { AnswerError, JsonLinesProgram } from './line-process.ts';
 
 export interface Comparison {
   prompt: Text;
@@ -60,12 +62,12 @@ export class TaskJudge implements Judge {
 /** Bradley–Terry judge over a reward model: each distinct (prompt, response) is scored once per call. */
 export class RewardJudge implements Judge {
   readonly name: string;
-  private constructor(private readonly rm: RewardModel) {
-    this.name = `reward:${rm.dir}`;
+  private constructor(private readonly rm: ModelReward) {
+    this.name = rm.source;
   }
 
   static async load(dir: string, runtime?: RuntimeOptions): Promise<RewardJudge> {
-    return new RewardJudge(await RewardModel.load(dir, runtime));
+    return new RewardJudge(await ModelReward.load(dir, runtime));
   }
 
   async compare(items: readonly Comparison[]): Promise<number[]> {
@@ -76,7 +78,7 @@ export class RewardJudge implements Judge {
       todo.set(key(c.prompt, c.b), { prompt: c.prompt, response: c.b });
     }
     const list = [...todo.values()];
-    const scores = await this.rm.score(list);
+    const scores = await this.rm.scoreTexts(list);
     const byKey = new Map(list.map((x, i) => [key(x.prompt, x.response), scores[i]]));
     return items.map((c) => 1 / (1 + Math.exp(byKey.get(key(c.prompt, c.b))! - byKey.get(key(c.prompt, c.a))!)));
   }
@@ -94,38 +96,36 @@ export class RewardJudge implements Judge {
  */
 export class CommandJudge implements Judge {
   readonly name: string;
-  private readonly proc: LineProcess;
+  private readonly program: JsonLinesProgram;
   private answered = 0;
 
   constructor(readonly command: string) {
     if (!command.trim()) throw new UserError('--judge cmd: the command is empty');
     this.name = `cmd:${command}`;
-    this.proc = new LineProcess(command);
+    this.program = new JsonLinesProgram(command);
   }
 
   async compare(items: readonly Comparison[]): Promise<number[]> {
-    this.proc.send(items.map((c) => ({ prompt: c.prompt, a: c.a, b: c.b })));
-    const out: number[] = [];
-    for (let i = 0; i < items.length; i++) {
-      const line = await this.proc.next();
-      const n = ++this.answered;
-      if (line === null) throw new UserError(`judge command "${this.command}" closed its output after ${n - 1} answers${this.proc.stderrNote()}`);
-      let p: unknown;
-      try {
-        p = (JSON.parse(line) as { p?: unknown })?.p;
-      } catch {
-        throw new UserError(`judge command "${this.command}": answer ${n} is not JSON: ${JSON.stringify(line.slice(0, 80))}`);
-      }
-      if (typeof p !== 'number' || !(p >= 0 && p <= 1)) {
-        throw new UserError(`judge command "${this.command}": answer ${n} must be {"p": number in [0, 1]}, got ${JSON.stringify(line.slice(0, 80))}`);
-      }
-      out.push(p);
+    const read = (a: unknown) => {
+      const p = (a as { p?: unknown } | null)?.p;
+      return typeof p === 'number' && p >= 0 && p <= 1 ? p : undefined;
+    };
+    try {
+      const out = await this.program.ask(items.map((c) => ({ prompt: c.prompt, a: c.a, b: c.b })), read);
+      this.answered += out.length;
+      return out;
+    } catch (e) {
+      if (!(e instanceof AnswerError)) throw e;
+      const n = this.answered + e.index + 1;
+      const shown = JSON.stringify(e.line.slice(0, 80));
+      if (e.why === 'closed') throw new UserError(`judge command "${this.command}" closed its output after ${n - 1} answers${this.program.stderrNote()}`);
+      if (e.why === 'json') throw new UserError(`judge command "${this.command}": answer ${n} is not JSON: ${shown}`);
+      throw new UserError(`judge command "${this.command}": answer ${n} must be {"p": number in [0, 1]}, got ${shown}`);
     }
-    return out;
   }
 
   async release(): Promise<void> {
-    await this.proc.release();
+    await this.program.release();
   }
 }
 
@@ -160,4 +160,18 @@ export async function winRates(judge: Judge, groups: { prompt: Text; responses: 
     }
     return sum.map((s) => (K > 1 ? s / (K - 1) : 0.5));
   });
+}
+
+/**
+ * Runs `f` with the judge `spec` names, loaded on the run's device (its `device` and `threads`
+ * settings) and released after; a Judge object is used as it is and left to its owner.
+ */
+export async function withJudge<T>(spec: Judge | string, runtime: () => RuntimeOptions, f: (judge: Judge) => Promise<T>): Promise<T> {
+  if (typeof spec !== 'string') return f(spec);
+  const judge = await loadJudge(spec, runtime());
+  try {
+    return await f(judge);
+  } finally {
+    await judge.release();
+  }
 }

@@ -94,3 +94,58 @@ export class LineProcess {
     this.lines?.close();
   }
 }
+
+/** Why the answer at `index` (0-based, within one `ask`) is unusable. */
+export class AnswerError extends Error {
+  constructor(
+    readonly index: number,
+    readonly why: 'closed' | 'json' | 'shape',
+    readonly line: string,
+  ) {
+    super(why);
+  }
+}
+
+/**
+ * The protocol the `cmd:` judge and the `cmd:` reward share: one JSON line in per request, one JSON
+ * object out per request, in order, each read by the caller's `read` (undefined: not the answer's
+ * shape). The program is restarted after `abandon` (a timed-out request leaves its answers out of step).
+ */
+export class JsonLinesProgram {
+  private proc: LineProcess;
+  constructor(readonly command: string) {
+    this.proc = new LineProcess(command);
+  }
+
+  async ask<T>(requests: readonly unknown[], read: (answer: unknown) => T | undefined): Promise<T[]> {
+    this.proc.send(requests);
+    const out: T[] = [];
+    for (let i = 0; i < requests.length; i++) {
+      const line = await this.proc.next();
+      if (line === null) throw new AnswerError(i, 'closed', '');
+      let answer: unknown;
+      try {
+        answer = JSON.parse(line);
+      } catch {
+        throw new AnswerError(i, 'json', line);
+      }
+      const v = read(answer);
+      if (v === undefined) throw new AnswerError(i, 'shape', line);
+      out.push(v);
+    }
+    return out;
+  }
+
+  stderrNote(): string {
+    return this.proc.stderrNote();
+  }
+
+  abandon(): void {
+    this.proc.kill();
+    this.proc = new LineProcess(this.command);
+  }
+
+  async release(): Promise<void> {
+    await this.proc.release();
+  }
+}

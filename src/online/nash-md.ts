@@ -25,20 +25,27 @@ import { collate } from '../models/batch.ts';
 import { resolveConfig, type TrainConfig } from '../train/config.ts';
 import type { TokenizedExample } from '../../datasets/examples.ts';
 import type { Text } from '../../datasets/schema.ts';
-import { Scorer } from '../models/scorer.ts';
 import { resolveLoss, type BoundLoss } from '../../losses/index.ts';
 import { Decoder } from '../models/generate.ts';
-import type { Judge } from './judges.ts';
+import { withJudge, type Judge } from './judges.ts';
+import { ReferenceScorer } from './reference.ts';
 import { sampleWith } from './policy.ts';
-import type { SamplingOptions } from '../models/sampling.ts';
-import { modelParamSpecs, optimizerOf } from '../train/run.ts';
+import { modelParamSpecs, optimizerOf, runtimeOf } from '../train/run.ts';
+import { declareCommand, ONLINE_LOOP_SETTINGS, type SettingsOf } from '../train/settings.ts';
+import { fromAliases, samplerOptions, samplingSettings, type SamplingAliases } from './sampling.ts';
+
+/** Nash-MD's own settings: sampling one completion per prompt (and its mixture), 64 tokens at most unless told. */
+export const NASH_MD_SETTINGS = samplingSettings(['max_completion_length', 'temperature', 'top_p', 'top_k'], { max_completion_length: 64 });
+declareCommand('nash-md', { honours: ONLINE_LOOP_SETTINGS, own: NASH_MD_SETTINGS, lossParams: 'nash_md' });
 import { runOnline, type OnlineMethod, type OnlineOptions } from './loop.ts';
 
 /** `params`: trainer settings and the loss's `beta`, `mixture_coef`, as `key=value`. */
-export interface NashMdOptions extends SamplingOptions, OnlineOptions {
+export interface NashMdOptions extends SamplingAliases, OnlineOptions {
   prompts: readonly Text[];
-  judge: Judge;
-  maxNewTokens: number;
+  /** The judge, or its spec (`task`, `reward:DIR`, `cmd:COMMAND`): then loaded on the run's device and released at the end. */
+  judge: Judge | string;
+  /** Settings by name, typed (as `--param` takes them, after `params`). */
+  settings?: Readonly<Record<string, unknown>>;
   /** The prompts file, recorded in config.json (a --resume must name the same). */
   promptsFile?: string;
 }
@@ -85,30 +92,58 @@ interface NashMdRound {
 }
 
 export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
-  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'nash-md' });
+  // The older names (--max-new-tokens, --temperature, …) are the sampling settings under another name.
+  const settings = { ...fromAliases(o), ...o.settings };
+  const runtime = () => runtimeOf(resolveConfig({ configFile: o.configFile, params: o.params, settings, base: o.base, command: 'nash-md' }).config);
+  return withJudge(o.judge, runtime, (judge) => nashMdWith({ ...o, settings, judge }));
+}
+
+async function nashMdWith(o: NashMdOptions & { judge: Judge }): Promise<NashMdResult> {
+  const { config, lossParams, own } = resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'nash-md' });
+  const sampling = samplerOptions(own as unknown as SettingsOf<typeof NASH_MD_SETTINGS>);
   const loss = resolveLoss('nash_md', lossParams);
+  const r = await runOnline(o, o.prompts, nashMdMethod({ config, loss, sampling, judge: o.judge }), {
+    config,
+    record: { prompts: o.promptsFile ?? null, judge: o.judge.name, loss: 'nash_md', loss_params: loss.terms[0].params, max_new_tokens: sampling.maxNewTokens, sampling: { temperature: sampling.temperature, top_k: sampling.topK, top_p: sampling.topP } },
+    inputs: [
+      ...(o.promptsFile ? [{ key: 'prompts', now: o.promptsFile, flag: '--prompts' }] : []),
+      { key: 'judge', now: o.judge.name, flag: '--judge' },
+    ],
+  });
+  return { finalDir: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last };
+}
+
+/** What Nash-MD is made of once its command's settings are resolved. */
+export interface NashMdSetup {
+  config: TrainConfig;
+  loss: BoundLoss;
+  sampling: ReturnType<typeof samplerOptions>;
+  judge: Judge;
+}
+
+/** Nash-MD as a method of the online loop: `runNashMd` runs it under `nash-md`. */
+export function nashMdMethod({ config, loss, sampling, judge }: NashMdSetup): OnlineMethod<Text, NashMdRound> {
   const m = loss.terms[0].params.mixture_coef as number;
   let ref: Decoder | null = null;
-  let refScorer: Scorer | null = null;
+  let refScorer: ReferenceScorer | null = null;
   const B = config.batch_size;
-  const method: OnlineMethod<Text, NashMdRound> = {
+  return {
     name: 'nash-md',
     spec: (s) => nashMdSpec(s.model, s.init, s.lora, s.config, loss),
     async open(ctx) {
       // π_θ decodes from the live parameters (ctx.policy(), re-pointed every round); π_ref is fixed.
       ref = await Decoder.create(ctx.model, ctx.baseWeights, { runtime: ctx.runtime, bake: true });
-      refScorer = await Scorer.create(ctx.model, ctx.baseWeights, ctx.runtime, ctx.tok.padId ?? 0);
+      refScorer = await ReferenceScorer.create(ctx.model, ctx.baseWeights, ctx.runtime);
     },
     async collect(ctx, prompts, info) {
       const policy = await ctx.policy();
-      const sampling = { ...o, n: 1 };
+      const draw = { ...sampling, n: 1 };
       // Each step's two sample streams are fixed by (seed, step): a resumed run draws the same.
       const seed = (config.seed * 7919 + info.step * 2) >>> 0;
-      const ys = await sampleWith(ctx.tok, policy, prompts, { ...sampling, seed });
-      const yps = await sampleWith(ctx.tok, policy, prompts, { ...sampling, seed: (seed + 1) >>> 0, mixture: { decoder: ref!, coef: m } });
-      const probs = await o.judge.compare(prompts.map((prompt, i) => ({ prompt, a: ys[i].response, b: yps[i].response })));
-      const rows: TokenizedExample[] = ys.map((y) => ({ promptIds: y.promptIds, responseIds: [y.ids], src: { prompt: y.prompt, responses: [y.response] } }));
-      const refLogps = (await refScorer!.score('single', rows, { batchSize: B, padTo: config.pad_to_multiple_of })).logps.map((l) => l[0]);
+      const ys = await sampleWith(ctx.tok, policy, prompts, { ...draw, seed });
+      const yps = await sampleWith(ctx.tok, policy, prompts, { ...draw, seed: (seed + 1) >>> 0, mixture: { decoder: ref!, coef: m } });
+      const probs = await judge.compare(prompts.map((prompt, i) => ({ prompt, a: ys[i].response, b: yps[i].response })));
+      const refLogps = (await refScorer!.score(ys, { batchSize: B, padTo: config.pad_to_multiple_of, padId: ctx.tok.padId ?? 0 })).sums;
       return { promptIds: ys.map((y) => y.promptIds), ids: ys.map((y) => y.ids), prompts: [...prompts], responses: ys.map((y) => y.response), probs: [...probs], refLogps };
     },
     async microBatches(ctx, r) {
@@ -132,13 +167,4 @@ export async function runNashMd(o: NashMdOptions): Promise<NashMdResult> {
       await Promise.all([ref?.release(), refScorer?.release()]);
     },
   };
-  const r = await runOnline(o, o.prompts, method, {
-    config,
-    record: { prompts: o.promptsFile ?? null, judge: o.judge.name, loss: 'nash_md', loss_params: loss.terms[0].params, max_new_tokens: o.maxNewTokens, sampling: { temperature: o.temperature, top_k: o.topK, top_p: o.topP } },
-    inputs: [
-      ...(o.promptsFile ? [{ key: 'prompts', now: o.promptsFile, flag: '--prompts' }] : []),
-      { key: 'judge', now: o.judge.name, flag: '--judge' },
-    ],
-  });
-  return { finalDir: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last };
 }

@@ -1,5 +1,6 @@
 /**
- * A model folder ready to sample from: its tokenizer and a cached decoder. `sample` draws n responses
+ * A model folder ready to sample from (`ModelSampler`: its tokenizer and a decoder with the weights
+ * baked in; not the live policy of a training run, which is `OnlineContext.policy()`'s Decoder). `sample` draws n responses
  * per prompt (from the model, or from the geometric mixture with another model) and returns them as
  * ids and text, each sample's random stream fixed by (seed, prompt index, sample index).
  */
@@ -35,7 +36,7 @@ export interface SampleOptions extends SamplingOptions {
   mixture?: { decoder: Decoder; coef: number };
 }
 
-export class Policy {
+export class ModelSampler {
   private constructor(
     readonly dir: string,
     readonly config: ModelConfig,
@@ -44,15 +45,10 @@ export class Policy {
   ) {}
 
   /** Loads a model folder; weights are baked into the decode graphs (a fixed model). */
-  static async load(dir: string, runtime?: RuntimeOptions, chatTemplateFile?: string): Promise<Policy> {
+  static async load(dir: string, runtime?: RuntimeOptions, chatTemplateFile?: string): Promise<ModelSampler> {
     const m = loadModel(dir);
     const tok = loadTokenizer(dir, { chatTemplateFile });
-    return new Policy(dir, m.config, tok, await Decoder.create(m.config, m.weights, { runtime, bake: true }));
-  }
-
-  /** A policy over a decoder built elsewhere (e.g. one fed the live weights of a training run). */
-  static of(dir: string, config: ModelConfig, tok: LoadedTokenizer, decoder: Decoder): Policy {
-    return new Policy(dir, config, tok, decoder);
+    return new ModelSampler(dir, m.config, tok, await Decoder.create(m.config, m.weights, { runtime, bake: true }));
   }
 
   async sample(prompts: readonly Text[], o: SampleOptions): Promise<Sample[]> {

@@ -1,14 +1,11 @@
 /**
  * Reward models: a causal LM with a scalar head (`value_head.weight [D]`, `value_head.bias [1]`) read
  * at the last token of prompt ++ response (the response ends with EOS or the template's end-of-turn,
- * so the head sees the whole answer). Trained with the Bradley–Terry loss on preference pairs,
- *
- *   L = −log σ(r(x, y_w) − r(x, y_l))     (mean over pairs),
- *
- * as in "Training language models to follow instructions with human feedback" (2022). The folder is
+ * so the head sees the whole answer). Trained with the Bradley–Terry loss of the registry
+ * (losses/bradley_terry.ts) on preference pairs, L = −log σ(r(x, y_w) − r(x, y_l)), mean over pairs. The folder is
  * an ordinary HF model folder whose safetensors also hold the head, plus `reward_model.json`.
  */
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import * as arrow from 'apache-arrow';
@@ -27,12 +24,22 @@ import { loadTokenizer, tokenizePromptResponse, type LoadedTokenizer } from '../
 import { resolveConfig, type TrainConfig } from '../train/config.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
 import type { Text } from '../../datasets/schema.ts';
-import { negLogSigmoid } from '../../losses/core/ops.ts';
+import { resolveLoss } from '../../losses/index.ts';
 import { modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder } from '../train/run.ts';
 import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions } from './loop.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
+import { declareCommand, ONLINE_LOOP_SETTINGS } from '../train/settings.ts';
+
+/** The reward model is saved into the output folder itself, merged: save_merged and save_adapter do not apply. */
+declareCommand('reward-train', {
+  honours: [...ONLINE_LOOP_SETTINGS.filter((k) => k !== 'save_merged' && k !== 'save_adapter'), 'max_length', 'max_prompt_length', 'truncation', 'max_samples', 'eval_data', 'eval_steps', 'eval_samples'],
+  lossParams: 'none',
+});
 
 export const REWARD_MODEL_FILE = 'reward_model.json';
+
+/** The loss of the registry reward models train with (losses/bradley_terry.ts). */
+const BRADLEY_TERRY = resolveLoss('bradley_terry', {});
 
 /** Token sequences of (prompt, response) pairs, right-padded to a multiple of `padTo`. */
 function batchFeeds(seqs: number[][], padId: number, padTo: number): { feeds: Feeds; tokens: number } {
@@ -134,24 +141,15 @@ function rewardSpec(config: ModelConfig, init: Map<string, FloatTensor>, lora: L
       const two = g.reshape(r, [2, -1]);
       const rw = g.gather(two, g.constant(0, 'int64'), 0);
       const rl = g.gather(two, g.constant(1, 'int64'), 0);
-      const margin = g.sub(rw, rl);
-      const loss = g.reduceMean(negLogSigmoid(g, margin), undefined, false);
-      const m = g.stopGradient(margin);
-      return {
-        loss,
-        metrics: {
-          accuracy: g.reduceMean(g.cast(g.greater(m, 0), 'float32'), undefined, false),
-          margin: g.reduceMean(m, undefined, false),
-          'rewards/chosen': g.reduceMean(g.stopGradient(rw), undefined, false),
-          'rewards/rejected': g.reduceMean(g.stopGradient(rl), undefined, false),
-        },
-      };
+      return BRADLEY_TERRY.emit(g, { chosen_rewards: rw, rejected_rewards: rl }, 'reward_pairs');
     },
   };
 }
 
 export interface RewardTrainOptions extends OnlineOptions {
   data: string;
+  /** Settings by name, typed (as `--param` takes them, after `params`). */
+  settings?: Readonly<Record<string, unknown>>;
   rows?: LoadedData;
 }
 
@@ -189,7 +187,7 @@ function pairSeqs(rows: readonly TokenizedExample[]): number[][] {
  */
 export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainResult> {
   const log = o.log ?? (() => {});
-  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'reward-train' });
+  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'reward-train' });
   // The settings it honours are declared in train/settings.ts ('reward-train'); resolveConfig refuses the others.
   const unknown = Object.keys(lossParams);
   if (unknown.length) throw new UserError(`reward-train: unknown setting ${unknown.map((k) => `"${k}"`).join(', ')} (the Bradley–Terry loss has no parameters)`);
@@ -267,12 +265,6 @@ export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainRes
   writeJsonAtomic(join(o.out, REWARD_MODEL_FILE), { base_model: o.model, data: o.data, loss: 'bradley_terry', ...config, result });
   log(`reward-train: ${r.steps} steps in ${result.seconds}s; pair accuracy ${result.train_accuracy.toFixed(3)} (train)${result.eval_accuracy !== undefined ? `, ${result.eval_accuracy.toFixed(3)} (eval)` : ''}`);
   return result;
-}
-
-/** Reads `reward_model.json` of a folder, if any. */
-export function rewardModelInfo(dir: string): Record<string, unknown> | null {
-  const f = join(dir, REWARD_MODEL_FILE);
-  return existsSync(f) ? JSON.parse(readFileSync(f, 'utf8')) : null;
 }
 
 export interface ScorePairsResult {

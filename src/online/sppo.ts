@@ -36,23 +36,33 @@ import type { Text } from '../../datasets/schema.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { collate, sequenceIndex } from '../models/batch.ts';
 import { lrAt } from '../optim/schedule.ts';
-import { loraOf, stepPlan } from '../train/run.ts';
+import { loraOf, runtimeOf, stepPlan } from '../train/run.ts';
+import { declareCommand, ONLINE_LOOP_SETTINGS, type SettingsOf } from '../train/settings.ts';
+import { fromAliases, samplerOptions, samplingSettings, type SamplingAliases } from './sampling.ts';
+
+/** SPPO's own settings: K = num_generations samples per prompt (4 unless told), 64 tokens at most unless told. */
+export const SPPO_SETTINGS = samplingSettings(['num_generations', 'max_completion_length', 'temperature', 'top_p', 'top_k'], { num_generations: 4, max_completion_length: 64 });
+/**
+ * SPPO runs on the online loop with the trainer's listwise graphs (share_prompt packing, recomputation,
+ * float16 base weights); its reference is π_t by definition (no ref_on_the_fly, sync_ref_model) and it
+ * trains on the sampled token ids (no max_length truncation), without held-out evaluation.
+ */
+declareCommand('sppo', { honours: [...ONLINE_LOOP_SETTINGS, 'share_prompt', 'gradient_checkpointing', 'base_dtype'], own: SPPO_SETTINGS, lossParams: 'sppo' });
 import { problemOf, problemSpec } from '../train/problem.ts';
-import { winRates, type Judge } from './judges.ts';
+import { winRates, withJudge, type Judge } from './judges.ts';
 import { sampleWith } from './policy.ts';
 import { writeFileAtomic, writeJsonAtomic } from '../io/atomic.ts';
-import type { SamplingOptions } from '../models/sampling.ts';
 import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions } from './loop.ts';
 
 /** `params`: settings of the loop (docs/settings.md, `sppo`) and the loss's `beta`, as `key=value`. */
-export interface SppoOptions extends SamplingOptions, OnlineOptions {
+export interface SppoOptions extends SamplingAliases, OnlineOptions {
   prompts: readonly Text[];
-  judge: Judge;
+  /** The judge, or its spec (`task`, `reward:DIR`, `cmd:COMMAND`): then loaded on the run's device and released at the end. */
+  judge: Judge | string;
+  /** Settings by name, typed (as `--param` takes them, after `params`). */
+  settings?: Readonly<Record<string, unknown>>;
   /** T (default 3). */
   iterations?: number;
-  /** K responses per prompt and iteration (default 4). */
-  samples?: number;
-  maxNewTokens: number;
   /** The prompts file, recorded in config.json (a --resume must name the same). */
   promptsFile?: string;
 }
@@ -102,14 +112,22 @@ interface SppoRound {
 }
 
 export async function runSppo(o: SppoOptions): Promise<SppoResult> {
+  // The older names (--samples, --max-new-tokens, …) are the sampling settings under another name.
+  const settings = { ...fromAliases(o), ...o.settings };
+  const runtime = () => runtimeOf(resolveConfig({ configFile: o.configFile, params: o.params, settings, base: o.base, command: 'sppo' }).config);
+  return withJudge(o.judge, runtime, (judge) => sppoWith({ ...o, settings, judge }));
+}
+
+async function sppoWith(o: SppoOptions & { judge: Judge }): Promise<SppoResult> {
   const t0 = Date.now();
   const log = o.log ?? (() => {});
   const T = o.iterations ?? 3;
-  const K = o.samples ?? 4;
   if (!(Number.isInteger(T) && T >= 1)) throw new UserError(`--iterations must be a positive integer, got ${o.iterations}`);
-  if (!(Number.isInteger(K) && K >= 2)) throw new UserError(`--samples must be an integer ≥ 2 (win-rates compare samples with each other), got ${o.samples}`);
   if (o.prompts.length === 0) throw new UserError('sppo: no prompts');
-  const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base, command: 'sppo' });
+  const { config, lossParams, own } = resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'sppo' });
+  const s = own as unknown as SettingsOf<typeof SPPO_SETTINGS>;
+  const K = s.num_generations;
+  const sampling = samplerOptions(s);
   const loss = resolveLoss('sppo', lossParams);
   // The model is the run's: its problem is worked out once, not every round.
   let solved: ReturnType<typeof problemOf> | undefined;
@@ -130,7 +148,7 @@ export async function runSppo(o: SppoOptions): Promise<SppoResult> {
     started = Date.now();
     const policy = await ctx.policy();
     // Each iteration's samples are fixed by (seed, t): a resumed run draws the same.
-    const samples = await sampleWith(ctx.tok, policy, o.prompts, { ...o, n: K, seed: (config.seed * 1000 + t) >>> 0 });
+    const samples = await sampleWith(ctx.tok, policy, o.prompts, { ...sampling, n: K, seed: (config.seed * 1000 + t) >>> 0 });
     const of = (i: number) => samples.slice(i * K, (i + 1) * K);
     const responses = o.prompts.map((_, i) => of(i).map((s) => s.response));
     const P = await winRates(o.judge, o.prompts.map((prompt, i) => ({ prompt, responses: responses[i] })));
@@ -196,7 +214,7 @@ export async function runSppo(o: SppoOptions): Promise<SppoResult> {
   };
   const r = await runOnline(o, o.prompts.map((_, i) => i), method, {
     config,
-    record: { prompts: o.promptsFile ?? null, judge: o.judge.name, loss: 'sppo', loss_params: loss.terms[0].params, iterations: T, samples: K, max_new_tokens: o.maxNewTokens, sampling: { temperature: o.temperature, top_k: o.topK, top_p: o.topP } },
+    record: { prompts: o.promptsFile ?? null, judge: o.judge.name, loss: 'sppo', loss_params: loss.terms[0].params, iterations: T, samples: K, max_new_tokens: sampling.maxNewTokens, sampling: { temperature: sampling.temperature, top_k: sampling.topK, top_p: sampling.topP } },
     inputs: [...(o.promptsFile ? [{ key: 'prompts', now: o.promptsFile, flag: '--prompts' }] : []), { key: 'judge', now: o.judge.name, flag: '--judge' }],
   });
   endIteration();
@@ -207,7 +225,7 @@ export async function runSppo(o: SppoOptions): Promise<SppoResult> {
     if (mine.length) it.loss = mine[mine.length - 1].loss as number;
   }
   const seconds = Math.round((Date.now() - t0) / 100) / 10;
-  writeJsonAtomic(join(o.out, 'sppo.json'), { model: o.model, judge: o.judge.name, iterations: T, samples: K, max_new_tokens: o.maxNewTokens, sampling: { temperature: o.temperature, top_k: o.topK, top_p: o.topP }, ...config, steps: r.steps, summary });
+  writeJsonAtomic(join(o.out, 'sppo.json'), { model: o.model, judge: o.judge.name, iterations: T, samples: K, max_new_tokens: sampling.maxNewTokens, sampling: { temperature: sampling.temperature, top_k: sampling.topK, top_p: sampling.topP }, ...config, steps: r.steps, summary });
   log(`sppo: ${T} iterations, ${r.steps} steps in ${seconds}s; final policy in ${r.finalDir}`);
   return { finalDir: r.finalDir, iterations: summary, seconds };
 }

@@ -46,6 +46,8 @@ export interface ResolvedConfig {
 export interface ResolveOptions {
   configFile?: string;
   params?: readonly string[];
+  /** Settings and loss parameters by name, typed (the library's): applied after `params`, checked and refused as they are. */
+  settings?: Readonly<Record<string, unknown>>;
   /** Settings applied under --config and --param (a caller's defaults): never refused. */
   base?: Partial<TrainConfig>;
   /** The command whose settings these are (settings.ts `declareCommand`): a given setting it does not honour is refused. */
@@ -113,6 +115,7 @@ export function resolveConfig(opts: ResolveOptions): ResolvedConfig {
     apply(f.values, opts.configFile, true);
   }
   apply(parseParams(opts.params ?? []), '--param', true);
+  if (opts.settings) apply(Object.fromEntries(Object.entries(opts.settings).filter(([, v]) => v !== undefined).map(([k, v]) => [k, v === null ? '' : v])), 'settings', true);
   // A key that is neither a setting nor a parameter of the loss: the nearest name of either.
   const fixedLoss = decl && decl.lossParams !== 'any' ? decl.lossParams : undefined;
   const lossSpec = opts.loss ?? trl?.loss ?? (fixedLoss !== 'none' ? fixedLoss : undefined);

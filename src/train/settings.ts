@@ -78,7 +78,6 @@ const G = {
   eval: 'Evaluation and logging',
   save: 'Checkpoints and saving',
   device: 'Device and memory',
-  grpo: 'GRPO',
 } as const;
 
 /** The settings of `prefzoo train` (and, as each command declares, of the other training commands). */
@@ -302,53 +301,8 @@ export const ONLINE_LOOP_SETTINGS = [
   ...OPTIMIZER, ...SCHEDULE, ...LORA, ...RUNTIME,
   'batch_size', 'gradient_accumulation_steps', 'pad_to_multiple_of', 'save_steps', 'save_total_limit', 'report_to', 'chat_template', 'save_dtype', 'save_merged', 'save_adapter',
 ] as const satisfies readonly (keyof typeof TRAIN_SETTINGS)[];
-declareCommand('nash-md', { honours: ONLINE_LOOP_SETTINGS, lossParams: 'nash_md' });
-/**
- * SPPO runs on the online loop with the trainer's listwise graphs (share_prompt packing, recomputation,
- * float16 base weights); its reference is π_t by definition (no ref_on_the_fly, sync_ref_model) and it
- * trains on the sampled token ids (no max_length truncation), without held-out evaluation.
- */
-declareCommand('sppo', { honours: [...ONLINE_LOOP_SETTINGS, 'share_prompt', 'gradient_checkpointing', 'base_dtype'], lossParams: 'sppo' });
-/**
- * GRPO's own settings (beside the trainer's and the `grpo` loss's parameters), declared here:
- * parsing, validation, `prefzoo grpo --help` and docs/settings.md come from it (src/online/grpo.ts reads them).
- */
-export const GRPO_SETTINGS = defineSettings({
-  num_generations: { type: 'int', default: 8, min: 2, max: 1 << 16, group: G.grpo, trl: 'num_generations', doc: 'completions sampled per prompt (the group, G ≥ 2)' },
-  max_completion_length: { type: 'int', default: 256, min: 1, max: 1 << 20, group: G.grpo, trl: 'max_completion_length', doc: "longest completion in tokens (also dr_grpo's normaliser; TRL's default is 512)" },
-  temperature: { type: 'number', default: 1, min: 0, minOpen: true, max: 100, group: G.grpo, trl: 'temperature', doc: 'sampling temperature; log-probs and entropies use the same tempered logits' },
-  top_p: { type: 'number', default: 1, min: 0, minOpen: true, max: 1, group: G.grpo, trl: 'top_p', doc: 'nucleus sampling: the smallest set of tokens whose probability reaches p (1: all)' },
-  top_k: { type: 'int', default: 0, min: 0, max: 1 << 24, group: G.grpo, trl: 'top_k', doc: 'sample among the k most likely tokens (0: all)' },
-  num_iterations: { type: 'int', default: 1, min: 1, max: 1024, group: G.grpo, trl: 'num_iterations', doc: 'μ: optimizer updates on each sampled round, the sampling policy’s log-probs kept as the old ones' },
-  scale_rewards: { type: 'enum', choices: ['group', 'batch', 'none'], default: 'group', group: G.grpo, trl: 'scale_rewards', paper: 'Dr. GRPO (2025) for none', doc: 'divide advantages by the reward std of the group, of the batch, or not at all' },
-  advantage: { type: 'enum', choices: ['group', 'rloo'], default: 'group', group: G.grpo, paper: 'RLOO: Ahmadian et al. (2024)', doc: "baseline: the group's mean reward (GRPO) or the mean of the group's other completions (RLOO)" },
-  reward_weights: { type: 'string', default: '', group: G.grpo, trl: 'reward_weights', doc: "comma-separated weight per reward function, in --reward order ('': 1 each)" },
-  mask_truncated_completions: { type: 'boolean', default: false, group: G.grpo, trl: 'mask_truncated_completions', paper: 'DAPO (2025)', doc: 'completions cut at max_completion_length (no end token) count in no loss term' },
-  reward_timeout: { type: 'number', default: 300, min: 0, minOpen: true, max: 1e9, group: G.grpo, doc: 'seconds a reward function may take on one round before the run stops' },
-  log_completions: { type: 'int', default: 8, min: 0, max: 1 << 16, group: G.grpo, trl: 'num_completions_to_print', doc: "completions of each logged round's first prompt written to completions.jsonl (0: none)" },
-  // --- The adaptive-entropy controller (Skywork-OR1; TRL's names): loop settings, read by the update
-  // after each optimizer step (losses/grpo.ts `nextEntropyCoef`). Its switch use_adaptive_entropy,
-  // entropy_target and the starting entropy_coef are parameters of the `grpo` loss, which applies the gate.
-  entropy_coef_delta: { type: 'number', default: 0.005, min: 0, max: 1e6, group: G.grpo, trl: 'entropy_coef_delta', paper: 'Skywork-OR1 (2025)', doc: 'use_adaptive_entropy: the step by which entropy_coef moves after every optimizer step' },
-  entropy_coef_min: { type: 'number', default: 0, min: -1e6, max: 1e6, group: G.grpo, trl: 'entropy_coef_min', paper: 'Skywork-OR1 (2025)', doc: 'use_adaptive_entropy: the lowest entropy_coef' },
-  entropy_coef_max: { type: 'number', default: 1, min: -1e6, max: 1e6, group: G.grpo, trl: 'entropy_coef_max', paper: 'Skywork-OR1 (2025)', doc: 'use_adaptive_entropy: the highest entropy_coef' },
-  // --- end of the adaptive-entropy controller
-});
-
-/** The trainer settings GRPO honours: the online loop's, and evaluation and recomputation. */
-export const GRPO_HONOURS = [...ONLINE_LOOP_SETTINGS, 'eval_data', 'eval_steps', 'eval_samples', 'gradient_checkpointing'] as const;
-
-/**
- * GRPO's defaults of trainer settings, TRL GRPOConfig's: learning rate 1e-6, and 8 completions (one
- * group of the default num_generations) per micro-batch.
- */
-declareCommand('grpo', { honours: GRPO_HONOURS, own: GRPO_SETTINGS, lossParams: 'grpo', defaults: { batch_size: 8, learning_rate: 1e-6 } });
-
-/** The reward model is saved into the output folder itself, merged: save_merged and save_adapter do not apply. */
-declareCommand('reward-train', {
-  honours: [...ONLINE_LOOP_SETTINGS.filter((k) => k !== 'save_merged' && k !== 'save_adapter'), 'max_length', 'max_prompt_length', 'truncation', 'max_samples', 'eval_data', 'eval_steps', 'eval_samples'],
-  lossParams: 'none',
-});
+// The online methods declare themselves beside their code (src/online: grpo/settings.ts, sppo.ts,
+// nash-md.ts, reward-model.ts), with ONLINE_LOOP_SETTINGS and their own tables.
 
 // --- Help text and docs ---
 

@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import { runDemo } from '../../train/demo.ts';
-import { ONLINE_METHODS, type OnlineMethod, runOnlineDemo } from '../../online/demo.ts';
+import { ONLINE_METHODS, type OnlineDemoMethod, runOnlineDemo } from '../../online/demo.ts';
 import { runGrpoDemo } from '../../online/grpo-demo.ts';
 import { terminalLog, terminalProgress } from '../progress.ts';
 import { UserError } from '../../errors.ts';
@@ -42,7 +42,7 @@ export function register(program: Command): void {
 /** `prefzoo demo --method M`: runs the online demo and prints its result (one JSON line with --json). */
 async function onlineDemoCommand(o: { method: string; seed: number; params: string[]; out?: string; json?: boolean }): Promise<void> {
   if (!(ONLINE_METHODS as readonly string[]).includes(o.method)) throw new UserError(`--method must be one of ${ONLINE_METHODS.join(', ')}, got "${o.method}"`);
-  const r = await runOnlineDemo({ method: o.method as OnlineMethod, seed: o.seed, params: o.params, out: o.out, quiet: o.json, progress: terminalProgress, log: o.json ? undefined : terminalLog });
+  const r = await runOnlineDemo({ method: o.method as OnlineDemoMethod, seed: o.seed, params: o.params, out: o.out, quiet: o.json, progress: terminalProgress, log: o.json ? undefined : terminalLog });
   if (o.json) {
     process.stdout.write(JSON.stringify(r) + '\n');
     return;

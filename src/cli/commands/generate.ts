@@ -3,7 +3,7 @@ import { DEVICE_HELP, device } from '../flags.ts';
 import { existsSync, statSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { UserError } from '../../errors.ts';
-import { Policy } from '../../online/policy.ts';
+import { ModelSampler } from '../../online/policy.ts';
 import { readPrompts } from '../../online/prompts.ts';
 import { writeSamples } from '../../online/samples-io.ts';
 import { intFlag, parseSampling, SAMPLING_FLAGS, type SamplingFlags } from '../../online/options.ts';
@@ -18,7 +18,7 @@ export function register(program: Command): void {
     .option('--n <k>', 'responses per prompt', '1')
     .option('--seed <n>', 'seed; a sample depends only on (seed, prompt index, sample index)', '0')
     .option('--batch-size <n>', 'sequences decoded together', '32');
-  for (const [flag, doc, dflt] of SAMPLING_FLAGS) cmd.option(flag, doc, dflt);
+  for (const [flag, , doc, dflt] of SAMPLING_FLAGS) cmd.option(flag, doc, dflt);
   cmd.option('--device <device>', DEVICE_HELP, 'cpu');
   cmd.option('--chat-template <file>', "a Jinja chat-template file used instead of the model's own");
   cmd.option('--json', 'print a one-line JSON summary').action(async (o: SamplingFlags & { model: string; prompts: string; out: string; n: string; seed: string; batchSize: string; json?: boolean; device: string; chatTemplate?: string }) => {
@@ -30,7 +30,7 @@ export function register(program: Command): void {
     if (!existsSync(dir) || !statSync(dir).isDirectory()) throw new UserError(`-o ${o.out}: folder ${dir} does not exist`);
     const prompts = await readPrompts(o.prompts);
     const t0 = Date.now();
-    const policy = await Policy.load(o.model, { ep: device(o.device) }, o.chatTemplate);
+    const policy = await ModelSampler.load(o.model, { ep: device(o.device) }, o.chatTemplate);
     const samples = await policy.sample(prompts, { ...sampling, n, seed, batchSize });
     await policy.release();
     writeSamples(o.out, samples);

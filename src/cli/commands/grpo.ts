@@ -5,7 +5,8 @@
  */
 import type { Command } from 'commander';
 import { DEVICE_HELP, collect, device } from '../flags.ts';
-import { grpo } from '../../online/grpo.ts';
+import { grpo } from '../../online/grpo/index.ts';
+import { rewardHelp, rewardSyntax } from '../../online/rewards/index.ts';
 import { settingsHelp as honouredHelp } from '../../train/settings.ts';
 import { getLoss } from '../../../losses/index.ts';
 import { describeRange } from '../../../losses/core/params.ts';
@@ -24,7 +25,8 @@ function settingsHelp(): string {
     'Loss parameters (losses/grpo.ts; docs/losses.md has the formulas):',
     ...loss.map((p) => `    ${p.name}=${show(p.default)}  ${describeRange(p)}  — ${p.doc}${p.trl ? ` (TRL ${p.trl}${p.aliases?.length ? `; also ${p.aliases.join(', ')}` : ''})` : ''}`),
     '',
-    'Rewards (--reward, repeatable): accuracy | format:REGEX | length[:TOKENS] | ./rewards.mjs[:fn] | ./rewards.ts | cmd:COMMAND | reward:DIR',
+    'Rewards (--reward, repeatable; docs/settings.md):',
+    rewardHelp(),
     '',
     'Example: prefzoo grpo --model M --prompts gsm8k.jsonl --reward accuracy --reward "format:\\\\boxed\\{" -o runs/g \\',
     '           --param lora_r=16 --param max_completion_length=256 --param loss_type=dapo',
@@ -37,7 +39,7 @@ export function register(program: Command): void {
     .description('GRPO / DAPO / Dr. GRPO / GSPO / CISPO / RLOO: sample num_generations completions per prompt, score them with reward functions, push the policy toward those that beat their group')
     .requiredOption('--model <dir>', 'starting policy (Hugging Face model folder); also the reference when beta > 0')
     .requiredOption('--prompts <file>', 'prompts: .txt, or records (JSON, JSONL, CSV, Parquet, …) with a prompt, question or problem column; other columns (answer, …) go to the reward functions')
-    .requiredOption('--reward <spec>', 'a reward function (repeatable): accuracy, format:REGEX, length[:TOKENS], ./rewards.mjs[:fn], cmd:COMMAND, reward:DIR', collect, [] as string[])
+    .requiredOption('--reward <spec>', `a reward function (repeatable): ${rewardSyntax()}`, collect, [] as string[])
     .requiredOption('-o, --out <dir>', 'run folder: config.json, artifacts/, checkpoints/, metrics.jsonl, completions.jsonl, final/')
     .option('--param <key=value>', 'a setting (repeatable): GRPO settings, loss parameters and trainer settings listed below', collect, [] as string[])
     .option('--config <file>', 'JSON object of settings')

@@ -33,6 +33,7 @@ function lossTable(): string {
     '  listwise: policy_logps, ref_logps, scores, mask, win_probs as [B][K] arrays; weight [B]',
     '  single:   policy_logps, ref_logps, rewards, values (dro), labels (kto), kl or policy_kl_logps + ref_kl_logps (kto)',
     '  nash_md:  policy_logps, ref_logps, probs',
+    '  reward_pairs: chosen_rewards, rejected_rewards (a reward model\'s scores of the pair)',
     '  grpo:     policy_token_logps, old_token_logps, ref_token_logps (beta > 0), completion_mask, token_entropies',
     '            (top_entropy_quantile < 1, entropy bonus), sampling_token_logps (the sampler\'s own: its correction)',
     '            as [B][T] arrays; advantages [B]; numbers: num_items_in_batch (dapo/cispo/vespo), entropy_coef',

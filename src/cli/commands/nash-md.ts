@@ -1,9 +1,8 @@
 import type { Command } from 'commander';
 import { settingsHelp } from '../../train/settings.ts';
 import { DEVICE_HELP, device } from '../flags.ts';
-import { loadJudge } from '../../online/judges.ts';
 import { runNashMd } from '../../online/nash-md.ts';
-import { collect, parseSampling, SAMPLING_FLAGS, type SamplingFlags } from '../../online/options.ts';
+import { aliasFlags, collect, samplingAliasFlags, type SamplingFlags } from '../../online/options.ts';
 import { readPrompts } from '../../online/prompts.ts';
 import { terminalLog, terminalProgress } from '../progress.ts';
 
@@ -15,7 +14,7 @@ export function register(program: Command): void {
     .requiredOption('--prompts <file>', 'prompts: .txt (one a line) or records with a "prompt" field')
     .requiredOption('--judge <spec>', 'task (the built-in addition task), reward:DIR (a reward model), or cmd:COMMAND (JSONL on stdin/stdout)')
     .requiredOption('-o, --out <dir>', 'run folder: config.json, artifacts/, checkpoints/ (every save_steps), metrics.jsonl, final/');
-  for (const [flag, doc, dflt] of SAMPLING_FLAGS) cmd.option(flag, doc, dflt);
+  for (const [flag, doc] of aliasFlags()) cmd.option(flag, doc);
   cmd
     .option('--param <key=value>', 'a training setting (batch_size = prompts per micro-batch, gradient_accumulation_steps, max_steps, learning_rate, save_steps, …) or beta / mixture_coef (repeatable); settings nash-md does not use are refused', collect, [])
     .option('--config <file>', 'JSON object of training settings')
@@ -25,16 +24,11 @@ export function register(program: Command): void {
     .option('--quiet', 'no progress output')
     .option('--device <device>', `${DEVICE_HELP}; same as --param device=…`)
     .option('--json', 'print a one-line JSON summary')
-    .action(async (o: SamplingFlags & { model: string; prompts: string; judge: string; out: string; param: string[]; device?: string; config?: string; quiet?: boolean; json?: boolean; resume?: boolean; overwrite?: boolean }) => {
-      const sampling = parseSampling(o);
+    .action(async (o: Partial<SamplingFlags> & { model: string; prompts: string; judge: string; out: string; param: string[]; device?: string; config?: string; quiet?: boolean; json?: boolean; resume?: boolean; overwrite?: boolean }) => {
+      const sampling = samplingAliasFlags(o);
       const prompts = await readPrompts(o.prompts);
-      const judge = await loadJudge(o.judge);
-      try {
-        const r = await runNashMd({ model: o.model, prompts, promptsFile: o.prompts, judge, out: o.out, resume: o.resume, overwrite: o.overwrite, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
-        if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last }) + '\n');
-        else process.stdout.write(`${r.steps} Nash-MD steps in ${r.seconds}s; final policy in ${r.finalDir}; metrics in ${o.out}/metrics.jsonl\n`);
-      } finally {
-        await judge.release();
-      }
+      const r = await runNashMd({ model: o.model, prompts, promptsFile: o.prompts, judge: o.judge, out: o.out, resume: o.resume, overwrite: o.overwrite, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
+      if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last }) + '\n');
+      else process.stdout.write(`${r.steps} Nash-MD steps in ${r.seconds}s; final policy in ${r.finalDir}; metrics in ${o.out}/metrics.jsonl\n`);
     });
 }

@@ -1,8 +1,7 @@
 import type { Command } from 'commander';
 import { settingsHelp } from '../../train/settings.ts';
 import { DEVICE_HELP, device } from '../flags.ts';
-import { loadJudge } from '../../online/judges.ts';
-import { collect, intFlag, parseSampling, SAMPLING_FLAGS, type SamplingFlags } from '../../online/options.ts';
+import { aliasFlags, collect, intFlag, samplingAliasFlags, type SamplingFlags } from '../../online/options.ts';
 import { readPrompts } from '../../online/prompts.ts';
 import { runSppo } from '../../online/sppo.ts';
 import { terminalLog, terminalProgress } from '../progress.ts';
@@ -16,8 +15,8 @@ export function register(program: Command): void {
     .requiredOption('--judge <spec>', 'task (the built-in addition task), reward:DIR (a reward model), or cmd:COMMAND (JSONL on stdin/stdout)')
     .requiredOption('-o, --out <dir>', 'run folder: iter-t/samples.jsonl, checkpoints/ (every save_steps), metrics.jsonl, final/, sppo.json')
     .option('--iterations <t>', 'number of iterations T', '3')
-    .option('--samples <k>', 'responses per prompt and iteration K (≥ 2)', '4');
-  for (const [flag, doc, dflt] of SAMPLING_FLAGS) cmd.option(flag, doc, dflt);
+    .option('--samples <k>', 'responses per prompt and iteration K (≥ 2); same as --param num_generations=…');
+  for (const [flag, doc] of aliasFlags()) cmd.option(flag, doc);
   cmd
     .option('--param <key=value>', 'a setting (num_epochs and max_steps count per iteration; save_steps, learning_rate, lora_r, …) or the loss\'s beta (repeatable), e.g. beta=0.1 num_epochs=2', collect, [])
     .option('--config <file>', 'JSON object of training settings')
@@ -27,18 +26,12 @@ export function register(program: Command): void {
     .option('--quiet', 'no progress output')
     .option('--device <device>', `${DEVICE_HELP}; same as --param device=…`)
     .option('--json', 'print a one-line JSON summary')
-    .action(async (o: SamplingFlags & { model: string; prompts: string; judge: string; out: string; iterations: string; samples: string; param: string[]; device?: string; config?: string; quiet?: boolean; json?: boolean; resume?: boolean; overwrite?: boolean }) => {
-      const sampling = parseSampling(o);
+    .action(async (o: Partial<SamplingFlags> & { model: string; prompts: string; judge: string; out: string; iterations: string; samples?: string; param: string[]; device?: string; config?: string; quiet?: boolean; json?: boolean; resume?: boolean; overwrite?: boolean }) => {
+      const sampling = samplingAliasFlags(o);
       const iterations = intFlag('--iterations', o.iterations);
-      const samples = intFlag('--samples', o.samples, 2);
       const prompts = await readPrompts(o.prompts);
-      const judge = await loadJudge(o.judge);
-      try {
-        const r = await runSppo({ model: o.model, prompts, promptsFile: o.prompts, judge, out: o.out, resume: o.resume, overwrite: o.overwrite, iterations, samples, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
-        if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, seconds: r.seconds, iterations: r.iterations }) + '\n');
-        else process.stdout.write(`${iterations} SPPO iterations in ${r.seconds}s; final policy in ${r.finalDir}\n`);
-      } finally {
-        await judge.release();
-      }
+      const r = await runSppo({ model: o.model, prompts, promptsFile: o.prompts, judge: o.judge, out: o.out, resume: o.resume, overwrite: o.overwrite, iterations, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
+      if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, seconds: r.seconds, iterations: r.iterations }) + '\n');
+      else process.stdout.write(`${iterations} SPPO iterations in ${r.seconds}s; final policy in ${r.finalDir}\n`);
     });
 }

@@ -1,0 +1,41 @@
+/** Held-out evaluation: n completions per prompt from a decoder, scored by the run's reward functions. */
+import type { Decoder } from '../../models/generate.ts';
+import type { LoadedTokenizer } from '../../tokenize/index.ts';
+import type { PromptRow } from '../prompts.ts';
+import { scoreAll, type RewardFunction, type RewardRow } from '../rewards/index.ts';
+import { combineRewards, nanMean } from './advantages.ts';
+import { lengthMetrics, rewardMetrics } from './metrics.ts';
+import type { Completion, Rollout } from './rollout.ts';
+
+export interface RewardEval {
+  /** reward, reward_std, rewards/<name>/mean and /std, completions/…, over n samples per prompt. */
+  metrics: Record<string, number>;
+  /** Per reward function, the mean over all samples (NaN-free: null answers left out). */
+  perFunction: Record<string, number>;
+}
+
+/** Each completion's rewards per function ([functions][completions], NaN for null) and their weighted sum. */
+export async function scoreCompletions(
+  fns: readonly RewardFunction[], weights: readonly number[], rows: readonly PromptRow[], completions: readonly Completion[], o: { maxCompletionLength: number; timeout: number },
+): Promise<{ perFunction: Float64Array[]; rewards: Float64Array }> {
+  const perFunction = await scoreAll(fns, {
+    completions: completions.map((c) => c.text),
+    rows: completions.map((c) => rows[c.prompt].row as RewardRow),
+    lengths: completions.map((c) => c.ids.length),
+    maxCompletionLength: o.maxCompletionLength,
+  }, (i) => rows[completions[i].prompt].at, o.timeout);
+  return { perFunction, rewards: combineRewards(perFunction, weights) };
+}
+
+/** Samples n completions per prompt row from `decoder` through `rollout` and scores them. */
+export async function evaluateRewards(
+  tok: LoadedTokenizer, decoder: Decoder, rows: readonly PromptRow[], fns: readonly RewardFunction[], weights: readonly number[],
+  o: { rollout: Rollout; n: number; seed: number; maxCompletionLength: number; timeout: number },
+): Promise<RewardEval> {
+  const completions = await o.rollout({ tok, policy: decoder }, { prompts: rows, n: o.n, seed: o.seed });
+  const { perFunction, rewards } = await scoreCompletions(fns, weights, rows, completions, o);
+  return {
+    metrics: { ...rewardMetrics(fns.map((f) => f.name), perFunction, rewards), ...lengthMetrics(completions) },
+    perFunction: Object.fromEntries(fns.map((f, k) => [f.name, nanMean(perFunction[k])])),
+  };
+}
