@@ -10,12 +10,14 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { convert } from '../datasets/convert.ts';
 import { loadData, tokenizeExamples } from '../datasets/examples.ts';
 import { readCanonical } from '../datasets/parquet.ts';
-import { BadInputError } from '../src/errors.ts';
+import { BadInputError, UserError } from '../src/errors.ts';
 import type { Message, ToolCall } from '../src/chat.ts';
 import { initModelFolder } from '../src/models/init.ts';
 import { collate } from '../src/models/batch.ts';
 import { loadTokenizer, type LoadedTokenizer } from '../src/tokenize/index.ts';
 import { trainAny } from '../src/train/mpo.ts';
+import { evaluateRows } from '../src/eval/evaluate.ts';
+
 
 const glaive = resolve(__dirname, '../../shared/data/glaive_toolcall_zh_demo.json');
 const quiet = { quiet: true, log: () => {} };
@@ -225,6 +227,10 @@ describe('training on agent data', () => {
     const losses = m.filter((x) => typeof x.loss === 'number').map((x) => x.loss!);
     expect(losses.length).toBe(2);
     expect(losses[1]).toBeLessThan(losses[0]);
+    // eval's metrics rank rows by reward; SFT conversations have none, which is said in one line.
+    const refused = await evaluateRows({ policy: r.finalDir, ref: model, data: glaiveParquet, workDir: dir, quiet: true }).catch((e: unknown) => e);
+    expect(refused).toBeInstanceOf(UserError);
+    expect((refused as Error).message).toMatch(/without reward or label \(SFT data\)/);
   });
 
   it('DPO on chosen/rejected trajectories with tool calls trains and its loss drops', async () => {

@@ -127,6 +127,10 @@ export class Evaluator {
     if (!tokDir) throw new Error('Evaluator: name the tokenizer folder');
     const tok = loadTokenizer(tokDir);
     const data = await loadData(o.data, o.workDir, { maxRows: o.maxRows });
+    if (data.kind === 'single' && data.examples.every((e) => e.reward === undefined && e.label === undefined)) {
+      // ROC-AUC and rank correlation need a score per row; SFT conversations have none.
+      throw new UserError(`${o.data}: conversations without reward or label (SFT data) have nothing for eval's metrics to rank; evaluate on pairwise, listwise or scored single data`);
+    }
     // Same truncation as training by default, capped by the model's positions.
     const maxLen = Math.min(o.truncation?.max_length ?? DEFAULT_TRUNCATION.max_length, maxPositions(ref.config));
     const trunc: TruncationConfig = {
