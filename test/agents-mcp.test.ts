@@ -103,7 +103,7 @@ describe('MCP servers', () => {
     expect(e).toBeInstanceOf(ProviderDiedError);
     expect(e.message).toBe(`MCP server "crashy" (node ${CRASHY}) exited during the call of tool "crash" for the prompt at data/prompts.jsonl:7; its last stderr line: crashy: fatal: out of cheese`);
     // The next call to the dead server says the same, not a tool message.
-    await expect(ex.execute([call('ping', {})], ctx({ where: 'data/prompts.jsonl:8' }))).rejects.toThrow(/exited during the call of tool "ping" for the prompt at data\/prompts.jsonl:8/);
+    await expect(ex.execute([call('ping', {})], ctx({ where: 'data/prompts.jsonl:8' }))).rejects.toThrow(/exited before the call of tool "ping" for the prompt at data\/prompts.jsonl:8/);
   });
 
   it('a server killed mid-call (kill -9) gives the same one line', async () => {

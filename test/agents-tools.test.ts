@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { SeededRandom } from '../src/random.ts';
+import { turnMetrics, stopReasonMetrics } from '../src/agents/index.ts';
 import { ToolExecutor, loadToolsModule, toolsFromValues, toolMetrics, loadEnvironment, environmentFrom, EnvironmentError, episodeSeed, mixSeed, type CallRecord, type RolloutContext } from '../src/agents/index.ts';
 import type { ToolCall } from '../src/chat.ts';
 
@@ -124,6 +125,12 @@ describe('tool metrics', () => {
     expect(toolMetrics([[rec(true)], [rec(false)], []])).toEqual({ 'tools/call_frequency': 2 / 3, 'tools/failure_frequency': 1 / 2 });
     expect(toolMetrics([[], []])).toEqual({ 'tools/call_frequency': 0, 'tools/failure_frequency': 0 });
     expect(toolMetrics([[rec(false), rec(false), rec(true), rec(true)]])).toEqual({ 'tools/call_frequency': 4, 'tools/failure_frequency': 0.5 });
+  });
+
+  it('verl\'s num_turns over trajectories and stop-reason fractions', () => {
+    expect(turnMetrics([1, 3, 2, 2])).toEqual({ 'num_turns/mean': 2, 'num_turns/min': 1, 'num_turns/max': 3 });
+    expect(turnMetrics([])).toEqual({});
+    expect(stopReasonMetrics(['stop', 'max_turns', 'stop', 'length'])).toEqual({ 'stop_reason/length': 0.25, 'stop_reason/max_turns': 0.25, 'stop_reason/stop': 0.5 });
   });
 
   it('counts what the executor recorded, faults included', async () => {

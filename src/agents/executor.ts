@@ -105,7 +105,7 @@ export class ToolExecutor {
     for (const p of this.providers) {
       for (const s of p.tools) {
         const remote = s.function.name;
-        const name = listed.get(remote)! > 1 ? `${(p as { name?: string }).name ?? 'server'}__${remote}` : remote;
+        const name = listed.get(remote)! > 1 ? `${p.name}__${remote}` : remote;
         if (!TOOL_NAME.test(name)) throw new UserError(`${p.label}: tool name ${JSON.stringify(name)} is not 1–64 letters, digits, _ or - (what chat formats accept)`, { setting: 'mcp' });
         const was = origin.get(name);
         if (was) throw new UserError(`tool "${name}" is defined twice: in ${was} and by ${p.label}; rename the one in your module`, { setting: 'mcp' });

@@ -10,5 +10,5 @@ export { CommandTools, type LineChannel } from './command.ts';
 export { ToolExecutor, DEFAULT_TOOL_TIMEOUT, errorContent, toolOutputText, type ToolExecutorOptions } from './executor.ts';
 export { loadEnvironment, environmentFrom, EnvironmentModule, EnvSession, EnvironmentError } from './env.ts';
 export { ToolJournal, JOURNAL_FILE, canonicalJson, type JournalEntry, type JournalKey } from './journal.ts';
-export { toolMetrics, type ToolMetrics } from './metrics.ts';
+export { toolMetrics, turnMetrics, stopReasonMetrics, type ToolMetrics } from './metrics.ts';
 export { episodeSeed, callRandom, mixSeed } from './seeds.ts';

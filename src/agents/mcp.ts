@@ -50,6 +50,8 @@ export interface ProviderCallOptions {
 export interface ToolProvider {
   /** Names the provider in messages: `MCP server "memory" (node dist/index.js)`. */
   readonly label: string;
+  /** A short name, the prefix of its tools' names where two providers list the same name. */
+  readonly name: string;
   /** The provider's tools with their JSON Schemas, under the names the provider knows them by. */
   readonly tools: readonly ToolSpec[];
   /**
@@ -265,14 +267,14 @@ export class McpServer implements ToolProvider {
   }
 
   /** The one line for a server that is gone, naming it, the tool, and the prompt. */
-  private died(tool: string, where: string | undefined): ProviderDiedError {
-    return new ProviderDiedError(`${this.label} exited during the call of tool "${tool}"${where ? ` for the prompt at ${where}` : ''}${this.stderrNote()}`);
+  private died(tool: string, where: string | undefined, before = false): ProviderDiedError {
+    return new ProviderDiedError(`${this.label} exited ${before ? 'before' : 'during'} the call of tool "${tool}"${where ? ` for the prompt at ${where}` : ''}${this.stderrNote()}`);
   }
 
   async call(name: string, args: Record<string, unknown>, options: ProviderCallOptions): Promise<ProviderResult> {
     if (this.exited || !this.client) {
       await settle();
-      throw this.died(name, options.where);
+      throw this.died(name, options.where, true);
     }
     try {
       const r = await this.client.callTool({ name, arguments: args }, undefined, { signal: options.signal, timeout: options.timeoutMs });
