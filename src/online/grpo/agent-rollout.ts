@@ -148,19 +148,24 @@ export class Episode {
     const calls = parsed.toolCalls.length + parsed.errors.length;
     const env = this.answer.env;
     if (calls === 0 && !env) return this.end('stop');
-    if (calls > 0) {
+    // The last turn's calls are not run (nothing would read their results); an environment still steps.
+    const last = this.turns >= this.s.max_turns;
+    if (last && !env) return this.end('max_turns');
+    if (calls > 0 && !last) {
       this.iterations++;
       if (this.s.max_tool_calling_iterations > 0 && this.iterations > this.s.max_tool_calling_iterations) return this.end('max_tool_calling_iterations');
     }
     const added: Message[] = [];
     // Calls that could not be read are answered with what is wrong with them, and count as failed.
-    for (const e of parsed.errors) {
+    for (const e of last ? [] : parsed.errors) {
       added.push({ role: 'tool', content: errorContent(e.message), name: '' });
       this.records.push({ name: '', ok: false, error: e.message, ms: 0 });
     }
     const w = this.answer.where;
     const executor = env && env.tools.length ? null : this.answer.executor;
-    if (parsed.toolCalls.length && executor) {
+    if (last) {
+      // An environment's last turn: its step below, no calls run.
+    } else if (parsed.toolCalls.length && executor) {
       const r = await executor.execute(parsed.toolCalls, { row: w.row, seed: w.seed, step: w.step, rollout: w.rollout, turn: this.turns - 1, where: w.at });
       added.push(...r.messages);
       r.records.forEach((rec, k) => this.records.push({ ...rec, arguments: parsed.toolCalls[k].function.arguments }));

@@ -108,9 +108,10 @@ export class AgentRun {
     try {
       if (this.mcp.length) this.providers.push(...(await startMcpServers(this.mcp)));
       for (const c of this.commands) this.providers.push(await CommandTools.start(c, (cmd) => new LineProcess(cmd)));
+      const offered = selectTools(this.providers, this.s.mcp_tools);
       const journal = this.providers.length ? ToolJournal.open(join(ctx.run, JOURNAL_FILE), resumeFrom === undefined ? {} : { resumeFrom }) : null;
       if (this.local.length || this.providers.length) {
-        this.executor = new ToolExecutor({ tools: this.local, providers: this.providers, toolTimeout: this.s.tool_timeout, journal });
+        this.executor = new ToolExecutor({ tools: this.local, providers: offered, toolTimeout: this.s.tool_timeout, journal });
       }
       if (journal && journal.size > 0) ctx.info(`grpo: ${journal.size} journaled tool results from step ${resumeFrom} on will be replayed`);
     } catch (e) {
@@ -125,4 +126,14 @@ export class AgentRun {
     if (this.executor) await this.executor.close();
     else await Promise.all(this.providers.map((p) => p.close()));
   }
+}
+
+/** The providers with only the tools `mcp_tools` names (all when it is empty); a name no provider lists is refused. */
+function selectTools(providers: readonly ToolProvider[], list: string): ToolProvider[] {
+  const names = list.split(',').map((x) => x.trim()).filter(Boolean);
+  if (names.length === 0) return [...providers];
+  const listed = new Set(providers.flatMap((p) => p.tools.map((t) => t.function.name)));
+  const missing = names.filter((n) => !listed.has(n));
+  if (missing.length) throw new UserError(`grpo: mcp_tools names ${missing.join(', ')}, which no server or program lists (they list ${[...listed].slice(0, 20).join(', ')})`, { setting: 'mcp_tools' });
+  return providers.map((p) => ({ label: p.label, name: p.name, tools: p.tools.filter((t) => names.includes(t.function.name)), call: (n, a, o) => p.call(n, a, o), close: () => p.close() }));
 }

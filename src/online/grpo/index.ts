@@ -106,7 +106,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
     async open(ctx) {
       if (cols.ref) ref = await ReferenceScorer.create(ctx.model, ctx.baseWeights, ctx.runtime, { temperature: s.temperature });
       log.truncateAfter(ctx.art.step);
-      agent?.start(ctx, o.resume ? ctx.art.step + 1 : undefined);
+      await agent?.start(ctx, o.resume ? ctx.art.step + 1 : undefined);
     },
     async collect(ctx, items, info) {
       const completions = await rollout({ tok: ctx.tok, policy: await ctx.policy() }, { prompts: items, n: G, seed: ctx.rng.int(2 ** 31), step: info.step });
