@@ -173,7 +173,7 @@ describe('prefzoo grpo with tools', () => {
 
   beforeAll(() => {
     writeFileSync(prompts, ['What is 2+2?', 'Say a digit.'].map((p) => JSON.stringify({ prompt: p }) + '\n').join(''));
-    writeFileSync(envThrows, 'export default () => ({ reset: () => ({ messages: [] }), step: () => { throw new Error("board is gone"); } });\n');
+    writeFileSync(envThrows, 'export default () => ({ reset: () => { throw new Error("board is gone"); }, step: () => ({ messages: [], done: true }) });\n');
   });
 
   it('runs 2 steps against a real MCP server with the agent metrics; killed with SIGKILL and resumed, the same rows and weights', async () => {
@@ -204,7 +204,7 @@ describe('prefzoo grpo with tools', () => {
     expect(r.status).toBe(1);
     const lines = r.stderr.trim().split('\n');
     expect(lines, r.stderr).toHaveLength(1);
-    expect(lines[0]).toMatch(new RegExp(`^prefzoo: --env ${envThrows.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: step\\(\\) threw for the prompt at .*prompts\\.jsonl:[12]: board is gone$`));
+    expect(lines[0]).toMatch(new RegExp(`^prefzoo: --env ${envThrows.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: reset\\(\\) threw for the prompt at .*prompts\\.jsonl:[12]: board is gone$`));
   });
 
   it('--help lists the agent flags; agent settings without tools are refused in one line', () => {
