@@ -98,3 +98,27 @@ describe('prefzoo bench --generate', () => {
     }
   });
 });
+
+describe('prefzoo bench --rollout', () => {
+  it('prints one JSON line: prefill, decode and total of the round with and without shared prompts and continuous batching', async () => {
+    const r = await prefzoo('bench', '--rollout', '--preset', 'tiny', '--prompts', '2', '--generations', '3', '--prompt', '6', '--new', '8', '--batch', '4', '--json');
+    expect(r.code, r.stderr).toBe(0);
+    const j = JSON.parse(r.stdout.trim());
+    expect(j).toMatchObject({ rows: 6, prompts: 2, generations: 3, prompt_tokens: 6, max_new_tokens: 8, batch: 4 });
+    // Budgets drawn between an eighth of --new and --new.
+    expect(j.new_tokens).toBeGreaterThanOrEqual(6);
+    expect(j.new_tokens).toBeLessThanOrEqual(48);
+    for (const k of ['session', 'padded_batches']) for (const t of ['prefill_s', 'decode_s', 'total_s']) expect(j[k][t], `${k}.${t}`).toBeGreaterThan(0);
+    expect(j.speedup).toBeGreaterThan(0);
+    // The round draws the same tokens both ways (the bench says so on stderr otherwise).
+    expect(r.stderr).not.toMatch(/different tokens/);
+  }, 120_000);
+
+  it('refuses the training and --generate-only flags with --rollout', async () => {
+    for (const args of [['--rollout', '--steps', '3'], ['--rollout', '--generate'], ['--rollout', '--baked'], ['--generations', '4']]) {
+      const r = await prefzoo('bench', ...args);
+      expect(r.code, args.join(' ')).toBe(1);
+      expect(r.stderr.trim().split('\n')).toHaveLength(1);
+    }
+  });
+});

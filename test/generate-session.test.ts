@@ -115,6 +115,25 @@ describe('generation session', () => {
     await dec.release();
   });
 
+  it('a row closed while it generates is rejected, the others go on; a closed session refuses new rows', async () => {
+    const c = testConfig('llama');
+    const dec = await Decoder.create(c, randomWeights(c, 5), {});
+    const s = GenerationSession.open(dec, { temperature: 1 });
+    const a = s.start([1, 2, 3], sampleRandom(3, 0, 0));
+    const b = s.start([4, 5], sampleRandom(3, 1, 0));
+    const pa = a.generate({ maxNewTokens: 20 });
+    const pb = b.generate({ maxNewTokens: 20 });
+    b.close();
+    await expect(pb).rejects.toThrow(/closed while generating/);
+    const ref = GenerationSession.open(dec, { temperature: 1 });
+    expect(await pa).toEqual(await ref.start([1, 2, 3], sampleRandom(3, 0, 0)).generate({ maxNewTokens: 20 }));
+    await ref.close();
+    await s.close();
+    expect(() => s.start([1], sampleRandom(3, 2, 0))).toThrow(/closed session/);
+    expect(() => a.generate()).toThrow(/closed session/);
+    await dec.release();
+  });
+
   it('stop strings end a segment; log-probabilities are those of the distribution drawn from; the tokens do not change', async () => {
     const c = testConfig('gpt2');
     const dec = await Decoder.create(c, randomWeights(c, 2), {});

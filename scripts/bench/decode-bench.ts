@@ -69,7 +69,7 @@ export interface GenerateBenchResult {
   load_average: number;
 }
 
-function generatedVocabSize(): number {
+export function generatedVocabSize(): number {
   const dir = mkdtempSync(join(tmpdir(), 'prefzoo-generate-bench-'));
   try {
     return writeTokenizer(dir).vocabSize;

@@ -101,11 +101,20 @@ export interface GenerationRow {
 }
 
 let timer: ((label: string, ms: number) => void) | null = null;
+/** Milliseconds reported since the iteration began (the rest of it is reported as bookkeeping). */
+let timed = 0;
 
-/** Reports how long each piece of a generation step takes (scripts/bench/decode-profile.ts); null stops. */
+/**
+ * Reports how long each piece of a generation iteration takes (scripts/bench/decode-profile.ts):
+ * 'prefill' (new rows' prefill and rows' extend runs), 'forward' (the batch's step), 'sample' (the
+ * draws and stop checks), 'bookkeeping' (the rest: rows leaving and joining, the turn callers get
+ * between iterations). null stops.
+ */
 export function setGenerateTimer(t: ((label: string, ms: number) => void) | null): void {
-  timer = t;
+  timer = t === null ? null : (label, ms) => ((timed += ms), t(label, ms));
+  report = t;
 }
+let report: ((label: string, ms: number) => void) | null = null;
 
 interface Want {
   kind: 'generate' | 'logits';
@@ -143,12 +152,20 @@ class Row implements GenerationRow {
     return this.seq;
   }
 
+  private keyOf: string | null = null;
+
+  /** The row's tokens as a key (prompts shared by several rows). */
+  get key(): string {
+    this.keyOf ??= this.seq.join(',');
+    return this.keyOf;
+  }
+
   get pending(): number {
     return this.seq.length - this.cached;
   }
 
   private check(what: string): void {
-    if (this.closed) throw new Error(`generation: ${what} on a closed row`);
+    if (this.closed || this.session.closed) throw new Error(`generation: ${what} on a closed ${this.closed ? 'row' : 'session'}`);
     if (this.want) throw new Error(`generation: ${what} while the row is generating`);
   }
 
@@ -176,7 +193,10 @@ class Row implements GenerationRow {
       throw new UserError(`generation: ${this.seq.length} tokens plus ${ids.length} exceed the model's ${this.session.maxPositions} positions`);
     }
     this.seq.push(...ids);
-    if (ids.length) this.ready = null;
+    if (ids.length) {
+      this.ready = null;
+      this.keyOf = null;
+    }
   }
 
   fork(rng: SeededRandom, maxNewTokens = this.budget): GenerationRow {
@@ -193,6 +213,8 @@ class Row implements GenerationRow {
   close(): void {
     if (this.closed) return;
     this.closed = true;
+    this.want?.reject(new Error('generation: the row was closed while generating'));
+    this.want = null;
     this.session.wake();
   }
 }
@@ -203,11 +225,19 @@ class Row implements GenerationRow {
  */
 export class GenerationSession {
   private readonly rows = new Map<number, Row>();
+  /**
+   * Prompts prefilled while more rows with the same tokens wait for a slot: a parked copy of the
+   * cache (under an id of no row) and each part's logits for the first token, so a waiting row
+   * starts from a copy instead of a prefill.
+   */
+  private readonly prompts = new Map<string, { id: number; logits: Float32Array[] }>();
   private nextId = 0;
   private tickets = 0;
   private pump: Promise<void> | null = null;
   private again = false;
   private failed: unknown = null;
+  /** @internal After `close()`. */
+  closed = false;
   private readonly backend: DecodeBackend;
   private readonly sampling: Required<SamplingOptions>;
   private readonly stop: Set<number>;
@@ -252,6 +282,7 @@ export class GenerationSession {
   /** @internal */
   newRow(seq: number[], promptLength: number, rng: SeededRandom, budget: number): Row {
     if (this.failed) throw this.failed;
+    if (this.closed) throw new Error('generation: start() on a closed session');
     const r = new Row(this, this.nextId++, seq, promptLength, rng, budget);
     this.rows.set(r.id, r);
     return r;
@@ -278,9 +309,14 @@ export class GenerationSession {
       if (this.failed) throw this.failed;
       do {
         this.again = false;
-        while (await this.iterate()) {
+        for (;;) {
+          timed = 0;
+          const t0 = report ? performance.now() : 0;
+          const more = await this.iterate();
           // Let callers react to what finished (close it, extend and ask again) before the next step.
-          await new Promise((r) => setImmediate(r));
+          if (more) await new Promise((r) => setImmediate(r));
+          report?.('bookkeeping', performance.now() - t0 - timed);
+          if (!more) break;
         }
       } while (this.again);
     } catch (e) {
@@ -296,6 +332,7 @@ export class GenerationSession {
 
   /** Frees every row's cache; rows still generating are rejected. */
   async close(): Promise<void> {
+    this.closed = true;
     while (this.pump) await this.pump;
     for (const r of this.rows.values()) {
       r.want?.reject(new Error('generation: the session was closed'));
@@ -331,6 +368,14 @@ export class GenerationSession {
       if (r.where === 'parked') b.free(r.id);
       if (r.where !== 'batch') this.rows.delete(r.id);
     }
+    if (this.prompts.size > 0) {
+      const waiting = new Set([...this.rows.values()].filter((r) => r.where === 'none' && !r.closed).map((r) => r.key));
+      for (const [key, p] of this.prompts) {
+        if (waiting.has(key)) continue;
+        b.free(p.id);
+        this.prompts.delete(key);
+      }
+    }
     const wanting = [...this.rows.values()].filter((r) => r.want).sort((x, y) => x.want!.order - y.want!.order);
     // Rows in the batch go on only if they ask for one token's step.
     const steps = (r: Row) => r.want?.kind === 'generate' && !r.ready && r.pending === 1;
@@ -348,6 +393,7 @@ export class GenerationSession {
     // Answers to sample: each row with the run that fed it and its index there.
     const answers: { row: Row; out: RunOut; i: number }[] = [];
     const ready: Row[] = [];
+    const copies: [number, Row][] = [];
     const uniform = (rows: Row[]) => (pick?.head === 'sample' ? Float64Array.from(rows, (r) => r.rng.next()) : null);
 
     // Parked rows asking for a step join the batch first.
@@ -392,9 +438,26 @@ export class GenerationSession {
     }
     // New rows: identical prompts prefilled once (the others copy the cache), at their own length,
     // or (not continuous) a batch left-padded to its longest when no row is decoding.
-    const fresh = wanting.filter((r) => r.where === 'none');
+    let fresh = wanting.filter((r) => r.where === 'none');
+    if (this.prompts.size > 0) {
+      // Rows whose prompt was prefilled for others: a copy of its cache, the first token drawn from its logits.
+      fresh = fresh.filter((r) => {
+        const p = this.prompts.get(r.key);
+        if (!p || free === 0 || r.want!.kind !== 'generate') return true;
+        free--;
+        copies.push([p.id, r]);
+        return false;
+      });
+      for (const [id, r] of copies) {
+        await b.copy(id, r.id);
+        r.where = 'parked';
+        r.cached = r.seq.length;
+        r.ready = this.prompts.get(r.key)!.logits;
+        ready.push(r);
+      }
+    }
     const admit = continuous || b.batchRows().length === 0 ? fresh : [];
-    if (admit.length > 0) await this.prefill(admit, pick, uniform, answers, free);
+    if (admit.length > 0) await this.prefill(admit, pick, uniform, answers, free, fresh);
     if (timer && admit.length > 0) timer('prefill', performance.now() - t0);
 
     t0 = timer ? performance.now() : 0;
@@ -403,16 +466,19 @@ export class GenerationSession {
     return [...this.rows.values()].some((r) => r.want);
   }
 
-  private async prefill(fresh: Row[], pick: PickSpec | null, uniform: (rows: Row[]) => Float64Array | null, answers: { row: Row; out: RunOut; i: number }[], free: number): Promise<void> {
+  private async prefill(fresh: Row[], pick: PickSpec | null, uniform: (rows: Row[]) => Float64Array | null, answers: { row: Row; out: RunOut; i: number }[], free: number, waiting: Row[]): Promise<void> {
     const b = this.backend;
     const share = this.o.sharePrompts ?? true;
     const continuous = this.o.continuous ?? true;
+    // Prompts more rows wait for than are admitted now: their cache is kept for them.
+    const count = new Map<string, number>();
+    if (share) for (const r of waiting) count.set(r.key, (count.get(r.key) ?? 0) + 1);
     // Groups of rows with the same tokens: the first is prefilled, the rest copy it.
     const byTokens = new Map<string, Row[]>();
     const admitted: Row[] = [];
     for (const r of fresh) {
       if (free === 0) break;
-      const key = share ? r.seq.join(',') : String(r.id);
+      const key = share ? r.key : String(r.id);
       const g = byTokens.get(key);
       if (g) g.push(r);
       else byTokens.set(key, [r]);
@@ -425,10 +491,9 @@ export class GenerationSession {
     const runs: { rows: Row[]; pad: boolean; pick: PickSpec | null }[] = [];
     const add = (rows: Row[], pad: boolean, p: PickSpec | null) => rows.length && runs.push({ rows, pad, pick: p });
     // Rows whose first token is drawn on the host: a prompt several rows share, or a row asking for logits.
-    const shared = (r: Row) => {
-      const g = byTokens.get(share ? r.seq.join(',') : String(r.id))!;
-      return g.length > 1 || g.some((x) => x.want!.kind === 'logits');
-    };
+    const group = (r: Row) => byTokens.get(share ? r.key : String(r.id))!;
+    const kept = (r: Row) => share && (count.get(r.key) ?? 0) > group(r).length;
+    const shared = (r: Row) => group(r).length > 1 || kept(r) || group(r).some((x) => x.want!.kind === 'logits');
     if (!continuous || b.padPrefill) {
       add(heads.filter((r) => !shared(r)), true, pick);
       add(heads.filter(shared), true, null);
@@ -453,8 +518,13 @@ export class GenerationSession {
         answers.push({ row: r, out, i });
       });
       for (const r of run.rows) {
-        const group = byTokens.get(share ? r.seq.join(',') : String(r.id))!;
-        for (const d of group.slice(1)) {
+        if (kept(r) && !this.prompts.has(r.key)) {
+          const id = this.nextId++;
+          await b.copy(r.id, id);
+          const i = run.rows.indexOf(r);
+          this.prompts.set(r.key, { id, logits: out.logits!.map((l) => l.slice(i * this.vocab, i * this.vocab + this.limit)) });
+        }
+        for (const d of group(r).slice(1)) {
           await b.copy(r.id, d.id);
           await b.join([d.id]);
           d.cached = d.seq.length;

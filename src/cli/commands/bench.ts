@@ -30,18 +30,43 @@ export function register(program: Command): void {
     .option('--update <where>', 'where the AdamW update runs: host (in place, in this process), graph (in the fused step graph) or auto (default: host on the CPU)')
     .option('--generate', 'time generation instead: prefill, then KV-cache decoding with multinomial sampling and the weights fed live (as the online loops sample)')
     .option('--arch <arch>', `with --generate: ${ARCHES.join(', ')} (default: the preset's own, llama for tiny and small)`)
-    .option('--batch <n>', 'with --generate: sequences decoded together (default 8)')
-    .option('--prompt <n>', 'with --generate: prompt tokens per sequence (default 32)')
-    .option('--new <n>', 'with --generate: new tokens per sequence (default 64)')
-    .option('--runs <n>', 'with --generate: timed generations, the median counts (default 3)')
+    .option('--batch <n>', 'with --generate: sequences decoded together (default 8); with --rollout: rows decoded together at most (default 32)')
+    .option('--prompt <n>', 'with --generate: prompt tokens per sequence (default 32; --rollout: 160)')
+    .option('--new <n>', 'with --generate: new tokens per sequence (default 64); with --rollout: the largest token budget, each row\'s drawn between an eighth of it and it (default 128)')
+    .option('--runs <n>', 'with --generate: timed generations, the median counts (default 3); with --rollout: rounds each way (default 1)')
     .option('--baked', 'with --generate: bake the weights into the graphs (as prefzoo generate) instead of feeding them')
+    .option('--rollout', 'time a GRPO-shaped generation round instead, with and without shared prompts and continuous batching (scripts/bench/rollout-bench.ts)')
+    .option('--prompts <n>', 'with --rollout: prompts in the round (default 8)')
+    .option('--generations <n>', "with --rollout: samples per prompt (GRPO's num_generations; default 8)")
     .option('--json', 'print one JSON line')
-    .action(async (o: { generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
+    .action(async (o: { rollout?: boolean; prompts?: string; generations?: string; generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
       // The dtype flags are train's settings of the same names: checked against their rows of the table.
       const computeDtype = coerceSetting('compute_dtype', TRAIN_SETTINGS.compute_dtype, o.computeDtype, '--compute-dtype') as TrainConfig['compute_dtype'];
       const baseDtype = coerceSetting('base_dtype', TRAIN_SETTINGS.base_dtype, o.baseDtype, '--base-dtype') as TrainConfig['base_dtype'];
       if (o.computeDtype === 'float16' && o.device === 'cpu') throw new UserError('--compute-dtype float16 is for the GPU (--device webgpu or cuda)');
       if (!(PRESETS as readonly string[]).includes(o.preset)) throw new UserError(`--preset: "${o.preset}" is not one of ${PRESETS.join(', ')}`);
+      if (o.rollout) {
+        if (o.generate) throw new UserError('--rollout and --generate are two benchmarks: choose one');
+        const other = { '--arch': o.arch, '--baked': o.baked, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel };
+        const bad = Object.entries(other).find(([, v]) => v !== undefined);
+        if (bad) throw new UserError(`${bad[0]}: --rollout does not use it`);
+        if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --rollout decodes in float32');
+        const { formatRolloutBench, runRolloutBench } = await import('../../../scripts/bench/rollout-bench.ts');
+        const r = await runRolloutBench({
+          preset: o.preset as Preset,
+          prompts: positiveInt('--prompts', o.prompts, 8),
+          generations: positiveInt('--generations', o.generations, 8),
+          prompt: positiveInt('--prompt', o.prompt, 160),
+          newTokens: positiveInt('--new', o.new, 128),
+          batch: positiveInt('--batch', o.batch, 32),
+          runs: positiveInt('--runs', o.runs, 1),
+          runtime: { ep: device(o.device), threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1) },
+          log: (line) => process.stderr.write(`bench: ${line}\n`),
+        });
+        process.stdout.write(o.json ? JSON.stringify(r) + '\n' : formatRolloutBench(r));
+        return;
+      }
+      for (const [flag, v] of [['--prompts', o.prompts], ['--generations', o.generations]] as const) if (v !== undefined) throw new UserError(`${flag} is a --rollout setting`);
       const generateOnly = { '--arch': o.arch, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--runs': o.runs, '--baked': o.baked };
       if (!o.generate) {
         const bad = Object.entries(generateOnly).find(([, v]) => v !== undefined);

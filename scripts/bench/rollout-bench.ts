@@ -1,0 +1,145 @@
+/**
+ * A GRPO-shaped generation round (`prefzoo bench --rollout`): `--prompts` prompts of `--prompt`
+ * tokens, each sampled `--generations` times, every row with its own token budget drawn from a
+ * seeded distribution (uniform between an eighth of `--new` and `--new`), so rows end at different
+ * lengths as real completions do (random weights have no stop token to end them). The same round
+ * runs twice in one process, alternating `--runs` times: with the generation session's shared
+ * prompts and continuous batching (each prompt prefilled once, a finished row's slot taken at once
+ * by a waiting one, prompts at their own length) and without them (batches of `--batch` rows
+ * left-padded and prefilled row by row, one batch after the other: the generation before sessions).
+ * Prints prefill, decode and total seconds of each (medians) and the ratio; the tokens drawn are the
+ * same both ways (checked).
+ *
+ *   prefzoo bench --rollout [--preset small] [--prompts 8] [--generations 8] [--prompt 160] [--new 128] [--batch 32] [--runs 1]
+ */
+import os from 'node:os';
+import { type Preset, presetArch, presetConfig } from '../../src/models/config.ts';
+import { initWeights } from '../../src/models/init.ts';
+import { Decoder, GenerationSession, setGenerateTimer } from '../../src/models/generate.ts';
+import { sampleRandom } from '../../src/models/sampling.ts';
+import { SeededRandom } from '../../src/random.ts';
+import type { RuntimeOptions } from '../../src/runtime/session.ts';
+import { generatedVocabSize } from './decode-bench.ts';
+
+export interface RolloutBenchOptions {
+  preset: Preset;
+  prompts: number;
+  generations: number;
+  prompt: number;
+  newTokens: number;
+  batch: number;
+  runs: number;
+  seed?: number;
+  runtime?: RuntimeOptions;
+  log?: (line: string) => void;
+}
+
+interface Timing {
+  prefill_s: number;
+  decode_s: number;
+  total_s: number;
+}
+
+export interface RolloutBenchResult {
+  engine: 'prefzoo';
+  preset: string;
+  device: string;
+  prompts: number;
+  generations: number;
+  rows: number;
+  prompt_tokens: number;
+  max_new_tokens: number;
+  new_tokens: number;
+  batch: number;
+  /** Shared prompts and continuous batching (the session's defaults). */
+  session: Timing;
+  /** Neither: left-padded batches one after the other. */
+  padded_batches: Timing;
+  speedup: number;
+  load_average: number;
+}
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
+const r3 = (x: number) => Math.round(x * 1000) / 1000;
+
+export async function runRolloutBench(o: RolloutBenchOptions): Promise<RolloutBenchResult> {
+  const log = o.log ?? (() => {});
+  const config = presetConfig(presetArch(o.preset) ?? 'llama', o.preset, o.preset === 'tiny' ? { vocabSize: generatedVocabSize() } : {});
+  const dec = await Decoder.create(config, initWeights(config, 0), { runtime: o.runtime });
+  const seed = o.seed ?? 0;
+  const V = Math.min(config.vocab_size, 4096);
+  const draw = new SeededRandom(seed);
+  const prompts = Array.from({ length: o.prompts }, (_, i) => Array.from({ length: o.prompt }, (_, t) => 16 + ((i * 7919 + t * 104729) % (V - 16))));
+  const budgets = Array.from({ length: o.prompts * o.generations }, () => Math.max(1, Math.ceil(o.newTokens / 8) + Math.floor(draw.next() * (o.newTokens - Math.ceil(o.newTokens / 8) + 1))));
+  const round = async (shared: boolean) => {
+    let prefill = 0;
+    setGenerateTimer((label, ms) => label === 'prefill' && (prefill += ms));
+    const s = GenerationSession.open(dec, { temperature: 1, maxBatch: o.batch, sharePrompts: shared, continuous: shared, slots: o.prompt + o.newTokens });
+    const t0 = performance.now();
+    try {
+      const segs = await Promise.all(
+        budgets.map(async (n, j) => {
+          const p = Math.floor(j / o.generations);
+          const row = s.start(prompts[p], sampleRandom(seed, p, j % o.generations), n);
+          const seg = await row.generate();
+          row.close();
+          return seg.ids;
+        }),
+      );
+      const total = (performance.now() - t0) / 1000;
+      return { timing: { prefill_s: r3(prefill / 1000), decode_s: r3(total - prefill / 1000), total_s: r3(total) }, ids: segs };
+    } finally {
+      setGenerateTimer(null);
+      await s.close();
+    }
+  };
+  log(`${o.preset}: ${o.prompts} prompts × ${o.generations} of ${o.prompt} tokens, up to ${o.newTokens} new, batch ${o.batch}: warming up`);
+  const warm = GenerationSession.open(dec, { maxBatch: 2 });
+  await warm.start(prompts[0].slice(0, 8), new SeededRandom(1), 2).generate();
+  await warm.close();
+  const with_: Timing[] = [];
+  const without: Timing[] = [];
+  for (let r = 0; r < o.runs; r++) {
+    const a = await round(false);
+    log(`run ${r + 1}/${o.runs}: padded batches ${a.timing.total_s} s`);
+    const b = await round(true);
+    log(`run ${r + 1}/${o.runs}: shared prompts + continuous batching ${b.timing.total_s} s`);
+    if (JSON.stringify(a.ids) !== JSON.stringify(b.ids)) log('note: the two rounds drew different tokens (a float rounding near a draw boundary)');
+    without.push(a.timing);
+    with_.push(b.timing);
+  }
+  await dec.release();
+  const med = (ts: Timing[]): Timing => ({ prefill_s: median(ts.map((t) => t.prefill_s)), decode_s: median(ts.map((t) => t.decode_s)), total_s: median(ts.map((t) => t.total_s)) });
+  const session = med(with_);
+  const padded = med(without);
+  return {
+    engine: 'prefzoo',
+    preset: o.preset,
+    device: o.runtime?.ep ?? 'cpu',
+    prompts: o.prompts,
+    generations: o.generations,
+    rows: budgets.length,
+    prompt_tokens: o.prompt,
+    max_new_tokens: o.newTokens,
+    new_tokens: budgets.reduce((a, b) => a + b, 0),
+    batch: o.batch,
+    session,
+    padded_batches: padded,
+    speedup: Math.round((padded.total_s / session.total_s) * 100) / 100,
+    load_average: Math.round(os.loadavg()[0] * 100) / 100,
+  };
+}
+
+export function formatRolloutBench(r: RolloutBenchResult): string {
+  const t = (x: Timing) => `prefill ${x.prefill_s} s, decode ${x.decode_s} s, total ${x.total_s} s`;
+  const lines: [string, string][] = [
+    ['model', `${r.preset} (random weights), ${r.device}`],
+    ['round', `${r.prompts} prompts × ${r.generations} generations = ${r.rows} rows, prompts of ${r.prompt_tokens} tokens, budgets up to ${r.max_new_tokens} (${r.new_tokens} new tokens in all), batch ${r.batch}`],
+    ['padded_batches', t(r.padded_batches)],
+    ['session', `${t(r.session)} (shared prompts, continuous batching)`],
+    ['speedup', `${r.speedup}× end to end`],
+    ['load_average', `${r.load_average} (other work on the machine slows every figure)`],
+  ];
+  const w = Math.max(...lines.map(([k]) => k.length));
+  return lines.map(([k, v]) => `${k.padEnd(w)}  ${v}`).join('\n') + '\n';
+}
