@@ -160,12 +160,12 @@ function packRows(groups: PackGroup[], S: number, o: CollateOptions): { feeds: F
         seg[base + at + j] = BigInt(2 + k);
         // Predicted from the previous token of its own sequence; position 0 of a sequence has none.
         const from = j > 0 ? at + j - 1 : P - 1;
-        const w = tokenWeight(resp, j);
-        if (from < 0 || w === 0) return;
+        // A masked token (a tool result, another turn) is not scored at all.
+        if (from < 0 || (resp.mask && !resp.mask[j])) return;
         scoreIndex.push(base + from);
         scoreTarget.push(id);
         scoreSeq.push(resp.seq);
-        scoreWeight.push(w);
+        scoreWeight.push(tokenWeight(resp, j));
       });
       at += resp.ids.length;
     });
