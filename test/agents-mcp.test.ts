@@ -151,10 +151,13 @@ await ex.close();
 describe('cmd: tools', () => {
   const CMD = `node ${join(__dirname, 'fixtures/agents/cmd-tools.mjs')}`;
   it('lists and calls a JSON-lines program through the online loop\'s LineProcess; errors, timeouts and a dead program', async () => {
-    const cmd = await CommandTools.start(CMD, (c) => new LineProcess(c));
     const dir = mkdtempSync(join(tmpdir(), 'pz-cmd-'));
     const journal = ToolJournal.open(join(dir, JOURNAL_FILE));
-    const ex = await executor({ providers: [cmd], toolTimeout: 60, journal });
+    await expect(ToolExecutor.open({ tools: [`cmd:${CMD}`] })).rejects.toThrow(/no lineProcess given/);
+    // As `--tools cmd:…` reaches it from the online loop, which owns LineProcess.
+    const ex = await executor({ tools: [`cmd:${CMD}`], lineProcess: (c) => new LineProcess(c), toolTimeout: 60, journal });
+    const cmd = (ex as unknown as { providers: CommandTools[] }).providers[0];
+    expect(cmd).toBeInstanceOf(CommandTools);
     expect(ex.specs.map((s) => s.function.name)).toEqual(['lookup', 'count', 'slow', 'die']);
     const r = await ex.execute([call('lookup', { key: 'city' }), call('lookup', { key: 'zip' }), call('count', {}), call('count', {}), call('lookup', {})], ctx({ row: { city: 'Oslo' }, seed: 77 }));
     expect(r.messages.map((m) => m.content)).toEqual(['Oslo (seed 77)', '{"error":"no column zip"}', '1', '2', `{"error":"invalid arguments for lookup: arguments must have required property 'key'"}`]);

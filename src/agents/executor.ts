@@ -16,6 +16,7 @@ import { callRandom } from './seeds.ts';
 import { TOOL_NAME, compileSchema, loadToolsModule, schemaProblem, type LoadedTool } from './tools.ts';
 import { ProviderDiedError, mcpSpecFromCommand, readMcpConfig, startMcpServers, type McpServerSpec, type ToolProvider } from './mcp.ts';
 import type { ToolJournal } from './journal.ts';
+import { CommandTools, type LineChannel } from './command.ts';
 import type { CallRecord, RolloutContext, ToolContext, ToolRound } from './types.ts';
 
 /** The default `tool_timeout`, in seconds: the MCP SDK's own default request timeout. */
@@ -74,6 +75,23 @@ export function toolOutputText(out: unknown): { content: string; ok: boolean; er
   }
 }
 
+/** Where `ToolExecutor.open` finds tools: the command line's `--tools`, `--mcp`, `--mcp-config`. */
+export interface ToolSources {
+  /** `--tools` values: module files (`.mjs`, `.js`, `.ts`, `.mts`) or `cmd:COMMAND` programs. */
+  tools?: readonly string[];
+  /** `--mcp` command lines. */
+  mcp?: readonly string[];
+  /** `--mcp-config` file. */
+  mcpConfig?: string;
+  /** Providers the caller started. */
+  providers?: readonly ToolProvider[];
+  /** How to start a `cmd:` program: `(command) => new LineProcess(command)` (src/online/line-process.ts). */
+  lineProcess?: (command: string) => LineChannel;
+  /** Seconds (default 60). */
+  toolTimeout?: number;
+  journal?: ToolJournal | null;
+}
+
 export class ToolExecutor {
   private routes = new Map<string, Route>();
   /** The tools offered to the model, for the template's `tools` variable, in a fixed order. */
@@ -118,16 +136,27 @@ export class ToolExecutor {
   }
 
   /**
-   * Builds an executor from the command line's sources: `--tools` modules, `--mcp` commands, an
-   * `--mcp-config` file, and providers started by the caller (`CommandTools` for `cmd:`). MCP servers
-   * are started here; all providers are closed by `close()` (or on a failure here).
+   * Builds an executor from the command line's sources: `--tools` modules and `cmd:` programs, `--mcp`
+   * commands, an `--mcp-config` file, and providers started by the caller. Servers and programs are
+   * started here; all providers are closed by `close()` (or on a failure here).
    */
-  static async open(options: { tools?: readonly string[]; mcp?: readonly string[]; mcpConfig?: string; providers?: readonly ToolProvider[]; toolTimeout?: number; journal?: ToolJournal | null }): Promise<ToolExecutor> {
+  static async open(options: ToolSources): Promise<ToolExecutor> {
     const local: LoadedTool[] = [];
-    for (const m of options.tools ?? []) local.push(...(await loadToolsModule(m)));
+    const commands: string[] = [];
+    for (const m of options.tools ?? []) {
+      if (m.startsWith('cmd:')) commands.push(m.slice(4));
+      else local.push(...(await loadToolsModule(m)));
+    }
+    if (commands.length && !options.lineProcess) throw new UserError(`--tools cmd:${commands[0]}: this caller cannot run command tools (no lineProcess given)`, { setting: 'tools' });
     const specs: McpServerSpec[] = [...(options.mcpConfig ? readMcpConfig(options.mcpConfig) : []), ...(options.mcp ?? []).map(mcpSpecFromCommand)];
     const servers: ToolProvider[] = specs.length ? await startMcpServers(specs) : [];
     const providers = [...servers, ...(options.providers ?? [])];
+    try {
+      for (const c of commands) providers.push(await CommandTools.start(c, options.lineProcess!));
+    } catch (e) {
+      await Promise.all(providers.map((p) => p.close()));
+      throw e;
+    }
     try {
       return new ToolExecutor({ tools: local, providers, toolTimeout: options.toolTimeout, journal: options.journal });
     } catch (e) {

@@ -7,7 +7,7 @@ export type { ToolDef, ZodToolDef, ToolContext, ToolOutput, Environment, Environ
 export { loadToolsModule, toolsFromModule, toolsFromValues, toolFromExport, compileSchema, TOOL_NAME, type LoadedTool } from './tools.ts';
 export { McpServer, startMcpServers, readMcpConfig, mcpSpecFromCommand, splitCommand, mcpResultText, ProviderDiedError, type McpServerSpec, type ToolProvider, type ProviderResult, type ProviderCallOptions } from './mcp.ts';
 export { CommandTools, type LineChannel } from './command.ts';
-export { ToolExecutor, DEFAULT_TOOL_TIMEOUT, errorContent, toolOutputText, type ToolExecutorOptions } from './executor.ts';
+export { ToolExecutor, DEFAULT_TOOL_TIMEOUT, errorContent, toolOutputText, type ToolExecutorOptions, type ToolSources } from './executor.ts';
 export { loadEnvironment, environmentFrom, EnvironmentModule, EnvSession, EnvironmentError } from './env.ts';
 export { ToolJournal, JOURNAL_FILE, canonicalJson, type JournalEntry, type JournalKey } from './journal.ts';
 export { toolMetrics, turnMetrics, stopReasonMetrics, type ToolMetrics } from './metrics.ts';
