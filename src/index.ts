@@ -428,10 +428,13 @@ export function exportModel(options: ExportModelOptions): ExportModelResult {
 
 /** Options of {@link grpo}: a prompts file, reward specs and settings with TRL's GRPOConfig names. */
 export interface GrpoOptions extends Omit<GrpoLoopOptions, 'progress' | 'log' | 'quiet' | 'base' | 'params' | 'rewards' | 'settings'>, JobOptions {
-  /** Reward specs, in order (`reward_weights` follows it): the kinds of the reward registry, see {@link RewardSpec}. */
-  rewards: readonly RewardSpec[];
-  /** Settings by name (`num_generations`, `loss_type`, `beta`, `max_steps`, …), checked as `--param` is. */
-  settings?: Settings;
+  /** Settings by name, typed: GRPO's own (`num_generations`, `temperature`, …), the trainer's and the loss's, checked as `--param` is. */
+  settings?: Settings & Partial<GrpoSettings>;
+  /**
+   * Reward specs, in order (`reward_weights` follows it): the kinds of the reward registry, see
+   * {@link RewardSpec}; any string is accepted too (a module's path computed at run time), checked when loaded.
+   */
+  rewards: readonly (RewardSpec | (string & {}))[];
   /** Settings as `key=value` strings, applied before `settings`. */
   params?: string[];
 }
