@@ -1,7 +1,7 @@
 /** A round's metrics in TRL's names: rewards (total and per function) and completion lengths. */
 import { nanMean, nanStd } from './advantages.ts';
 import type { Completion } from './rollout.ts';
-import { toolMetrics } from '../../agents/metrics.ts';
+import { toolMetrics, turnMetrics } from '../../agents/metrics.ts';
 import { STOP_REASONS } from './agent-rollout.ts';
 import type { CallRecord } from '../../agents/types.ts';
 
@@ -52,9 +52,7 @@ export function agentMetrics(completions: readonly Completion[]): Record<string,
   if (!infos.length || infos.some((x) => typeof x.turns !== 'number')) return {};
   const turns = infos.map((x) => x.turns!);
   const m: Record<string, number> = { ...toolMetrics(infos.map((x) => x.tool_calls ?? [])) };
-  m['num_turns/mean'] = mean(turns);
-  m['num_turns/min'] = Math.min(...turns);
-  m['num_turns/max'] = Math.max(...turns);
+  Object.assign(m, turnMetrics(turns));
   for (const r of STOP_REASONS) m[`stop_reason/${r}`] = infos.filter((x) => x.stop_reason === r).length / infos.length;
   return m;
 }
