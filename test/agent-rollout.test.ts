@@ -25,6 +25,7 @@ import { microBatches, type GrpoRound } from '../src/online/grpo/round.ts';
 import type { Completion } from '../src/online/grpo/rollout.ts';
 import { ToolExecutor, toolsFromValues, ToolJournal, startMcpServers, type CallRecord } from '../src/agents/index.ts';
 import type { Message } from '../src/chat.ts';
+import { renderReport } from '../src/train/report.ts';
 import { killWhen } from './helpers/faults.ts';
 
 const ROOT = resolve(import.meta.dirname, '..');
@@ -189,6 +190,10 @@ describe('prefzoo grpo with tools', () => {
     const sample = JSON.parse(readFileSync(join(straight, 'completions.jsonl'), 'utf8').split('\n')[0]);
     expect(sample.messages[0]).toEqual({ role: 'user', content: expect.any(String) });
     expect(sample.messages[1].role).toBe('assistant');
+    // prefzoo report shows each logged step's first rollout as a conversation.
+    const html = renderReport(straight);
+    expect(html.match(/class="conversation"/g)).toHaveLength(2);
+    expect(html).toContain(`<div class="msg user"><b>user</b><pre>${sample.messages[0].content.replace(/[&<>"]/g, (c: string) => ({ '&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;' })[c]!)}</pre></div>`);
 
     const broken = join(dir, 'broken');
     await killWhen(args(broken), () => existsSync(join(broken, 'checkpoints', 'step-00000001', 'state.json')));
