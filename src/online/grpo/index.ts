@@ -84,7 +84,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   const evalRows = config.eval_data ? (await readPromptRows(config.eval_data)).slice(0, config.eval_samples > 0 ? config.eval_samples : undefined) : [];
   const cols = columnsOf(p, s);
   // Reward models run where the policy does.
-  const fns = [...(await loadAllRewards(o.rewards, { runtime: runtimeOf(config) })), ...(agent?.envReward ? [agent.envReward] : [])];
+  const fns = [...(o.rewards.length || !agent?.envReward ? await loadAllRewards(o.rewards, { runtime: runtimeOf(config) }) : []), ...(agent?.envReward ? [agent.envReward] : [])];
   const names = fns.map((f) => f.name);
   let weights: number[];
   try {
