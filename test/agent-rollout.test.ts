@@ -26,6 +26,8 @@ import type { Completion } from '../src/online/grpo/rollout.ts';
 import { ToolExecutor, toolsFromValues, ToolJournal, startMcpServers, type CallRecord } from '../src/agents/index.ts';
 import type { Message } from '../src/chat.ts';
 import { renderReport } from '../src/train/report.ts';
+import { scoreCompletions } from '../src/online/grpo/evaluate.ts';
+import { loadAllRewards } from '../src/online/rewards/index.ts';
 import { killWhen } from './helpers/faults.ts';
 
 const ROOT = resolve(import.meta.dirname, '..');
@@ -96,6 +98,13 @@ describe('the agent rollout, scripted', () => {
     expect(m['stop_reason/max_turns']).toBe(1 / 4);
     expect(STOP_REASONS.reduce((s, r) => s + m[`stop_reason/${r}`], 0)).toBe(1);
 
+    // Rewards read the final answers, and each rollout's conversation, calls and turns as a third argument.
+    const rewardFile = join(dir, 'turns.mjs');
+    writeFileSync(rewardFile, 'export function seen(completions, rows, rollouts) { return completions.map((c, i) => (c === "It is 7." ? 100 : 0) + rollouts[i].turns * 10 + rollouts[i].tool_calls.length); }\n');
+    const fns = await loadAllRewards([rewardFile]);
+    const rowsOf = [{ prompt: 'q', row: { prompt: 'q' }, at: 'q.jsonl:1' }];
+    const scored = await scoreCompletions(fns, [1], rowsOf, completions, { maxCompletionLength: 400, timeout: 10 });
+    expect(Array.from(scored.rewards)).toEqual([121, 33, 10, 43]);
     // The independent cut: the template renders the whole conversation, tokenizeConversation splits it.
     for (const x of [a, c, d]) {
       const conv = tokenizeConversation(tok, x.ep.messages, { tools: ex.specs });
