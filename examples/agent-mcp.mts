@@ -7,12 +7,14 @@
  *   npx tsx examples/agent-mcp.mts [RUN_DIR]
  *   MCP='node my-server.mjs' npx tsx examples/agent-mcp.mts      (any stdio server)
  *
- * The GRPO wiring (`grpo({ mcp, … })`) comes with the multi-turn rollout.
+ * Then GRPO against the same server for two steps on a tiny random model (`grpo({ mcp, … })`), its
+ * tools cut to one with `mcp_tools` (a whole server's list does not fit a tiny model's 512 positions).
  */
 import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { JOURNAL_FILE, ToolExecutor, ToolJournal, UserError } from 'prefzoo';
+import { writeFileSync } from 'node:fs';
+import { JOURNAL_FILE, ToolExecutor, ToolJournal, UserError, grpo, initModel } from 'prefzoo';
 
 const dir = process.argv[2] ?? mkdtempSync(join(tmpdir(), 'prefzoo-mcp-'));
 const command = process.env.MCP ?? 'npx -y @modelcontextprotocol/server-everything stdio';
@@ -48,3 +50,12 @@ try {
   await tools.close();
 }
 console.log(`journal ${join(dir, JOURNAL_FILE)}:\n${readFileSync(join(dir, JOURNAL_FILE), 'utf8')}`);
+
+initModel({ output: join(dir, 'model'), preset: 'tiny' });
+writeFileSync(join(dir, 'prompts.jsonl'), JSON.stringify({ prompt: 'Add 19 and 23.' }) + '\n');
+const one = names.has('get-sum') ? 'get-sum' : tools.specs[0].function.name;
+const r = await grpo({
+  model: join(dir, 'model'), prompts: join(dir, 'prompts.jsonl'), rewards: ['format:42'], mcp: [command], out: join(dir, 'grpo'),
+  settings: { mcp_tools: one, max_steps: 2, batch_size: 2, num_generations: 2, max_completion_length: 24, threads: 1 },
+});
+console.log(`GRPO: ${r.steps} steps; tools/call_frequency ${r.last['tools/call_frequency']}; the run's journal in ${join(dir, 'grpo', JOURNAL_FILE)}`);

@@ -6,10 +6,14 @@
  *
  *   npx tsx examples/agent-tools.mts
  *
- * The GRPO wiring (`grpo({ tools, env, … })`) comes with the multi-turn rollout.
+ * Then GRPO with the same tools and the same game (`grpo({ tools, … })`, `grpo({ env, … })`) on a tiny
+ * random model for two steps each: multi-turn rollouts, the tool and turn metrics in metrics.jsonl.
  */
 import { z } from 'zod';
-import { ToolExecutor, environmentFrom, episodeSeed, toolMetrics, toolsFromValues, type Environment, type ToolCall, type ToolDef } from 'prefzoo';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ToolExecutor, environmentFrom, episodeSeed, grpo, initModel, toolMetrics, toolsFromValues, type Environment, type ToolCall, type ToolDef } from 'prefzoo';
 
 // A tool with a JSON Schema; `ctx.rng` and `ctx.seed` are the rollout's, so a resumed run draws the same.
 const lookup: ToolDef<{ key: string }> = {
@@ -74,3 +78,16 @@ for (let done = false; !done; ) {
   done = step.done;
 }
 console.log('environment reward:', await game.reward());
+
+// GRPO with tools, then with the game: every rollout is multi-turn (a tiny random model rarely
+// writes a call; the demos warm-start one that does).
+const dir = mkdtempSync(join(tmpdir(), 'prefzoo-agent-tools-'));
+initModel({ output: join(dir, 'model'), preset: 'tiny' });
+writeFileSync(join(dir, 'prompts.jsonl'), ['What is stored under b?', 'Look up a.'].map((p) => JSON.stringify({ prompt: p }) + '\n').join(''));
+const settings = { max_steps: 2, batch_size: 4, num_generations: 2, max_completion_length: 24, max_turns: 3, threads: 1 };
+await grpo({ model: join(dir, 'model'), prompts: join(dir, 'prompts.jsonl'), rewards: ['format:\\d'], tools: [lookup], out: join(dir, 'tools-run'), settings });
+await grpo({ model: join(dir, 'model'), prompts: join(dir, 'prompts.jsonl'), rewards: [], env: () => new Guess(), out: join(dir, 'env-run'), settings });
+for (const run of ['tools-run', 'env-run']) {
+  const last = JSON.parse(readFileSync(join(dir, run, 'metrics.jsonl'), 'utf8').trim().split('\n').at(-1)!);
+  console.log(run, { calls: last['tools/call_frequency'], turns: last['num_turns/mean'], env: last['rewards/env/mean'] });
+}

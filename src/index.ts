@@ -69,6 +69,8 @@ export type { FloatTensor } from './models/checkpoint.ts';
 export type { OptLevel } from './runtime/session.ts';
 export type { SppoIteration } from './online/sppo.ts';
 export type { GrpoResult, GrpoSettings };
+/** A GRPO run's tools, MCP servers and environment (`grpo({ tools, mcp, mcpConfig, env })`), and what a multi-turn rollout records (the rewards' third argument). */
+export type { AgentOptions, AgentRolloutInfo, AgentStopReason } from './online/grpo/index.ts';
 export type { RewardSpec, RewardFunction, RewardBatch, RewardRow } from './online/rewards/index.ts';
 import type { RewardSpec } from './online/rewards/index.ts';
 export type { Kind, LossModule, ParamSpec, Schedule } from '../losses/index.ts';

@@ -235,6 +235,19 @@ interface CompletionRow {
   rewards?: Record<string, number | null>;
   reward?: number | null;
   advantage?: number;
+  /** A multi-turn rollout's whole conversation (tool calls and results), its turns and why it ended. */
+  messages?: { role: string; content: string; name?: string; tool_calls?: { function: { name: string; arguments: unknown } }[] }[];
+  turns?: number;
+  stop_reason?: string;
+}
+
+/** A multi-turn rollout as a conversation: each message by role, an assistant's tool calls under it. */
+function conversationHtml(r: CompletionRow): string {
+  const lines = (r.messages ?? []).map((m) => {
+    const calls = (m.tool_calls ?? []).map((c) => `\n→ ${c.function.name}(${typeof c.function.arguments === 'string' ? c.function.arguments : JSON.stringify(c.function.arguments)})`).join('');
+    return `<div class="msg ${esc(m.role)}"><b>${esc(m.role)}${m.name ? ` ${esc(m.name)}` : ''}</b><pre>${esc(m.content)}${esc(calls)}</pre></div>`;
+  });
+  return `<div class="conversation"><p>conversation of completion 0: ${r.turns ?? '?'} turns, ended by ${esc(r.stop_reason ?? '?')}</p>${lines.join('')}</div>`;
 }
 
 function readCompletions(runDir: string): CompletionRow[] {
@@ -268,6 +281,7 @@ function completionsSection(rows: CompletionRow[], keep = 4): string {
     return (
       `<details class="completions"${i === shown.length - 1 ? ' open' : ''}><summary>step ${step} (${at.length} completions)</summary>` +
       prompts.map((p) => `<pre>${esc(p)}</pre>`).join('') +
+      (at[0]?.messages ? conversationHtml(at[0]) : '') +
       `<table><tr><th>#</th><th>completion</th>${fns.map((f) => `<th>${esc(f)}</th>`).join('')}<th>reward</th><th>advantage</th></tr>` +
       at.map((r, k) => `<tr><td>${k}</td><td><pre>${esc(r.completion)}</pre></td>${fns.map((f) => `<td>${num(r.rewards?.[f])}</td>`).join('')}<td>${num(r.reward)}</td><td>${num(r.advantage)}</td></tr>`).join('') +
       '</table></details>'

@@ -35,6 +35,8 @@ export class CompletionsLog {
         step,
         prompt,
         completion: completions[k].text,
+        // A multi-turn rollout: the whole conversation (calls and results), its turns and why it ended.
+        ...(completions[k].info.messages ? { messages: completions[k].info.messages, turns: completions[k].info.turns, stop_reason: completions[k].info.stop_reason } : {}),
         rewards: Object.fromEntries(names.map((n, f) => [n, reward(perFunction[f][k])])),
         reward: reward(rewards[k]),
         advantage: advantages[k],

@@ -4,8 +4,11 @@ import type { LoadedTokenizer } from '../../tokenize/index.ts';
 import type { PromptRow } from '../prompts.ts';
 import { scoreAll, type RewardFunction, type RewardRow } from '../rewards/index.ts';
 import { combineRewards, nanMean } from './advantages.ts';
-import { lengthMetrics, rewardMetrics } from './metrics.ts';
+import { agentMetrics, lengthMetrics, rewardMetrics } from './metrics.ts';
 import type { Completion, Rollout } from './rollout.ts';
+
+/** The tokens of a completion the policy sampled (a tool's or environment's are not its). */
+export const modelTokens = (c: Completion): number => c.lossMask.reduce((a, m) => a + m, 0);
 
 export interface RewardEval {
   /** reward, reward_std, rewards/<name>/mean and /std, completions/…, over n samples per prompt. */
@@ -21,8 +24,9 @@ export async function scoreCompletions(
   const perFunction = await scoreAll(fns, {
     completions: completions.map((c) => c.text),
     rows: completions.map((c) => rows[c.prompt].row as RewardRow),
-    lengths: completions.map((c) => c.ids.length),
+    lengths: completions.map(modelTokens),
     maxCompletionLength: o.maxCompletionLength,
+    ...(completions.some((c) => c.info.messages) ? { rollouts: completions.map((c) => c.info) } : {}),
   }, (i) => rows[completions[i].prompt].at, o.timeout);
   return { perFunction, rewards: combineRewards(perFunction, weights) };
 }
@@ -30,12 +34,12 @@ export async function scoreCompletions(
 /** Samples n completions per prompt row from `decoder` through `rollout` and scores them. */
 export async function evaluateRewards(
   tok: LoadedTokenizer, decoder: Decoder, rows: readonly PromptRow[], fns: readonly RewardFunction[], weights: readonly number[],
-  o: { rollout: Rollout; n: number; seed: number; maxCompletionLength: number; timeout: number },
+  o: { rollout: Rollout; n: number; seed: number; step?: number; maxCompletionLength: number; timeout: number },
 ): Promise<RewardEval> {
-  const completions = await o.rollout({ tok, policy: decoder }, { prompts: rows, n: o.n, seed: o.seed });
+  const completions = await o.rollout({ tok, policy: decoder }, { prompts: rows, n: o.n, seed: o.seed, ...(o.step !== undefined ? { step: o.step } : {}) });
   const { perFunction, rewards } = await scoreCompletions(fns, weights, rows, completions, o);
   return {
-    metrics: { ...rewardMetrics(fns.map((f) => f.name), perFunction, rewards), ...lengthMetrics(completions) },
+    metrics: { ...rewardMetrics(fns.map((f) => f.name), perFunction, rewards), ...lengthMetrics(completions), ...agentMetrics(completions) },
     perFunction: Object.fromEntries(fns.map((f, k) => [f.name, nanMean(perFunction[k])])),
   };
 }

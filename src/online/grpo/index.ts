@@ -37,17 +37,20 @@ import { computeAdvantages } from './advantages.ts';
 import { CompletionsLog } from './completions-log.ts';
 import { evaluateRewards, scoreCompletions } from './evaluate.ts';
 import { columnsOf, grpoSpec } from './graph.ts';
-import { lengthMetrics, rewardMetrics } from './metrics.ts';
+import { agentMetrics, lengthMetrics, rewardMetrics } from './metrics.ts';
 import { microBatches, roundLogps, type GrpoRound } from './round.ts';
 import { samplingRollout, type Rollout } from './rollout.ts';
+import { AgentRun, type AgentOptions } from './agent-run.ts';
 import { GRPO_HONOURS, grpoLoss, rewardWeights, type GrpoSettings } from './settings.ts';
 
 export { GRPO_SETTINGS, GRPO_HONOURS, grpoLoss, rewardWeights, type GrpoSettings } from './settings.ts';
 export { combineRewards, computeAdvantages, nanMean, nanStd, type Advantages } from './advantages.ts';
 export { evaluateRewards, type RewardEval } from './evaluate.ts';
 export { samplingRollout, type Completion, type Rollout, type RolloutContext, type RolloutRequest } from './rollout.ts';
+export { agentRollout, Episode, STOP_REASONS, type AgentRolloutInfo, type AgentRolloutSettings, type AgentSources, type AgentStopReason } from './agent-rollout.ts';
+export type { AgentOptions } from './agent-run.ts';
 
-export interface GrpoOptions extends OnlineOptions {
+export interface GrpoOptions extends OnlineOptions, AgentOptions {
   /** The prompts file (any format `convert` reads; a `prompt`, `question` or `problem` column, other columns reach the rewards). */
   prompts: string;
   /** `--reward` specs (rewards.ts), in order; reward_weights follows it. */
@@ -70,12 +73,18 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   if (perRound % G !== 0) {
     throw new UserError(`grpo: batch_size × gradient_accumulation_steps (${config.batch_size} × ${config.gradient_accumulation_steps} = ${perRound} completions) must be a multiple of num_generations (${G})`);
   }
-  const rollout = (o.rollout ?? samplingRollout)(s);
+  // Tools or an environment make rollouts multi-turn (agent-run.ts); without them the agent settings are refused.
+  const agent = await AgentRun.open(o, s);
+  const rollout = o.rollout ? o.rollout(s) : agent ? agent.rollout : samplingRollout(s);
+  if (o.rewards.length === 0 && !agent?.envReward) {
+    await agent?.close();
+    throw new UserError('grpo: no reward function: give --reward (or an --env whose environment has reward())');
+  }
   const rows = await readPromptRows(o.prompts);
   const evalRows = config.eval_data ? (await readPromptRows(config.eval_data)).slice(0, config.eval_samples > 0 ? config.eval_samples : undefined) : [];
   const cols = columnsOf(p, s);
   // Reward models run where the policy does.
-  const fns = await loadAllRewards(o.rewards, { runtime: runtimeOf(config) });
+  const fns = [...(o.rewards.length || !agent?.envReward ? await loadAllRewards(o.rewards, { runtime: runtimeOf(config) }) : []), ...(agent?.envReward ? [agent.envReward] : [])];
   const names = fns.map((f) => f.name);
   let weights: number[];
   try {
@@ -97,9 +106,10 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
     async open(ctx) {
       if (cols.ref) ref = await ReferenceScorer.create(ctx.model, ctx.baseWeights, ctx.runtime, { temperature: s.temperature });
       log.truncateAfter(ctx.art.step);
+      await agent?.start(ctx, o.resume ? ctx.art.step + 1 : undefined);
     },
     async collect(ctx, items, info) {
-      const completions = await rollout({ tok: ctx.tok, policy: await ctx.policy() }, { prompts: items, n: G, seed: ctx.rng.int(2 ** 31) });
+      const completions = await rollout({ tok: ctx.tok, policy: await ctx.policy() }, { prompts: items, n: G, seed: ctx.rng.int(2 ** 31), step: info.step });
       const { perFunction, rewards } = await scoreCompletions(fns, weights, items, completions, scoring);
       const { advantages, zeroStd } = computeAdvantages(rewards, G, s.scale_rewards, s.advantage);
       const masked = completions.some((c) => c.lossMask.some((m) => m !== 1));
@@ -115,6 +125,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
           ...rewardMetrics(names, perFunction, rewards),
           frac_reward_zero_std: zeroStd.filter(Boolean).length / zeroStd.length,
           ...lengthMetrics(completions),
+          ...agentMetrics(completions),
         },
       };
       await roundLogps(round, cols, batching(ctx), ctx.art, ref);
@@ -125,7 +136,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
     metrics: (r) => r.metrics,
     progressFields: (row) => ({ loss: row.loss, reward: row.reward }),
     evaluate: evalRows.length
-      ? async (ctx: OnlineContext) => (await evaluateRewards(ctx.tok, await ctx.policy(), evalRows, fns, weights, { rollout, n: G, seed: config.seed * 31 + 7, ...scoring })).metrics
+      ? async (ctx: OnlineContext) => (await evaluateRewards(ctx.tok, await ctx.policy(), evalRows, fns, weights, { rollout, n: G, seed: config.seed * 31 + 7, step: -ctx.art.step - 1, ...scoring })).metrics
       : undefined,
     async close() {
       await ref?.release();
@@ -134,7 +145,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   try {
     return await runOnline(o, rows, method, {
       config,
-      record: { prompts: o.prompts, rewards: o.rewards.join(' --reward '), loss: 'grpo', loss_params: p, grpo: s },
+      record: { prompts: o.prompts, rewards: o.rewards.join(' --reward '), loss: 'grpo', loss_params: p, grpo: s, ...(agent ? { agent: agent.record } : {}) },
       inputs: [
         { key: 'prompts', now: o.prompts, flag: '--prompts' },
         { key: 'rewards', now: o.rewards.join(' --reward '), flag: '--reward' },
@@ -142,5 +153,6 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
     });
   } finally {
     await releaseRewards(fns);
+    await agent?.close();
   }
 }

@@ -1,6 +1,9 @@
 /** A round's metrics in TRL's names: rewards (total and per function) and completion lengths. */
 import { nanMean, nanStd } from './advantages.ts';
 import type { Completion } from './rollout.ts';
+import { toolMetrics, turnMetrics } from '../../agents/metrics.ts';
+import { STOP_REASONS } from './agent-rollout.ts';
+import type { CallRecord } from '../../agents/types.ts';
 
 const mean = (xs: readonly number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : 0);
 
@@ -26,8 +29,10 @@ export function rewardMetrics(names: readonly string[], perFunction: readonly Fl
 
 /** completions/mean_length, min_length, max_length, clipped_ratio (no stop token), mean_terminated_length. */
 export function lengthMetrics(completions: readonly Completion[]): Record<string, number> {
-  const len = completions.map((s) => s.ids.length);
-  const term = completions.filter((s) => s.stopped).map((s) => s.ids.length);
+  // The policy's own tokens: a multi-turn completion's tool and environment tokens are not counted.
+  const own = (s: Completion) => s.lossMask.reduce((a, m) => a + m, 0);
+  const len = completions.map(own);
+  const term = completions.filter((s) => s.stopped).map(own);
   return {
     'completions/mean_length': mean(len),
     'completions/min_length': Math.min(...len),
@@ -35,4 +40,19 @@ export function lengthMetrics(completions: readonly Completion[]): Record<string
     'completions/clipped_ratio': completions.filter((s) => !s.stopped).length / completions.length,
     'completions/mean_terminated_length': mean(term),
   };
+}
+
+/**
+ * A multi-turn round's metrics (TRL's and verl's names): tools/call_frequency and
+ * tools/failure_frequency (agents/metrics.ts), num_turns/mean|min|max, and stop_reason/<reason>: the
+ * share of rollouts that ended for that reason. None for single-turn completions.
+ */
+export function agentMetrics(completions: readonly Completion[]): Record<string, number> {
+  const infos = completions.map((c) => c.info as { turns?: number; stop_reason?: string; tool_calls?: CallRecord[] });
+  if (!infos.length || infos.some((x) => typeof x.turns !== 'number')) return {};
+  const turns = infos.map((x) => x.turns!);
+  const m: Record<string, number> = { ...toolMetrics(infos.map((x) => x.tool_calls ?? [])) };
+  Object.assign(m, turnMetrics(turns));
+  for (const r of STOP_REASONS) m[`stop_reason/${r}`] = infos.filter((x) => x.stop_reason === r).length / infos.length;
+  return m;
 }

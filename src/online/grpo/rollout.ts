@@ -33,6 +33,8 @@ export interface RolloutRequest {
   n: number;
   /** Seed of the round's random streams: the same request gives the same completions. */
   seed: number;
+  /** The optimizer step the round feeds (1-based; negative for an evaluation): keys the tool journal. */
+  step?: number;
 }
 
 /** What a rollout runs on: the tokenizer and a decoder over the weights to sample from. */

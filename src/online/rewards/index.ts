@@ -171,7 +171,7 @@ export async function scoreOne(fn: RewardFunction, batch: RewardBatch, place: Pl
     const msg = (x: unknown) => (x instanceof Error ? x.message : String(x)).split('\n')[0];
     if (fn.rerunnable !== false && n > 1) {
       for (let i = 0; i < n; i++) {
-        const one: RewardBatch = { ...batch, completions: [batch.completions[i]], rows: [batch.rows[i]], lengths: [batch.lengths[i]] };
+        const one: RewardBatch = { ...batch, completions: [batch.completions[i]], rows: [batch.rows[i]], lengths: [batch.lengths[i]], ...(batch.rollouts ? { rollouts: [batch.rollouts[i]] } : {}) };
         try {
           await withTimeout(fn.score(one), timeoutSeconds);
         } catch (e1) {

@@ -31,7 +31,7 @@ export const module: RewardKind<ModuleSpec> = {
     if (names.length === 0) throw new UserError(`--reward ${spec}: the module exports no function`);
     return names.map((n) => {
       const fn = mod[n] as UserRewardFn;
-      return { name: n, source: m[1], rerunnable: true, score: ({ completions, rows }) => fn(completions, rows) };
+      return { name: n, source: m[1], rerunnable: true, score: ({ completions, rows, rollouts }) => (rollouts ? fn(completions, rows, rollouts) : fn(completions, rows)) };
     });
   },
 };

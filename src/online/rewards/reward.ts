@@ -12,9 +12,15 @@ export type RewardRow = Record<string, unknown> & { prompt: Text };
 export interface RewardBatch {
   completions: string[];
   rows: RewardRow[];
-  /** Completion lengths in tokens. */
+  /** Completion lengths in tokens (the policy's own: a tool's tokens are not counted). */
   lengths: number[];
   maxCompletionLength: number;
+  /**
+   * Per completion of a multi-turn rollout (tools, an environment): its whole conversation, its tool
+   * calls, turns and the environment's reward (online/grpo/agent-rollout.ts `AgentRolloutInfo`); a
+   * module's function receives it as its third argument. Absent for single-turn completions.
+   */
+  rollouts?: Record<string, unknown>[];
 }
 
 export interface RewardFunction {
@@ -32,7 +38,7 @@ export interface RewardFunction {
 }
 
 /** A user's reward function: TRL's callable in TypeScript form. */
-export type UserRewardFn = (completions: string[], rows: RewardRow[]) => (number | null)[] | Promise<(number | null)[]>;
+export type UserRewardFn = (completions: string[], rows: RewardRow[], rollouts?: Record<string, unknown>[]) => (number | null)[] | Promise<(number | null)[]>;
 
 /** A function's answer on one completion is unusable: `index` names the completion. */
 export class RowError extends Error {
