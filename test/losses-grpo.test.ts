@@ -600,6 +600,8 @@ describe('grpo loss: identities and refusals', () => {
 
 describe('prefzoo grpo --help', () => {
   it('lists every new setting with its default and TRL name: the loss parameters, and the adaptive controller among GRPO settings', async () => {
+    // GRPO declares its command beside the method; importing it registers the declaration.
+    await import('../src/online/grpo/settings.ts');
     const { settingsHelp } = await import('../src/train/settings.ts');
     const loop = settingsHelp('grpo');
     for (const [k, v] of [['entropy_coef_delta', '0.005'], ['entropy_coef_min', '0'], ['entropy_coef_max', '1']]) expect(loop).toMatch(new RegExp(`${k}=${v} .*\\(TRL ${k}\\)`));
