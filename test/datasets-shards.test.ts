@@ -1,5 +1,5 @@
 /**
- * Issue 17, item 8: runs at the sizes people have. `convert --shard-size` shards land within 10 %
+ * Runs at the sizes people have: `convert --shard-size` shards land within 10 %
  * of the size asked for; `train`, `eval` and `tokenize` read a directory or glob of Parquet shards
  * batch by batch; `max_samples` / `eval_samples` / `--max-samples` read only the first rows.
  */

@@ -1,5 +1,5 @@
 /**
- * Issue 35: models and datasets by Hub name. No network reaches these machines, so the Hub is
+ * Models and datasets by Hub name. No network reaches these machines, so the Hub is
  * scripts/hub-local-server.ts: a local server answering the routes `@huggingface/hub` calls (info
  * at a revision, the file tree, `resolve` with its redirects and X-Repo-Commit / X-Linked-Etag /
  * X-Linked-Size headers, byte ranges), reached through HF_ENDPOINT. The cache it leaves is checked

@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { buildProgram } from '../src/cli/main.ts';
 import { initModelFolder } from '../src/models/init.ts';
 import { TaskJudge } from '../src/online/judges.ts';
-import { runOnline } from '../src/online/loop.ts';
+import { runOnline } from '../src/train/loop.ts';
 import { nashMdMethod, runNashMd } from '../src/online/nash-md.ts';
 import { samplerOptions } from '../src/online/sampling.ts';
 import { format, registerRewardKind, rewardHelp, rewardMarkdown, rewardSyntax, type RewardKind } from '../src/online/rewards/index.ts';

@@ -10,7 +10,7 @@ import { resolveConfig, DEFAULT_CONFIG } from '../src/train/config.ts';
 import { settingsPage } from '../src/online/settings-page.ts';
 import { TRAIN_SETTINGS, settingNames, nearestName, declareCommand, defineSettings, refuseUnhonoured, settingsHelp } from '../src/train/settings.ts';
 import { resolveLoss } from '../losses/index.ts';
-import { exportArtifacts } from '../src/train/export.ts';
+import { exportArtifacts } from '../src/train/artifacts.ts';
 import { train } from '../src/train/trainer.ts';
 import { initModelFolder } from '../src/models/init.ts';
 import { readManifest } from '../src/artifacts/manifest.ts';

@@ -1,5 +1,5 @@
 /**
- * Issue 17, items 6 and 7: TRL's monitoring metrics (logits/chosen, logits/rejected, entropy,
+ * TRL's monitoring metrics (logits/chosen, logits/rejected, entropy,
  * num_tokens) against a float64 forward pass, save_total_limit, load_best_model_at_end by an eval
  * metric, and eval_generate's greedy samples (against a float64 greedy decode) in the HTML report.
  */

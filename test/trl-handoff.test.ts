@@ -1,5 +1,5 @@
 /**
- * Issue 17, item 9: the hand-off to TRL (docs/trl-handoff.md). There is no Python here, so the
+ * The hand-off to TRL (docs/trl-handoff.md). There is no Python here, so the
  * files are read with readers written from the format specifications (helpers/independent-readers)
  * and checked against what the Python side requires:
  *  - `datasets.load_dataset("parquet", data_files=…)` (pyarrow): standard Parquet, one schema for

@@ -26,7 +26,7 @@ import { Graph } from '../src/onnx/graph.ts';
 import { sampleRandom } from '../src/models/sampling.ts';
 import { Session, toOrt, type RuntimeOptions } from '../src/runtime/session.ts';
 import { modelParameterShapes } from '../src/models/params.ts';
-import { writeTokenizer } from '../src/tokenize/generate.ts';
+import { writeTokenizer } from '../src/tokenize/test-tokenizer.ts';
 import { presetConfig, type Arch, type ModelConfig } from '../src/models/config.ts';
 import { initWeights } from '../src/models/init.ts';
 import { resolveLoss } from '../losses/index.ts';

@@ -1,5 +1,5 @@
 /**
- * Issue 17's training workflow: a separate reference model (`--ref`), TR-DPO reference syncing, PEFT
+ * The training workflow: a separate reference model (`--ref`), TR-DPO reference syncing, PEFT
  * adapters out and in, rationale-enriched pairs, and LD-DPO's `ld_alpha`. Expected values come from
  * float64 forward passes (test/helpers/reference-forward.ts) and the papers' formulas, not from the
  * trainer's own graphs.

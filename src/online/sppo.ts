@@ -7,7 +7,7 @@
  *     log π_t(y_k | x)                                                 (the reference of this iteration)
  *     π_{t+1} = the `sppo` loss on those lists, num_epochs passes (or max_steps steps), from π_t
  *
- * It runs on the online loop (loop.ts) as an OnlineMethod: the items are the prompts, a round is one
+ * It runs on the training loop (src/train/loop.ts) as an OnlineMethod: the items are the prompts, a round is one
  * training batch (batch_size × gradient_accumulation_steps lists, one optimizer update), and the first
  * round of iteration t samples and judges every prompt with the live weights, which are π_t then, and
  * scores the samples' log-probs with them through the training artifacts' eval graph: the reference
@@ -52,7 +52,7 @@ import { problemOf, problemSpec } from '../train/problem.ts';
 import { winRates, withJudge, type Judge } from './judges.ts';
 import { sampleWith } from './policy.ts';
 import { writeFileAtomic, writeJsonAtomic } from '../io/atomic.ts';
-import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions } from './loop.ts';
+import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions } from '../train/loop.ts';
 
 /** `params`: settings of the loop (docs/settings.md, `sppo`) and the loss's `beta`, as `key=value`. */
 export interface SppoOptions extends SamplingAliases, OnlineOptions {
