@@ -39,7 +39,7 @@ function differs(a: string, b: string): boolean {
 describe('Nash-MD', () => {
   it('on-policy steps: the first step sees π_θ = π_ref (KL estimate 0); the policy moves', async () => {
     const out = join(dir, 'nash');
-    const r = await runNashMd({ model, prompts, judge: shorter, out, maxNewTokens: 3, params: ['max_steps=3', 'beta=0.1', 'mixture_coef=0.5'], base: SETTINGS, quiet: true });
+    const r = await runNashMd({ model, prompts, judge: shorter, out, maxNewTokens: 3, params: ['max_steps=3', 'beta=0.1', 'mixture_coef=0.5'], base: SETTINGS });
     const rows = readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
     expect(rows.map((x) => x.step)).toEqual([1, 2, 3]);
     expect(Math.abs(rows[0]['objective/kl'])).toBeLessThan(1e-5);

@@ -225,7 +225,7 @@ describe('one training problem', () => {
     const data = join(dir, 'pairs.jsonl');
     writeFileSync(data, ['a b', 'c d', 'e f'].map((p, i) => JSON.stringify({ prompt: p, chosen: ` yes ${i}`, rejected: ` no ${i}` }) + '\n').join(''));
     const run = join(dir, 'same-train');
-    await train({ model, data, loss: 'dpo', out: run, params: [...params, 'max_steps=1', 'batch_size=2', 'max_length=32', 'max_prompt_length=16'], quiet: true, log: () => {} });
+    await train({ model, data, loss: 'dpo', out: run, params: [...params, 'max_steps=1', 'batch_size=2', 'max_length=32', 'max_prompt_length=16'] });
     const dirs = { bench: bench.artDir, artifacts: exported.dir, train: join(run, 'artifacts') };
     const view = (d: string) => {
       const x = readManifest(d);

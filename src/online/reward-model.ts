@@ -186,7 +186,6 @@ function pairSeqs(rows: readonly TokenizedExample[]): number[][] {
  * into `out` itself (HF layout with value_head.*), with reward_model.json last.
  */
 export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainResult> {
-  const log = o.log ?? (() => {});
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'reward-train' });
   // The settings it honours are declared in train/settings.ts ('reward-train'); resolveConfig refuses the others.
   const unknown = Object.keys(lossParams);
@@ -263,7 +262,7 @@ export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainRes
   if (r.eval) result.eval_accuracy = r.eval.accuracy;
   result.seconds = r.seconds;
   writeJsonAtomic(join(o.out, REWARD_MODEL_FILE), { base_model: o.model, data: o.data, loss: 'bradley_terry', ...config, result });
-  log(`reward-train: ${r.steps} steps in ${result.seconds}s; pair accuracy ${result.train_accuracy.toFixed(3)} (train)${result.eval_accuracy !== undefined ? `, ${result.eval_accuracy.toFixed(3)} (eval)` : ''}`);
+  o.reporter?.info(`reward-train: ${r.steps} steps in ${result.seconds}s; pair accuracy ${result.train_accuracy.toFixed(3)} (train)${result.eval_accuracy !== undefined ? `, ${result.eval_accuracy.toFixed(3)} (eval)` : ''}`);
   return result;
 }
 

@@ -120,7 +120,6 @@ export async function runSppo(o: SppoOptions): Promise<SppoResult> {
 
 async function sppoWith(o: SppoOptions & { judge: Judge }): Promise<SppoResult> {
   const t0 = Date.now();
-  const log = o.log ?? (() => {});
   const T = o.iterations ?? 3;
   if (!(Number.isInteger(T) && T >= 1)) throw new UserError(`--iterations must be a positive integer, got ${o.iterations}`);
   if (o.prompts.length === 0) throw new UserError('sppo: no prompts');
@@ -226,7 +225,7 @@ async function sppoWith(o: SppoOptions & { judge: Judge }): Promise<SppoResult> 
   }
   const seconds = Math.round((Date.now() - t0) / 100) / 10;
   writeJsonAtomic(join(o.out, 'sppo.json'), { model: o.model, judge: o.judge.name, iterations: T, samples: K, max_new_tokens: sampling.maxNewTokens, sampling: { temperature: sampling.temperature, top_k: sampling.topK, top_p: sampling.topP }, ...config, steps: r.steps, summary });
-  log(`sppo: ${T} iterations, ${r.steps} steps in ${seconds}s; final policy in ${r.finalDir}`);
+  o.reporter?.info(`sppo: ${T} iterations, ${r.steps} steps in ${seconds}s; final policy in ${r.finalDir}`);
   return { finalDir: r.finalDir, iterations: summary, seconds };
 }
 
