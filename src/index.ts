@@ -40,6 +40,7 @@ import { ModelSampler } from './online/policy.ts';
 import type { Sample } from './online/policy.ts';
 import { readPrompts } from './online/prompts.ts';
 import { writeSamples } from './online/samples-io.ts';
+import { generateSampling, type GenerateSettings } from './online/sampling.ts';
 import type { Judge } from './online/judges.ts';
 import { runSppo, type SppoOptions as SppoLoopOptions, type SppoResult } from './online/sppo.ts';
 import { runNashMd, type NashMdOptions as NashMdLoopOptions, type NashMdResult } from './online/nash-md.ts';
@@ -69,6 +70,7 @@ export type { FloatTensor } from './models/checkpoint.ts';
 export type { OptLevel } from './runtime/session.ts';
 export type { SppoIteration } from './online/sppo.ts';
 export type { GrpoResult, GrpoSettings };
+export type { GenerateSettings };
 /** A GRPO run's tools, MCP servers and environment (`grpo({ tools, mcp, mcpConfig, env })`), and what a multi-turn rollout records (the rewards' third argument). */
 export type { AgentOptions, AgentRolloutInfo, AgentStopReason } from './online/grpo/index.ts';
 export type { RewardSpec, RewardFunction, RewardBatch, RewardRow } from './online/rewards/index.ts';
@@ -368,14 +370,20 @@ export function evaluate(options: EvaluateOptions): Promise<EvalSummary> {
 
 // ─── generation and online methods ───────────────────────────────────────────────────────────────
 
-/** Options of {@link generate}: sampling (temperature, top-k, top-p), count, seed. */
+/**
+ * Options of {@link generate}: sampling, count, seed. The sampling settings are `prefzoo generate`'s
+ * (`max_completion_length` 64, `temperature` 1, `top_p` 1, `top_k` 0; docs/settings.md), given in
+ * `settings` or under their older names `maxNewTokens`, `temperature`, `topK`, `topP`.
+ */
 export interface GenerateOptions extends SamplingOptions, Pick<JobOptions, 'signal'>, Pick<HubNameOptions, 'revision' | 'offline'> {
   /** Model folder (HF layout). */
   model: string;
   /** Prompts, or a file of them: .txt (one a line) or records with a "prompt" field. */
   prompts: string | readonly Text[];
-  /** Tokens to generate at most per response. */
-  maxNewTokens: number;
+  /** Tokens to generate at most per response (`max_completion_length`; default 64). */
+  maxNewTokens?: number;
+  /** Sampling settings by name, typed; applied after the older names. */
+  settings?: Partial<GenerateSettings>;
   /** Responses per prompt (default 1). */
   n?: number;
   /** A sample depends only on (seed, prompt index, sample index) (default 0). */
@@ -392,13 +400,14 @@ export interface GenerateOptions extends SamplingOptions, Pick<JobOptions, 'sign
 /** Samples responses to prompts with a KV cache (`prefzoo generate`); prompt-major order. */
 export async function generate(options: GenerateOptions): Promise<Sample[]> {
   return guarded(options, async () => {
+    const sampling = generateSampling(options);
     const prompts = typeof options.prompts === 'string' ? await readPrompts(options.prompts) : options.prompts;
     options.signal?.throwIfAborted();
     const model = await new JobNames(options, SILENT).model('model', options.model);
     const policy = await ModelSampler.load(model, options.runtime, options.chatTemplateFile);
     try {
       options.signal?.throwIfAborted();
-      const samples = await policy.sample(prompts, { ...options, n: options.n ?? 1, seed: options.seed ?? 0, batchSize: options.batchSize ?? 32 });
+      const samples = await policy.sample(prompts, { ...sampling, n: options.n ?? 1, seed: options.seed ?? 0, batchSize: options.batchSize ?? 32 });
       if (options.out) writeSamples(options.out, samples);
       return samples;
     } finally {
