@@ -103,8 +103,8 @@ export interface CommonConfig {
  * The llama family (decoder with RMSNorm, rotary embeddings, grouped-query attention, gated MLP):
  * `llama`, `qwen2` and the members in their own files. Llama's `attention_bias` puts biases on q, k,
  * v and o; Qwen2 always has q/k/v biases and never an o bias, so llama.ts's members decide, not the
- * field alone. Fields only one member has (`sliding_window`,
- * `partial_rotary_factor`, …) are read by that member's file and kept under their HF names.
+ * field alone. Fields only one member has (`sliding_window`, `partial_rotary_factor`, …) are read
+ * by that member's file and kept under their HF names.
  */
 export interface LlamaConfig extends CommonConfig {
   model_type: LlamaType;
