@@ -25,7 +25,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { AbortedError, BadInputError } from './errors.ts';
-import type { ProgressFactory } from './progress.ts';
+import { reporterOf, SILENT, type ProgressFactory, type Reporter } from './progress.ts';
 import { convert as convertFiles, type ConvertOptions as ConvertFileOptions, type ConvertSummary } from '../datasets/convert.ts';
 import { inspectFile, type InspectReport } from '../datasets/inspect.ts';
 import type { Text } from '../datasets/names.ts';
@@ -40,6 +40,7 @@ import { ModelSampler } from './online/policy.ts';
 import type { Sample } from './online/policy.ts';
 import { readPrompts } from './online/prompts.ts';
 import { writeSamples } from './online/samples-io.ts';
+import { generateSampling, type GenerateSettings } from './online/sampling.ts';
 import type { Judge } from './online/judges.ts';
 import { runSppo, type SppoOptions as SppoLoopOptions, type SppoResult } from './online/sppo.ts';
 import { runNashMd, type NashMdOptions as NashMdLoopOptions, type NashMdResult } from './online/nash-md.ts';
@@ -69,6 +70,7 @@ export type { FloatTensor } from './models/checkpoint.ts';
 export type { OptLevel } from './runtime/session.ts';
 export type { SppoIteration } from './online/sppo.ts';
 export type { GrpoResult, GrpoSettings };
+export type { GenerateSettings };
 /** A GRPO run's tools, MCP servers and environment (`grpo({ tools, mcp, mcpConfig, env })`), and what a multi-turn rollout records (the rewards' third argument). */
 export type { AgentOptions, AgentRolloutInfo, AgentStopReason } from './online/grpo/index.ts';
 export type { RewardSpec, RewardFunction, RewardBatch, RewardRow } from './online/rewards/index.ts';
@@ -117,11 +119,11 @@ function abortedBy(signal: AbortSignal): AbortedError {
 }
 
 /**
- * Runs `job` under `o.signal`: refused at once when already aborted; while it runs, the progress it
- * reports goes through a factory that stops it at the next unit once aborted. Aborts surface as
- * AbortedError whatever the inner code threw.
+ * Runs `job` under `o.signal` with the caller's `progress` and `log` as one {@link Reporter}: refused
+ * at once when already aborted; while it runs, the progress it reports goes through a factory that
+ * stops it at the next unit once aborted. Aborts surface as AbortedError whatever the inner code threw.
  */
-async function guarded<T>(o: JobOptions, job: (progress: ProgressFactory | undefined) => Promise<T>): Promise<T> {
+async function guarded<T>(o: JobOptions, job: (reporter: Reporter) => Promise<T>): Promise<T> {
   const { signal, progress } = o;
   if (signal?.aborted) throw abortedBy(signal);
   const watched: ProgressFactory | undefined = !signal
@@ -139,7 +141,7 @@ async function guarded<T>(o: JobOptions, job: (progress: ProgressFactory | undef
         };
       };
   try {
-    return await job(watched);
+    return await job(reporterOf({ progress: watched, info: o.log }));
   } catch (e) {
     if (signal?.aborted && !(e instanceof AbortedError)) throw abortedBy(signal);
     throw e;
@@ -165,25 +167,25 @@ export interface HubNameOptions {
 /** Resolves the Hub names of one job into local paths, keeping what each resolved to. */
 class JobNames {
   readonly record: Record<string, HubSnapshot> = {};
-  constructor(private readonly o: HubNameOptions & Pick<JobOptions, 'log'>, private readonly progress: ProgressFactory | undefined) {}
+  constructor(private readonly o: HubNameOptions, private readonly reporter: Reporter) {}
 
   async model(key: string, value: string, want?: ModelWant): Promise<string>;
   async model(key: string, value: string | undefined, want?: ModelWant): Promise<string | undefined>;
   async model(key: string, value: string | undefined, want: ModelWant = 'model'): Promise<string | undefined> {
     if (value === undefined) return undefined;
-    const r = await resolveModel(value, want, { revision: key === 'model' ? this.o.revision : undefined, offline: this.o.offline, progress: this.progress, log: this.o.log });
+    const r = await resolveModel(value, want, { revision: key === 'model' ? this.o.revision : undefined, offline: this.o.offline, reporter: this.reporter });
     if (r.hub) this.record[key] = r.hub;
     return r.path;
   }
 
   async data(value: string): Promise<string> {
-    const r = await resolveDataset(value, { offline: this.o.offline, split: this.o.split, subset: this.o.subset, progress: this.progress, log: this.o.log });
+    const r = await resolveDataset(value, { offline: this.o.offline, split: this.o.split, subset: this.o.subset, reporter: this.reporter });
     if (r.hub) this.record.data = r.hub;
     return r.spec;
   }
 
   async dataFiles(value: string): Promise<string[]> {
-    const r = await resolveDataset(value, { revision: this.o.revision, offline: this.o.offline, split: this.o.split, subset: this.o.subset, progress: this.progress, log: this.o.log });
+    const r = await resolveDataset(value, { revision: this.o.revision, offline: this.o.offline, split: this.o.split, subset: this.o.subset, reporter: this.reporter });
     if (r.hub) this.record.data = r.hub;
     return r.files.length ? r.files : [value];
   }
@@ -217,7 +219,7 @@ export interface ConvertOptions extends Omit<ConvertFileOptions, 'signal'>, Pick
  */
 export function convert(inputs: string | string[], output: string, options: ConvertOptions = {}): Promise<ConvertSummary> {
   return guarded(options, async () => {
-    const names = new JobNames(options, undefined);
+    const names = new JobNames(options, SILENT);
     const files: string[] = [];
     for (const input of Array.isArray(inputs) ? inputs : [inputs]) files.push(...(await names.dataFiles(input)));
     return convertFiles(files, output, options);
@@ -232,7 +234,7 @@ export interface InspectOptions extends HubNameOptions {
 
 /** Schema, kind, rows and length statistics of a data file (`prefzoo inspect`). */
 export async function inspect(file: string, options: InspectOptions = {}): Promise<InspectReport & { tokens?: TokenReport }> {
-  const names = new JobNames(options, undefined);
+  const names = new JobNames(options, SILENT);
   file = (await names.dataFiles(file))[0];
   const report = await inspectFile(file);
   if (!options.tokenizer) return report;
@@ -247,7 +249,7 @@ export interface TokenizeOptions extends Omit<TokenizeFileOptions, 'signal' | 'p
 
 /** Adds model-ready token columns to canonical Parquet `input`, written to `output` (`prefzoo tokenize`). */
 export function tokenize(input: string, output: string, options: TokenizeOptions): Promise<TokenizeSummary> {
-  return guarded(options, (progress) => tokenizeDataset(input, output, { ...options, progress, signal: options.signal }));
+  return guarded(options, (reporter) => tokenizeDataset(input, output, { ...options, progress: reporter.progress, signal: options.signal }));
 }
 
 // ─── models ───────────────────────────────────────────────────────────────────────────────────────
@@ -293,7 +295,7 @@ export function initModel(options: InitModelOptions): InitModelResult {
 // ─── training and evaluation ──────────────────────────────────────────────────────────────────────
 
 /** Options of {@link train}: the model, data, loss and run folder, and settings by name. */
-export interface TrainOptions extends Omit<TrainerOptions, 'progress' | 'log' | 'quiet' | 'rows' | 'base' | 'hub'>, JobOptions, HubNameOptions {
+export interface TrainOptions extends Omit<TrainerOptions, 'reporter' | 'rows' | 'base' | 'hub'>, JobOptions, HubNameOptions {
   /** Settings and loss parameters by name; applied after `configFile` and `params`. */
   settings?: Settings;
 }
@@ -303,13 +305,13 @@ export interface TrainOptions extends Omit<TrainerOptions, 'progress' | 'log' | 
  * `mpo`'s two stages), writing the run folder `out`: metrics.jsonl, checkpoints/, final/ (`prefzoo train`).
  */
 export function train(options: TrainOptions): Promise<TrainResult> {
-  return guarded(options, async (progress) => {
-    const names = new JobNames(options, progress);
+  return guarded(options, async (reporter) => {
+    const names = new JobNames(options, reporter);
     const model = await names.model('model', options.model);
     const data = await names.data(options.data);
     const refModel = await names.model('ref', options.refModel);
     const adapter = await names.model('adapter', options.adapter, 'adapter');
-    return trainAny({ ...options, model, data, refModel, adapter, hub: names.hub, params: paramsOf(options), progress, log: options.log });
+    return trainAny({ ...options, model, data, refModel, adapter, hub: names.hub, params: paramsOf(options), reporter });
   });
 }
 
@@ -340,8 +342,8 @@ export interface EvaluateOptions extends JobOptions, HubNameOptions {
  * margins, listwise NDCG / Kendall τ / top-1, single-trajectory ROC-AUC, overall and per source.
  */
 export function evaluate(options: EvaluateOptions): Promise<EvalSummary> {
-  return guarded(options, async (progress) => {
-    const names = new JobNames(options, progress);
+  return guarded(options, async (reporter) => {
+    const names = new JobNames(options, reporter);
     const named = async (key: string, m: ModelSource): Promise<ModelSource> => (typeof m === 'string' ? names.model(key, m) : m);
     const policy = await named('model', options.model);
     const ref = await named('ref', options.ref);
@@ -356,8 +358,7 @@ export function evaluate(options: EvaluateOptions): Promise<EvalSummary> {
         workDir,
         params: options.beta !== undefined ? { beta: options.beta } : undefined,
         runtime: options.runtime,
-        progress,
-        log: options.log,
+        reporter,
         truncation: options.truncation,
         batchSize: options.batchSize,
         maxRows: options.maxRows,
@@ -369,14 +370,20 @@ export function evaluate(options: EvaluateOptions): Promise<EvalSummary> {
 
 // ─── generation and online methods ───────────────────────────────────────────────────────────────
 
-/** Options of {@link generate}: sampling (temperature, top-k, top-p), count, seed. */
+/**
+ * Options of {@link generate}: sampling, count, seed. The sampling settings are `prefzoo generate`'s
+ * (`max_completion_length` 64, `temperature` 1, `top_p` 1, `top_k` 0; docs/settings.md), given in
+ * `settings` or under their older names `maxNewTokens`, `temperature`, `topK`, `topP`.
+ */
 export interface GenerateOptions extends SamplingOptions, Pick<JobOptions, 'signal'>, Pick<HubNameOptions, 'revision' | 'offline'> {
   /** Model folder (HF layout). */
   model: string;
   /** Prompts, or a file of them: .txt (one a line) or records with a "prompt" field. */
   prompts: string | readonly Text[];
-  /** Tokens to generate at most per response. */
-  maxNewTokens: number;
+  /** Tokens to generate at most per response (`max_completion_length`; default 64). */
+  maxNewTokens?: number;
+  /** Sampling settings by name, typed; applied after the older names. */
+  settings?: Partial<GenerateSettings>;
   /** Responses per prompt (default 1). */
   n?: number;
   /** A sample depends only on (seed, prompt index, sample index) (default 0). */
@@ -393,13 +400,14 @@ export interface GenerateOptions extends SamplingOptions, Pick<JobOptions, 'sign
 /** Samples responses to prompts with a KV cache (`prefzoo generate`); prompt-major order. */
 export async function generate(options: GenerateOptions): Promise<Sample[]> {
   return guarded(options, async () => {
+    const sampling = generateSampling(options);
     const prompts = typeof options.prompts === 'string' ? await readPrompts(options.prompts) : options.prompts;
     options.signal?.throwIfAborted();
-    const model = await new JobNames(options, undefined).model('model', options.model);
+    const model = await new JobNames(options, SILENT).model('model', options.model);
     const policy = await ModelSampler.load(model, options.runtime, options.chatTemplateFile);
     try {
       options.signal?.throwIfAborted();
-      const samples = await policy.sample(prompts, { ...options, n: options.n ?? 1, seed: options.seed ?? 0, batchSize: options.batchSize ?? 32 });
+      const samples = await policy.sample(prompts, { ...sampling, n: options.n ?? 1, seed: options.seed ?? 0, batchSize: options.batchSize ?? 32 });
       if (options.out) writeSamples(options.out, samples);
       return samples;
     } finally {
@@ -413,7 +421,7 @@ export type JudgeSpec = string | Judge;
 
 
 /** What the online methods share: prompts, a judge, sampling, settings. */
-export interface OnlineOptions extends Omit<LoopOptions, 'progress' | 'log' | 'quiet' | 'base' | 'hub'>, JobOptions, SamplingOptions, Pick<HubNameOptions, 'revision' | 'offline'> {
+export interface OnlineOptions extends Omit<LoopOptions, 'reporter' | 'base' | 'hub'>, JobOptions, SamplingOptions, Pick<HubNameOptions, 'revision' | 'offline'> {
   /** Prompts, or a file of them (.txt, one a line, or records with a "prompt" field). */
   prompts: string | readonly Text[];
   /** Compares responses; a string is loaded on the run's device (and released) by the method. */
@@ -428,11 +436,11 @@ export interface SppoOptions extends OnlineOptions, Pick<SppoLoopOptions, 'itera
 
 /** SPPO iterations on the online loop (`prefzoo sppo`): sample K responses per prompt from π_t, estimate win-rates with the judge, train the sppo loss against π_t, with checkpoints every save_steps. */
 export function sppo(options: SppoOptions): Promise<SppoResult> {
-  return guarded(options, async (progress) => {
+  return guarded(options, async (reporter) => {
     const prompts = typeof options.prompts === 'string' ? await readPrompts(options.prompts) : options.prompts;
-    const names = new JobNames(options, progress);
+    const names = new JobNames(options, reporter);
     const model = await names.model('model', options.model);
-    return runSppo({ ...options, model, hub: names.hub, prompts, params: options.params, settings: options.settings, progress, log: options.log });
+    return runSppo({ ...options, model, hub: names.hub, prompts, params: options.params, settings: options.settings, reporter });
   });
 }
 
@@ -441,16 +449,16 @@ export interface NashMdOptions extends OnlineOptions {}
 
 /** On-policy Nash-MD (`prefzoo nash-md`): each step samples from the policy and its mixture with the reference, judges, steps. */
 export function nashMd(options: NashMdOptions): Promise<NashMdResult> {
-  return guarded(options, async (progress) => {
+  return guarded(options, async (reporter) => {
     const prompts = typeof options.prompts === 'string' ? await readPrompts(options.prompts) : options.prompts;
-    const names = new JobNames(options, progress);
+    const names = new JobNames(options, reporter);
     const model = await names.model('model', options.model);
-    return runNashMd({ ...options, model, hub: names.hub, prompts, params: options.params, settings: options.settings, progress, log: options.log } satisfies NashMdLoopOptions);
+    return runNashMd({ ...options, model, hub: names.hub, prompts, params: options.params, settings: options.settings, reporter } satisfies NashMdLoopOptions);
   });
 }
 
 /** Options of {@link rewardTrain}. */
-export interface RewardTrainOptions extends Omit<LoopOptions, 'progress' | 'log' | 'quiet' | 'base' | 'hub'>, JobOptions, HubNameOptions {
+export interface RewardTrainOptions extends Omit<LoopOptions, 'reporter' | 'base' | 'hub'>, JobOptions, HubNameOptions {
   /** Pairwise preference data (canonical Parquet or any file `convert` accepts). */
   data: string;
   settings?: Settings;
@@ -458,11 +466,11 @@ export interface RewardTrainOptions extends Omit<LoopOptions, 'progress' | 'log'
 
 /** Trains a reward model (the LM plus a scalar head) with the Bradley–Terry loss (`prefzoo reward-train`). */
 export function rewardTrain(options: RewardTrainOptions): Promise<RewardTrainResult> {
-  return guarded(options, async (progress) => {
-    const names = new JobNames(options, progress);
+  return guarded(options, async (reporter) => {
+    const names = new JobNames(options, reporter);
     const model = await names.model('model', options.model);
     const data = await names.data(options.data);
-    return trainRewardModel({ ...options, model, data, hub: names.hub, params: options.params, settings: options.settings, progress, log: options.log });
+    return trainRewardModel({ ...options, model, data, hub: names.hub, params: options.params, settings: options.settings, reporter });
   });
 }
 
@@ -513,7 +521,7 @@ export function exportModel(options: ExportModelOptions): ExportModelResult {
 }
 
 /** Options of {@link grpo}: a prompts file, reward specs and settings with TRL's GRPOConfig names. */
-export interface GrpoOptions extends Omit<GrpoLoopOptions, 'progress' | 'log' | 'quiet' | 'base' | 'params' | 'rewards' | 'settings' | 'hub'>, JobOptions, Pick<HubNameOptions, 'revision' | 'offline'> {
+export interface GrpoOptions extends Omit<GrpoLoopOptions, 'reporter' | 'base' | 'params' | 'rewards' | 'settings' | 'hub'>, JobOptions, Pick<HubNameOptions, 'revision' | 'offline'> {
   /** Settings by name, typed: GRPO's own (`num_generations`, `temperature`, …), the trainer's and the loss's, checked as `--param` is. */
   settings?: Settings & Partial<GrpoSettings>;
   /**
@@ -531,9 +539,9 @@ export interface GrpoOptions extends Omit<GrpoLoopOptions, 'progress' | 'log' | 
  * scored by `rewards` (the reward registry's kinds: {@link RewardSpec}).
  */
 export function grpo(options: GrpoOptions): Promise<GrpoResult> {
-  return guarded(options, async (progress) => {
-    const names = new JobNames(options, progress);
+  return guarded(options, async (reporter) => {
+    const names = new JobNames(options, reporter);
     const model = await names.model('model', options.model);
-    return runGrpo({ ...options, model, hub: names.hub, params: options.params, settings: options.settings, progress, log: options.log });
+    return runGrpo({ ...options, model, hub: names.hub, params: options.params, settings: options.settings, reporter });
   });
 }

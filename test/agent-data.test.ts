@@ -20,7 +20,6 @@ import { evaluateRows } from '../src/eval/evaluate.ts';
 
 
 const glaive = resolve(__dirname, '../../shared/data/glaive_toolcall_zh_demo.json');
-const quiet = { quiet: true, log: () => {} };
 let dir: string;
 let model: string;
 let tok: LoadedTokenizer;
@@ -221,14 +220,14 @@ describe('masks: only the assistant\'s own tokens are trained', () => {
 
 describe('training on agent data', () => {
   it('prefzoo train --loss sft runs on the converted glaive conversations and its loss drops', async () => {
-    const r = await trainAny({ model, data: glaiveParquet, loss: 'sft', out: join(dir, 'run-sft'), params: ['max_steps=2', 'batch_size=2', 'max_samples=2', 'learning_rate=1e-2', 'max_length=256', 'max_prompt_length=128', 'logging_steps=1'], ...quiet });
+    const r = await trainAny({ model, data: glaiveParquet, loss: 'sft', out: join(dir, 'run-sft'), params: ['max_steps=2', 'batch_size=2', 'max_samples=2', 'learning_rate=1e-2', 'max_length=256', 'max_prompt_length=128', 'logging_steps=1'] });
     expect(r.steps).toBe(2);
     const m = readFileSync(join(dir, 'run-sft', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { loss?: number });
     const losses = m.filter((x) => typeof x.loss === 'number').map((x) => x.loss!);
     expect(losses.length).toBe(2);
     expect(losses[1]).toBeLessThan(losses[0]);
     // eval's metrics rank rows by reward; SFT conversations have none, which is said in one line.
-    const refused = await evaluateRows({ policy: r.finalDir, ref: model, data: glaiveParquet, workDir: dir, quiet: true }).catch((e: unknown) => e);
+    const refused = await evaluateRows({ policy: r.finalDir, ref: model, data: glaiveParquet, workDir: dir }).catch((e: unknown) => e);
     expect(refused).toBeInstanceOf(UserError);
     expect((refused as Error).message).toMatch(/without reward or label \(SFT data\)/);
   });
@@ -243,7 +242,7 @@ describe('training on agent data', () => {
       tools,
     }));
     const f = jsonl('trajectories.jsonl', rows);
-    const r = await trainAny({ model, data: f, loss: 'dpo', out: join(dir, 'run-dpo'), params: ['max_steps=2', 'batch_size=4', 'learning_rate=1e-2', 'logging_steps=1'], ...quiet });
+    const r = await trainAny({ model, data: f, loss: 'dpo', out: join(dir, 'run-dpo'), params: ['max_steps=2', 'batch_size=4', 'learning_rate=1e-2', 'logging_steps=1'] });
     expect(r.steps).toBe(2);
     const m = readFileSync(join(dir, 'run-dpo', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { loss?: number });
     const losses = m.filter((x) => typeof x.loss === 'number').map((x) => x.loss!);

@@ -3,7 +3,7 @@ import { describe, it, expect, beforeAll, afterAll } from 'vitest';
 import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { exportArtifacts } from '../src/train/export.ts';
+import { exportArtifacts } from '../src/train/artifacts.ts';
 import { initModelFolder } from '../src/models/init.ts';
 import { modelParameterShapes } from '../src/models/params.ts';
 import { readConfig } from '../src/models/config.ts';

@@ -6,7 +6,6 @@ import { UserError } from '../src/errors.ts';
 import { readSafetensorsHeader, writeSafetensors } from '../src/models/safetensors.ts';
 import { loadCheckpoint, saveCheckpoint, INDEX_FILE, SINGLE_FILE, type FloatTensor } from '../src/models/checkpoint.ts';
 import {
-  attentionBiases,
   countParameters,
   parameterShapes,
   parseConfig,
@@ -212,7 +211,8 @@ describe('config.json', () => {
     const cfg = parseConfig(raw) as LlamaConfig;
     expect(cfg.head_dim).toBe(64);
     expect(cfg.hidden_act).toBe('silu');
-    expect(attentionBiases(cfg)).toEqual({ qkv: true, o: false });
+    const shapes = parameterShapes(cfg);
+    expect([shapes.has('model.layers.0.self_attn.q_proj.bias'), shapes.has('model.layers.0.self_attn.o_proj.bias')]).toEqual([true, false]);
     expect(cfg.use_sliding_window).toBe(false);
     expect(cfg.transformers_version).toBe('4.43.1');
     // 24 layers: q 896², k,v 128·896, o 896², biases 896+128+128, MLP 3·4864·896, two norms; tied head.
@@ -233,7 +233,8 @@ describe('config.json', () => {
       attention_bias: false,
       tie_word_embeddings: false,
     });
-    expect(attentionBiases({ ...llama, attention_bias: true })).toEqual({ qkv: true, o: true });
+    const biased = parameterShapes({ ...llama, attention_bias: true });
+    expect([biased.has('model.layers.0.self_attn.q_proj.bias'), biased.has('model.layers.0.self_attn.o_proj.bias')]).toEqual([true, true]);
     const gpt2 = parseConfig({ model_type: 'gpt2' });
     expect(gpt2).toMatchObject({ n_embd: 768, n_layer: 12, n_head: 12, n_positions: 1024, vocab_size: 50257, n_inner: null, layer_norm_epsilon: 1e-5, activation_function: 'gelu_new', tie_word_embeddings: true });
     // GPT-2 small has 124,439,808 parameters (published figure for the tied model).

@@ -1,5 +1,5 @@
 /**
- * Issue 17, item 8: runs at the sizes people have. `convert --shard-size` shards land within 10 %
+ * Runs at the sizes people have: `convert --shard-size` shards land within 10 %
  * of the size asked for; `train`, `eval` and `tokenize` read a directory or glob of Parquet shards
  * batch by batch; `max_samples` / `eval_samples` / `--max-samples` read only the first rows.
  */
@@ -14,6 +14,7 @@ import { readRefColumns } from '../datasets/tokenized.ts';
 import { initModelFolder } from '../src/models/init.ts';
 import { demoPairs } from '../src/train/demo-task.ts';
 import { train } from '../src/train/trainer.ts';
+import { reporterOf } from '../src/progress.ts';
 
 const bin = resolve(__dirname, '..', 'bin', 'prefzoo.mjs');
 const root = mkdtempSync(join(tmpdir(), 'pz-shards-'));
@@ -97,13 +98,13 @@ describe('reading shards', () => {
   it('train reads a directory of shards; max_samples limits the rows and the reference scoring', async () => {
     const out = join(root, 'run-dir');
     const lines: string[] = [];
-    await train({ model, data: shardDir, loss: 'dpo', out, params: ['batch_size=4', 'max_steps=2', 'max_samples=10', 'max_length=32', 'max_prompt_length=16', 'pad_to_multiple_of=16'], quiet: true, log: (l) => lines.push(l) });
+    await train({ model, data: shardDir, loss: 'dpo', out, params: ['batch_size=4', 'max_steps=2', 'max_samples=10', 'max_length=32', 'max_prompt_length=16', 'pad_to_multiple_of=16'], reporter: reporterOf({ info: (l) => lines.push(l) }) });
     expect(lines[0]).toMatch(new RegExp(`^data: 10 pairwise rows from ${shardDir.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}`));
     expect((await readRefColumns(join(out, 'data', 'reference.parquet'), 'pairwise'))!.length).toBe(10);
     const all = join(root, 'run-glob');
     const glob = join(shardDir, 'train-*.parquet');
     const l2: string[] = [];
-    await train({ model, data: glob, loss: 'dpo', out: all, params: ['batch_size=4', 'max_steps=1', 'max_length=32', 'max_prompt_length=16', 'pad_to_multiple_of=16'], quiet: true, log: (l) => l2.push(l) });
+    await train({ model, data: glob, loss: 'dpo', out: all, params: ['batch_size=4', 'max_steps=1', 'max_length=32', 'max_prompt_length=16', 'pad_to_multiple_of=16'], reporter: reporterOf({ info: (l) => l2.push(l) }) });
     expect(l2[0]).toContain(`data: ${shardRows} pairwise rows`);
   });
 

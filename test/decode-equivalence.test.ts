@@ -2,7 +2,7 @@
  * The optimised decode path samples exactly what the original did: every case of
  * test/fixtures/decode/cases.ts (greedy and seeded sampling with temperature/top-k/top-p, baked and
  * fed weights, mixtures, ModelSampler over a model folder; llama, gpt2, mistral's sliding window, qwen3)
- * against the tokens record.ts wrote from main before issue 24's changes.
+ * against the tokens record.ts wrote from the decode path of commit 6f64f25.
  */
 import { readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';

@@ -45,7 +45,7 @@ describe('one description per architecture', () => {
   });
 });
 
-/** The slots every family must fill (the optional ones: normalizeName, normInit, initStd, attentionBiases, released, onnx, gguf). */
+/** The slots every family must fill (the optional ones: normalizeName, normInit, initStd, released, onnx, gguf). */
 const METHODS = ['parse', 'preset', 'hiddenSize', 'numLayers', 'maxPositions', 'parameterShapes', 'window', 'hidden', 'headWeight', 'decode', 'cacheShape', 'projections'] as const;
 
 describe('every registered family', () => {

@@ -1,5 +1,5 @@
 /**
- * Fault injection on the data commands (issue 16): a disk that fills up, kill -9 in the middle of
+ * Fault injection on the data commands: a disk that fills up, kill -9 in the middle of
  * a write, damaged Parquet pages, invalid and truncated records, a format that was not detected.
  * Each case asserts the exit code, a one-line message without a stack trace, and what is left on
  * disk: no temporaries, no half-written output, nothing lost without being counted.

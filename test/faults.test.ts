@@ -1,5 +1,5 @@
 /**
- * Fault injection on train and eval (issue 16): kill -9 at several points of a run, a rerun that
+ * Fault injection on train and eval: kill -9 at several points of a run, a rerun that
  * must neither reuse stale reference log-probs nor fail, a disk that fills up, NaN weights, ties,
  * and the one-line messages for a missing device, wrong columns and pre-tokenized data.
  */

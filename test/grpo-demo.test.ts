@@ -23,7 +23,7 @@ describe('prefzoo demo --method grpo', () => {
 
   it('π_0 copies a digit of the prompt, any of the four; the run folder holds what was printed and the report shows it', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'pz-demo-grpo-'));
-    const r = await runGrpoDemo({ seed: 0, out: dir, params: ['max_steps=2', 'logging_steps=1'], quiet: true, log: () => {} });
+    const r = await runGrpoDemo({ seed: 0, out: dir, params: ['max_steps=2', 'logging_steps=1'] });
     expect(r.steps).toBe(2);
     expect(r.run).toBe(join(dir, 'grpo'));
 

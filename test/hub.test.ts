@@ -1,5 +1,5 @@
 /**
- * Issue 35: models and datasets by Hub name. No network reaches these machines, so the Hub is
+ * Models and datasets by Hub name. No network reaches these machines, so the Hub is
  * scripts/hub-local-server.ts: a local server answering the routes `@huggingface/hub` calls (info
  * at a revision, the file tree, `resolve` with its redirects and X-Repo-Commit / X-Linked-Etag /
  * X-Linked-Size headers, byte ranges), reached through HF_ENDPOINT. The cache it leaves is checked
@@ -24,6 +24,7 @@ import { saveAdapter } from '../src/models/peft.ts';
 import { readExportSource } from '../src/export/source.ts';
 import { exportGguf } from '../src/export/gguf.ts';
 import { Normal } from '../src/random.ts';
+import { reporterOf } from '../src/progress.ts';
 import { BIN } from './helpers/cli.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'pz-hub-'));
@@ -223,7 +224,7 @@ describe('downloads resume', () => {
       bars.push(bar);
       return { update: (v: number, f: Record<string, string | number> = {}) => void (bar.values.push(v), bar.fields.push(f)), stop: () => void (bar.stopped = true) };
     };
-    const r = await resolveModel('tiny-org/tiny-llama', 'model', { env: { HF_ENDPOINT: endpoint, HF_HUB_CACHE: cache }, log: (l) => notes.push(l), progress });
+    const r = await resolveModel('tiny-org/tiny-llama', 'model', { env: { HF_ENDPOINT: endpoint, HF_HUB_CACHE: cache }, reporter: reporterOf({ info: (l) => notes.push(l), progress }) });
     // One bar in bytes over the files fetched, rising to its total across the cut, with the rate.
     const files = hub.repos.get('model/tiny-org/tiny-llama')!.commits.get(modelCommit)!;
     const fetchedBytes = r.hub!.files.reduce((n, f) => n + files.get(f)!.bytes.length, 0);

@@ -18,7 +18,6 @@ import { initModelFolder } from '../src/models/init.ts';
 import { demoPairs } from '../src/train/demo-task.ts';
 import { trainMpo } from '../src/train/mpo.ts';
 
-const quiet = { quiet: true, log: () => {} };
 
 /** The report's HTML for RUN, through the command a user types. */
 async function report(run: string): Promise<string> {
@@ -54,7 +53,7 @@ describe('demo run folders hold the evaluation they printed', () => {
 
   it('prefzoo demo --method nash_md: the method run folder holds the evaluation, and the report shows it', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'pz-demo-nash-'));
-    const r = await runOnlineDemo({ method: 'nash_md', seed: 2, out: dir, params: ['max_steps=2'], warmStartSteps: 2, ...quiet });
+    const r = await runOnlineDemo({ method: 'nash_md', seed: 2, out: dir, params: ['max_steps=2'], warmStartSteps: 2 });
     expect(r.run).toBe(join(dir, 'nash_md'));
     const ev = readDemoEval(r.run)!;
     expect(ev.demo).toBe('nash_md');
@@ -96,10 +95,10 @@ describe('demo run folders hold the evaluation they printed', () => {
     writeFileSync(data, pairs.map((p) => JSON.stringify(p) + '\n').join(''));
     const settings = ['max_steps=1', 'batch_size=8', 'max_length=32', 'max_prompt_length=16', 'pad_to_multiple_of=16'];
     const lossParams = (run: string) => JSON.parse(readFileSync(join(run, 'config.json'), 'utf8')).loss_params;
-    await trainMpo({ model, data, loss: 'mpo', out: join(dir, 'rpo'), params: [...settings, 'rpo_alpha=0.5', 'stage2_loss=ipo'], ...quiet });
+    await trainMpo({ model, data, loss: 'mpo', out: join(dir, 'rpo'), params: [...settings, 'rpo_alpha=0.5', 'stage2_loss=ipo'] });
     expect(lossParams(join(dir, 'rpo', 'stage1')).rpo_alpha).toBe('0.5');
     expect(lossParams(join(dir, 'rpo', 'stage2')).rpo_alpha).toBe('0.5');
-    await trainMpo({ model, data, loss: 'mpo', out: join(dir, 'plain'), params: settings, ...quiet });
+    await trainMpo({ model, data, loss: 'mpo', out: join(dir, 'plain'), params: settings });
     expect(lossParams(join(dir, 'plain', 'stage1')).rpo_alpha).toBeUndefined();
   }, 120_000);
 

@@ -120,8 +120,6 @@ describe('reward models', () => {
       rows: { kind: 'pairwise', meta: makeMeta('pairwise', 'plain', 'test'), examples: pairs, files: [] },
       out,
       base: { learning_rate: 3e-3, batch_size: 8, max_steps: 30, warmup_steps: 0, pad_to_multiple_of: 16, logging_steps: 1, max_length: 32, max_prompt_length: 16 },
-      quiet: true,
-      log: () => {},
     });
     const first = JSON.parse((await import('node:fs')).readFileSync(join(out, 'metrics.jsonl'), 'utf8').split('\n')[0]);
     expect(Math.abs(first.loss - Math.LN2)).toBeLessThan(0.05);
@@ -137,6 +135,6 @@ describe('reward models', () => {
     const direct = await rm.score([{ prompt: pairs[0].prompt, response: pairs[0].responses[0] }, { prompt: pairs[0].prompt, response: pairs[0].responses[1] }]);
     await rm.release();
     expect(back.examples[0].responseScores).toEqual(direct);
-    await expect(rewardTrain({ model: base, data: jsonl, out, quiet: true, log: () => {} })).rejects.toThrow(/already holds a reward model/);
+    await expect(rewardTrain({ model: base, data: jsonl, out })).rejects.toThrow(/already holds a reward model/);
   });
 });

@@ -88,7 +88,7 @@ describe('online loop (nash-md)', () => {
     const j = await loadJudge(`cmd:node ${judge}`);
     try {
       const list = readFileSync(prompts, 'utf8').trim().split('\n');
-      return await runNashMd({ model, prompts: list, promptsFile: prompts, judge: j, out, maxNewTokens: 4, temperature: 1, topK: 0, topP: 1, params: [...SETTINGS, ...(o.params ?? [])], resume: o.resume, quiet: true, log: () => {} });
+      return await runNashMd({ model, prompts: list, promptsFile: prompts, judge: j, out, maxNewTokens: 4, temperature: 1, topK: 0, topP: 1, params: [...SETTINGS, ...(o.params ?? [])], resume: o.resume });
     } finally {
       await j.release();
     }
@@ -153,7 +153,7 @@ describe('online loop: several updates per round', () => {
   };
   const list = ['1+2=', '3+4=', '5+6=', '7+8=', '9+0='];
   const params = ['max_steps=8', 'save_steps=3', 'batch_size=2', 'learning_rate=1e-2', 'logging_steps=1'];
-  const go = (out: string, resume = false) => runOnline({ model, out, params, resume, quiet: true, log: () => {} }, list, selfTrain, { config: resolveConfig({ params }).config, record: {} });
+  const go = (out: string, resume = false) => runOnline({ model, out, params, resume }, list, selfTrain, { config: resolveConfig({ params }).config, record: {} });
 
   it('a run stopped inside a round resumes from the checkpoint holding that round: the same rows and weights', async () => {
     const straight = join(dir, 'self-straight');
@@ -214,7 +214,7 @@ describe('a round of several draws (the trainer\'s micro-batches)', () => {
       },
     };
     const params = ['num_epochs=3', 'batch_size=2', 'learning_rate=1e-3', 'logging_steps=1', 'threads=1'];
-    const r = await runOnline({ model, out: join(dir, 'draws'), params, quiet: true, log: () => {} }, items, method, { config: resolveConfig({ params }).config, record: {} });
+    const r = await runOnline({ model, out: join(dir, 'draws'), params }, items, method, { config: resolveConfig({ params }).config, record: {} });
     // 5 items in draws of 2: 3 draws per epoch (2, 2, 1), 2 draws per round: ⌊3/2⌋ = 1 round per epoch.
     expect(r.steps).toBe(3);
     expect(seen.map((x) => x.draws)).toEqual([
@@ -246,8 +246,6 @@ describe('reward-train on the loop', () => {
       out,
       params: ['max_steps=6', 'save_steps=2', 'eval_steps=3', `eval_data=${evalFile}`],
       base: { learning_rate: 3e-3, batch_size: 4, warmup_steps: 0, pad_to_multiple_of: 16, logging_steps: 1, max_length: 32, max_prompt_length: 16 },
-      quiet: true,
-      log: () => {},
     });
     expect(readdirSync(join(out, 'checkpoints'))).toEqual(['step-00000002', 'step-00000004', 'step-00000006']);
     expect(existsSync(join(out, 'artifacts'))).toBe(false);

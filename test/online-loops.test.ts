@@ -11,6 +11,9 @@ import { runNashMd } from '../src/online/nash-md.ts';
 import { demoSplit } from '../src/online/demo.ts';
 import { initModelFolder } from '../src/models/init.ts';
 import { loadModel } from '../src/models/load.ts';
+import { generate } from '../src/index.ts';
+import { generateSampling } from '../src/online/sampling.ts';
+import { samplingAliasFlags } from '../src/online/options.ts';
 
 const root = resolve(import.meta.dirname, '..');
 const dir = mkdtempSync(join(tmpdir(), 'prefzoo-online-'));
@@ -39,7 +42,7 @@ function differs(a: string, b: string): boolean {
 describe('Nash-MD', () => {
   it('on-policy steps: the first step sees π_θ = π_ref (KL estimate 0); the policy moves', async () => {
     const out = join(dir, 'nash');
-    const r = await runNashMd({ model, prompts, judge: shorter, out, maxNewTokens: 3, params: ['max_steps=3', 'beta=0.1', 'mixture_coef=0.5'], base: SETTINGS, quiet: true });
+    const r = await runNashMd({ model, prompts, judge: shorter, out, maxNewTokens: 3, params: ['max_steps=3', 'beta=0.1', 'mixture_coef=0.5'], base: SETTINGS });
     const rows = readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
     expect(rows.map((x) => x.step)).toEqual([1, 2, 3]);
     expect(Math.abs(rows[0]['objective/kl'])).toBeLessThan(1e-5);
@@ -66,7 +69,7 @@ describe('demo split', () => {
 });
 
 describe('prefzoo generate', () => {
-  it('writes n samples per prompt as Parquet; bad flags are one-line errors', () => {
+  it('writes n samples per prompt as Parquet; the sampling settings by --param, flag or library setting; bad values are one-line errors', async () => {
     const p = join(dir, 'prompts.jsonl');
     writeFileSync(p, ['{"prompt": "1+2="}', '{"prompt": [{"role": "user", "content": "hi"}]}'].join('\n') + '\n');
     const out = join(dir, 'gen.parquet');
@@ -77,6 +80,21 @@ describe('prefzoo generate', () => {
     const bad = spawnSync('node', [bin, 'generate', '--model', model, '--prompts', p, '-o', out, '--temperature', 'hot'], { encoding: 'utf8' });
     expect(bad.status).toBe(1);
     expect(bad.stderr.trim()).toBe('prefzoo: --temperature must be a number ≥ 0, got "hot"');
+    // The sampling settings as --param (one declaration, src/online/sampling.ts), as flags, or as the library's fields.
+    const byParam = JSON.parse(execFileSync('node', [bin, 'generate', '--model', model, '--prompts', p, '-o', join(dir, 'gen-param.parquet'), '--param', 'max_completion_length=2', '--param', 'temperature=0', '--json'], { encoding: 'utf8' }));
+    expect(byParam.tokens).toBeLessThanOrEqual(2 * byParam.samples);
+    const greedy2 = { temperature: 0, topK: 0, topP: 1, maxNewTokens: 2 };
+    expect(generateSampling({ params: ['max_completion_length=2', 'temperature=0'] })).toEqual(greedy2);
+    expect(generateSampling(samplingAliasFlags({ maxNewTokens: '2', temperature: '0' }))).toEqual(greedy2);
+    expect(generateSampling({ settings: { max_completion_length: 2, temperature: 0 } })).toEqual(greedy2);
+    expect(() => samplingAliasFlags({ topP: '2' })).toThrow(/^--top-p: top_p must be a number in \(0, 1\], got 2$/);
+    expect(() => generateSampling({ params: ['device=cpu'] })).toThrow(/^setting device cannot be honoured by prefzoo generate \(it honours max_completion_length, temperature, top_p, top_k\)$/);
+    // The library's generate: typed settings and the older names resolve through the same declaration.
+    const typed = await generate({ model, prompts: ['1+2=', '3+4='], settings: { max_completion_length: 2, temperature: 0 } });
+    const older = await generate({ model, prompts: ['1+2=', '3+4='], maxNewTokens: 2, temperature: 0 });
+    expect(typed.map((x) => x.ids)).toEqual(older.map((x) => x.ids));
+    expect(typed.every((x) => x.ids.length <= 2)).toBe(true);
+    await expect(generate({ model, prompts: ['1+2='], settings: { top_p: 2 } })).rejects.toThrow(/^settings: top_p must be a number in \(0, 1\], got 2$/);
     writeFileSync(p, '{"prompt": "1+2="}\n{"question": "x"}\n');
     const missing = spawnSync('node', [bin, 'generate', '--model', model, '--prompts', p, '-o', out], { encoding: 'utf8' });
     expect(missing.stderr.trim()).toBe(`prefzoo: ${p}:2: missing field "prompt"`);

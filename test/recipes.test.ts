@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { buildProgram } from '../src/cli/main.ts';
 import { initModelFolder } from '../src/models/init.ts';
 import { TaskJudge } from '../src/online/judges.ts';
-import { runOnline } from '../src/online/loop.ts';
+import { runOnline } from '../src/train/loop.ts';
 import { nashMdMethod, runNashMd } from '../src/online/nash-md.ts';
 import { samplerOptions } from '../src/online/sampling.ts';
 import { format, registerRewardKind, rewardHelp, rewardMarkdown, rewardSyntax, type RewardKind } from '../src/online/rewards/index.ts';
@@ -40,12 +40,12 @@ describe('adding an online method is one file (the method and its declareCommand
     const params = ['max_steps=2', 'batch_size=2', 'learning_rate=3e-3', 'pad_to_multiple_of=8', 'logging_steps=1', 'threads=1', 'max_completion_length=3'];
     const judge = new TaskJudge();
     const original = join(dir, 'nash-md');
-    await runNashMd({ model, prompts, judge, out: original, params, quiet: true });
+    await runNashMd({ model, prompts, judge, out: original, params });
 
     const copyOut = join(dir, 'nash-md-copy');
     const { config, lossParams, own } = resolveConfig({ params, command: 'nash-md-copy' });
     const method = { ...nashMdMethod({ config, loss: resolveLoss('nash_md', lossParams), sampling: samplerOptions(own as Parameters<typeof samplerOptions>[0]), judge }), name: 'nash-md-copy' };
-    await runOnline({ model, out: copyOut, quiet: true }, prompts, method, { config, record: {} });
+    await runOnline({ model, out: copyOut }, prompts, method, { config, record: {} });
 
     expect(JSON.parse(readFileSync(join(copyOut, 'config.json'), 'utf8')).method).toBe('nash-md-copy');
     const want = rows(original);

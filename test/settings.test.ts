@@ -10,7 +10,7 @@ import { resolveConfig, DEFAULT_CONFIG } from '../src/train/config.ts';
 import { settingsPage } from '../src/online/settings-page.ts';
 import { TRAIN_SETTINGS, settingNames, nearestName, declareCommand, defineSettings, refuseUnhonoured, settingsHelp } from '../src/train/settings.ts';
 import { resolveLoss } from '../losses/index.ts';
-import { exportArtifacts } from '../src/train/export.ts';
+import { exportArtifacts } from '../src/train/artifacts.ts';
 import { train } from '../src/train/trainer.ts';
 import { initModelFolder } from '../src/models/init.ts';
 import { readManifest } from '../src/artifacts/manifest.ts';
@@ -225,7 +225,7 @@ describe('one training problem', () => {
     const data = join(dir, 'pairs.jsonl');
     writeFileSync(data, ['a b', 'c d', 'e f'].map((p, i) => JSON.stringify({ prompt: p, chosen: ` yes ${i}`, rejected: ` no ${i}` }) + '\n').join(''));
     const run = join(dir, 'same-train');
-    await train({ model, data, loss: 'dpo', out: run, params: [...params, 'max_steps=1', 'batch_size=2', 'max_length=32', 'max_prompt_length=16'], quiet: true, log: () => {} });
+    await train({ model, data, loss: 'dpo', out: run, params: [...params, 'max_steps=1', 'batch_size=2', 'max_length=32', 'max_prompt_length=16'] });
     const dirs = { bench: bench.artDir, artifacts: exported.dir, train: join(run, 'artifacts') };
     const view = (d: string) => {
       const x = readManifest(d);

@@ -63,7 +63,7 @@ describe('SPPO on the online loop', () => {
   it('samples K per prompt, judges win-rates, and trains each iteration against π_t: the loss of its first step is exact', async () => {
     const out = join(dir, 'lib');
     const beta = 0.1;
-    const r = await runSppo({ model, prompts: list, judge: shorter, out, iterations: 2, samples: 3, maxNewTokens: 3, params: ['max_steps=2', 'save_steps=2', `beta=${beta}`], base, quiet: true, log: () => {} });
+    const r = await runSppo({ model, prompts: list, judge: shorter, out, iterations: 2, samples: 3, maxNewTokens: 3, params: ['max_steps=2', 'save_steps=2', `beta=${beta}`], base });
     expect(r.iterations.map((i) => [i.iteration, i.steps])).toEqual([[1, 2], [2, 2]]);
     const got = rows(out);
     expect(got.map((x) => [x.step, x.iteration])).toEqual([[1, 1], [2, 1], [3, 2], [4, 2]]);
@@ -98,16 +98,16 @@ describe('SPPO on the online loop', () => {
     const summary = JSON.parse(readFileSync(join(out, 'sppo.json'), 'utf8')).summary;
     expect(summary.map((s: { loss: number }) => s.loss)).toEqual([got[1].loss, got[3].loss]);
     // A finished run's folder is refused without --resume or --overwrite; --overwrite replaces it.
-    await expect(runSppo({ model, prompts: list, judge: shorter, out, iterations: 1, samples: 2, maxNewTokens: 3, quiet: true })).rejects.toThrow(/not empty .*--resume.*--overwrite/);
+    await expect(runSppo({ model, prompts: list, judge: shorter, out, iterations: 1, samples: 2, maxNewTokens: 3 })).rejects.toThrow(/not empty .*--resume.*--overwrite/);
   });
 
   it('refuses, in one line and before writing anything, a setting SPPO cannot honour, and a resume with other iterations', async () => {
     const out = join(dir, 'refused');
     for (const p of ['eval_data=held.jsonl', 'sync_ref_model=true', 'max_length=64']) {
-      await expect(runSppo({ model, prompts: list, judge: shorter, out, maxNewTokens: 3, params: [p], quiet: true })).rejects.toThrow(/^setting \w+ cannot be honoured by prefzoo sppo \(it honours learning_rate, .*\)$/);
+      await expect(runSppo({ model, prompts: list, judge: shorter, out, maxNewTokens: 3, params: [p] })).rejects.toThrow(/^setting \w+ cannot be honoured by prefzoo sppo \(it honours learning_rate, .*\)$/);
     }
     expect(existsSync(out)).toBe(false);
-    await expect(runSppo({ model, prompts: list, judge: shorter, out: join(dir, 'lib'), iterations: 3, samples: 3, maxNewTokens: 3, params: ['max_steps=2', 'beta=0.1'], base, quiet: true, resume: true })).rejects.toThrow(
+    await expect(runSppo({ model, prompts: list, judge: shorter, out: join(dir, 'lib'), iterations: 3, samples: 3, maxNewTokens: 3, params: ['max_steps=2', 'beta=0.1'], base, resume: true })).rejects.toThrow(
       /^--resume: .* was started with --iterations 2 --samples 3 and 2 steps per iteration/,
     );
   });

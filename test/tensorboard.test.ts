@@ -154,8 +154,7 @@ describe('train report_to=tensorboard', () => {
 
   it('logs every metrics.jsonl number under train/ and eval/, and a resumed run restarts at its checkpoint', async () => {
     const out = join(root, 'run');
-    const quiet = { quiet: true, log: () => {} };
-    await train({ model, data, loss: 'dpo', out, params: [...params, 'max_steps=3', `eval_data=${data}`], ...quiet });
+        await train({ model, data, loss: 'dpo', out, params: [...params, 'max_steps=3', `eval_data=${data}`] });
     const rows = readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
     const files = readdirSync(join(out, 'runs')).sort();
     expect(files).toHaveLength(1);
@@ -172,7 +171,7 @@ describe('train report_to=tensorboard', () => {
     for (const tag of ['train/loss', 'train/logits/chosen', 'train/logits/rejected', 'train/entropy', 'train/num_tokens', 'eval/accuracy']) {
       expect(logged.some((e) => e.values!.some((v) => v.tag === tag)), tag).toBe(true);
     }
-    await train({ model, data, loss: 'dpo', out, params: [...params, 'max_steps=4', `eval_data=${data}`], resume: true, ...quiet });
+    await train({ model, data, loss: 'dpo', out, params: [...params, 'max_steps=4', `eval_data=${data}`], resume: true });
     const second = readdirSync(join(out, 'runs')).sort().filter((f) => !files.includes(f));
     expect(second).toHaveLength(1);
     const resumed = readEvents(join(out, 'runs', second[0]));

@@ -1,5 +1,5 @@
 /**
- * Issue 17, items 6 and 7: TRL's monitoring metrics (logits/chosen, logits/rejected, entropy,
+ * TRL's monitoring metrics (logits/chosen, logits/rejected, entropy,
  * num_tokens) against a float64 forward pass, save_total_limit, load_best_model_at_end by an eval
  * metric, and eval_generate's greedy samples (against a float64 greedy decode) in the HTML report.
  */
@@ -22,7 +22,6 @@ import { referenceLogits } from './helpers/reference-forward.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'pz-logging-'));
 afterAll(() => rmSync(root, { recursive: true, force: true }));
-const quiet = { quiet: true, log: () => {} };
 const BASE = ['learning_rate=3e-3', 'lr_scheduler=constant', 'max_length=32', 'max_prompt_length=16', 'pad_to_multiple_of=16'];
 
 let model: string;
@@ -77,7 +76,7 @@ describe("TRL's token metrics", () => {
     it(`logits/chosen, logits/rejected and entropy match a float64 forward (share_prompt=${share}); num_tokens adds up`, async () => {
       const run = join(root, `metrics-${share}`);
       // One batch holds all 12 pairs, so step 1's metrics (computed before its update) cover them all.
-      await train({ model, data, loss: 'dpo', out: run, params: [...BASE, 'batch_size=12', 'max_steps=3', `share_prompt=${share}`], ...quiet });
+      await train({ model, data, loss: 'dpo', out: run, params: [...BASE, 'batch_size=12', 'max_steps=3', `share_prompt=${share}`] });
       const rows = metricsRows(run);
       const ref = await referenceStats();
       for (const [k, v] of Object.entries(ref)) expect(Math.abs((rows[0][k] as number) - v), k).toBeLessThan(1e-4 * Math.max(1, Math.abs(v)));
@@ -119,7 +118,7 @@ describe('save_total_limit and load_best_model_at_end', () => {
     const run = join(root, 'best');
     // A high learning rate makes the eval metric move (and fall back) between evaluations.
     const params = [...BASE, 'learning_rate=2e-2', 'batch_size=4', 'max_steps=8', 'eval_steps=2', `eval_data=${data}`, 'eval_samples=8', 'load_best_model_at_end=true', 'metric_for_best_model=margin', 'save_total_limit=1', 'eval_generate=2', 'eval_generate_max_new_tokens=4'];
-    const r = await train({ model, data, loss: 'dpo', out: run, params, ...quiet });
+    const r = await train({ model, data, loss: 'dpo', out: run, params });
     const evals = metricsRows(run).filter((x) => x.split === 'eval');
     expect(evals.map((e) => e.step)).toEqual([2, 4, 6, 8]);
     expect(evals.every((e) => e.count === 8)).toBe(true);

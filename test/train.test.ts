@@ -10,7 +10,6 @@ import { PAIR_METRICS } from '../losses/core/metrics.ts';
 import { listLosses } from '../losses/index.ts';
 import { loadModel } from '../src/models/load.ts';
 
-const quiet = { quiet: true, log: () => {} };
 
 /** Short-run settings: one batch holds the whole (small) training set, so a few steps move it. */
 const SHORT = ['batch_size=24', 'max_steps=25', 'learning_rate=3e-3', 'lr_scheduler=constant', 'max_length=32', 'max_prompt_length=16', 'pad_to_multiple_of=16', 'logging_steps=5'];
@@ -26,7 +25,7 @@ function jsonl(file: string, rows: unknown[]): string {
 
 /** The policy's preference accuracy on the given pairs (share with logp(chosen) > logp(rejected)). */
 async function preference(policy: string, data: string): Promise<number> {
-  const s = await evaluateRows({ policy, ref: model, data, workDir: dir, quiet: true });
+  const s = await evaluateRows({ policy, ref: model, data, workDir: dir });
   return s.overall.preference_accuracy;
 }
 
@@ -51,7 +50,7 @@ describe('training raises preference accuracy with every Tier-1 offline loss', (
   for (const [loss, params] of pairwise) {
     it(`${loss} on pairs`, async () => {
       const before = await preference(model, pairsFile);
-      const r = await trainAny({ model, data: pairsFile, loss, out: join(dir, `run-${loss}`), params: [...SHORT, ...params], ...quiet });
+      const r = await trainAny({ model, data: pairsFile, loss, out: join(dir, `run-${loss}`), params: [...SHORT, ...params] });
       const after = await preference(r.finalDir, pairsFile);
       if (loss === 'mpo') {
         // Stage 1 (DPO on the 16 easy pairs) lifts the whole set reliably (0.5 → 0.83 for every seed
@@ -78,7 +77,7 @@ describe('training raises preference accuracy with every Tier-1 offline loss', (
     });
     const lpFile = jsonl(join(dir, 'list-pairs.jsonl'), listPairs);
     const before = await preference(model, lpFile);
-    const r = await trainAny({ model, data: listFile, loss: 'lipo', out: join(dir, 'run-lipo'), params: [...SHORT, 'batch_size=12', 'beta=0.5'], ...quiet });
+    const r = await trainAny({ model, data: listFile, loss: 'lipo', out: join(dir, 'run-lipo'), params: [...SHORT, 'batch_size=12', 'beta=0.5'] });
     expect(await preference(r.finalDir, lpFile)).toBeGreaterThanOrEqual(before + 0.25);
 
     const singles = demoSingles(5, 12, 0).train;
@@ -87,7 +86,7 @@ describe('training raises preference accuracy with every Tier-1 offline loss', (
     const sPairs = singles.filter((s) => !s.label && right.has(s.prompt)).map((s) => ({ prompt: s.prompt, chosen: right.get(s.prompt), rejected: s.response }));
     const spFile = jsonl(join(dir, 'single-pairs.jsonl'), sPairs);
     const before2 = await preference(model, spFile);
-    const r2 = await trainAny({ model, data: sFile, loss: 'dro', out: join(dir, 'run-dro'), params: [...SHORT, 'tau=0.5', 'learning_rate=1e-2'], ...quiet });
+    const r2 = await trainAny({ model, data: sFile, loss: 'dro', out: join(dir, 'run-dro'), params: [...SHORT, 'tau=0.5', 'learning_rate=1e-2'] });
     expect(await preference(r2.finalDir, spFile)).toBeGreaterThanOrEqual(before2 + 0.2);
   });
 });
@@ -99,7 +98,6 @@ describe('LoRA, periodic evaluation, reference on the fly', () => {
     const r = await trainAny({
       model, data: pairsFile, loss: 'dpo', out,
       params: [...SHORT, 'learning_rate=2e-2', 'lora_r=8', 'lora_alpha=16', 'lora_target_modules=q_proj,v_proj,o_proj,down_proj', `eval_data=${pairsFile}`, 'eval_steps=10'],
-      ...quiet,
     });
     const base = loadModel(model).weights;
     const tuned = loadModel(r.finalDir).weights;
@@ -115,8 +113,8 @@ describe('LoRA, periodic evaluation, reference on the fly', () => {
   });
 
   it('reference log-probs computed on the fly give the first-step metrics of the cached run', async () => {
-    const a = await trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'run-cached'), params: [...SHORT, 'max_steps=2', 'logging_steps=1'], ...quiet });
-    const b = await trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'run-fly'), params: [...SHORT, 'max_steps=2', 'logging_steps=1', 'ref_on_the_fly=true'], ...quiet });
+    const a = await trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'run-cached'), params: [...SHORT, 'max_steps=2', 'logging_steps=1'] });
+    const b = await trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'run-fly'), params: [...SHORT, 'max_steps=2', 'logging_steps=1', 'ref_on_the_fly=true'] });
     const first = (run: string) => JSON.parse(readFileSync(join(run, 'metrics.jsonl'), 'utf8').split('\n')[1]);
     const [x, y] = [first(join(dir, 'run-cached')), first(join(dir, 'run-fly'))];
     for (const k of ['loss', 'rewards/margins', 'rewards/chosen']) expect(y[k]).toBeCloseTo(x[k], 5);
@@ -135,7 +133,7 @@ describe('every offline loss of the registry trains a step on its kind of data',
     for (const l of offline) {
       const kind = l.kinds.find((k) => !online(k)) as keyof typeof fileOf;
       const out = join(dir, `reg-${l.name}`);
-      const r = await trainAny({ model, data: fileOf[kind], loss: l.name, out, params: [...SHORT, 'max_steps=2', 'logging_steps=1'], ...quiet });
+      const r = await trainAny({ model, data: fileOf[kind], loss: l.name, out, params: [...SHORT, 'max_steps=2', 'logging_steps=1'] });
       const rows = readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((x) => JSON.parse(x));
       expect(rows.length, l.name).toBeGreaterThanOrEqual(2);
       for (const row of rows) expect(Number.isFinite(row.loss), `${l.name} step ${row.step}`).toBe(true);
@@ -147,7 +145,7 @@ describe('every offline loss of the registry trains a step on its kind of data',
 
 describe('run folder', () => {
   it('logs every TRL metric name, and a mixture trains', async () => {
-    const r = await trainAny({ model, data: pairsFile, loss: 'dpo:1,sft:0.1', out: join(dir, 'run-mix'), params: [...SHORT, 'max_steps=3', 'logging_steps=1'], ...quiet });
+    const r = await trainAny({ model, data: pairsFile, loss: 'dpo:1,sft:0.1', out: join(dir, 'run-mix'), params: [...SHORT, 'max_steps=3', 'logging_steps=1'] });
     const rows = readFileSync(join(dir, 'run-mix', 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
     expect(rows.map((x) => x.step)).toEqual([1, 2, 3]);
     for (const k of ['loss', ...PAIR_METRICS, 'grad_norm', 'learning_rate', 'epoch']) {
@@ -158,10 +156,10 @@ describe('run folder', () => {
   });
 
   it('refuses to overwrite a run without --resume, and bad settings name the parameter', async () => {
-    await expect(trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'run-mix'), params: SHORT, ...quiet })).rejects.toThrow(/run-mix: not empty .*--resume.*--overwrite/);
-    await expect(trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'x1'), params: ['beta=-1'], ...quiet })).rejects.toThrow(/beta/);
-    await expect(trainAny({ model, data: pairsFile, loss: 'lipo', out: join(dir, 'x2'), params: SHORT, ...quiet })).rejects.toThrow(/pairwise data; loss lipo needs listwise/);
-    await expect(trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'x3'), params: ['nonsense=1'], ...quiet })).rejects.toThrow(/nonsense/);
+    await expect(trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'run-mix'), params: SHORT })).rejects.toThrow(/run-mix: not empty .*--resume.*--overwrite/);
+    await expect(trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'x1'), params: ['beta=-1'] })).rejects.toThrow(/beta/);
+    await expect(trainAny({ model, data: pairsFile, loss: 'lipo', out: join(dir, 'x2'), params: SHORT })).rejects.toThrow(/pairwise data; loss lipo needs listwise/);
+    await expect(trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'x3'), params: ['nonsense=1'] })).rejects.toThrow(/nonsense/);
   });
 });
 

@@ -1,5 +1,5 @@
 /**
- * Issue 17, item 9: the hand-off to TRL (docs/trl-handoff.md). There is no Python here, so the
+ * The hand-off to TRL (docs/trl-handoff.md). There is no Python here, so the
  * files are read with readers written from the format specifications (helpers/independent-readers)
  * and checked against what the Python side requires:
  *  - `datasets.load_dataset("parquet", data_files=…)` (pyarrow): standard Parquet, one schema for
@@ -103,7 +103,7 @@ describe('the trained model loads with transformers', () => {
     const data = join(root, 'pairs.jsonl');
     const { writeFileSync } = await import('node:fs');
     writeFileSync(data, Array.from({ length: 4 }, (_, i) => JSON.stringify({ prompt: `Q${i}:`, chosen: ` yes ${i}`, rejected: ` no ${i}` })).join('\n'));
-    final = (await train({ model, data, loss: 'dpo', out: join(root, 'run'), params: ['max_steps=1', 'max_length=32', 'max_prompt_length=16', 'pad_to_multiple_of=16'], quiet: true, log: () => {} })).finalDir;
+    final = (await train({ model, data, loss: 'dpo', out: join(root, 'run'), params: ['max_steps=1', 'max_length=32', 'max_prompt_length=16', 'pad_to_multiple_of=16'] })).finalDir;
   });
 
   it('RUN/final has config.json, model.safetensors in "pt" format with Llama names and shapes, and the tokenizer files', () => {

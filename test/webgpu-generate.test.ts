@@ -26,7 +26,7 @@ import { Graph } from '../src/onnx/graph.ts';
 import { sampleRandom } from '../src/models/sampling.ts';
 import { Session, toOrt, type RuntimeOptions } from '../src/runtime/session.ts';
 import { modelParameterShapes } from '../src/models/params.ts';
-import { writeTokenizer } from '../src/tokenize/generate.ts';
+import { writeTokenizer } from '../src/tokenize/test-tokenizer.ts';
 import { presetConfig, type Arch, type ModelConfig } from '../src/models/config.ts';
 import { initWeights } from '../src/models/init.ts';
 import { resolveLoss } from '../losses/index.ts';
@@ -250,7 +250,7 @@ describe.skipIf(reason !== null && !required)('generation on the GPU (WebGPU)', 
       };
       resetDeviceTraffic();
       const out = path.join(root, `nash-${device}`);
-      await runNashMd({ model, prompts: ['1+2=', '3+4=', '5+6=', '7+8='], judge, out, maxNewTokens: 3, params: ['max_steps=2', 'batch_size=4', 'learning_rate=1e-2', 'warmup_steps=0', 'logging_steps=1', 'pad_to_multiple_of=8', `device=${device}`], quiet: true });
+      await runNashMd({ model, prompts: ['1+2=', '3+4=', '5+6=', '7+8='], judge, out, maxNewTokens: 3, params: ['max_steps=2', 'batch_size=4', 'learning_rate=1e-2', 'warmup_steps=0', 'logging_steps=1', 'pad_to_multiple_of=8', `device=${device}`] });
       return fs.readFileSync(path.join(out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { loss: number });
     };
     const gpu = await run('webgpu');

@@ -14,7 +14,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { spawnSync } from 'node:child_process';
-import { writeTokenizer } from '../src/tokenize/generate.ts';
+import { writeTokenizer } from '../src/tokenize/test-tokenizer.ts';
 import { presetConfig, type ModelConfig } from '../src/models/config.ts';
 import { initWeights } from '../src/models/init.ts';
 import { resolveLoss } from '../losses/index.ts';

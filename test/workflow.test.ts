@@ -1,5 +1,5 @@
 /**
- * Issue 17's training workflow: a separate reference model (`--ref`), TR-DPO reference syncing, PEFT
+ * The training workflow: a separate reference model (`--ref`), TR-DPO reference syncing, PEFT
  * adapters out and in, rationale-enriched pairs, and LD-DPO's `ld_alpha`. Expected values come from
  * float64 forward passes (test/helpers/reference-forward.ts) and the papers' formulas, not from the
  * trainer's own graphs.
@@ -22,7 +22,6 @@ import { convert } from '../datasets/convert.ts';
 import { readCanonical } from '../datasets/parquet.ts';
 import { referenceLogits, referenceLogps, type RefLora } from './helpers/reference-forward.ts';
 
-const quiet = { quiet: true, log: () => {} };
 const SHORT = ['max_length=64', 'max_prompt_length=32', 'pad_to_multiple_of=16', 'lr_scheduler=constant', 'logging_steps=1'];
 const LN2 = Math.log(2);
 
@@ -103,7 +102,7 @@ describe('a separate reference model (train --ref)', () => {
     const [pw, pl] = [lp(model, 0), lp(model, 1)];
     for (const [refDir, name] of [[sft, 'ref-sft'], [gpt2, 'ref-gpt2']] as const) {
       const out = join(dir, name);
-      await trainAny({ model, data: pairs, loss: 'dpo', out, params: [...SHORT, 'batch_size=6', 'max_steps=1', 'beta=0.5'], refModel: refDir, ...quiet });
+      await trainAny({ model, data: pairs, loss: 'dpo', out, params: [...SHORT, 'batch_size=6', 'max_steps=1', 'beta=0.5'], refModel: refDir });
       const [row] = metrics(out);
       const [rw, rl] = [lp(refDir, 0), lp(refDir, 1)];
       expect(row['rewards/chosen']).toBeCloseTo(mean(pw.map((x, i) => 0.5 * (x - rw[i]))), 4);
@@ -111,7 +110,7 @@ describe('a separate reference model (train --ref)', () => {
       expect(JSON.parse(readFileSync(join(out, 'data', 'reference.json'), 'utf8')).reference).toBe(`model:${resolve(refDir)}`);
     }
     // A run with --ref sft is not resumed by a run whose reference is the policy itself.
-    await expect(trainAny({ model, data: pairs, loss: 'dpo', out: join(dir, 'ref-sft'), params: [...SHORT, 'batch_size=6', 'max_steps=2'], resume: true, ...quiet })).rejects.toThrow(
+    await expect(trainAny({ model, data: pairs, loss: 'dpo', out: join(dir, 'ref-sft'), params: [...SHORT, 'batch_size=6', 'max_steps=2'], resume: true })).rejects.toThrow(
       /--resume: .*ref-sft was started with --ref .*sft; /,
     );
     // A reference with another tokenizer cannot score the policy's ids.
@@ -120,7 +119,7 @@ describe('a separate reference model (train --ref)', () => {
     const tj = JSON.parse(readFileSync(join(other, 'tokenizer.json'), 'utf8'));
     tj.added_tokens = [...(tj.added_tokens ?? []), { id: 511, content: '<extra>', single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }];
     writeFileSync(join(other, 'tokenizer.json'), JSON.stringify(tj));
-    await expect(trainAny({ model, data: pairs, loss: 'dpo', out: join(dir, 'ref-bad'), params: SHORT, refModel: other, ...quiet })).rejects.toThrow(/tokenizer\.json differs/);
+    await expect(trainAny({ model, data: pairs, loss: 'dpo', out: join(dir, 'ref-bad'), params: SHORT, refModel: other })).rejects.toThrow(/tokenizer\.json differs/);
   });
 });
 
@@ -131,7 +130,7 @@ describe('TR-DPO (sync_ref_model)', () => {
     await trainAny({
       model, data: pairs, loss: 'dpo', out,
       params: [...SHORT, 'batch_size=3', 'max_steps=4', 'save_steps=1', 'learning_rate=1e-2', 'sync_ref_model=true', `ref_model_mixup_alpha=${alpha}`, 'ref_model_sync_steps=2'],
-      refModel: sft, ...quiet,
+      refModel: sft,
     });
     const ck = (s: number) => join(out, 'checkpoints', `step-${String(s).padStart(8, '0')}`);
     const read = (file: string) => new Map([...readSafetensors(file).tensors].map(([k, t]) => [k, tensorToFloat32(t)]));
@@ -167,7 +166,7 @@ describe('TR-DPO (sync_ref_model)', () => {
   it('scores the moving reference for every batch (α = 1, every step: every loss is ln 2) and resumes to the same figures', async () => {
     const params = [...SHORT, 'batch_size=3', 'learning_rate=1e-2', 'sync_ref_model=true', 'ref_model_mixup_alpha=1', 'ref_model_sync_steps=1', 'save_steps=1'];
     const full = join(dir, 'trdpo-hard');
-    await trainAny({ model, data: pairs, loss: 'dpo', out: full, params: [...params, 'max_steps=4'], ...quiet });
+    await trainAny({ model, data: pairs, loss: 'dpo', out: full, params: [...params, 'max_steps=4'] });
     const rows = metrics(full);
     expect(rows.length).toBe(4);
     // A stale (cached) reference would leave the policy's progress in the log-ratios after step 1.
@@ -176,8 +175,8 @@ describe('TR-DPO (sync_ref_model)', () => {
       expect(Math.abs(r['rewards/margins'])).toBeLessThan(1e-4);
     }
     const part = join(dir, 'trdpo-resume');
-    await trainAny({ model, data: pairs, loss: 'dpo', out: part, params: [...params, 'max_steps=2'], ...quiet });
-    await trainAny({ model, data: pairs, loss: 'dpo', out: part, params: [...params, 'max_steps=4'], resume: true, ...quiet });
+    await trainAny({ model, data: pairs, loss: 'dpo', out: part, params: [...params, 'max_steps=2'] });
+    await trainAny({ model, data: pairs, loss: 'dpo', out: part, params: [...params, 'max_steps=4'], resume: true });
     const resumed = metrics(part);
     for (const k of ['loss', 'grad_norm', 'logps/chosen']) expect(resumed.map((r) => r[k])).toEqual(rows.map((r) => r[k]));
   });
@@ -188,17 +187,17 @@ describe('TR-DPO (sync_ref_model)', () => {
     const params = [...SHORT, 'batch_size=3', 'learning_rate=1e-2', 'sync_ref_model=true', 'ref_model_mixup_alpha=1', 'ref_model_sync_steps=1', 'save_steps=1', 'threads=1', `eval_data=${pairs}`, 'eval_steps=2'];
     const evals = (run: string) => metrics(run).filter((r) => (r as Record<string, unknown>).split === 'eval');
     const full = join(dir, 'trdpo-eval');
-    await trainAny({ model, data: pairs, loss: 'dpo', out: full, params: [...params, 'max_steps=4'], ...quiet });
+    await trainAny({ model, data: pairs, loss: 'dpo', out: full, params: [...params, 'max_steps=4'] });
     expect(evals(full).map((r) => r.step)).toEqual([2, 4]);
     expect(Math.abs(evals(full)[1].margin)).toBeGreaterThan(1e-3);
     const part = join(dir, 'trdpo-eval-resume');
-    await trainAny({ model, data: pairs, loss: 'dpo', out: part, params: [...params, 'max_steps=2'], ...quiet });
-    await trainAny({ model, data: pairs, loss: 'dpo', out: part, params: [...params, 'max_steps=4'], resume: true, ...quiet });
+    await trainAny({ model, data: pairs, loss: 'dpo', out: part, params: [...params, 'max_steps=2'] });
+    await trainAny({ model, data: pairs, loss: 'dpo', out: part, params: [...params, 'max_steps=4'], resume: true });
     expect(evals(part)).toEqual(evals(full));
   });
 
   it('refuses a reference whose parameters differ from the policy\'s', async () => {
-    await expect(trainAny({ model, data: pairs, loss: 'dpo', out: join(dir, 'trdpo-gpt2'), params: [...SHORT, 'sync_ref_model=true'], refModel: gpt2, ...quiet })).rejects.toThrow(/different parameters/);
+    await expect(trainAny({ model, data: pairs, loss: 'dpo', out: join(dir, 'trdpo-gpt2'), params: [...SHORT, 'sync_ref_model=true'], refModel: gpt2 })).rejects.toThrow(/different parameters/);
   });
 });
 
@@ -222,7 +221,6 @@ describe('PEFT adapters (save_adapter, train --adapter)', () => {
     await trainAny({
       model, data: pairs, loss: 'dpo', out,
       params: [...SHORT, 'batch_size=6', 'max_steps=3', 'learning_rate=2e-2', 'lora_r=4', 'lora_alpha=8', 'lora_target_modules=q_proj,v_proj', 'save_adapter=true'],
-      ...quiet,
     });
     const adir = join(out, 'adapter');
     expect(readdirSync(adir).sort()).toEqual(['adapter_config.json', 'adapter_model.safetensors']);
@@ -263,7 +261,7 @@ describe('PEFT adapters (save_adapter, train --adapter)', () => {
 
     // train --adapter: the policy starts at base + adapter, which is also the reference (loss ln 2 at step 1).
     const more = join(dir, 'lora-more');
-    const r2 = await trainAny({ model, data: pairs, loss: 'dpo', out: more, params: [...SHORT, 'batch_size=6', 'max_steps=2', 'learning_rate=2e-2', 'save_adapter=true', 'save_merged=false'], adapter: adir, ...quiet });
+    const r2 = await trainAny({ model, data: pairs, loss: 'dpo', out: more, params: [...SHORT, 'batch_size=6', 'max_steps=2', 'learning_rate=2e-2', 'save_adapter=true', 'save_merged=false'], adapter: adir });
     const m2 = metrics(more);
     expect(m2[0].loss).toBeCloseTo(LN2, 5);
     expect(m2[1].loss).not.toBeCloseTo(LN2, 5);
@@ -309,8 +307,8 @@ describe('rationales (rationale_weight)', () => {
     const base = [...SHORT, 'batch_size=6', 'max_steps=1', 'beta=0.1'];
     const a = join(dir, 'rat-on');
     const b = join(dir, 'rat-off');
-    await trainAny({ model, data: rationales, loss: 'dpo', out: a, params: [...base, `rationale_weight=${gamma}`], ...quiet });
-    await trainAny({ model, data: rationales, loss: 'dpo', out: b, params: base, ...quiet });
+    await trainAny({ model, data: rationales, loss: 'dpo', out: a, params: [...base, `rationale_weight=${gamma}`] });
+    await trainAny({ model, data: rationales, loss: 'dpo', out: b, params: base });
     const rows = await tokenized(rationales, true);
     expect(rows.map((r) => !!r.rationale)).toEqual([true, true, false, true, true, false]);
     const nll = rows.filter((r) => r.rationale).map((r) => -sum(tokenLogps(model, r.rationale!.promptIds, r.rationale!.responseIds)));
@@ -320,7 +318,7 @@ describe('rationales (rationale_weight)', () => {
     // The pairwise part is unchanged; rows without a rationale add nothing (sum over 4 rows, mean over 6).
     expect(on['rewards/margins']).toBeCloseTo(off['rewards/margins'], 6);
     expect(on.loss - off.loss).toBeCloseTo((gamma * sum(nll)) / 6, 3);
-    await expect(trainAny({ model, data: pairs, loss: 'dpo', out: join(dir, 'rat-none'), params: [...base, 'rationale_weight=1'], ...quiet })).rejects.toThrow(/no row has a rationale/);
+    await expect(trainAny({ model, data: pairs, loss: 'dpo', out: join(dir, 'rat-none'), params: [...base, 'rationale_weight=1'] })).rejects.toThrow(/no row has a rationale/);
   });
 });
 
@@ -346,14 +344,14 @@ describe('LD-DPO (ld_alpha)', () => {
 
     const base = [...SHORT, 'batch_size=6', 'max_steps=1', `beta=${beta}`, `ld_alpha=${alpha}`];
     const a = join(dir, 'ld-dpo');
-    await trainAny({ model, data: pairs, loss: 'dpo', out: a, params: base, ...quiet });
+    await trainAny({ model, data: pairs, loss: 'dpo', out: a, params: base });
     const [m] = metrics(a);
     expect(m.loss).toBeCloseTo(dpo, 4);
     expect(m['logps/chosen']).toBeCloseTo(mean(ld.map((x) => x[0])), 3);
     // SimPO divides by the token counts: they must stay counts (one sequence per response here).
     const s = join(dir, 'ld-simpo');
-    await trainAny({ model, data: pairs, loss: 'simpo', out: s, params: [...base, `gamma=${simpoGamma}`, 'share_prompt=false'], ...quiet });
+    await trainAny({ model, data: pairs, loss: 'simpo', out: s, params: [...base, `gamma=${simpoGamma}`, 'share_prompt=false'] });
     expect(metrics(s)[0].loss).toBeCloseTo(simpo, 4);
-    await expect(trainAny({ model, data: pairs, loss: 'dpo', out: join(dir, 'ld-bad'), params: [...SHORT, 'ld_alpha=1.5'], ...quiet })).rejects.toThrow(/ld_alpha must be a number in \[0, 1\]/);
+    await expect(trainAny({ model, data: pairs, loss: 'dpo', out: join(dir, 'ld-bad'), params: [...SHORT, 'ld_alpha=1.5'] })).rejects.toThrow(/ld_alpha must be a number in \[0, 1\]/);
   });
 });

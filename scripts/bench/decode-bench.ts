@@ -12,7 +12,7 @@
 import os, { tmpdir } from 'node:os';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
-import { writeTokenizer } from '../../src/tokenize/generate.ts';
+import { writeTokenizer } from '../../src/tokenize/test-tokenizer.ts';
 import { type Arch, type ModelConfig, type Preset, countParameters, presetArch, presetConfig } from '../../src/models/config.ts';
 import { initWeights } from '../../src/models/init.ts';
 import { Decoder, generateIds, setGenerateTimer, type GenerateRequest } from '../../src/models/generate.ts';

@@ -27,7 +27,7 @@ import { artifactsOf, loraOf, LOW_MEMORY_RUNTIME, lowMemoryFor } from '../../src
 import { mallocAdvice, mmapThreshold } from '../../src/runtime/malloc.ts';
 import { collectGarbage } from '../../src/runtime/gc.ts';
 import { resolveLoss } from '../../losses/index.ts';
-import { writeTokenizer } from '../../src/tokenize/generate.ts';
+import { writeTokenizer } from '../../src/tokenize/test-tokenizer.ts';
 import type { TypedArray } from '../../src/onnx/dtype.ts';
 import { type ProgressFactory, startProgress } from '../../src/progress.ts';
 

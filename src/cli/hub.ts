@@ -9,7 +9,8 @@ import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { UserError } from '../errors.ts';
 import { isHubName, resolveDataset, resolveModel, type HubSnapshot, type ModelWant } from '../hub/index.ts';
-import { terminalLog, terminalProgress } from './progress.ts';
+import { terminalReporter } from './progress.ts';
+import type { Reporter } from '../progress.ts';
 
 /** The flags of a command whose models may be Hub names. */
 export function modelHubFlags(cmd: Command): Command {
@@ -45,15 +46,19 @@ export function hubRecord(): Record<string, HubSnapshot> | undefined {
 export class Names {
   readonly resolved = RESOLVED;
 
-  constructor(private readonly o: HubFlags) {}
+  private readonly reporter: Reporter;
+
+  constructor(private readonly o: HubFlags) {
+    this.reporter = terminalReporter(o.quiet);
+  }
 
   private hubOptions(revision?: string) {
-    return { revision, offline: this.o.offline, progress: this.o.quiet ? undefined : terminalProgress, log: this.o.quiet ? undefined : terminalLog };
+    return { revision, offline: this.o.offline, reporter: this.reporter };
   }
 
   private note(key: string, flag: string, value: string, s: HubSnapshot): void {
     this.resolved[key] = s;
-    if (!this.o.quiet) terminalLog(`${flag} ${value} → ${s.path} (commit ${s.commit.slice(0, 12)}, ${s.from === 'cache' ? 'from the cache' : 'downloaded'})`);
+    this.reporter.info(`${flag} ${value} → ${s.path} (commit ${s.commit.slice(0, 12)}, ${s.from === 'cache' ? 'from the cache' : 'downloaded'})`);
   }
 
   /** A model flag's value as a folder; `--revision` applies to `--model` only. */

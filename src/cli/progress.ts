@@ -3,7 +3,7 @@
  * logs stay readable in CI and files.
  */
 import cliProgress from 'cli-progress';
-import type { ProgressFactory, ProgressFields, ProgressReporter } from '../progress.ts';
+import { SILENT, type ProgressFactory, type ProgressFields, type Reporter, type ProgressReporter } from '../progress.ts';
 
 export class Progress implements ProgressReporter {
   private bar?: cliProgress.SingleBar;
@@ -68,3 +68,11 @@ export const terminalLog = (line: string): void => {
 
 /** What commands pass to the library: a bar (or plain lines) on stderr for each job. */
 export const terminalProgress: ProgressFactory = (label, total) => new Progress(label, total);
+
+/**
+ * What a command passes to the library: bars and notes on stderr (stdout carries the command's
+ * result). `quiet` silences the bars and, unless `notes` says otherwise, the notes.
+ */
+export function terminalReporter(quiet = false, notes = !quiet): Reporter {
+  return { progress: quiet ? SILENT.progress : terminalProgress, info: notes ? terminalLog : SILENT.info };
+}

@@ -8,7 +8,7 @@ import { loadModel } from '../models/load.ts';
 import { maxPositions } from '../models/config.ts';
 import { loadTokenizer } from '../tokenize/index.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
-import type { ProgressFactory } from '../progress.ts';
+import type { Reporter } from '../progress.ts';
 import { DEFAULT_TRUNCATION, loadData, tokenizeExamples, type Example, type TokenizedExample, type TruncationConfig } from '../../datasets/examples.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
@@ -31,12 +31,8 @@ export interface EvalOptions {
   /** `beta` (default 0.1) scales the implicit rewards. */
   params?: Record<string, unknown>;
   runtime?: RuntimeOptions;
-  /** Draws the scoring progress (the CLI passes a terminal bar); none without it. */
-  progress?: ProgressFactory;
-  /** No progress and no truncation note. */
-  quiet?: boolean;
-  /** Where the truncation note goes (default: nowhere; the CLI passes stderr). */
-  log?: (line: string) => void;
+  /** The scoring progress and the truncation note (the CLI's: on stderr); none without it. */
+  reporter?: Reporter;
   truncation?: TruncationConfig;
   batchSize?: number;
   /** Evaluate on the first N rows of the data only (0 or absent: all). */
@@ -139,9 +135,9 @@ export class Evaluator {
       truncation: o.truncation?.truncation ?? DEFAULT_TRUNCATION.truncation,
     };
     const { rows, truncated } = tokenizeExamples(data.examples, tok, trunc, data.tokens);
-    if (truncated && !o.quiet) o.log?.(`eval: ${truncated} of ${rows.length} rows truncated to max_length ${trunc.max_length} / max_prompt_length ${trunc.max_prompt_length}`);
+    if (truncated) o.reporter?.info(`eval: ${truncated} of ${rows.length} rows truncated to max_length ${trunc.max_length} / max_prompt_length ${trunc.max_prompt_length}`);
     const rs = await Scorer.create(ref.config, ref.weights, o.runtime ?? {}, tok.padId ?? 0);
-    const rl = (await rs.score(data.kind, rows, { batchSize: o.batchSize ?? 8, label: 'reference log-probs', progress: o.quiet ? undefined : o.progress })).logps;
+    const rl = (await rs.score(data.kind, rows, { batchSize: o.batchSize ?? 8, label: 'reference log-probs', progress: o.reporter?.progress })).logps;
     await rs.release();
     checkFinite(rl, 'reference', o.ref, o.data);
     return new Evaluator({ ...o, policy: o.policy ?? o.ref } as EvalOptions, data.kind, rows, data.examples, rl, truncated, tok.padId ?? 0);
@@ -152,11 +148,11 @@ export class Evaluator {
     return this.rows.slice(0, n).map((r, i) => ({ prompt: this.examples[i].prompt, ids: r.promptIds }));
   }
 
-  async evaluate(policySource: ModelSource = this.o.policy, opts: { quiet?: boolean } = {}): Promise<EvalSummary> {
+  async evaluate(policySource: ModelSource = this.o.policy): Promise<EvalSummary> {
     const beta = betaOf(this.o.params);
     const policy = resolveModel(policySource);
     const ps = await Scorer.create(policy.config, policy.weights, this.o.runtime ?? {}, this.padId);
-    const pl = (await ps.score(this.kind as Kind, this.rows, { batchSize: this.o.batchSize ?? 8, label: 'policy log-probs', progress: opts.quiet ?? this.o.quiet ? undefined : this.o.progress })).logps;
+    const pl = (await ps.score(this.kind as Kind, this.rows, { batchSize: this.o.batchSize ?? 8, label: 'policy log-probs', progress: this.o.reporter?.progress })).logps;
     await ps.release();
     checkFinite(pl, 'policy', policySource, this.o.data);
     const rl = this.refLogps;

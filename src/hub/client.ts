@@ -11,7 +11,7 @@ import { closeSync, createReadStream, existsSync, mkdirSync, openSync, readFileS
 import { homedir } from 'node:os';
 import { join } from 'node:path';
 import { UserError } from '../errors.ts';
-import { startProgress, type ProgressFactory } from '../progress.ts';
+import type { Reporter } from '../progress.ts';
 import { CachedRepo, type RepoType } from './cache.ts';
 
 export const DEFAULT_ENDPOINT = 'https://huggingface.co';
@@ -22,8 +22,8 @@ export interface HubContext {
   token?: string;
   offline: boolean;
   cacheDir: string;
-  progress?: ProgressFactory;
-  log?: (line: string) => void;
+  /** A download's byte count; notes on a resumed download or a cut connection. */
+  reporter: Reporter;
 }
 
 const TRUE = /^(1|on|yes|true)$/i;
@@ -201,7 +201,7 @@ export class HubRepo {
   async fetchFiles(commit: string, files: readonly TreeFile[]): Promise<string[]> {
     const todo = files.filter((f) => !this.cached.file(commit, f.path) && !existsSync(this.cached.blobPath(f.etag)));
     const total = todo.reduce((s, f) => s + f.size, 0);
-    const bar = todo.length ? startProgress(this.ctx.progress, `download ${this.repo}`, total) : undefined;
+    const bar = todo.length ? this.ctx.reporter.progress(`download ${this.repo}`, total) : undefined;
     const t0 = Date.now();
     let done = 0;
     const tick = (n: number, file: string): void => {
@@ -229,7 +229,7 @@ export class HubRepo {
     const resumedAt = statSync(part).size;
     if (resumedAt > f.size) truncateSync(part, 0);
     tick(Math.min(resumedAt, f.size), f.path);
-    if (resumedAt > 0 && resumedAt < f.size) this.ctx.log?.(`${this.repo}/${f.path}: resuming at byte ${resumedAt} of ${f.size}`);
+    if (resumedAt > 0 && resumedAt < f.size) this.ctx.reporter.info(`${this.repo}/${f.path}: resuming at byte ${resumedAt} of ${f.size}`);
     const hub = await import('@huggingface/hub');
     let remote: Blob | null = null;
     const ATTEMPTS = 6;
@@ -253,7 +253,7 @@ export class HubRepo {
         if (attempt >= ATTEMPTS) {
           throw new UserError(`${this.label}: download of ${f.path} cut at byte ${at} of ${f.size} (${reasonOf(e)}), ${ATTEMPTS} tries; run again to resume from ${part}`, { file: f.path });
         }
-        this.ctx.log?.(`${this.repo}/${f.path}: connection cut at byte ${at} of ${f.size} (${reasonOf(e)}); resuming`);
+        this.ctx.reporter.info(`${this.repo}/${f.path}: connection cut at byte ${at} of ${f.size} (${reasonOf(e)}); resuming`);
         await sleep(200 * 2 ** (attempt - 1));
       }
     }

@@ -8,7 +8,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { UserError } from '../errors.ts';
-import type { ProgressFactory } from '../progress.ts';
+import { SILENT, type Reporter } from '../progress.ts';
 import { CachedRepo, hubCacheDir, type RepoType } from './cache.ts';
 import { DEFAULT_ENDPOINT, HubRepo, offlineFromEnv, tokenFromEnv, type HubContext, type TreeFile } from './client.ts';
 
@@ -18,10 +18,8 @@ export interface HubOptions {
   revision?: string;
   /** Only the cache, as HF_HUB_OFFLINE=1. */
   offline?: boolean;
-  /** The byte count of a download. */
-  progress?: ProgressFactory;
-  /** Notes: a resumed download, a cut connection. */
-  log?: (line: string) => void;
+  /** A download's byte count; notes on a resumed download or a cut connection (default: none). */
+  reporter?: Reporter;
   /** The environment to read (default process.env). */
   env?: NodeJS.ProcessEnv;
 }
@@ -51,8 +49,7 @@ export function hubContext(o: HubOptions = {}): HubContext {
     token: tokenFromEnv(env),
     offline: o.offline === true || offlineFromEnv(env),
     cacheDir: hubCacheDir(env),
-    progress: o.progress,
-    log: o.log,
+    reporter: o.reporter ?? SILENT,
   };
 }
 

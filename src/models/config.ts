@@ -16,11 +16,6 @@ export { ACTIVATIONS, FieldReader } from './family.ts';
 export type { Activation, Arch, CommonConfig, Gpt2Config, LlamaConfig, LlamaType, ModelConfig } from './family.ts';
 export { ARCHES } from './families.ts';
 
-/** Which attention projections carry a bias (Qwen2: q/k/v always, o never; else `attention_bias` on all four). */
-export function attentionBiases(c: LlamaConfig): { qkv: boolean; o: boolean } {
-  return familyFor(c).attentionBiases?.(c) ?? { qkv: c.attention_bias, o: c.attention_bias };
-}
-
 /** Width of the residual stream, whichever architecture. */
 export function hiddenSize(c: ModelConfig): number {
   return familyFor(c).hiddenSize(c);

@@ -102,9 +102,9 @@ export interface CommonConfig {
 /**
  * The llama family (decoder with RMSNorm, rotary embeddings, grouped-query attention, gated MLP):
  * `llama`, `qwen2` and the members in their own files. Llama's `attention_bias` puts biases on q, k,
- * v and o; Qwen2 always has q/k/v biases and never an o bias — use `attentionBiases` (config.ts) rather
- * than reading the field directly. Fields only one member has (`sliding_window`,
- * `partial_rotary_factor`, …) are read by that member's file and kept under their HF names.
+ * v and o; Qwen2 always has q/k/v biases and never an o bias, so llama.ts's members decide, not the
+ * field alone. Fields only one member has (`sliding_window`, `partial_rotary_factor`, …) are read
+ * by that member's file and kept under their HF names.
  */
 export interface LlamaConfig extends CommonConfig {
   model_type: LlamaType;
@@ -290,8 +290,6 @@ export interface Family<C extends ModelConfig = ModelConfig> {
   normInit?: number;
   /** Standard deviation of a fresh weight `name` given the default `std` (default: `std`). */
   initStd?(c: C, name: string, std: number): number;
-  /** Which attention projections carry biases, where the config decides. */
-  attentionBiases?(c: C): { qkv: boolean; o: boolean };
   /** A token attends to at most this many positions (itself included); null: no window. */
   window(c: C): number | null;
   /** The training forward: final hidden states `[N, D]` (after the final norm) of a batch. */

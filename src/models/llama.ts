@@ -570,7 +570,6 @@ export function llamaFamily(m: LlamaMember): Family<LlamaConfig> {
     },
     embedding: 'model.embed_tokens.weight',
     normInit: m.normInit,
-    attentionBiases: (c) => attentionBiases(m, c),
     window: (c) => attentionWindow(m, c),
     hidden: (g, c, P, bi) => llamaHidden(m, g, c, P, bi),
     headWeight: llamaHeadWeight,

@@ -263,7 +263,7 @@ export function bf16BitsToFloat(bits: number): number {
   return f32[0];
 }
 
-/** float32 value → bfloat16 bit pattern, rounding to nearest even; NaN stays a (quiet) NaN. */
+/** float32 value → bfloat16 bit pattern, rounding to nearest even; NaN stays a NaN (its top mantissa bit set). */
 export function floatToBf16Bits(value: number): number {
   f32[0] = value;
   const x = u32[0];

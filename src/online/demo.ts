@@ -17,7 +17,7 @@
  *   5. the figures are kept in the method's run folder (RUN/demo_eval.json, see train/demo-eval.ts),
  *      which is `run` in the result: `prefzoo report RUN` shows them with the training curves
  */
-import type { ProgressFactory } from '../progress.ts';
+import { SILENT, type Reporter } from '../progress.ts';
 import { mkdirSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -45,10 +45,8 @@ export interface OnlineDemoOptions {
   method: OnlineDemoMethod;
   seed: number;
   out?: string;
-  /** Draws the progress of the training stages (the CLI passes a terminal bar). */
-  progress?: ProgressFactory;
-  quiet?: boolean;
-  log?: (line: string) => void;
+  /** The progress of the training stages and the demo's notes (the CLI's: on stderr); none without it. */
+  reporter?: Reporter;
   /** Extra `key=value` settings for the method's training (e.g. beta=0.2, max_steps=100). */
   params?: string[];
   /** Steps of the SFT warm start that makes π_0 (default 400; tests shorten it). */
@@ -178,12 +176,11 @@ async function winRate(judge: Judge, prompts: string[], final: string[][], start
 export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoResult> {
   const t0 = Date.now();
   if (!ONLINE_METHODS.includes(o.method)) throw new UserError(`--method must be one of ${ONLINE_METHODS.join(', ')}, got "${o.method}"`);
-  const log = o.log ?? (() => {});
+  const reporter = o.reporter ?? SILENT;
   const dir = o.out ?? mkdtempSync(join(tmpdir(), `prefzoo-demo-${o.method}-`));
   mkdirSync(dir, { recursive: true });
-  const quiet = o.quiet;
   const init = initModelFolder(join(dir, 'model'), 'llama', 'tiny', o.seed);
-  log(`demo: tiny llama (${init.parameters.toLocaleString('en-US')} parameters); method ${o.method}`);
+  reporter.info(`demo: tiny llama (${init.parameters.toLocaleString('en-US')} parameters); method ${o.method}`);
   const split = demoSplit(o.seed);
   const trainPrompts = split.train;
   const heldPrompts = split.heldout;
@@ -193,7 +190,7 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
   // π_0: the answer format, with no preference among the prompt's digits.
   const sftRows = warmStartRows(rand, trainPrompts, new Set(heldPrompts));
   const warm = { ...WARM_START, seed: o.seed, ...(o.warmStartSteps !== undefined ? { max_steps: o.warmStartSteps } : {}) };
-  const start = await train({ model: join(dir, 'model'), data: 'sft.jsonl', rows: rowsOf('pairwise', sftRows), loss: 'sft', out: join(dir, 'start'), base: warm, quiet, progress: o.progress, log, overwrite: true });
+  const start = await train({ model: join(dir, 'model'), data: 'sft.jsonl', rows: rowsOf('pairwise', sftRows), loss: 'sft', out: join(dir, 'start'), base: warm, reporter, overwrite: true });
   const pi0 = start.finalDir;
 
   const judge = new TaskJudge();
@@ -202,22 +199,22 @@ export async function runOnlineDemo(o: OnlineDemoOptions): Promise<OnlineDemoRes
   const base = { ...m.config, seed: o.seed };
   let finalDir: string;
   if (o.method === 'sppo') {
-    const r = await runSppo({ model: pi0, prompts: trainPrompts, judge, out: join(dir, 'sppo'), iterations: 6, samples: 8, ...SAMPLING, params, base, quiet, progress: o.progress, log });
+    const r = await runSppo({ model: pi0, prompts: trainPrompts, judge, out: join(dir, 'sppo'), iterations: 6, samples: 8, ...SAMPLING, params, base, reporter });
     finalDir = r.finalDir;
   } else if (o.method === 'nash_md') {
-    const r = await runNashMd({ model: pi0, prompts: trainPrompts, judge, out: join(dir, 'nash_md'), ...SAMPLING, params, base, quiet, progress: o.progress, log });
+    const r = await runNashMd({ model: pi0, prompts: trainPrompts, judge, out: join(dir, 'nash_md'), ...SAMPLING, params, base, reporter });
     finalDir = r.finalDir;
   } else {
     // Offline pairs without scores (a right and a wrong answer per training prompt): a reward model
     // learns them, scores them, and MPO splits by its margins.
     const pairs: Example[] = trainPrompts.flatMap((p) => [1, 2].map(() => ({ prompt: p, responses: [digitOf(p, 0), digitOf(p, 1 + rand.int(DIGITS - 1))] })));
     const rmDir = join(dir, 'reward_model');
-    await rewardTrain({ model: pi0, data: 'pairs.jsonl', rows: rowsOf('pairwise', pairs), out: rmDir, base: { ...COMMON, learning_rate: 3e-3, num_epochs: 4, warmup_steps: 10, seed: o.seed }, quiet, progress: o.progress, log });
+    await rewardTrain({ model: pi0, data: 'pairs.jsonl', rows: rowsOf('pairwise', pairs), out: rmDir, base: { ...COMMON, learning_rate: 3e-3, num_epochs: 4, warmup_steps: 10, seed: o.seed }, reporter });
     const rm = await RewardModel.load(rmDir);
     const scores = await rm.score(pairs.flatMap((p) => [{ prompt: p.prompt, response: p.responses[0] }, { prompt: p.prompt, response: p.responses[1] }]));
     await rm.release();
     const scored = pairs.map((p, i) => ({ ...p, responseScores: [scores[2 * i], scores[2 * i + 1]] }));
-    const r = await trainMpo({ model: pi0, data: 'pairs.jsonl', rows: rowsOf('pairwise', scored), loss: 'mpo', out: join(dir, 'mpo'), params, base, quiet, progress: o.progress, log, overwrite: true });
+    const r = await trainMpo({ model: pi0, data: 'pairs.jsonl', rows: rowsOf('pairwise', scored), loss: 'mpo', out: join(dir, 'mpo'), params, base, reporter, overwrite: true });
     finalDir = r.finalDir;
   }
 

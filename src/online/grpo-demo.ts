@@ -89,11 +89,10 @@ const EVAL_SAMPLES = 8;
 
 export async function runGrpoDemo(o: GrpoDemoOptions): Promise<GrpoDemoResult> {
   const t0 = Date.now();
-  const log = o.log ?? (() => {});
   const dir = o.out ?? mkdtempSync(join(tmpdir(), 'prefzoo-demo-grpo-'));
   mkdirSync(dir, { recursive: true });
   const init = initModelFolder(join(dir, 'model'), 'llama', 'tiny', o.seed);
-  log(`demo: tiny llama (${init.parameters.toLocaleString('en-US')} parameters); method grpo, reward accuracy`);
+  o.reporter?.info(`demo: tiny llama (${init.parameters.toLocaleString('en-US')} parameters); method grpo, reward accuracy`);
   // Prompts of four distinct digits and a colon; the held-out ones never occur in training.
   const split = new SeededRandom(o.seed + 17);
   const trainPrompts = recallPrompts(split, TRAIN_PROMPTS);
@@ -108,7 +107,7 @@ export async function runGrpoDemo(o: GrpoDemoOptions): Promise<GrpoDemoResult> {
   });
   const start = await train({
     model: join(dir, 'model'), data: 'format.jsonl', rows: { kind: 'pairwise', meta: makeMeta('pairwise', 'plain', 'demo'), examples: formatRows, files: [] },
-    loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed }, quiet: o.quiet, progress: o.progress, log, overwrite: true,
+    loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed }, reporter: o.reporter, overwrite: true,
   });
 
   const jsonl = (file: string, prompts: string[]) => {
@@ -132,7 +131,7 @@ export async function runGrpoDemo(o: GrpoDemoOptions): Promise<GrpoDemoResult> {
   const r = await grpo({
     model: start.finalDir, prompts: promptsFile, rewards: ['accuracy'], out: run, overwrite: true,
     base: { ...GRPO_BASE, seed: o.seed, eval_data: heldoutFile },
-    params: [...GRPO_PARAMS, ...(o.params ?? [])], quiet: o.quiet, progress: o.progress, log,
+    params: [...GRPO_PARAMS, ...(o.params ?? [])], reporter: o.reporter,
   });
 
   const rows = readFileSync(join(run, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);

@@ -11,7 +11,7 @@
  * Settings are the trainer's (learning_rate, batch_size = prompts per step, max_steps or num_epochs
  * over the prompts, gradient_accumulation_steps, save_steps, lora_r, …) plus the loss's `beta` and
  * `mixture_coef`; settings it does not use (eval_data, max_length, …) are refused. It runs on the
- * online loop (loop.ts): one round = batch_size × gradient_accumulation_steps prompts, one update.
+ * training loop (src/train/loop.ts): one round = batch_size × gradient_accumulation_steps prompts, one update.
  * Run folder: config.json, artifacts/, checkpoints/step-N (every save_steps; --resume continues
  * bit-exact), metrics.jsonl, final/ (HF layout).
  */
@@ -37,7 +37,7 @@ import { fromAliases, samplerOptions, samplingSettings, type SamplingAliases } f
 /** Nash-MD's own settings: sampling one completion per prompt (and its mixture), 64 tokens at most unless told. */
 export const NASH_MD_SETTINGS = samplingSettings(['max_completion_length', 'temperature', 'top_p', 'top_k'], { max_completion_length: 64 });
 declareCommand('nash-md', { honours: ONLINE_LOOP_SETTINGS, own: NASH_MD_SETTINGS, lossParams: 'nash_md' });
-import { runOnline, type OnlineMethod, type OnlineOptions } from './loop.ts';
+import { runOnline, type OnlineMethod, type OnlineOptions } from '../train/loop.ts';
 
 /** `params`: trainer settings and the loss's `beta`, `mixture_coef`, as `key=value`. */
 export interface NashMdOptions extends SamplingAliases, OnlineOptions {

@@ -26,7 +26,7 @@ import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } fr
 import type { Text } from '../../datasets/schema.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { modelParamSpecs, optimizerOf, runtimeOf, saveModelFolder } from '../train/run.ts';
-import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions } from './loop.ts';
+import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions } from '../train/loop.ts';
 import { writeJsonAtomic } from '../io/atomic.ts';
 import { declareCommand, ONLINE_LOOP_SETTINGS } from '../train/settings.ts';
 
@@ -181,12 +181,11 @@ function pairSeqs(rows: readonly TokenizedExample[]): number[][] {
 /**
  * `prefzoo reward-train`: Bradley–Terry training of a reward head (and the model, or LoRA adapters)
  * on pairwise data, with the trainer's settings (learning_rate, batch_size, max_steps, num_epochs,
- * save_steps, eval_data/eval_steps, …), on the online loop (loop.ts): every pair once per epoch in
+ * save_steps, eval_data/eval_steps, …), on the training loop (src/train/loop.ts): every pair once per epoch in
  * a seeded shuffle, checkpoints under OUT/checkpoints, --resume bit-exact. The reward model is written
  * into `out` itself (HF layout with value_head.*), with reward_model.json last.
  */
 export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainResult> {
-  const log = o.log ?? (() => {});
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'reward-train' });
   // The settings it honours are declared in train/settings.ts ('reward-train'); resolveConfig refuses the others.
   const unknown = Object.keys(lossParams);
@@ -263,7 +262,7 @@ export async function rewardTrain(o: RewardTrainOptions): Promise<RewardTrainRes
   if (r.eval) result.eval_accuracy = r.eval.accuracy;
   result.seconds = r.seconds;
   writeJsonAtomic(join(o.out, REWARD_MODEL_FILE), { base_model: o.model, data: o.data, loss: 'bradley_terry', ...config, result });
-  log(`reward-train: ${r.steps} steps in ${result.seconds}s; pair accuracy ${result.train_accuracy.toFixed(3)} (train)${result.eval_accuracy !== undefined ? `, ${result.eval_accuracy.toFixed(3)} (eval)` : ''}`);
+  o.reporter?.info(`reward-train: ${r.steps} steps in ${result.seconds}s; pair accuracy ${result.train_accuracy.toFixed(3)} (train)${result.eval_accuracy !== undefined ? `, ${result.eval_accuracy.toFixed(3)} (eval)` : ''}`);
   return result;
 }
 

@@ -1,15 +1,17 @@
 /**
- * The sampling settings, declared once: what `grpo`, `sppo` and `nash-md` take as settings (and
- * `generate`, `sppo` and `nash-md` also as their older flags, `--temperature`, `--top-k`, `--top-p`,
- * `--max-new-tokens`, `--samples`). A method takes the ones it uses, with its own defaults where they
- * differ (`samplingSettings`); the ranges, meanings and TRL names are these.
+ * The sampling settings, declared once: what `generate`, `grpo`, `sppo` and `nash-md` take as
+ * settings (`--param`, `--config`, the library's `settings`), and `generate`, `sppo` and `nash-md`
+ * also under their older names, the flags `--temperature`, `--top-k`, `--top-p`, `--max-new-tokens`,
+ * `--samples` (aliases: `fromAliases`). A command takes the ones it uses, with its own defaults where
+ * they differ (`samplingSettings`); the ranges, meanings and TRL names are these.
  *
  * max_completion_length: one declaration, default 256 — long enough for a GSM8K chain of thought,
  * half of TRL's 512 because every token is sampled on the CPU here. `grpo` passes it to the `grpo`
  * loss (dr_grpo's normaliser), so a run never reaches the loss's own default; `sppo` and `nash-md`
- * keep 64, the `--max-new-tokens` default they always had.
+ * keep 64, the `--max-new-tokens` default they always had, and so does `generate`.
  */
-import { defineSettings, type SettingDecl, type SettingTable } from '../train/settings.ts';
+import { resolveConfig } from '../train/config.ts';
+import { declareCommand, defineSettings, type SettingDecl, type SettingTable, type SettingsOf } from '../train/settings.ts';
 
 const GROUP = 'Sampling';
 
@@ -59,4 +61,15 @@ export function fromAliases(o: SamplingAliases): Record<string, number> {
 /** Resolved sampling settings as the sampler takes them. */
 export function samplerOptions(s: { temperature: number; top_k: number; top_p: number; max_completion_length: number }) {
   return { temperature: s.temperature, topK: s.top_k, topP: s.top_p, maxNewTokens: s.max_completion_length };
+}
+
+/** `prefzoo generate`'s settings: the sampling ones, 64 tokens at most unless told. */
+export const GENERATE_SETTINGS = samplingSettings(['max_completion_length', 'temperature', 'top_p', 'top_k'], { max_completion_length: 64 });
+declareCommand('generate', { honours: [], own: GENERATE_SETTINGS, lossParams: 'none' });
+export type GenerateSettings = SettingsOf<typeof GENERATE_SETTINGS>;
+
+/** `generate`'s sampling as the sampler takes it: defaults → `configFile` → `params` → the older names → `settings`, each checked against its declaration. */
+export function generateSampling(o: SamplingAliases & { params?: string[]; configFile?: string; settings?: Partial<GenerateSettings> }) {
+  const { own } = resolveConfig({ configFile: o.configFile, params: o.params, settings: { ...fromAliases(o), ...o.settings }, command: 'generate' });
+  return samplerOptions(own as GenerateSettings);
 }

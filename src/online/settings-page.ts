@@ -3,6 +3,7 @@
  * online methods declare theirs beside their code, so they are imported here first, in the order
  * the page lists them) and the reward registry's `--reward` kinds.
  */
+import './sampling.ts';
 import './nash-md.ts';
 import './sppo.ts';
 import './grpo/settings.ts';

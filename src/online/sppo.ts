@@ -7,7 +7,7 @@
  *     log π_t(y_k | x)                                                 (the reference of this iteration)
  *     π_{t+1} = the `sppo` loss on those lists, num_epochs passes (or max_steps steps), from π_t
  *
- * It runs on the online loop (loop.ts) as an OnlineMethod: the items are the prompts, a round is one
+ * It runs on the training loop (src/train/loop.ts) as an OnlineMethod: the items are the prompts, a round is one
  * training batch (batch_size × gradient_accumulation_steps lists, one optimizer update), and the first
  * round of iteration t samples and judges every prompt with the live weights, which are π_t then, and
  * scores the samples' log-probs with them through the training artifacts' eval graph: the reference
@@ -52,7 +52,7 @@ import { problemOf, problemSpec } from '../train/problem.ts';
 import { winRates, withJudge, type Judge } from './judges.ts';
 import { sampleWith } from './policy.ts';
 import { writeFileAtomic, writeJsonAtomic } from '../io/atomic.ts';
-import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions } from './loop.ts';
+import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions } from '../train/loop.ts';
 
 /** `params`: settings of the loop (docs/settings.md, `sppo`) and the loss's `beta`, as `key=value`. */
 export interface SppoOptions extends SamplingAliases, OnlineOptions {
@@ -120,7 +120,6 @@ export async function runSppo(o: SppoOptions): Promise<SppoResult> {
 
 async function sppoWith(o: SppoOptions & { judge: Judge }): Promise<SppoResult> {
   const t0 = Date.now();
-  const log = o.log ?? (() => {});
   const T = o.iterations ?? 3;
   if (!(Number.isInteger(T) && T >= 1)) throw new UserError(`--iterations must be a positive integer, got ${o.iterations}`);
   if (o.prompts.length === 0) throw new UserError('sppo: no prompts');
@@ -226,7 +225,7 @@ async function sppoWith(o: SppoOptions & { judge: Judge }): Promise<SppoResult> 
   }
   const seconds = Math.round((Date.now() - t0) / 100) / 10;
   writeJsonAtomic(join(o.out, 'sppo.json'), { model: o.model, judge: o.judge.name, iterations: T, samples: K, max_new_tokens: sampling.maxNewTokens, sampling: { temperature: sampling.temperature, top_k: sampling.topK, top_p: sampling.topP }, ...config, steps: r.steps, summary });
-  log(`sppo: ${T} iterations, ${r.steps} steps in ${seconds}s; final policy in ${r.finalDir}`);
+  o.reporter?.info(`sppo: ${T} iterations, ${r.steps} steps in ${seconds}s; final policy in ${r.finalDir}`);
   return { finalDir: r.finalDir, iterations: summary, seconds };
 }
 

@@ -217,7 +217,7 @@ async function probeWebGpu(g: Graph, run: boolean): Promise<string | null> {
     const file = path.join(dir, 'probe.onnx');
     fs.writeFileSync(file, serializeModel(g));
     const probe = fileURLToPath(new URL('./placement-probe.mjs', import.meta.url));
-    const r = spawnSync(process.execPath, [probe, file, JSON.stringify(sessionOptions({ ep: 'webgpu' })), run ? 'run' : 'quiet'], { encoding: 'utf8' });
+    const r = spawnSync(process.execPath, [probe, file, JSON.stringify(sessionOptions({ ep: 'webgpu' })), run ? 'run' : 'open'], { encoding: 'utf8' });
     const err = (r.stderr ?? '').split('\n').find((l) => l.startsWith('placement-probe-error: '));
     return err ? err.slice('placement-probe-error: '.length) : r.status !== 0 ? `exit ${r.status}` : null;
   } finally {

@@ -9,7 +9,7 @@ export {
   GENERATED_SPECIAL_TOKENS,
   type GenerateTokenizerOptions,
   type GeneratedTokenizerInfo,
-} from './generate.ts';
+} from './test-tokenizer.ts';
 export {
   bridgeIds,
   bridgeText,

@@ -13,7 +13,7 @@
  * evaluation before and after, are kept in the run folder (demo_eval.json, see demo-eval.ts), so
  * `prefzoo report RUN` shows what the demo printed.
  */
-import type { ProgressFactory } from '../progress.ts';
+import { SILENT, type Reporter } from '../progress.ts';
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -48,11 +48,9 @@ export interface DemoOptions {
   loss: string;
   seed: number;
   out?: string;
-  /** Draws the training progress (the CLI passes a terminal bar). */
-  progress?: ProgressFactory;
-  quiet?: boolean;
+  /** The training progress and the demo's notes (the CLI's: on stderr); none without it. */
+  reporter?: Reporter;
   steps?: number;
-  log?: (line: string) => void;
   params?: string[];
 }
 
@@ -75,7 +73,7 @@ function writeJsonl(file: string, rows: unknown[]): void {
 
 export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   const t0 = Date.now();
-  const log = o.log ?? (() => {});
+  const reporter = o.reporter ?? SILENT;
   const loss = getLoss(o.loss.split(',')[0].split(':')[0]);
   const kind = loss.kinds.includes('pairwise') ? 'pairwise' : loss.kinds.includes('listwise') ? 'listwise' : loss.kinds.includes('single') ? 'single' : null;
   if (!kind) throw new UserError(`demo: loss ${o.loss} needs on-policy data (${loss.kinds.join(', ')}); the offline demo covers pairwise, listwise and single-trajectory losses (try --method nash_md)`);
@@ -83,7 +81,7 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   mkdirSync(dir, { recursive: true });
   const model = join(dir, 'model');
   const init = initModelFolder(model, 'llama', 'tiny', o.seed);
-  log(`demo: tiny llama (${init.parameters.toLocaleString('en-US')} parameters) in ${model}`);
+  reporter.info(`demo: tiny llama (${init.parameters.toLocaleString('en-US')} parameters) in ${model}`);
 
   // The task, in the shape the loss reads, plus held-out pairs for the evaluation.
   const pairs = demoPairs(o.seed);
@@ -98,14 +96,13 @@ export async function runDemo(o: DemoOptions): Promise<DemoResult> {
   const format = kind === 'pairwise' ? 'trl' : kind === 'listwise' ? 'listwise' : 'kto';
   const s1 = await convert([trainJsonl], trainParquet, { format });
   await convert([testJsonl], testParquet, { format: 'trl' });
-  log(`demo: ${s1.written} ${kind} training rows, ${pairs.test.length} held-out pairs`);
+  reporter.info(`demo: ${s1.written} ${kind} training rows, ${pairs.test.length} held-out pairs`);
 
-  const quiet = o.quiet;
-  const before = await evaluateRows({ policy: model, ref: model, data: testParquet, workDir: dir, quiet: true });
+  const before = await evaluateRows({ policy: model, ref: model, data: testParquet, workDir: dir });
   const run = join(dir, `run-${o.loss.replace(/[^a-z0-9_]+/gi, '_')}`);
   const base = { ...DEMO_CONFIG, seed: o.seed, ...(o.steps ? { max_steps: o.steps } : {}) };
-  const r = await trainAny({ model, data: trainParquet, loss: o.loss, out: run, base, params: o.params, quiet, progress: o.progress, log, overwrite: true });
-  const after = await evaluateRows({ policy: r.finalDir, ref: model, data: testParquet, workDir: dir, quiet: true });
+  const r = await trainAny({ model, data: trainParquet, loss: o.loss, out: run, base, params: o.params, reporter, overwrite: true });
+  const after = await evaluateRows({ policy: r.finalDir, ref: model, data: testParquet, workDir: dir });
   const result: DemoResult = {
     loss: o.loss,
     kind,

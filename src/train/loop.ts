@@ -33,7 +33,7 @@ import { TrainingArtifacts } from '../artifacts/training.ts';
 import type { ArtifactSpec } from '../artifacts/build.ts';
 import type { CheckpointTensor } from '../artifacts/checkpoint.ts';
 import { UserError } from '../errors.ts';
-import { startProgress, type ProgressFields } from '../progress.ts';
+import { SILENT, type ProgressFields } from '../progress.ts';
 import { loadModel } from '../models/load.ts';
 import { countParameters, type ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
@@ -72,7 +72,7 @@ export interface OnlineContext {
   readonly rng: SeededRandom;
   /** A decoder over the live weights: the parameters of the update about to be taken (made on first use, re-pointed at each call). */
   policy(): Promise<Decoder>;
-  /** Notes on what the run does (stderr unless --quiet). */
+  /** Notes on what the run does (the reporter's). */
   info(line: string): void;
 }
 
@@ -277,8 +277,8 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
   const t0 = Date.now();
   const run = o.out;
   const { config } = r;
-  const log = o.log ?? (() => {});
-  const info = o.quiet && !o.log ? () => {} : log;
+  const reporter = o.reporter ?? SILENT;
+  const info = reporter.info;
   const prefix = method.errorPrefix ?? `${method.name}: `;
   const resuming = !!o.resume && lastCheckpoint(run) !== null;
   if (o.resume && !resuming) info(`no checkpoint in ${run}; starting from the beginning`);
@@ -399,7 +399,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
     return { items: idx.map((i) => items[i]), info };
   };
 
-  const progress = startProgress(o.progress, method.name, total, o.quiet);
+  const progress = reporter.progress(method.name, total);
   let last: Record<string, number> = {};
   const stepRows = new StepRows(numTokens);
   const release = async () => {

@@ -20,7 +20,6 @@ import { train, type TrainOptions, type TrainResult } from './trainer.ts';
 import { prepareRunFolder } from './run.ts';
 
 export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
-  const log = o.log ?? (() => {});
   const { config, lossParams } = resolveConfig({ configFile: o.configFile, params: o.params, base: o.base });
   const [term] = resolveLoss('mpo', lossParams).terms;
   const p = term.params as { beta: number; label_smoothing: number; delta: number | null; delta_quantile: number; stage2_loss: string; rpo_alpha: number };
@@ -36,7 +35,7 @@ export async function trainMpo(o: TrainOptions): Promise<TrainResult> {
     delta: p.delta,
     quantile: p.delta_quantile,
   });
-  log(`mpo: δ = ${split.delta.toPrecision(4)}: ${split.easy.length} easy pairs (stage 1, dpo), ${split.hard.length} hard pairs (stage 2, ${p.stage2_loss})`);
+  o.reporter?.info(`mpo: δ = ${split.delta.toPrecision(4)}: ${split.easy.length} easy pairs (stage 1, dpo), ${split.hard.length} hard pairs (stage 2, ${p.stage2_loss})`);
   if (split.easy.length === 0 || split.hard.length === 0) {
     throw new UserError(`mpo: the split at δ = ${split.delta} leaves the ${split.easy.length === 0 ? 'easy' : 'hard'} set empty; choose delta or delta_quantile so both stages have pairs`);
   }

@@ -1,7 +1,7 @@
 /**
  * Settings → the training problem: the one place that turns a TrainConfig (with the model, the data
  * kind, the loss and what the data provides) into the TrainProblem and the artifact spec that
- * `prefzoo train` (trainer.ts), `prefzoo artifacts` (export.ts) and `prefzoo bench`
+ * `prefzoo train` (trainer.ts), `prefzoo artifacts` (artifacts.ts) and `prefzoo bench`
  * (scripts/bench/step.ts) build their graphs from, so the three build the same graphs from the same
  * settings.
  */

@@ -27,7 +27,7 @@ import { saveCheckpoint, type FloatTensor } from '../models/checkpoint.ts';
 import { initLora, initValueHead, mergeLora, type LoraConfig } from '../models/index.ts';
 import type { TrainingArtifacts } from '../artifacts/training.ts';
 import type { ParamSpec } from '../artifacts/build.ts';
-import type { ProgressFactory } from '../progress.ts';
+import type { Reporter } from '../progress.ts';
 import { modelParameterShapes, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT } from '../models/params.ts';
 import { f16BitsToFloat, float32ToF16 } from '../models/safetensors.ts';
 
@@ -43,12 +43,8 @@ export interface LoopOptions {
   configFile?: string;
   /** Settings applied under --config and --param (the demos' defaults). */
   base?: Partial<TrainConfig>;
-  /** Draws the progress of long stages (the CLI passes a terminal bar); none without it. */
-  progress?: ProgressFactory;
-  /** No progress even when `progress` is given. */
-  quiet?: boolean;
-  /** Where plain progress and summary lines go (default: nowhere; the CLI passes stderr). */
-  log?: (line: string) => void;
+  /** The progress of long stages and notes on the run (the CLI's: bars and lines on stderr); none without it. */
+  reporter?: Reporter;
   /** The Hub snapshots the inputs were resolved to (by flag: model, data, ref, adapter), written into config.json. */
   hub?: Record<string, HubSnapshot>;
 }

@@ -373,7 +373,7 @@ export function settingsMarkdown(): string {
   }
   out.push('## What each command honours', '');
   for (const c of declaredCommands()) {
-    const n = c.honours.length === all.length ? 'every setting above' : c.honours.map((k) => `\`${k}\``).join(', ');
+    const n = c.honours.length === all.length ? 'every setting above' : c.honours.length === 0 ? 'none of the settings above' : c.honours.map((k) => `\`${k}\``).join(', ');
     const loss = c.lossParams === 'any' ? "the loss's parameters" : c.lossParams === 'none' ? 'no loss parameters' : `the parameters of loss \`${c.lossParams}\``;
     const own = Object.entries(c.defaults);
     const defaults = own.length ? ` Its defaults: ${own.map(([k, v]) => `\`${k}=${shown(v)}\``).join(', ')} (the table's for the rest).` : '';

@@ -279,11 +279,11 @@ async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming
     // No cache, or one without its record (the run stopped between the two writes): compute it.
     rmSync(idFile, { force: true });
     const scorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config, reference.config), tok.padId ?? 0);
-    ref = (await scorer.score(kind, rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs', progress: o.quiet ? undefined : o.progress })).logps;
+    ref = (await scorer.score(kind, rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs', progress: o.reporter?.progress })).logps;
     if (kl) {
       // The KL sequences are scored whole (the other row's mask does not travel with its ids).
       const mismatched = rows.map((r) => ({ ...r, responseIds: [r.klResponseIds!], responseMasks: undefined }));
-      const refKl = (await scorer.score(kind, mismatched, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs (KL pairs)', progress: o.quiet ? undefined : o.progress })).logps;
+      const refKl = (await scorer.score(kind, mismatched, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs (KL pairs)', progress: o.reporter?.progress })).logps;
       ref = ref.map((r, i) => [r[0], refKl[i][0]]);
     }
     await scorer.release();
@@ -378,7 +378,6 @@ class OfflineTraining implements OnlineMethod<number, Round> {
         workDir: join(ctx.run, 'data'),
         params: this.s.lossParams,
         runtime: runtimeOf(config, evalReference.config),
-        quiet: true,
         truncation: config,
         batchSize: config.batch_size * 2,
         maxRows: config.eval_samples,
@@ -456,7 +455,7 @@ class OfflineTraining implements OnlineMethod<number, Round> {
 
   async evaluate(ctx: OnlineContext): Promise<Record<string, number>> {
     const weights = { config: ctx.model, weights: await this.weightsNow(ctx) };
-    this.finalEval = await this.evaluator!.evaluate(weights, { quiet: true });
+    this.finalEval = await this.evaluator!.evaluate(weights);
     // Kept for the samples of this evaluation only (a parameter-sized copy).
     this.evaluatedWeights = this.sampler ? weights : null;
     return this.finalEval.overall;

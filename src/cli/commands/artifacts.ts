@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import { settingsHelp } from '../../train/settings.ts';
-import { exportArtifacts } from '../../train/export.ts';
+import { exportArtifacts } from '../../train/artifacts.ts';
 import { collect } from '../flags.ts';
 
 export function register(program: Command): void {

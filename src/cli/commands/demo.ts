@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { runDemo } from '../../train/demo.ts';
 import { ONLINE_METHODS, type OnlineDemoMethod, runOnlineDemo } from '../../online/demo.ts';
 import { runGrpoDemo } from '../../online/grpo-demo.ts';
-import { terminalLog, terminalProgress } from '../progress.ts';
+import { terminalReporter } from '../progress.ts';
 import { UserError } from '../../errors.ts';
 import { collect, positiveInt } from '../flags.ts';
 
@@ -23,7 +23,7 @@ export function register(program: Command): void {
       if (o.method === 'grpo') return grpoDemoCommand({ seed, params: o.param, out: o.out, json: o.json });
       if (o.method !== undefined) return onlineDemoCommand({ method: o.method, seed, params: o.param, out: o.out, json: o.json });
       const steps = positiveInt('--steps', o.steps);
-      const r = await runDemo({ loss: o.loss, seed, steps, params: o.param, out: o.out, quiet: o.json, progress: terminalProgress, log: o.json ? undefined : terminalLog });
+      const r = await runDemo({ loss: o.loss, seed, steps, params: o.param, out: o.out, reporter: terminalReporter(o.json) });
       if (o.json) {
         process.stdout.write(JSON.stringify(r) + '\n');
         return;
@@ -42,7 +42,7 @@ export function register(program: Command): void {
 /** `prefzoo demo --method M`: runs the online demo and prints its result (one JSON line with --json). */
 async function onlineDemoCommand(o: { method: string; seed: number; params: string[]; out?: string; json?: boolean }): Promise<void> {
   if (!(ONLINE_METHODS as readonly string[]).includes(o.method)) throw new UserError(`--method must be one of ${ONLINE_METHODS.join(', ')}, got "${o.method}"`);
-  const r = await runOnlineDemo({ method: o.method as OnlineDemoMethod, seed: o.seed, params: o.params, out: o.out, quiet: o.json, progress: terminalProgress, log: o.json ? undefined : terminalLog });
+  const r = await runOnlineDemo({ method: o.method as OnlineDemoMethod, seed: o.seed, params: o.params, out: o.out, reporter: terminalReporter(o.json) });
   if (o.json) {
     process.stdout.write(JSON.stringify(r) + '\n');
     return;
@@ -60,7 +60,7 @@ async function onlineDemoCommand(o: { method: string; seed: number; params: stri
 
 /** `prefzoo demo --method grpo`: the GRPO demo (src/online/grpo-demo.ts). */
 async function grpoDemoCommand(o: { seed: number; params: string[]; out?: string; json?: boolean }): Promise<void> {
-  const r = await runGrpoDemo({ seed: o.seed, params: o.params, out: o.out, quiet: o.json, progress: terminalProgress, log: o.json ? undefined : terminalLog });
+  const r = await runGrpoDemo({ seed: o.seed, params: o.params, out: o.out, reporter: terminalReporter(o.json) });
   if (o.json) {
     process.stdout.write(JSON.stringify(r) + '\n');
     return;

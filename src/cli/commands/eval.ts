@@ -7,7 +7,7 @@ import { DEFAULT_CONFIG, parseParams } from '../../train/config.ts';
 import { UserError } from '../../errors.ts';
 import { DEVICE_HELP, collect, device, positiveInt } from '../flags.ts';
 import { TIES } from './train.ts';
-import { terminalLog, terminalProgress } from '../progress.ts';
+import { terminalReporter } from '../progress.ts';
 
 export function register(program: Command): void {
   program
@@ -34,7 +34,7 @@ export function register(program: Command): void {
       if (max_prompt_length >= max_length) throw new UserError(`--max-prompt-length (${max_prompt_length}) must be smaller than --max-length (${max_length})`);
       const maxRows = positiveInt('--max-samples', o.maxSamples);
       const work = join(tmpdir(), `prefzoo-eval-${process.pid}`);
-      const s = await evaluateRows({ policy: o.model, ref: o.ref, data: o.data, workDir: work, params, quiet: o.quiet, progress: terminalProgress, log: terminalLog, batchSize: bs, runtime: { ep: device(o.device) }, truncation: { max_length, max_prompt_length, truncation: 'keep_end' }, maxRows }).finally(() => rmSync(work, { recursive: true, force: true }));
+      const s = await evaluateRows({ policy: o.model, ref: o.ref, data: o.data, workDir: work, params, reporter: terminalReporter(o.quiet), batchSize: bs, runtime: { ep: device(o.device) }, truncation: { max_length, max_prompt_length, truncation: 'keep_end' }, maxRows }).finally(() => rmSync(work, { recursive: true, force: true }));
       if (o.json) process.stdout.write(JSON.stringify({ kind: s.kind, ...s.overall, by_source: s.bySource }) + '\n');
       else process.stdout.write(formatEvalTable(s) + '\n');
     });

@@ -6,7 +6,9 @@ import { UserError } from '../../errors.ts';
 import { ModelSampler } from '../../online/policy.ts';
 import { readPrompts } from '../../online/prompts.ts';
 import { writeSamples } from '../../online/samples-io.ts';
-import { intFlag, parseSampling, SAMPLING_FLAGS, type SamplingFlags } from '../../online/options.ts';
+import { aliasFlags, collect, intFlag, samplingAliasFlags, type SamplingFlags } from '../../online/options.ts';
+import { generateSampling } from '../../online/sampling.ts';
+import { settingsHelp } from '../../train/settings.ts';
 
 export function register(program: Command): void {
   const cmd = program
@@ -18,11 +20,15 @@ export function register(program: Command): void {
     .option('--n <k>', 'responses per prompt', '1')
     .option('--seed <n>', 'seed; a sample depends only on (seed, prompt index, sample index)', '0')
     .option('--batch-size <n>', 'sequences decoded together', '32');
-  for (const [flag, , doc, dflt] of SAMPLING_FLAGS) cmd.option(flag, doc, dflt);
+  for (const [flag, doc] of aliasFlags()) cmd.option(flag, doc);
+  cmd
+    .option('--param <key=value>', 'a sampling setting (repeatable), e.g. temperature=0.7 top_p=0.9', collect, [])
+    .option('--config <file>', 'JSON object of sampling settings')
+    .addHelpText('after', () => `\nSettings (--param key=value or --config), with defaults (docs/settings.md):\n${settingsHelp('generate')}`);
   cmd.option('--device <device>', DEVICE_HELP, 'cpu');
   cmd.option('--chat-template <file>', "a Jinja chat-template file used instead of the model's own");
-  cmd.option('--json', 'print a one-line JSON summary').action(async (o: SamplingFlags & { model: string; prompts: string; out: string; n: string; seed: string; batchSize: string; json?: boolean; device: string; chatTemplate?: string }) => {
-    const sampling = parseSampling(o);
+  cmd.option('--json', 'print a one-line JSON summary').action(async (o: Partial<SamplingFlags> & { param: string[]; config?: string; model: string; prompts: string; out: string; n: string; seed: string; batchSize: string; json?: boolean; device: string; chatTemplate?: string }) => {
+    const sampling = generateSampling({ ...samplingAliasFlags(o), params: o.param, configFile: o.config });
     const n = intFlag('--n', o.n);
     const seed = intFlag('--seed', o.seed, 0);
     const batchSize = intFlag('--batch-size', o.batchSize);

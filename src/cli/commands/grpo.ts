@@ -10,7 +10,7 @@ import { rewardHelp, rewardSyntax } from '../../online/rewards/index.ts';
 import { settingsHelp as honouredHelp } from '../../train/settings.ts';
 import { getLoss } from '../../../losses/index.ts';
 import { describeRange } from '../../../losses/core/params.ts';
-import { terminalLog, terminalProgress } from '../progress.ts';
+import { terminalReporter } from '../progress.ts';
 import { hubRecord } from '../hub.ts';
 
 /** Every setting grpo takes, with its default: GRPO's own and the trainer's it honours (the settings table), and the loss's. */
@@ -56,7 +56,7 @@ export function register(program: Command): void {
     .addHelpText('after', settingsHelp())
     .action(async (o: { model: string; prompts: string; reward: string[]; tools: string[]; mcp: string[]; mcpConfig?: string; env?: string; out: string; param: string[]; config?: string; resume?: boolean; overwrite?: boolean; device?: string; quiet?: boolean; json?: boolean }) => {
       const params = o.device ? [...o.param, `device=${device(o.device)}`] : o.param;
-      const r = await grpo({ model: o.model, hub: hubRecord(), prompts: o.prompts, rewards: o.reward, tools: o.tools, mcp: o.mcp, mcpConfig: o.mcpConfig, env: o.env, out: o.out, params, configFile: o.config, resume: o.resume, overwrite: o.overwrite, quiet: o.quiet || o.json, progress: terminalProgress, log: o.quiet || o.json ? undefined : terminalLog });
+      const r = await grpo({ model: o.model, hub: hubRecord(), prompts: o.prompts, rewards: o.reward, tools: o.tools, mcp: o.mcp, mcpConfig: o.mcpConfig, env: o.env, out: o.out, params, configFile: o.config, resume: o.resume, overwrite: o.overwrite, reporter: terminalReporter(o.quiet || o.json) });
       if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last, eval: r.eval }) + '\n');
       else process.stdout.write(`${r.steps} GRPO steps in ${r.seconds}s; reward ${r.last.reward?.toFixed(3) ?? '?'} at the last step; final policy in ${r.finalDir}; metrics in ${o.out}/metrics.jsonl, samples in ${o.out}/completions.jsonl\n`);
     });

@@ -34,5 +34,4 @@ export const COMMANDS: readonly CommandEntry[] = [
   { name: 'artifacts', summary: 'write the training artifacts of a model and a loss (graphs, starting checkpoint, artifacts.json)', load: () => import('./artifacts.ts') },
   { name: 'export', summary: 'write a model for the apps: a transformers.js ONNX folder or a llama.cpp GGUF file', load: () => import('./export.ts') },
   { name: 'grpo', summary: 'GRPO / DAPO / Dr. GRPO / GSPO / CISPO / RLOO with reward functions (accuracy, format, modules, commands)', load: () => import('./grpo.ts') },
-  // Commands landing from other branches go here, one line each.
 ];

@@ -4,7 +4,7 @@ import { DEVICE_HELP, device } from '../flags.ts';
 import { runNashMd } from '../../online/nash-md.ts';
 import { aliasFlags, collect, samplingAliasFlags, type SamplingFlags } from '../../online/options.ts';
 import { readPrompts } from '../../online/prompts.ts';
-import { terminalLog, terminalProgress } from '../progress.ts';
+import { terminalReporter } from '../progress.ts';
 import { hubRecord } from '../hub.ts';
 
 export function register(program: Command): void {
@@ -28,7 +28,7 @@ export function register(program: Command): void {
     .action(async (o: Partial<SamplingFlags> & { model: string; prompts: string; judge: string; out: string; param: string[]; device?: string; config?: string; quiet?: boolean; json?: boolean; resume?: boolean; overwrite?: boolean }) => {
       const sampling = samplingAliasFlags(o);
       const prompts = await readPrompts(o.prompts);
-      const r = await runNashMd({ model: o.model, hub: hubRecord(), prompts, promptsFile: o.prompts, judge: o.judge, out: o.out, resume: o.resume, overwrite: o.overwrite, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
+      const r = await runNashMd({ model: o.model, hub: hubRecord(), prompts, promptsFile: o.prompts, judge: o.judge, out: o.out, resume: o.resume, overwrite: o.overwrite, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, reporter: terminalReporter(o.quiet) });
       if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last }) + '\n');
       else process.stdout.write(`${r.steps} Nash-MD steps in ${r.seconds}s; final policy in ${r.finalDir}; metrics in ${o.out}/metrics.jsonl\n`);
     });

@@ -3,7 +3,7 @@ import { settingsHelp } from '../../train/settings.ts';
 import { DEVICE_HELP, device } from '../flags.ts';
 import { collect } from '../../online/options.ts';
 import { rewardTrain, scorePairs } from '../../online/reward-model.ts';
-import { terminalLog, terminalProgress } from '../progress.ts';
+import { terminalReporter } from '../progress.ts';
 import { hubRecord } from '../hub.ts';
 
 export function register(program: Command): void {
@@ -22,7 +22,7 @@ export function register(program: Command): void {
     .option('--device <device>', `${DEVICE_HELP}; same as --param device=…`)
     .option('--json', 'print a one-line JSON summary')
     .action(async (o: { model: string; data: string; out: string; param: string[]; device?: string; config?: string; quiet?: boolean; json?: boolean; resume?: boolean; overwrite?: boolean }) => {
-      const r = await rewardTrain({ model: o.model, hub: hubRecord(), data: o.data, out: o.out, resume: o.resume, overwrite: o.overwrite, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.json ? undefined : terminalLog });
+      const r = await rewardTrain({ model: o.model, hub: hubRecord(), data: o.data, out: o.out, resume: o.resume, overwrite: o.overwrite, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, reporter: terminalReporter(o.quiet, !o.json) });
       if (o.json) process.stdout.write(JSON.stringify(r) + '\n');
       else process.stdout.write(`reward model in ${r.dir}: pair accuracy ${r.train_accuracy.toFixed(3)} on the training pairs${r.eval_accuracy !== undefined ? `, ${r.eval_accuracy.toFixed(3)} on eval_data` : ''}\n`);
     });

@@ -4,7 +4,7 @@ import { DEVICE_HELP, device } from '../flags.ts';
 import { aliasFlags, collect, intFlag, samplingAliasFlags, type SamplingFlags } from '../../online/options.ts';
 import { readPrompts } from '../../online/prompts.ts';
 import { runSppo } from '../../online/sppo.ts';
-import { terminalLog, terminalProgress } from '../progress.ts';
+import { terminalReporter } from '../progress.ts';
 import { hubRecord } from '../hub.ts';
 
 export function register(program: Command): void {
@@ -31,7 +31,7 @@ export function register(program: Command): void {
       const sampling = samplingAliasFlags(o);
       const iterations = intFlag('--iterations', o.iterations);
       const prompts = await readPrompts(o.prompts);
-      const r = await runSppo({ model: o.model, hub: hubRecord(), prompts, promptsFile: o.prompts, judge: o.judge, out: o.out, resume: o.resume, overwrite: o.overwrite, iterations, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, quiet: o.quiet, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
+      const r = await runSppo({ model: o.model, hub: hubRecord(), prompts, promptsFile: o.prompts, judge: o.judge, out: o.out, resume: o.resume, overwrite: o.overwrite, iterations, ...sampling, params: o.device ? [...o.param, `device=${device(o.device)}`] : o.param, configFile: o.config, reporter: terminalReporter(o.quiet) });
       if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, seconds: r.seconds, iterations: r.iterations }) + '\n');
       else process.stdout.write(`${iterations} SPPO iterations in ${r.seconds}s; final policy in ${r.finalDir}\n`);
     });

@@ -5,7 +5,7 @@ import { UserError } from '../../errors.ts';
 import { trainAny } from '../../train/mpo.ts';
 import { collect } from '../flags.ts';
 import { Names, dataHubFlags, modelHubFlags, type HubFlags } from '../hub.ts';
-import { terminalLog, terminalProgress } from '../progress.ts';
+import { terminalReporter } from '../progress.ts';
 
 export const TIES = 'Ties: a pair counts as correct only when r(chosen) - r(rejected) exceeds float32 rounding of its log-probs (1e-6 x beta x the sum of their magnitudes); ties count as wrong, as in TRL, so a policy equal to its reference scores 0.';
 
@@ -48,7 +48,7 @@ export function register(program: Command): void {
       const dataSpec = (await names.data('data', '--data', data)).spec;
       const refDir = await names.model('ref', '--ref', o.ref);
       const adapterDir = await names.model('adapter', '--adapter', o.adapter, 'adapter');
-      const r = await trainAny({ model: modelDir, data: dataSpec, loss, out, hub: names.record, params: o.refOnTheFly ? [...o.param, 'ref_on_the_fly=true'] : o.param, configFile: o.config, resume: o.resume, overwrite: o.overwrite, quiet: o.quiet, refModel: refDir, adapter: adapterDir, progress: terminalProgress, log: o.quiet ? undefined : terminalLog });
+      const r = await trainAny({ model: modelDir, data: dataSpec, loss, out, hub: names.record, params: o.refOnTheFly ? [...o.param, 'ref_on_the_fly=true'] : o.param, configFile: o.config, resume: o.resume, overwrite: o.overwrite, refModel: refDir, adapter: adapterDir, reporter: terminalReporter(o.quiet) });
       const summary = { steps: r.steps, seconds: Math.round(r.seconds * 10) / 10, final: r.finalDir, loss: r.last.loss, 'rewards/accuracies': r.last['rewards/accuracies'], ...(r.eval ? { eval: r.eval.overall } : {}) };
       if (o.json) process.stdout.write(JSON.stringify(summary) + '\n');
       else process.stdout.write(`trained ${r.steps} steps in ${summary.seconds}s; final model in ${r.finalDir}; metrics in ${out}/metrics.jsonl\n`);

@@ -16,7 +16,7 @@ import { JOURNAL_FILE, ToolJournal } from '../../agents/journal.ts';
 import type { EnvironmentFactory, ToolDef, ZodToolDef } from '../../agents/types.ts';
 import { checkTemplateExtends } from '../../tokenize/conversation.ts';
 import { LineProcess } from '../line-process.ts';
-import type { OnlineContext } from '../loop.ts';
+import type { OnlineContext } from '../../train/loop.ts';
 import type { RewardFunction } from '../rewards/index.ts';
 import { AGENT_SETTINGS } from './agent-settings.ts';
 import { agentRollout, type AgentRolloutInfo } from './agent-rollout.ts';

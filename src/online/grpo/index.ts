@@ -32,7 +32,7 @@ import type { GrpoParams } from '../../../losses/grpo.ts';
 import { readPromptRows, type PromptRow } from '../prompts.ts';
 import { loadAllRewards, releaseRewards } from '../rewards/index.ts';
 import { ReferenceScorer } from '../reference.ts';
-import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions, type OnlineResult } from '../loop.ts';
+import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions, type OnlineResult } from '../../train/loop.ts';
 import { computeAdvantages } from './advantages.ts';
 import { CompletionsLog } from './completions-log.ts';
 import { evaluateRewards, scoreCompletions } from './evaluate.ts';

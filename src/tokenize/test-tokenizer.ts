@@ -15,7 +15,7 @@ export const GENERATED_SPECIAL_TOKENS = ['<|bos|>', '<|eos|>', '<|pad|>', '<|im_
  * ChatML with a leading BOS: `<|im_start|>role\ncontent<|im_end|>\n` per message. With `tools`, a
  * system turn lists them (as JSON) first; an assistant's `tool_calls` follow its content as Hermes /
  * Qwen `<tool_call>\n{"name": …, "arguments": …}\n</tool_call>` blocks, so tiny test models can call
- * tools. Without tools or calls the render is plain ChatML, as before tools existed.
+ * tools. Without tools or calls the render is plain ChatML.
  */
 export const GENERATED_CHAT_TEMPLATE =
   '{{ bos_token }}' +
