@@ -143,6 +143,17 @@ describe('generation session', () => {
     const plain = await generateIds([{ decoder: dec, weight: 1 }], reqs(), { ...o, maxNewTokens: 12, stopIds: [], padId: 0 });
     const withLogps = await generateIds([{ decoder: dec, weight: 1 }], reqs(), { ...o, maxNewTokens: 12, stopIds: [], padId: 0, logprobs: true });
     expect(withLogps.map((x) => x.ids)).toEqual(plain.map((x) => x.ids));
+    // The graph's draw returns the log-probabilities the host computes from the logits (float64 both,
+    // summed in another order): equal once rounded to float32, or one float32 step apart where the
+    // two float64 values straddle a rounding boundary.
+    const onHost = await generateIds([{ decoder: dec, weight: 1 }], reqs(), { ...o, maxNewTokens: 12, stopIds: [], padId: 0, logprobs: true, hostSampling: true });
+    expect(onHost.map((x) => x.ids)).toEqual(plain.map((x) => x.ids));
+    for (let i = 0; i < 3; i++) {
+      for (let t = 0; t < 12; t++) {
+        const [g, h] = [withLogps[i].logps![t], onHost[i].logps![t]];
+        expect(Math.abs(g - h), `row ${i} token ${t}: ${g} vs ${h}`).toBeLessThanOrEqual(Math.abs(h) * 2 ** -23);
+      }
+    }
     for (let i = 0; i < 3; i++) {
       const prompt = reqs()[i].promptIds;
       for (let t = 0; t < 12; t += 5) {

@@ -44,8 +44,11 @@ export interface DecoderOptions {
  */
 export type Pick = { head: 'greedy'; limit: number } | { head: 'sample'; limit: number; temperature: number; uniform: Float64Array };
 
-/** A run's result: the picked tokens `[B]`, or the logits `[B, V]`. */
-export type Picked = { tokens: BigInt64Array; logits?: undefined } | { logits: Float32Array; tokens?: undefined };
+/**
+ * A run's result: the picked tokens `[B]` (with `sample`, each one's log-probability under the
+ * distribution it was drawn from, `logps` `[B]`), or the logits `[B, V]`.
+ */
+export type Picked = { tokens: BigInt64Array; logps?: Float64Array; logits?: undefined } | { logits: Float32Array; tokens?: undefined };
 
 type GraphKind = 'prefill' | 'step' | 'extend';
 
@@ -184,6 +187,7 @@ export class Decoder {
     const V = this.vocabSize;
     const session = await this.session('prefill', headOf(pick));
     const tokens = new BigInt64Array(pick ? n : 0);
+    const logps = new Float64Array(pick?.head === 'sample' ? n : 0);
     const logits = new Float32Array(pick ? 0 : n * V);
     const chunk = Math.max(1, Math.floor(this.build.prefillTokens / S));
     for (let r0 = 0; r0 < n; r0 += chunk) {
@@ -194,8 +198,9 @@ export class Decoder {
       cache.writePrompt((name) => out[name].data as Float32Array, S, first + r0, k, mask.subarray(r0 * S, (r0 + k) * S));
       if (pick) tokens.set(out.token.data as BigInt64Array, r0);
       else logits.set(out.logits.data as Float32Array, r0 * V);
+      if (pick?.head === 'sample') logps.set(out.logprob.data as Float64Array, r0);
     }
-    return pick ? { tokens } : { logits };
+    return pick ? (pick.head === 'sample' ? { tokens, logps } : { tokens }) : { logits };
   }
 
   /**
@@ -208,9 +213,9 @@ export class Decoder {
     const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [cache.rows, 1]), attention_mask: cache.stepMask() };
     Object.assign(feeds, cache.pastFeeds());
     if (pick) Object.assign(feeds, pickFeeds(pick, cache.rows));
-    await (await this.session('step', headOf(pick))).run(feeds, cache.outputs(pick !== undefined));
+    await (await this.session('step', headOf(pick))).run(feeds, cache.outputs(pick?.head));
     cache.writeStep((name) => cache.newSlot(name));
-    return pick ? { tokens: cache.tokens() } : { logits: cache.logits() };
+    return pick ? (pick.head === 'sample' ? { tokens: cache.tokens(), logps: cache.logps() } : { tokens: cache.tokens() }) : { logits: cache.logits() };
   }
 
   /**
@@ -225,7 +230,8 @@ export class Decoder {
     if (pick) Object.assign(feeds, pickFeeds(pick, 1));
     const out = await (await this.session('extend', headOf(pick))).run(feeds);
     cache.writeTail(row, (name) => out[name].data as Float32Array, S);
-    return pick ? { tokens: out.token.data as BigInt64Array } : { logits: out.logits.data as Float32Array };
+    if (!pick) return { logits: out.logits.data as Float32Array };
+    return pick.head === 'sample' ? { tokens: out.token.data as BigInt64Array, logps: out.logprob.data as Float64Array } : { tokens: out.token.data as BigInt64Array };
   }
 
   /**
@@ -302,6 +308,7 @@ export class SlotCache {
   private fresh = new Map<string, Float32Array>();
   private logitsBuf: Float32Array | null = null;
   private tokenBuf: BigInt64Array;
+  private logpBuf: Float64Array;
   private maxCapacity: number;
 
   constructor(
@@ -327,6 +334,7 @@ export class SlotCache {
     this.mask = new BigInt64Array(maxRows * capacity);
     this.cols = new Int32Array(maxRows);
     this.tokenBuf = new BigInt64Array(maxRows);
+    this.logpBuf = new Float64Array(maxRows);
   }
 
   /** The most slots any row has filled. */
@@ -472,12 +480,16 @@ export class SlotCache {
     return feeds;
   }
 
-  /** Preallocated outputs of a step: logits `[B, V]` (or the picked `token` `[B]`) and each layer's new keys/values `[B, KV, 1, hd]`. */
-  outputs(picked: boolean): Record<string, OrtTensor> {
+  /**
+   * Preallocated outputs of a step: logits `[B, V]` without a pick (or the picked `token` `[B]`,
+   * with `sample` its `logprob` `[B]`) and each layer's new keys/values `[B, KV, 1, hd]`.
+   */
+  outputs(pick: Pick['head'] | undefined): Record<string, OrtTensor> {
     const { kvHeads: KV, headDim: hd } = this.geom;
-    const out: Record<string, OrtTensor> = picked
+    const out: Record<string, OrtTensor> = pick
       ? { token: toOrt('int64', this.tokens(), [this.rows]) as OrtTensor }
       : { logits: toOrt('float32', this.logits(), [this.rows, this.vocab]) as OrtTensor };
+    if (pick === 'sample') out.logprob = toOrt('float64', this.logps(), [this.rows]) as OrtTensor;
     for (const [name, buf] of this.fresh) out[name] = toOrt('float32', buf.subarray(0, this.rows * KV * hd), [this.rows, KV, 1, hd]) as OrtTensor;
     return out;
   }
@@ -493,6 +505,10 @@ export class SlotCache {
 
   tokens(): BigInt64Array {
     return this.tokenBuf.subarray(0, this.rows);
+  }
+
+  logps(): Float64Array {
+    return this.logpBuf.subarray(0, this.rows);
   }
 
   /** Hands the cache buffers over (for a later cache); this cache is unusable after. */

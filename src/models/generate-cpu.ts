@@ -85,11 +85,13 @@ export class CpuBackend implements DecodeBackend {
 
   private pick(spec: PickSpec | null, uniform: Float64Array | null): Pick | undefined {
     if (!spec) return undefined;
-    return spec.head === 'greedy' ? spec : { ...spec, uniform: uniform! };
+    return spec.head === 'greedy' ? spec : { head: 'sample', limit: spec.limit, temperature: spec.temperature, uniform: uniform! };
   }
 
   private answer(results: Picked[]): RunOut {
-    return results[0].tokens ? { tokens: results[0].tokens } : { logits: results.map((r) => r.logits!) };
+    const [r] = results;
+    if (!r.tokens) return { logits: results.map((x) => x.logits!) };
+    return r.logps ? { tokens: r.tokens, logps: r.logps } : { tokens: r.tokens };
   }
 
   async step(tokens: readonly number[], pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut> {

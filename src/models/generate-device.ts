@@ -378,7 +378,9 @@ export class DeviceBackend implements DecodeBackend {
     return this.parts.length === 1 && this.parts[0].weight === 1;
   }
 
-  canPick(_pick: PickSpec): boolean {
+  canPick(pick: PickSpec): boolean {
+    // The device draws in float32 and returns no log-probabilities: those rows sample on the host.
+    if (pick.head === 'sample' && pick.logprobs) return false;
     return this.single || this.used.length > 0;
   }
 

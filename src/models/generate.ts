@@ -56,8 +56,8 @@ export interface SessionOptions extends SamplingOptions {
   hostSampling?: boolean;
   /**
    * Return each sampled token's log-probability under the distribution it was drawn from (after
-   * temperature, top-k and top-p; 0 for greedy). Off by default: the logits then come back to the
-   * host and the draw is made there, not in the graph.
+   * temperature, top-k and top-p; 0 for greedy). Where the graph draws (CPU, one model, no
+   * top-k/top-p) it returns them with the token; otherwise they are computed on the host.
    */
   logprobs?: boolean;
   /** Identical prompts starting together are prefilled once (default true). */
@@ -343,10 +343,11 @@ export class GenerationSession {
   }
 
   private pickSpec(): PickSpec | null {
-    if (this.o.hostSampling || this.o.logprobs) return null;
+    if (this.o.hostSampling) return null;
     const s = this.sampling;
     if (this.parts.length === 1 && this.parts[0].weight !== 1) return null;
-    const spec: PickSpec | null = s.temperature === 0 ? { head: 'greedy', limit: this.limit } : s.topK === 0 && s.topP === 1 ? { head: 'sample', limit: this.limit, temperature: s.temperature } : null;
+    const logprobs = this.o.logprobs ?? false;
+    const spec: PickSpec | null = s.temperature === 0 ? { head: 'greedy', limit: this.limit } : s.topK === 0 && s.topP === 1 ? { head: 'sample', limit: this.limit, temperature: s.temperature, logprobs } : null;
     return spec && this.backend.canPick(spec) ? spec : null;
   }
 
@@ -554,8 +555,12 @@ export class GenerationSession {
         continue;
       }
       let tok: number;
-      if (!logits) tok = Number(a.out!.tokens![a.i]);
-      else {
+      if (!logits) {
+        tok = Number(a.out!.tokens![a.i]);
+        // The graph's log-probability of its draw; a greedy pick's is 0, as logProb's.
+        const lp = (a.out as { logps?: ArrayLike<number> }).logps;
+        if (this.o.logprobs) w.logps.push(lp ? lp[a.i] : 0);
+      } else {
         const mixed = mixLogits(logits.map((l, k) => ({ logits: l, weight: this.parts[k].weight })));
         tok = sampleToken(mixed, this.sampling, r.rng);
         if (this.o.logprobs) w.logps.push(logProb(mixed, tok, this.sampling));
