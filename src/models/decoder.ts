@@ -14,13 +14,6 @@ import { Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from 
 import { buildDecodeGraph, cacheShape, pastName, presentName, type DecodeHead } from './decode.ts';
 import { DeviceDecode } from './generate-device.ts';
 
-/** The cache of a batch: `[B, KV, L, hd]` per layer and kind, as fed back under the past names. */
-export interface KVCache {
-  rows: number;
-  length: number;
-  tensors: Feeds;
-}
-
 export interface DecoderOptions {
   runtime?: RuntimeOptions;
   /**
@@ -50,7 +43,8 @@ export type Pick = { head: 'greedy'; limit: number } | { head: 'sample'; limit: 
  */
 export type Picked = { tokens: BigInt64Array; logps?: Float64Array; logits?: undefined } | { logits: Float32Array; tokens?: undefined };
 
-type GraphKind = 'prefill' | 'step' | 'extend';
+/** `step1`: the step graph of a one-row batch (see `step`). */
+type GraphKind = 'prefill' | 'step' | 'step1' | 'extend';
 
 export class Decoder {
   private params: Feeds = {};
@@ -84,7 +78,7 @@ export class Decoder {
     const key = `${kind}/${head}`;
     let s = this.sessions.get(key);
     if (!s) {
-      const weightFirst = (this.build.runtime?.ep ?? 'cpu') === 'cpu';
+      const weightFirst = kind !== 'step1' && (this.build.runtime?.ep ?? 'cpu') === 'cpu';
       const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst });
       s = Session.fromGraph(g, this.build.runtime);
       this.sessions.set(key, s);
@@ -135,41 +129,6 @@ export class Decoder {
     return this.config.vocab_size;
   }
 
-  /**
-   * Runs S new tokens per row (S = 1 with a cache). `ids` [B, S]; `mask` [B, L] covers the cache and the new tokens.
-   * Returns the logits of each row's last new token `[B, V]` and the extended cache (a new one:
-   * `cache` is not changed). A plain reference path for tests: generation uses `SlotCache`.
-   */
-  async forward(ids: BigInt64Array, mask: BigInt64Array, rows: number, cache: KVCache | null): Promise<{ logits: Float32Array; cache: KVCache }> {
-    const S = ids.length / rows;
-    const L = mask.length / rows;
-    if (cache && S !== 1) throw new Error(`decoder: a step with a cache feeds one token per row, got ${S}`);
-    const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [rows, S]), attention_mask: toOrt('int64', mask, [rows, L]) };
-    if (cache) Object.assign(feeds, cache.tensors);
-    const out = await (await this.session(cache ? 'step' : 'prefill', 'logits')).run(feeds);
-    const { layers, kvHeads: KV, headDim: hd } = cacheShape(this.config);
-    const tensors: Feeds = {};
-    for (let i = 0; i < layers; i++) {
-      for (const kv of ['key', 'value'] as const) {
-        const cur = out[presentName(i, kv)].data as Float32Array;
-        if (!cache) {
-          tensors[pastName(i, kv)] = toOrt('float32', cur, [rows, KV, S, hd]);
-          continue;
-        }
-        // past ++ new along the positions, row and head by row and head.
-        const past = cache.tensors[pastName(i, kv)].data as Float32Array;
-        const P = cache.length;
-        const full = new Float32Array(rows * KV * (P + S) * hd);
-        for (let r = 0; r < rows * KV; r++) {
-          full.set(past.subarray(r * P * hd, (r + 1) * P * hd), r * (P + S) * hd);
-          full.set(cur.subarray(r * S * hd, (r + 1) * S * hd), (r * (P + S) + P) * hd);
-        }
-        tensors[pastName(i, kv)] = toOrt('float32', full, [rows, KV, P + S, hd]);
-      }
-    }
-    return { logits: out.logits.data as Float32Array, cache: { rows, length: L, tensors } };
-  }
-
   /** A new cache for up to `maxRows` rows, with room for `capacity` slots to start and `maxCapacity` reserved. */
   newCache(maxRows: number, capacity: number, maxCapacity = capacity): SlotCache {
     const c = new SlotCache(cacheShape(this.config), maxRows, capacity, this.vocabSize, maxCapacity, this.spare);
@@ -213,7 +172,11 @@ export class Decoder {
     const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [cache.rows, 1]), attention_mask: cache.stepMask() };
     Object.assign(feeds, cache.pastFeeds());
     if (pick) Object.assign(feeds, pickFeeds(pick, cache.rows));
-    await (await this.session('step', headOf(pick))).run(feeds, cache.outputs(pick?.head));
+    // One row: the products as x·Wᵀ, which MLAS runs for a single row as a vector-matrix product
+    // reading W in place (its M = 1 kernel); the weight-first form's transposed x would make it pad
+    // the one column to a panel of 16 and multiply all of them.
+    const kind = cache.rows === 1 ? 'step1' : 'step';
+    await (await this.session(kind, headOf(pick))).run(feeds, cache.outputs(pick?.head));
     cache.writeStep((name) => cache.newSlot(name));
     return pick ? (pick.head === 'sample' ? { tokens: cache.tokens(), logps: cache.logps() } : { tokens: cache.tokens() }) : { logits: cache.logits() };
   }
@@ -268,21 +231,6 @@ function pickFeeds(pick: Pick, rows: number, first = 0): Feeds {
     feeds.uniform = toOrt('float64', pick.uniform.subarray(first, first + rows), [rows, 1]);
   }
   return feeds;
-}
-
-/** Keeps cache rows `keep` (in that order). */
-export function selectCacheRows(cache: KVCache, keep: number[]): KVCache {
-  const tensors: Feeds = {};
-  for (const [name, t] of Object.entries(cache.tensors)) {
-    const [B, KV, L, hd] = t.dims as number[];
-    const row = KV * L * hd;
-    const src = t.data as Float32Array;
-    const dst = new Float32Array(keep.length * row);
-    keep.forEach((r, i) => dst.set(src.subarray(r * row, (r + 1) * row), i * row));
-    if (B !== cache.rows) throw new Error('cache rows disagree');
-    tensors[name] = toOrt('float32', dst, [keep.length, KV, L, hd]) as OrtTensor;
-  }
-  return { rows: keep.length, length: cache.length, tensors };
 }
 
 /** Cache slots are added this many at a time: fixed shapes between, and attention over at most this many unfilled slots. */

@@ -28,7 +28,8 @@ import { CpuBackend } from './generate-cpu.ts';
 import { DeviceBackend } from './generate-device.ts';
 import type { DecodeBackend, PickSpec, RunOut } from './backend.ts';
 
-export { Decoder, SlotCache, selectCacheRows, type DecoderOptions, type KVCache, type Pick, type Picked } from './decoder.ts';
+// The session runs over decoders: callers make them (Decoder.create) from here.
+export { Decoder } from './decoder.ts';
 
 /** One decoder of a mixture and its weight w_i in softmax(Σ w_i·logits_i). */
 export interface MixturePart {
