@@ -568,10 +568,9 @@ export class GenerationSession {
       }
       r.seq.push(tok);
       w.seg.push(tok);
-      const text = this.o.stopStrings?.length ? this.o.decode!(w.seg) : '';
       const reason: StopReason | null = this.stop.has(tok)
         ? 'stop-id'
-        : text && this.o.stopStrings!.some((s) => text.includes(s))
+        : this.o.stopStrings?.length && stopStringEnds(w.seg, this.o.stopStrings, this.o.decode!)
           ? 'stop-string'
           : w.seg.length >= w.budget
             ? 'budget'
@@ -583,6 +582,23 @@ export class GenerationSession {
         w.resolve(this.o.logprobs ? { ids: w.seg, stop: reason, logps: Float32Array.from(w.logps) } : { ids: w.seg, stop: reason });
       }
     }
+  }
+}
+
+/**
+ * Whether the text of `seg` holds one of `stops`, asked after each token: one that is not in the text
+ * before the last token ends in what the last token changed, at the text's end, so only a tail is
+ * decoded — the last n tokens, n doubled from 4 until their text is longer than the last token's own
+ * by the longest stop string and 8 characters (room for a partial character or a stripped leading
+ * space where the tail starts). Each token's check decodes a few tokens, not the whole segment.
+ */
+export function stopStringEnds(seg: readonly number[], stops: readonly string[], decode: (ids: readonly number[]) => string): boolean {
+  let longest = 0;
+  for (const s of stops) longest = Math.max(longest, s.length);
+  const need = decode(seg.slice(-1)).length + longest + 8;
+  for (let n = Math.min(4, seg.length); ; n = Math.min(2 * n, seg.length)) {
+    const text = decode(seg.slice(seg.length - n));
+    if (text.length >= need || n === seg.length) return stops.some((s) => text.includes(s));
   }
 }
 
