@@ -466,17 +466,16 @@ export class SlotCache {
     return out;
   }
 
-  /** Keeps rows `keep` (ascending), moving them up in place. */
-  keepRows(keep: readonly number[]): void {
+  /** Moves row `from` (its filled slots, mask and count) to row `to` of this cache; `from` is left as it was. */
+  moveRow(from: number, to: number): void {
     const { kvHeads: KV, headDim: hd } = this.geom;
-    const row = KV * this.capacity * hd;
-    keep.forEach((b, i) => {
-      if (b === i) return;
-      for (const buf of this.buffers.values()) buf.copyWithin(i * row, b * row, (b + 1) * row);
-      this.mask.copyWithin(i * this.capacity, b * this.capacity, (b + 1) * this.capacity);
-      this.cols[i] = this.cols[b];
-    });
-    this.rows = keep.length;
+    const cap = this.capacity;
+    const n = this.cols[from];
+    for (const buf of this.buffers.values()) {
+      for (let h = 0; h < KV; h++) buf.copyWithin((to * KV + h) * cap * hd, (from * KV + h) * cap * hd, ((from * KV + h) * cap + n) * hd);
+    }
+    this.mask.copyWithin(to * cap, from * cap, (from + 1) * cap);
+    this.cols[to] = n;
   }
 
   /** Copies row `from` of `src` (its filled slots and mask) into row `to` of this cache. */
