@@ -51,6 +51,8 @@ export interface DecodeBackend {
   prefill(group: PrefillGroup, pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut>;
   /** Gives new row `to` a parked copy of row `from`'s cache (`from` in the batch or parked). */
   copy(from: number, to: number): Promise<void>;
+  /** Appends new row `to` to the batch with a copy of row `from`'s cache (`from` in the batch or parked; one copy, not `copy` then `join`). */
+  clone(from: number, to: number): Promise<void>;
   /** Frees a parked row's cache. */
   free(row: number): void;
   /** Frees everything. */

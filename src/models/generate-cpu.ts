@@ -153,6 +153,16 @@ export class CpuBackend implements DecodeBackend {
     this.parked.set(to, own);
   }
 
+  async clone(from: number, to: number): Promise<void> {
+    const src = this.parked.get(from);
+    const b = src ? 0 : this.order.indexOf(from);
+    if (b < 0) throw new Error(`generation: row ${from} has no cache`);
+    const caches = src ?? this.batch!;
+    const batch = this.batchCaches(caches[0].cols[b]);
+    batch.forEach((c, k) => c.copyRow(caches[k], b, c.addRows(1)));
+    this.order.push(to);
+  }
+
   free(row: number): void {
     this.parked.delete(row);
   }

@@ -535,6 +535,11 @@ export class DeviceBackend implements DecodeBackend {
     this.parked.set(to, await this.rowsOf(own ?? this.batch!, [b], true));
   }
 
+  async clone(from: number, to: number): Promise<void> {
+    await this.copy(from, to);
+    await this.join([to]);
+  }
+
   free(row: number): void {
     const own = this.parked.get(row);
     if (own) for (const c of own.caches) disposeAll(c);

@@ -451,8 +451,10 @@ export class GenerationSession {
         return false;
       });
       for (const [id, r] of copies) {
-        await b.copy(id, r.id);
-        r.where = 'parked';
+        // Straight into the batch: the row draws its first token from the prompt's logits now and
+        // steps with the batch from the next iteration.
+        await b.clone(id, r.id);
+        r.where = 'batch';
         r.cached = r.seq.length;
         r.ready = this.prompts.get(r.key)!.logits;
         ready.push(r);
@@ -527,8 +529,7 @@ export class GenerationSession {
           this.prompts.set(r.key, { id, logits: out.logits!.map((l) => l.slice(i * this.vocab, i * this.vocab + this.limit)) });
         }
         for (const d of group(r).slice(1)) {
-          await b.copy(r.id, d.id);
-          await b.join([d.id]);
+          await b.clone(r.id, d.id);
           d.cached = d.seq.length;
           d.where = 'batch';
           answers.push({ row: d, out, i: run.rows.indexOf(r) });
