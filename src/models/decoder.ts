@@ -174,8 +174,9 @@ export class Decoder {
     if (pick) Object.assign(feeds, pickFeeds(pick, cache.rows));
     // One row: the products as x·Wᵀ, which MLAS runs for a single row as a vector-matrix product
     // reading W in place (its M = 1 kernel); the weight-first form's transposed x would make it pad
-    // the one column to a panel of 16 and multiply all of them.
-    const kind = cache.rows === 1 ? 'step1' : 'step';
+    // the one column to a panel of 16 and multiply all of them. Baked weights are x·Wᵀ in every step
+    // graph already (prepacked), and a second session would hold a second copy of them.
+    const kind = cache.rows === 1 && !this.baked ? 'step1' : 'step';
     await (await this.session(kind, headOf(pick))).run(feeds, cache.outputs(pick?.head));
     cache.writeStep((name) => cache.newSlot(name));
     return pick ? (pick.head === 'sample' ? { tokens: cache.tokens(), logps: cache.logps() } : { tokens: cache.tokens() }) : { logits: cache.logits() };
