@@ -1,6 +1,6 @@
 /**
  * The preallocated cache (SlotCache) against no cache at all: generateIds — prefill into a cache of
- * a chunk of slots, steps written in place (one row alone through the one-row step graph), the cache
+ * a chunk of slots, steps written in place (one or two rows through the small-batch step graph), the cache
  * grown past its first chunk, rows leaving the batch as they stop — gives the tokens of greedy
  * decoding where every token's logits come from a prefill of the whole sequence so far (a row of a
  * session asking for its logits, no cache carried; online-decode.test.ts holds the prefill to the

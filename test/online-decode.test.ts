@@ -57,7 +57,7 @@ describe('KV-cache decoding', () => {
       const promptLens = [2, 5, 3];
       const steps = 4;
       const batched = await cachedLogits(c, w, rows, promptLens, steps);
-      // The middle row alone too: a one-row batch steps through its own graph (`step1`, x·Wᵀ products).
+      // The middle row alone too: a batch of one or two rows steps through its own graph (`stepSmall`, x·Wᵀ products).
       const alone = await cachedLogits(c, w, [rows[1]], [promptLens[1]], steps);
       const full = await runModel(c, w, pad(rows.map((r) => ({ ids: r, loss: r.map(() => 1) })), 9, ['right', 'right', 'right']));
       const V = c.vocab_size;

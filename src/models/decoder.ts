@@ -43,8 +43,8 @@ export type Pick = { head: 'greedy'; limit: number } | { head: 'sample'; limit: 
  */
 export type Picked = { tokens: BigInt64Array; logps?: Float64Array; logits?: undefined } | { logits: Float32Array; tokens?: undefined };
 
-/** `step1`: the step graph of a one-row batch (see `step`). */
-type GraphKind = 'prefill' | 'step' | 'step1' | 'extend';
+/** `stepSmall`: the step graph of a batch of one or two rows (see `step`). */
+type GraphKind = 'prefill' | 'step' | 'stepSmall' | 'extend';
 
 export class Decoder {
   private params: Feeds = {};
@@ -78,7 +78,7 @@ export class Decoder {
     const key = `${kind}/${head}`;
     let s = this.sessions.get(key);
     if (!s) {
-      const weightFirst = kind !== 'step1' && (this.build.runtime?.ep ?? 'cpu') === 'cpu';
+      const weightFirst = kind !== 'stepSmall' && (this.build.runtime?.ep ?? 'cpu') === 'cpu';
       const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst });
       s = Session.fromGraph(g, this.build.runtime);
       this.sessions.set(key, s);
@@ -172,11 +172,12 @@ export class Decoder {
     const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [cache.rows, 1]), attention_mask: cache.stepMask() };
     Object.assign(feeds, cache.pastFeeds());
     if (pick) Object.assign(feeds, pickFeeds(pick, cache.rows));
-    // One row: the products as x·Wᵀ, which MLAS runs for a single row as a vector-matrix product
-    // reading W in place (its M = 1 kernel); the weight-first form's transposed x would make it pad
-    // the one column to a panel of 16 and multiply all of them. Baked weights are x·Wᵀ in every step
-    // graph already (prepacked), and a second session would hold a second copy of them.
-    const kind = cache.rows === 1 && !this.baked ? 'step1' : 'step';
+    // One or two rows: the products as x·Wᵀ. MLAS runs a single row as a vector-matrix product
+    // reading W in place (its M = 1 kernel), where the weight-first form's transposed x would make it
+    // pad the one column to a panel of 16 and multiply all of them; at two rows packing W costs less
+    // than the padding still (docs/performance.md: 1.09× a step; at four, even). Baked weights are
+    // x·Wᵀ in every step graph already (prepacked), and a second session would copy them again.
+    const kind = cache.rows <= 2 && !this.baked ? 'stepSmall' : 'step';
     await (await this.session(kind, headOf(pick))).run(feeds, cache.outputs(pick?.head));
     cache.writeStep((name) => cache.newSlot(name));
     return pick ? (pick.head === 'sample' ? { tokens: cache.tokens(), logps: cache.logps() } : { tokens: cache.tokens() }) : { logits: cache.logits() };
