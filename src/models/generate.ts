@@ -560,8 +560,11 @@ export class GenerationSession {
       if (!logits) {
         tok = Number(a.out!.tokens![a.i]);
         // The graph's log-probability of its draw; a greedy pick's is 0, as logProb's.
-        const lp = (a.out as { logps?: ArrayLike<number> }).logps;
-        if (this.o.logprobs) w.logps.push(lp ? lp[a.i] : 0);
+        if (this.o.logprobs) {
+          const lp = (a.out as { logps?: ArrayLike<number> }).logps;
+          if (!lp && this.sampling.temperature !== 0) throw new Error('generation: a backend drew tokens without their log-probabilities');
+          w.logps.push(lp ? lp[a.i] : 0);
+        }
       } else {
         const mixed = mixLogits(logits.map((l, k) => ({ logits: l, weight: this.parts[k].weight })));
         tok = sampleToken(mixed, this.sampling, r.rng);
