@@ -1,56 +1,37 @@
 /**
- * The preallocated cache (SlotCache) against the concatenating one: generateIds — prefill into a
- * cache of a chunk of slots, steps written in place, the cache grown past its first chunk, rows
- * leaving the batch as they stop — gives the tokens of a plain loop over Decoder.forward, which
- * returns past ++ new and drops finished rows by copying (and which online-decode.test.ts holds to
- * the full forward and the float64 reference).
+ * The preallocated cache (SlotCache) against no cache at all: generateIds — prefill into a cache of
+ * a chunk of slots, steps written in place (one or two rows through the small-batch step graph), the cache
+ * grown past its first chunk, rows leaving the batch as they stop — gives the tokens of greedy
+ * decoding where every token's logits come from a prefill of the whole sequence so far (a row of a
+ * session asking for its logits, no cache carried; online-decode.test.ts holds the prefill to the
+ * full forward and the float64 reference).
  */
 import { describe, expect, it } from 'vitest';
-import { Decoder, generateIds, selectCacheRows, type KVCache } from '../src/models/generate.ts';
+import { Decoder, GenerationSession, generateIds } from '../src/models/generate.ts';
 import type { ModelConfig } from '../src/models/config.ts';
 import type { FloatTensor } from '../src/models/checkpoint.ts';
 import { sampleRandom } from '../src/models/sampling.ts';
+import { SeededRandom } from '../src/random.ts';
 import { randomWeights, testConfig } from './helpers/model-fixtures.ts';
 
-/** Greedy decoding of each prompt by Decoder.forward, rows leaving at a stop id or maxNew tokens. */
-async function forwardLoop(c: ModelConfig, w: Map<string, FloatTensor>, prompts: number[][], maxNew: number, stop: number[]): Promise<number[][]> {
+/** Greedy decoding of each prompt to maxNew tokens, each token's logits from a prefill of all tokens so far. */
+async function prefillLoop(c: ModelConfig, w: Map<string, FloatTensor>, prompts: number[][], maxNew: number): Promise<number[][]> {
   const dec = await Decoder.create(c, w, {});
-  const P0 = Math.max(...prompts.map((p) => p.length));
-  let B = prompts.length;
-  let ids = new BigInt64Array(B * P0).fill(2n);
-  let mask = new BigInt64Array(B * P0);
-  prompts.forEach((p, b) => p.forEach((t, i) => ((ids[b * P0 + P0 - p.length + i] = BigInt(t)), (mask[b * P0 + P0 - p.length + i] = 1n))));
-  let cache: KVCache | null = null;
-  let active = prompts.map((_, i) => i);
-  const out = prompts.map((): number[] => []);
-  let L = P0;
-  const V = c.vocab_size;
-  while (active.length) {
-    const r = await dec.forward(ids, mask, B, cache);
-    const keep: number[] = [];
-    const next: bigint[] = [];
-    active.forEach((row, b) => {
-      const l = r.logits.subarray(b * V, b * V + V);
+  const s = GenerationSession.open(dec);
+  const out: number[][] = [];
+  for (const p of prompts) {
+    const ids: number[] = [];
+    while (ids.length < maxNew) {
+      const row = s.start([...p, ...ids], new SeededRandom(0));
+      const l = await row.logits();
+      row.close();
       let best = 0;
-      for (let v = 1; v < V; v++) if (l[v] > l[best]) best = v;
-      out[row].push(best);
-      if (!stop.includes(best) && out[row].length < maxNew) {
-        keep.push(b);
-        next.push(BigInt(best));
-      }
-    });
-    cache = keep.length < B ? selectCacheRows(r.cache, keep) : r.cache;
-    const m = new BigInt64Array(keep.length * (L + 1));
-    keep.forEach((b, i) => {
-      m.set(mask.subarray(b * L, (b + 1) * L), i * (L + 1));
-      m[i * (L + 1) + L] = 1n;
-    });
-    mask = m;
-    L++;
-    active = keep.map((b) => active[b]);
-    B = keep.length;
-    ids = BigInt64Array.from(next);
+      for (let v = 1; v < l.length; v++) if (l[v] > l[best]) best = v;
+      ids.push(best);
+    }
+    out.push(ids);
   }
+  await s.close();
   await dec.release();
   return out;
 }
@@ -58,19 +39,23 @@ async function forwardLoop(c: ModelConfig, w: Map<string, FloatTensor>, prompts:
 describe('preallocated KV cache', () => {
   const prompts = [[3, 9, 1, 4], [2, 7], [14, 15, 9, 26, 5, 35, 8, 9, 7], [11], [6, 6, 6, 6, 6, 6]];
   for (const [arch, maxNew] of [['llama', 45], ['mistral', 45], ['gpt2', 20]] as const) {
-    it(`${arch}: generateIds (in place, grown, rows leaving) = the concatenating loop`, async () => {
+    it(`${arch}: generateIds (in place, grown, rows leaving, one row alone) = greedy over full prefills`, async () => {
       const c = testConfig(arch);
       const w = randomWeights(c, 3);
       // Stop ids chosen from the greedy run itself, so some rows stop early and others run to maxNew.
-      const free = await forwardLoop(c, w, prompts, maxNew, []);
+      const free = await prefillLoop(c, w, prompts, maxNew);
       const stop = [free[1][6], free[3][20]];
-      const want = await forwardLoop(c, w, prompts, maxNew, stop);
+      // Greedy tokens do not depend on the stop ids: each row's are the free run's up to its first stop.
+      const want = free.map((ids) => ids.slice(0, ids.findIndex((t) => stop.includes(t)) + 1 || ids.length));
       expect(new Set(want.map((x) => x.length)).size).toBeGreaterThan(1);
       const dec = await Decoder.create(c, w, {});
       const got = await generateIds([{ decoder: dec, weight: 1 }], prompts.map((p, i) => ({ promptIds: p, rng: sampleRandom(0, i, 0) })), { temperature: 0, maxNewTokens: maxNew, stopIds: stop, padId: 2 });
+      // The longest prompt alone: the one-row step graph.
+      const [solo] = await generateIds([{ decoder: dec, weight: 1 }], [{ promptIds: prompts[2], rng: sampleRandom(0, 2, 0) }], { temperature: 0, maxNewTokens: maxNew, stopIds: stop, padId: 2 });
       await dec.release();
       expect(got.map((g) => g.ids)).toEqual(want);
       expect(got.map((g) => g.stopped)).toEqual(want.map((x) => stop.includes(x[x.length - 1])));
+      expect(solo.ids).toEqual(want[2]);
     });
   }
 

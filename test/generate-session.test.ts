@@ -12,7 +12,7 @@
  * test/online-decode.test.ts holds the prefill itself to a float64 reference.
  */
 import { describe, expect, it } from 'vitest';
-import { Decoder, GenerationSession, generateIds, type Segment } from '../src/models/generate.ts';
+import { Decoder, GenerationSession, generateIds, stopStringEnds, type Segment } from '../src/models/generate.ts';
 import { sampleRandom } from '../src/models/sampling.ts';
 import { SeededRandom } from '../src/random.ts';
 import type { Arch } from '../src/models/config.ts';
@@ -143,6 +143,17 @@ describe('generation session', () => {
     const plain = await generateIds([{ decoder: dec, weight: 1 }], reqs(), { ...o, maxNewTokens: 12, stopIds: [], padId: 0 });
     const withLogps = await generateIds([{ decoder: dec, weight: 1 }], reqs(), { ...o, maxNewTokens: 12, stopIds: [], padId: 0, logprobs: true });
     expect(withLogps.map((x) => x.ids)).toEqual(plain.map((x) => x.ids));
+    // The graph's draw returns the log-probabilities the host computes from the logits (float64 both,
+    // summed in another order): equal once rounded to float32, or one float32 step apart where the
+    // two float64 values straddle a rounding boundary.
+    const onHost = await generateIds([{ decoder: dec, weight: 1 }], reqs(), { ...o, maxNewTokens: 12, stopIds: [], padId: 0, logprobs: true, hostSampling: true });
+    expect(onHost.map((x) => x.ids)).toEqual(plain.map((x) => x.ids));
+    for (let i = 0; i < 3; i++) {
+      for (let t = 0; t < 12; t++) {
+        const [g, h] = [withLogps[i].logps![t], onHost[i].logps![t]];
+        expect(Math.abs(g - h), `row ${i} token ${t}: ${g} vs ${h}`).toBeLessThanOrEqual(Math.abs(h) * 2 ** -23);
+      }
+    }
     for (let i = 0; i < 3; i++) {
       const prompt = reqs()[i].promptIds;
       for (let t = 0; t < 12; t += 5) {
@@ -161,6 +172,32 @@ describe('generation session', () => {
     const end = text.indexOf(stop) + stop.length;
     expect(seg).toEqual({ ids: plain[0].ids.slice(0, end), stop: 'stop-string' });
     await dec.release();
+  });
+
+  it('stop strings are found from the text of the last tokens: the token a whole-segment search first finds one at, decoding a few tokens a check', () => {
+    const rng = new SeededRandom([5, 6, 7, 8]);
+    // Pieces of 0 to 12 characters (an empty one, as a partial UTF-8 byte decodes), the leading space
+    // of the whole text stripped as SentencePiece's decoder does: the tail's text is not always the
+    // whole text's tail.
+    const pieces = ['', '', '', '', 'a', 'b', 'ab', ' a', 'ba', 'abc', '          ', 'xyzxyzxyzxyz', ' ', 'c', 'bca', 'cxyzxyzxyzxyz'];
+    let decoded = 0;
+    const decode = (ids: readonly number[]) => ((decoded += ids.length), ids.map((t) => pieces[t]).join('').replace(/^ /, ''));
+    let found = 0;
+    for (let trial = 0; trial < 200; trial++) {
+      const stops = trial % 2 ? ['abca', 'c b'] : ['bab'];
+      const seg = Array.from({ length: 60 }, () => Math.floor(rng.next() * pieces.length));
+      const whole = seg.findIndex((_, k) => stops.some((x) => decode(seg.slice(0, k + 1)).includes(x)));
+      const tail = seg.findIndex((_, k) => stopStringEnds(seg.slice(0, k + 1), stops, decode));
+      expect(tail, `trial ${trial}`).toBe(whole);
+      if (whole >= 0) found++;
+    }
+    expect(found).toBeGreaterThan(100);
+    // A few tokens decoded per check, not the segment so far: over 400 tokens and no stop, a
+    // whole-segment check decodes 80,200 ids in all.
+    const long = Array.from({ length: 400 }, () => Math.floor(rng.next() * pieces.length));
+    decoded = 0;
+    for (let k = 0; k < long.length; k++) expect(stopStringEnds(long.slice(0, k + 1), ['qq'], decode)).toBe(false);
+    expect(decoded).toBeLessThan(40 * 400);
   });
 
   it('shared prompts and continuous batching give the tokens of left-padded batches, more requests than rows', async () => {

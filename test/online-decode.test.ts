@@ -13,34 +13,32 @@ import type { FloatTensor } from '../src/models/checkpoint.ts';
 import { pad, randomWeights, runModel, testConfig } from './helpers/model-fixtures.ts';
 import { referenceLogits } from './helpers/reference-forward.ts';
 
-/** Decodes `rows` token by token after left-padded prompts and returns each step's logits per row. */
+/**
+ * Decodes `rows` token by token after left-padded prompts and returns each step's logits per row:
+ * the generation's own path (the prefill into a `SlotCache`, then one step graph run per token,
+ * keys/values written into the cache in place; the cache starts at a chunk of slots and grows).
+ */
 async function cachedLogits(c: ModelConfig, w: Map<string, FloatTensor>, rows: number[][], promptLens: number[], steps: number): Promise<Float32Array[][]> {
   const dec = await Decoder.create(c, w, {});
   const B = rows.length;
   const P0 = Math.max(...promptLens);
   const ids = new BigInt64Array(B * P0).fill(5n);
-  let mask = new BigInt64Array(B * P0);
+  const mask = new BigInt64Array(B * P0);
   rows.forEach((r, b) => {
     for (let t = 0; t < promptLens[b]; t++) {
       ids[b * P0 + P0 - promptLens[b] + t] = BigInt(r[t]);
       mask[b * P0 + P0 - promptLens[b] + t] = 1n;
     }
   });
-  let out = await dec.forward(ids, mask, B, null);
+  const cache = dec.newCache(B, P0 + 1, P0 + steps);
+  cache.addRows(B);
+  let out = await dec.prefill(cache, 0, ids, mask, B);
   const V = c.vocab_size;
   const got: Float32Array[][] = [];
-  let L = P0;
   for (let s = 0; ; s++) {
-    got.push(rows.map((_, b) => out.logits.slice(b * V, (b + 1) * V)));
+    got.push(rows.map((_, b) => out.logits!.slice(b * V, (b + 1) * V)));
     if (s === steps) break;
-    const next = new BigInt64Array(B * (L + 1));
-    for (let b = 0; b < B; b++) {
-      next.set(mask.subarray(b * L, (b + 1) * L), b * (L + 1));
-      next[b * (L + 1) + L] = 1n;
-    }
-    mask = next;
-    L++;
-    out = await dec.forward(BigInt64Array.from(rows.map((r, b) => BigInt(r[promptLens[b] + s]))), mask, B, out.cache);
+    out = await dec.step(BigInt64Array.from(rows.map((r, b) => BigInt(r[promptLens[b] + s]))), cache);
   }
   await dec.release();
   return got;
@@ -58,21 +56,25 @@ describe('KV-cache decoding', () => {
       ];
       const promptLens = [2, 5, 3];
       const steps = 4;
-      const got = await cachedLogits(c, w, rows, promptLens, steps);
+      const batched = await cachedLogits(c, w, rows, promptLens, steps);
+      // The middle row alone too: a batch of one or two rows steps through its own graph (`stepSmall`, x·Wᵀ products).
+      const alone = await cachedLogits(c, w, [rows[1]], [promptLens[1]], steps);
       const full = await runModel(c, w, pad(rows.map((r) => ({ ids: r, loss: r.map(() => 1) })), 9, ['right', 'right', 'right']));
       const V = c.vocab_size;
       let maxFull = 0;
       let maxRef = 0;
-      rows.forEach((r, b) => {
-        const ref = referenceLogits(c, w, r);
-        for (let s = 0; s <= steps; s++) {
-          const t = promptLens[b] + s - 1; // position whose logits predict the next token
-          for (let v = 0; v < V; v++) {
-            maxFull = Math.max(maxFull, Math.abs(got[s][b][v] - full.logits[(b * 9 + t) * V + v]));
-            maxRef = Math.max(maxRef, Math.abs(got[s][b][v] - ref[t][v]) / Math.max(1, Math.abs(ref[t][v])));
+      for (const [got, which] of [[batched, [0, 1, 2]], [alone, [1]]] as const) {
+        which.forEach((b, i) => {
+          const ref = referenceLogits(c, w, rows[b]);
+          for (let s = 0; s <= steps; s++) {
+            const t = promptLens[b] + s - 1; // position whose logits predict the next token
+            for (let v = 0; v < V; v++) {
+              maxFull = Math.max(maxFull, Math.abs(got[s][i][v] - full.logits[(b * 9 + t) * V + v]));
+              maxRef = Math.max(maxRef, Math.abs(got[s][i][v] - ref[t][v]) / Math.max(1, Math.abs(ref[t][v])));
+            }
           }
-        }
-      });
+        });
+      }
       expect(maxFull).toBeLessThan(1e-5);
       expect(maxRef).toBeLessThan(1e-4);
     });

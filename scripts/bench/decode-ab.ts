@@ -6,10 +6,11 @@
  * taken under the same load. `--threads` sets ONNX Runtime's intra-op threads (1: the process CPU
  * time is then the steadiest figure on a loaded machine).
  * Same shape as `bench --generate`: a random-initialised preset, fed weights, multinomial sampling,
- * no stop ids. Prints the median ms per step (prefill subtracted) per variant and round, wall and
- * process CPU time (the CPU time is the steadier figure on a shared machine).
+ * no stop ids (`--logprobs`: every variant also returns each token's log-probability, as GRPO asks).
+ * Prints the median ms per step (prefill subtracted) per variant and round, wall and process CPU
+ * time (the CPU time is the steadier figure on a shared machine).
  *
- *   node --import tsx scripts/bench/decode-ab.ts --base DIR [--preset small] [--batch 32] [--prompt 32] [--new 64] [--rounds 3] [--threads N] [--host]
+ *   node --import tsx scripts/bench/decode-ab.ts --base DIR [--preset small] [--batch 32] [--prompt 32] [--new 64] [--rounds 3] [--threads N] [--host] [--logprobs]
  */
 import os from 'node:os';
 import path from 'node:path';
@@ -30,6 +31,7 @@ const { values: a } = parseArgs({
     rounds: { type: 'string', default: '3' },
     threads: { type: 'string' },
     host: { type: 'boolean', default: false },
+    logprobs: { type: 'boolean', default: false },
   },
 });
 const B = Number(a.batch);
@@ -57,7 +59,7 @@ const reqs = (seed: number) => Array.from({ length: B }, (_, i) => ({ promptIds:
 async function gen(v: Variant, n: number): Promise<[number, number]> {
   const c0 = process.cpuUsage();
   const t0 = performance.now();
-  await v.mod.generateIds([{ decoder: v.dec! as never, weight: 1 }], reqs(n) as never, { temperature: 1, maxNewTokens: n, stopIds: [], padId: 0, batchSize: B, hostSampling: v.host } as never);
+  await v.mod.generateIds([{ decoder: v.dec! as never, weight: 1 }], reqs(n) as never, { temperature: 1, maxNewTokens: n, stopIds: [], padId: 0, batchSize: B, hostSampling: v.host, logprobs: a.logprobs } as never);
   const c = process.cpuUsage(c0);
   return [performance.now() - t0, (c.user + c.system) / 1000];
 }

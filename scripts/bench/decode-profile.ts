@@ -66,7 +66,7 @@ for (const ev of traces.sort((x, y) => runsOf(y).length - runsOf(x).length).slic
   const from = timed[0].ts;
   const kernels = ev.filter((e) => e.cat === 'Node' && e.name.endsWith('_kernel_time') && e.ts >= from);
   const kms = sum(kernels.map((e) => e.dur)) / 1000 / timed.length;
-  console.log(`step session: ${(sum(timed.map((e) => e.dur)) / 1000 / timed.length).toFixed(2)} ms per run inside ORT, ${kms.toFixed(2)} ms of kernels`);
+  console.log(`step session: ${(sum(timed.map((e) => e.dur)) / 1000 / timed.length).toFixed(2)} ms per run inside ORT, ${kms.toFixed(2)} ms of kernels (${(kernels.length / timed.length).toFixed(0)} kernels a run)`);
   const table = (title: string, key: (e: Ev) => string) => {
     const m = new Map<string, number>();
     for (const e of kernels) m.set(key(e), (m.get(key(e)) ?? 0) + e.dur);
@@ -74,6 +74,11 @@ for (const ev of traces.sort((x, y) => runsOf(y).length - runsOf(x).length).slic
     for (const [k, v] of [...m].sort((x, y) => y[1] - x[1]).slice(0, Number(a.top))) console.log(`  ${(v / 1000 / timed.length).toFixed(2).padStart(8)} ms ${((100 * v) / 1000 / timed.length / kms).toFixed(1).padStart(5)} %  ${k}`);
   };
   table('by op type (ms per step):', (e) => e.args?.op_name ?? '?');
+  // Each layer's part (attention, MLP, norms) summed over the layers; the rest is the head and the draw.
+  table('by part of a layer (ms per step):', (e) => {
+    const m = /^layers\.\d+\/([^/_]+)/.exec(e.name);
+    return m ? `layers.*/${m[1]} ${e.args?.op_name}` : `outside the layers ${e.args?.op_name}`;
+  });
   table('by node (ms per step):', (e) => `${e.args?.op_name}  ${e.name.slice(0, -'_kernel_time'.length)}`);
 }
 fs.rmSync(dir, { recursive: true, force: true });

@@ -38,6 +38,8 @@ interface Timing {
   prefill_s: number;
   decode_s: number;
   total_s: number;
+  /** Process CPU time of the round (user + system, every thread): steadier than the wall on a shared machine. */
+  cpu_s: number;
 }
 
 export interface RolloutBenchResult {
@@ -76,6 +78,7 @@ export async function runRolloutBench(o: RolloutBenchOptions): Promise<RolloutBe
     setGenerateTimer((label, ms) => label === 'prefill' && (prefill += ms));
     const s = GenerationSession.open(dec, { temperature: 1, maxBatch: o.batch, sharePrompts: shared, continuous: shared, slots: o.prompt + o.newTokens });
     const t0 = performance.now();
+    const c0 = process.cpuUsage();
     try {
       const segs = await Promise.all(
         budgets.map(async (n, j) => {
@@ -87,16 +90,21 @@ export async function runRolloutBench(o: RolloutBenchOptions): Promise<RolloutBe
         }),
       );
       const total = (performance.now() - t0) / 1000;
-      return { timing: { prefill_s: r3(prefill / 1000), decode_s: r3(total - prefill / 1000), total_s: r3(total) }, ids: segs };
+      const c = process.cpuUsage(c0);
+      return { timing: { prefill_s: r3(prefill / 1000), decode_s: r3(total - prefill / 1000), total_s: r3(total), cpu_s: r3((c.user + c.system) / 1e6) }, ids: segs };
     } finally {
       setGenerateTimer(null);
       await s.close();
     }
   };
   log(`${o.preset}: ${o.prompts} prompts × ${o.generations} of ${o.prompt} tokens, up to ${o.newTokens} new, batch ${o.batch}: warming up`);
-  const warm = GenerationSession.open(dec, { maxBatch: 2 });
-  await warm.start(prompts[0].slice(0, 8), new SeededRandom(1), 2).generate();
-  await warm.close();
+  // Every graph both rounds run, built before either is timed: the prefill picking in the graph and
+  // the one returning logits (a shared prompt), the step of several rows and the one-row step.
+  for (const shared of [false, true]) {
+    const warm = GenerationSession.open(dec, { temperature: 1, maxBatch: 2, sharePrompts: shared, continuous: shared });
+    await Promise.all([3, 5].map((n, k) => warm.start(prompts[0].slice(0, 8), new SeededRandom(k), n).generate()));
+    await warm.close();
+  }
   const with_: Timing[] = [];
   const without: Timing[] = [];
   for (let r = 0; r < o.runs; r++) {
@@ -109,7 +117,7 @@ export async function runRolloutBench(o: RolloutBenchOptions): Promise<RolloutBe
     with_.push(b.timing);
   }
   await dec.release();
-  const med = (ts: Timing[]): Timing => ({ prefill_s: median(ts.map((t) => t.prefill_s)), decode_s: median(ts.map((t) => t.decode_s)), total_s: median(ts.map((t) => t.total_s)) });
+  const med = (ts: Timing[]): Timing => ({ prefill_s: median(ts.map((t) => t.prefill_s)), decode_s: median(ts.map((t) => t.decode_s)), total_s: median(ts.map((t) => t.total_s)), cpu_s: median(ts.map((t) => t.cpu_s)) });
   const session = med(with_);
   const padded = med(without);
   return {
@@ -131,7 +139,7 @@ export async function runRolloutBench(o: RolloutBenchOptions): Promise<RolloutBe
 }
 
 export function formatRolloutBench(r: RolloutBenchResult): string {
-  const t = (x: Timing) => `prefill ${x.prefill_s} s, decode ${x.decode_s} s, total ${x.total_s} s`;
+  const t = (x: Timing) => `prefill ${x.prefill_s} s, decode ${x.decode_s} s, total ${x.total_s} s (process CPU ${x.cpu_s} s)`;
   const lines: [string, string][] = [
     ['model', `${r.preset} (random weights), ${r.device}`],
     ['round', `${r.prompts} prompts × ${r.generations} generations = ${r.rows} rows, prompts of ${r.prompt_tokens} tokens, budgets up to ${r.max_new_tokens} (${r.new_tokens} new tokens in all), batch ${r.batch}`],

@@ -7,11 +7,17 @@
  * mixture of models (Nash-MD's), each with its own cache.
  */
 
-/** The token pick inside the graph: greedy, or a draw with each row's uniform number (no top-k/top-p). */
-export type PickSpec = { head: 'greedy'; limit: number } | { head: 'sample'; limit: number; temperature: number };
+/**
+ * The token pick inside the graph: greedy, or a draw with each row's uniform number (no top-k/top-p),
+ * with `logprobs` also each drawn token's log-probability under the distribution it was drawn from.
+ */
+export type PickSpec = { head: 'greedy'; limit: number } | { head: 'sample'; limit: number; temperature: number; logprobs?: boolean };
 
-/** A run's answer for its rows, in their order: the picked tokens, or each part's logits `[n, V]` on the host. */
-export type RunOut = { tokens: ArrayLike<number | bigint>; logits?: undefined } | { logits: Float32Array[]; tokens?: undefined };
+/**
+ * A run's answer for its rows, in their order: the picked tokens (with a `sample` pick that asked for
+ * them, their log-probabilities `logps`), or each part's logits `[n, V]` on the host.
+ */
+export type RunOut = { tokens: ArrayLike<number | bigint>; logps?: ArrayLike<number>; logits?: undefined } | { logits: Float32Array[]; tokens?: undefined };
 
 /** A group of new rows prefilled in one call: their prompts (each row's whole token list). */
 export interface PrefillGroup {
@@ -45,6 +51,8 @@ export interface DecodeBackend {
   prefill(group: PrefillGroup, pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut>;
   /** Gives new row `to` a parked copy of row `from`'s cache (`from` in the batch or parked). */
   copy(from: number, to: number): Promise<void>;
+  /** Appends new row `to` to the batch with a copy of row `from`'s cache (`from` in the batch or parked; one copy, not `copy` then `join`). */
+  clone(from: number, to: number): Promise<void>;
   /** Frees a parked row's cache. */
   free(row: number): void;
   /** Frees everything. */

@@ -54,7 +54,8 @@ export interface DecodeGraphOptions {
  * first argmax of the logits below `vocab_limit` `[1]`. `sample`: `token` `[B]` drawn as
  * src/models/sampling.ts's sampleToken draws without top-k/top-p, in float64: weights
  * e^((l − max)/temperature) over the ids below `vocab_limit`, and the first id whose running sum
- * exceeds `uniform` `[B, 1]` (each row's draw in [0, 1)) times their total. The logits never leave
+ * exceeds `uniform` `[B, 1]` (each row's draw in [0, 1)) times their total; and `logprob` `[B]`
+ * (float64), the token's log-probability under that distribution. The logits never leave
  * the graph. `sample-t1` is `sample` at temperature 1, without the division (x/1 = x). (float64
  * throughout: CPU only.)
  */
@@ -106,7 +107,9 @@ export function buildDecodeGraph(config: ModelConfig, o: DecodeGraphOptions): Gr
     g.output(g.argMax(g.slice(logits, g.ints([0]), vocabLimit, [1]), 1, false), 'token');
     return g;
   }
-  g.output(drawToken(g, logits, vocabLimit, head === 'sample' ? g.input('temperature', 'float64', []) : null), 'token');
+  const draw = drawToken(g, logits, vocabLimit, head === 'sample' ? g.input('temperature', 'float64', []) : null);
+  g.output(draw.token, 'token');
+  g.output(draw.logprob, 'logprob');
   return g;
 }
 
@@ -120,23 +123,26 @@ const DRAW_BLOCK = 128;
  * then within the block the draw lands in: a running sum over all V ids (ONNX Runtime's CumSum, a
  * scalar loop) cost more than the exps. The sums are the same up to float64 rounding (they associate
  * differently), so a draw can change only when its uniform lands within ~1e-16 of a boundary.
- * `logits` [B, V] float32 → the token [B] (int64).
+ * `logits` [B, V] float32 → the token [B] (int64) and its log-probability under those weights,
+ * (l_tok − max)/temperature − log Σ_i w_i [B] (float64, as generate.ts's logProb computes it on the host).
  */
-export function drawToken(g: Graph, logits: Tensor, vocabLimit: Tensor, temperature: Tensor | null): Tensor {
+export function drawToken(g: Graph, logits: Tensor, vocabLimit: Tensor, temperature: Tensor | null): { token: Tensor; logprob: Tensor } {
   const V = logits.shape![1] as number;
   const K = DRAW_BLOCK;
   const batch = g.dim(logits, 0);
   const limited = g.where(g.less(g.range(0, V, 1), vocabLimit), logits, g.scalar(-Infinity)); // [B, V]
   // The max of float32 values is one of them: taken before the cast, it is the same number.
   const shifted = g.sub(g.cast(limited, 'float64'), g.cast(g.reduceMax(limited, [1], true), 'float64'));
-  let w = g.exp(temperature ? g.div(shifted, temperature) : shifted); // [B, V], 0 past the limit
+  const scaled = temperature ? g.div(shifted, temperature) : shifted; // [B, V], −∞ past the limit
+  let w = g.exp(scaled); // [B, V], 0 past the limit
   const pad = (K - (V % K)) % K;
   if (pad) w = g.concat([w, g.constantOfShape(g.concat([batch, g.ints([pad])], 0), 0, 'float64')], 1);
   const blocks = g.reshape(w, [0, (V + pad) / K, K]); // [B, nb, K]
   const blockSums = g.reduceSum(blocks, [2], false); // [B, nb]
   const before = g.cumSum(blockSums, 1, { exclusive: true }); // [B, nb]: the sum of the blocks before each
   const through = g.add(before, blockSums);
-  const target = g.mul(g.input('uniform', 'float64', ['batch', 1]), g.slice(through, [-1], [2 ** 40], [1])); // [B, 1]
+  const total = g.slice(through, [-1], [2 ** 40], [1]); // [B, 1]
+  const target = g.mul(g.input('uniform', 'float64', ['batch', 1]), total);
   // The first position whose running sum passes the target is the count of those that do not (the
   // sums never decrease), at most the last position: a target that rounds to the total passes none.
   const firstOver = (running: Tensor, last: number) =>
@@ -146,7 +152,9 @@ export function drawToken(g: Graph, logits: Tensor, vocabLimit: Tensor, temperat
   const i = firstOver(g.add(g.gatherElements(before, j, 1), g.cumSum(inBlock, 1)), K - 1);
   // Past the limit only when the target passed every sum: then the last id below the limit, as
   // sampleToken's loop ends.
-  return g.squeeze(g.min(g.add(g.mul(j, g.constant(K, 'int64')), i), g.sub(vocabLimit, g.constant(1, 'int64'))), [1]);
+  const token = g.min(g.add(g.mul(j, g.constant(K, 'int64')), i), g.sub(vocabLimit, g.constant(1, 'int64'))); // [B, 1]
+  const logprob = g.sub(g.gatherElements(scaled, token, 1), g.log(total)); // [B, 1]
+  return { token: g.squeeze(token, [1]), logprob: g.squeeze(logprob, [1]) };
 }
 
 /**

@@ -14,13 +14,6 @@ import { Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from 
 import { buildDecodeGraph, cacheShape, pastName, presentName, type DecodeHead } from './decode.ts';
 import { DeviceDecode } from './generate-device.ts';
 
-/** The cache of a batch: `[B, KV, L, hd]` per layer and kind, as fed back under the past names. */
-export interface KVCache {
-  rows: number;
-  length: number;
-  tensors: Feeds;
-}
-
 export interface DecoderOptions {
   runtime?: RuntimeOptions;
   /**
@@ -44,10 +37,14 @@ export interface DecoderOptions {
  */
 export type Pick = { head: 'greedy'; limit: number } | { head: 'sample'; limit: number; temperature: number; uniform: Float64Array };
 
-/** A run's result: the picked tokens `[B]`, or the logits `[B, V]`. */
-export type Picked = { tokens: BigInt64Array; logits?: undefined } | { logits: Float32Array; tokens?: undefined };
+/**
+ * A run's result: the picked tokens `[B]` (with `sample`, each one's log-probability under the
+ * distribution it was drawn from, `logps` `[B]`), or the logits `[B, V]`.
+ */
+export type Picked = { tokens: BigInt64Array; logps?: Float64Array; logits?: undefined } | { logits: Float32Array; tokens?: undefined };
 
-type GraphKind = 'prefill' | 'step' | 'extend';
+/** `stepSmall`: the step graph of a batch of one or two rows (see `step`). */
+type GraphKind = 'prefill' | 'step' | 'stepSmall' | 'extend';
 
 export class Decoder {
   private params: Feeds = {};
@@ -81,7 +78,7 @@ export class Decoder {
     const key = `${kind}/${head}`;
     let s = this.sessions.get(key);
     if (!s) {
-      const weightFirst = (this.build.runtime?.ep ?? 'cpu') === 'cpu';
+      const weightFirst = kind !== 'stepSmall' && (this.build.runtime?.ep ?? 'cpu') === 'cpu';
       const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst });
       s = Session.fromGraph(g, this.build.runtime);
       this.sessions.set(key, s);
@@ -132,41 +129,6 @@ export class Decoder {
     return this.config.vocab_size;
   }
 
-  /**
-   * Runs S new tokens per row (S = 1 with a cache). `ids` [B, S]; `mask` [B, L] covers the cache and the new tokens.
-   * Returns the logits of each row's last new token `[B, V]` and the extended cache (a new one:
-   * `cache` is not changed). A plain reference path for tests: generation uses `SlotCache`.
-   */
-  async forward(ids: BigInt64Array, mask: BigInt64Array, rows: number, cache: KVCache | null): Promise<{ logits: Float32Array; cache: KVCache }> {
-    const S = ids.length / rows;
-    const L = mask.length / rows;
-    if (cache && S !== 1) throw new Error(`decoder: a step with a cache feeds one token per row, got ${S}`);
-    const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [rows, S]), attention_mask: toOrt('int64', mask, [rows, L]) };
-    if (cache) Object.assign(feeds, cache.tensors);
-    const out = await (await this.session(cache ? 'step' : 'prefill', 'logits')).run(feeds);
-    const { layers, kvHeads: KV, headDim: hd } = cacheShape(this.config);
-    const tensors: Feeds = {};
-    for (let i = 0; i < layers; i++) {
-      for (const kv of ['key', 'value'] as const) {
-        const cur = out[presentName(i, kv)].data as Float32Array;
-        if (!cache) {
-          tensors[pastName(i, kv)] = toOrt('float32', cur, [rows, KV, S, hd]);
-          continue;
-        }
-        // past ++ new along the positions, row and head by row and head.
-        const past = cache.tensors[pastName(i, kv)].data as Float32Array;
-        const P = cache.length;
-        const full = new Float32Array(rows * KV * (P + S) * hd);
-        for (let r = 0; r < rows * KV; r++) {
-          full.set(past.subarray(r * P * hd, (r + 1) * P * hd), r * (P + S) * hd);
-          full.set(cur.subarray(r * S * hd, (r + 1) * S * hd), (r * (P + S) + P) * hd);
-        }
-        tensors[pastName(i, kv)] = toOrt('float32', full, [rows, KV, P + S, hd]);
-      }
-    }
-    return { logits: out.logits.data as Float32Array, cache: { rows, length: L, tensors } };
-  }
-
   /** A new cache for up to `maxRows` rows, with room for `capacity` slots to start and `maxCapacity` reserved. */
   newCache(maxRows: number, capacity: number, maxCapacity = capacity): SlotCache {
     const c = new SlotCache(cacheShape(this.config), maxRows, capacity, this.vocabSize, maxCapacity, this.spare);
@@ -184,6 +146,7 @@ export class Decoder {
     const V = this.vocabSize;
     const session = await this.session('prefill', headOf(pick));
     const tokens = new BigInt64Array(pick ? n : 0);
+    const logps = new Float64Array(pick?.head === 'sample' ? n : 0);
     const logits = new Float32Array(pick ? 0 : n * V);
     const chunk = Math.max(1, Math.floor(this.build.prefillTokens / S));
     for (let r0 = 0; r0 < n; r0 += chunk) {
@@ -194,8 +157,9 @@ export class Decoder {
       cache.writePrompt((name) => out[name].data as Float32Array, S, first + r0, k, mask.subarray(r0 * S, (r0 + k) * S));
       if (pick) tokens.set(out.token.data as BigInt64Array, r0);
       else logits.set(out.logits.data as Float32Array, r0 * V);
+      if (pick?.head === 'sample') logps.set(out.logprob.data as Float64Array, r0);
     }
-    return pick ? { tokens } : { logits };
+    return pick ? (pick.head === 'sample' ? { tokens, logps } : { tokens }) : { logits };
   }
 
   /**
@@ -208,9 +172,15 @@ export class Decoder {
     const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [cache.rows, 1]), attention_mask: cache.stepMask() };
     Object.assign(feeds, cache.pastFeeds());
     if (pick) Object.assign(feeds, pickFeeds(pick, cache.rows));
-    await (await this.session('step', headOf(pick))).run(feeds, cache.outputs(pick !== undefined));
+    // One or two rows: the products as x·Wᵀ. MLAS runs a single row as a vector-matrix product
+    // reading W in place (its M = 1 kernel), where the weight-first form's transposed x would make it
+    // pad the one column to a panel of 16 and multiply all of them; at two rows packing W costs less
+    // than the padding still (docs/performance.md: 1.09× a step; at four, even). Baked weights are
+    // x·Wᵀ in every step graph already (prepacked), and a second session would copy them again.
+    const kind = cache.rows <= 2 && !this.baked ? 'stepSmall' : 'step';
+    await (await this.session(kind, headOf(pick))).run(feeds, cache.outputs(pick?.head));
     cache.writeStep((name) => cache.newSlot(name));
-    return pick ? { tokens: cache.tokens() } : { logits: cache.logits() };
+    return pick ? (pick.head === 'sample' ? { tokens: cache.tokens(), logps: cache.logps() } : { tokens: cache.tokens() }) : { logits: cache.logits() };
   }
 
   /**
@@ -225,7 +195,8 @@ export class Decoder {
     if (pick) Object.assign(feeds, pickFeeds(pick, 1));
     const out = await (await this.session('extend', headOf(pick))).run(feeds);
     cache.writeTail(row, (name) => out[name].data as Float32Array, S);
-    return pick ? { tokens: out.token.data as BigInt64Array } : { logits: out.logits.data as Float32Array };
+    if (!pick) return { logits: out.logits.data as Float32Array };
+    return pick.head === 'sample' ? { tokens: out.token.data as BigInt64Array, logps: out.logprob.data as Float64Array } : { tokens: out.token.data as BigInt64Array };
   }
 
   /**
@@ -264,21 +235,6 @@ function pickFeeds(pick: Pick, rows: number, first = 0): Feeds {
   return feeds;
 }
 
-/** Keeps cache rows `keep` (in that order). */
-export function selectCacheRows(cache: KVCache, keep: number[]): KVCache {
-  const tensors: Feeds = {};
-  for (const [name, t] of Object.entries(cache.tensors)) {
-    const [B, KV, L, hd] = t.dims as number[];
-    const row = KV * L * hd;
-    const src = t.data as Float32Array;
-    const dst = new Float32Array(keep.length * row);
-    keep.forEach((r, i) => dst.set(src.subarray(r * row, (r + 1) * row), i * row));
-    if (B !== cache.rows) throw new Error('cache rows disagree');
-    tensors[name] = toOrt('float32', dst, [keep.length, KV, L, hd]) as OrtTensor;
-  }
-  return { rows: keep.length, length: cache.length, tensors };
-}
-
 /** Cache slots are added this many at a time: fixed shapes between, and attention over at most this many unfilled slots. */
 export const SLOT_CHUNK = 32;
 
@@ -302,6 +258,7 @@ export class SlotCache {
   private fresh = new Map<string, Float32Array>();
   private logitsBuf: Float32Array | null = null;
   private tokenBuf: BigInt64Array;
+  private logpBuf: Float64Array;
   private maxCapacity: number;
 
   constructor(
@@ -327,6 +284,7 @@ export class SlotCache {
     this.mask = new BigInt64Array(maxRows * capacity);
     this.cols = new Int32Array(maxRows);
     this.tokenBuf = new BigInt64Array(maxRows);
+    this.logpBuf = new Float64Array(maxRows);
   }
 
   /** The most slots any row has filled. */
@@ -472,12 +430,16 @@ export class SlotCache {
     return feeds;
   }
 
-  /** Preallocated outputs of a step: logits `[B, V]` (or the picked `token` `[B]`) and each layer's new keys/values `[B, KV, 1, hd]`. */
-  outputs(picked: boolean): Record<string, OrtTensor> {
+  /**
+   * Preallocated outputs of a step: logits `[B, V]` without a pick (or the picked `token` `[B]`,
+   * with `sample` its `logprob` `[B]`) and each layer's new keys/values `[B, KV, 1, hd]`.
+   */
+  outputs(pick: Pick['head'] | undefined): Record<string, OrtTensor> {
     const { kvHeads: KV, headDim: hd } = this.geom;
-    const out: Record<string, OrtTensor> = picked
+    const out: Record<string, OrtTensor> = pick
       ? { token: toOrt('int64', this.tokens(), [this.rows]) as OrtTensor }
       : { logits: toOrt('float32', this.logits(), [this.rows, this.vocab]) as OrtTensor };
+    if (pick === 'sample') out.logprob = toOrt('float64', this.logps(), [this.rows]) as OrtTensor;
     for (const [name, buf] of this.fresh) out[name] = toOrt('float32', buf.subarray(0, this.rows * KV * hd), [this.rows, KV, 1, hd]) as OrtTensor;
     return out;
   }
@@ -495,6 +457,10 @@ export class SlotCache {
     return this.tokenBuf.subarray(0, this.rows);
   }
 
+  logps(): Float64Array {
+    return this.logpBuf.subarray(0, this.rows);
+  }
+
   /** Hands the cache buffers over (for a later cache); this cache is unusable after. */
   release(): Float32Array[] {
     const out = [...this.buffers.values()];
@@ -502,17 +468,16 @@ export class SlotCache {
     return out;
   }
 
-  /** Keeps rows `keep` (ascending), moving them up in place. */
-  keepRows(keep: readonly number[]): void {
+  /** Moves row `from` (its filled slots, mask and count) to row `to` of this cache; `from` is left as it was. */
+  moveRow(from: number, to: number): void {
     const { kvHeads: KV, headDim: hd } = this.geom;
-    const row = KV * this.capacity * hd;
-    keep.forEach((b, i) => {
-      if (b === i) return;
-      for (const buf of this.buffers.values()) buf.copyWithin(i * row, b * row, (b + 1) * row);
-      this.mask.copyWithin(i * this.capacity, b * this.capacity, (b + 1) * this.capacity);
-      this.cols[i] = this.cols[b];
-    });
-    this.rows = keep.length;
+    const cap = this.capacity;
+    const n = this.cols[from];
+    for (const buf of this.buffers.values()) {
+      for (let h = 0; h < KV; h++) buf.copyWithin((to * KV + h) * cap * hd, (from * KV + h) * cap * hd, ((from * KV + h) * cap + n) * hd);
+    }
+    this.mask.copyWithin(to * cap, from * cap, (from + 1) * cap);
+    this.cols[to] = n;
   }
 
   /** Copies row `from` of `src` (its filled slots and mask) into row `to` of this cache. */

@@ -1,7 +1,7 @@
 /**
  * The generation loop's backend on the host (see backend.ts): per part of the mixture one batch
  * `SlotCache` whose rows step together, and for each parked row a one-row `SlotCache` of its own.
- * Rows leave the batch by moving the others up in place; a parked row joins by being copied into
+ * Rows leave the batch by the last rows moving into their places; a parked row joins by being copied into
  * the next free row; a fork is a copy of the row's filled slots. New rows are prefilled straight
  * into the batch.
  */
@@ -58,18 +58,28 @@ export class CpuBackend implements DecodeBackend {
   async leave(rows: readonly number[], park: (row: number) => boolean): Promise<void> {
     if (rows.length === 0) return;
     const going = new Set(rows);
-    const keep: number[] = [];
     this.order.forEach((r, b) => {
-      if (!going.has(r)) keep.push(b);
-      else if (park(r)) {
-        const own = this.rowCaches(this.batch![0].cols[b]);
-        own.forEach((c, k) => (c.addRows(1), c.copyRow(this.batch![k], b, 0)));
-        this.parked.set(r, own);
-      }
+      if (!going.has(r) || !park(r)) return;
+      const own = this.rowCaches(this.batch![0].cols[b]);
+      own.forEach((c, k) => (c.addRows(1), c.copyRow(this.batch![k], b, 0)));
+      this.parked.set(r, own);
     });
-    for (const c of this.batch ?? []) c.keepRows(keep);
-    this.order = keep.map((b) => this.order[b]);
-    if (this.order.length === 0) this.recycle();
+    // Each hole is filled by the batch's last staying row: a leave moves as many rows as leave, not
+    // every row after it (the rows' order in the batch changes no row's tokens).
+    const order = this.order;
+    let end = order.length;
+    for (let b = 0; b < end; b++) {
+      if (!going.has(order[b])) continue;
+      while (end > b + 1 && going.has(order[end - 1])) end--;
+      end--;
+      if (end > b) {
+        for (const c of this.batch!) c.moveRow(end, b);
+        order[b] = order[end];
+      }
+    }
+    order.length = end;
+    for (const c of this.batch ?? []) c.rows = end;
+    if (end === 0) this.recycle();
   }
 
   async join(rows: readonly number[]): Promise<void> {
@@ -85,11 +95,13 @@ export class CpuBackend implements DecodeBackend {
 
   private pick(spec: PickSpec | null, uniform: Float64Array | null): Pick | undefined {
     if (!spec) return undefined;
-    return spec.head === 'greedy' ? spec : { ...spec, uniform: uniform! };
+    return spec.head === 'greedy' ? spec : { head: 'sample', limit: spec.limit, temperature: spec.temperature, uniform: uniform! };
   }
 
   private answer(results: Picked[]): RunOut {
-    return results[0].tokens ? { tokens: results[0].tokens } : { logits: results.map((r) => r.logits!) };
+    const [r] = results;
+    if (!r.tokens) return { logits: results.map((x) => x.logits!) };
+    return r.logps ? { tokens: r.tokens, logps: r.logps } : { tokens: r.tokens };
   }
 
   async step(tokens: readonly number[], pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut> {
@@ -139,6 +151,16 @@ export class CpuBackend implements DecodeBackend {
     const own = this.rowCaches(caches[0].cols[b]);
     own.forEach((c, k) => (c.addRows(1), c.copyRow(caches[k], b, 0)));
     this.parked.set(to, own);
+  }
+
+  async clone(from: number, to: number): Promise<void> {
+    const src = this.parked.get(from);
+    const b = src ? 0 : this.order.indexOf(from);
+    if (b < 0) throw new Error(`generation: row ${from} has no cache`);
+    const caches = src ?? this.batch!;
+    const batch = this.batchCaches(caches[0].cols[b]);
+    batch.forEach((c, k) => c.copyRow(caches[k], b, c.addRows(1)));
+    this.order.push(to);
   }
 
   free(row: number): void {

@@ -378,7 +378,9 @@ export class DeviceBackend implements DecodeBackend {
     return this.parts.length === 1 && this.parts[0].weight === 1;
   }
 
-  canPick(_pick: PickSpec): boolean {
+  canPick(pick: PickSpec): boolean {
+    // The device draws in float32 and returns no log-probabilities: those rows sample on the host.
+    if (pick.head === 'sample' && pick.logprobs) return false;
     return this.single || this.used.length > 0;
   }
 
@@ -531,6 +533,11 @@ export class DeviceBackend implements DecodeBackend {
     const b = own ? 0 : this.order.indexOf(from);
     if (b < 0) throw new Error(`generation: row ${from} has no cache`);
     this.parked.set(to, await this.rowsOf(own ?? this.batch!, [b], true));
+  }
+
+  async clone(from: number, to: number): Promise<void> {
+    await this.copy(from, to);
+    await this.join([to]);
   }
 
   free(row: number): void {

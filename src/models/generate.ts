@@ -28,7 +28,8 @@ import { CpuBackend } from './generate-cpu.ts';
 import { DeviceBackend } from './generate-device.ts';
 import type { DecodeBackend, PickSpec, RunOut } from './backend.ts';
 
-export { Decoder, SlotCache, selectCacheRows, type DecoderOptions, type KVCache, type Pick, type Picked } from './decoder.ts';
+// The session runs over decoders: callers make them (Decoder.create) from here.
+export { Decoder } from './decoder.ts';
 
 /** One decoder of a mixture and its weight w_i in softmax(Σ w_i·logits_i). */
 export interface MixturePart {
@@ -56,8 +57,8 @@ export interface SessionOptions extends SamplingOptions {
   hostSampling?: boolean;
   /**
    * Return each sampled token's log-probability under the distribution it was drawn from (after
-   * temperature, top-k and top-p; 0 for greedy). Off by default: the logits then come back to the
-   * host and the draw is made there, not in the graph.
+   * temperature, top-k and top-p; 0 for greedy). Where the graph draws (CPU, one model, no
+   * top-k/top-p) it returns them with the token; otherwise they are computed on the host.
    */
   logprobs?: boolean;
   /** Identical prompts starting together are prefilled once (default true). */
@@ -343,10 +344,11 @@ export class GenerationSession {
   }
 
   private pickSpec(): PickSpec | null {
-    if (this.o.hostSampling || this.o.logprobs) return null;
+    if (this.o.hostSampling) return null;
     const s = this.sampling;
     if (this.parts.length === 1 && this.parts[0].weight !== 1) return null;
-    const spec: PickSpec | null = s.temperature === 0 ? { head: 'greedy', limit: this.limit } : s.topK === 0 && s.topP === 1 ? { head: 'sample', limit: this.limit, temperature: s.temperature } : null;
+    const logprobs = this.o.logprobs ?? false;
+    const spec: PickSpec | null = s.temperature === 0 ? { head: 'greedy', limit: this.limit } : s.topK === 0 && s.topP === 1 ? { head: 'sample', limit: this.limit, temperature: s.temperature, logprobs } : null;
     return spec && this.backend.canPick(spec) ? spec : null;
   }
 
@@ -449,8 +451,10 @@ export class GenerationSession {
         return false;
       });
       for (const [id, r] of copies) {
-        await b.copy(id, r.id);
-        r.where = 'parked';
+        // Straight into the batch: the row draws its first token from the prompt's logits now and
+        // steps with the batch from the next iteration.
+        await b.clone(id, r.id);
+        r.where = 'batch';
         r.cached = r.seq.length;
         r.ready = this.prompts.get(r.key)!.logits;
         ready.push(r);
@@ -525,8 +529,7 @@ export class GenerationSession {
           this.prompts.set(r.key, { id, logits: out.logits!.map((l) => l.slice(i * this.vocab, i * this.vocab + this.limit)) });
         }
         for (const d of group(r).slice(1)) {
-          await b.copy(r.id, d.id);
-          await b.join([d.id]);
+          await b.clone(r.id, d.id);
           d.cached = d.seq.length;
           d.where = 'batch';
           answers.push({ row: d, out, i: run.rows.indexOf(r) });
@@ -554,18 +557,24 @@ export class GenerationSession {
         continue;
       }
       let tok: number;
-      if (!logits) tok = Number(a.out!.tokens![a.i]);
-      else {
+      if (!logits) {
+        tok = Number(a.out!.tokens![a.i]);
+        // The graph's log-probability of its draw; a greedy pick's is 0, as logProb's.
+        if (this.o.logprobs) {
+          const lp = (a.out as { logps?: ArrayLike<number> }).logps;
+          if (!lp && this.sampling.temperature !== 0) throw new Error('generation: a backend drew tokens without their log-probabilities');
+          w.logps.push(lp ? lp[a.i] : 0);
+        }
+      } else {
         const mixed = mixLogits(logits.map((l, k) => ({ logits: l, weight: this.parts[k].weight })));
         tok = sampleToken(mixed, this.sampling, r.rng);
         if (this.o.logprobs) w.logps.push(logProb(mixed, tok, this.sampling));
       }
       r.seq.push(tok);
       w.seg.push(tok);
-      const text = this.o.stopStrings?.length ? this.o.decode!(w.seg) : '';
       const reason: StopReason | null = this.stop.has(tok)
         ? 'stop-id'
-        : text && this.o.stopStrings!.some((s) => text.includes(s))
+        : this.o.stopStrings?.length && stopStringEnds(w.seg, this.o.stopStrings, this.o.decode!)
           ? 'stop-string'
           : w.seg.length >= w.budget
             ? 'budget'
@@ -577,6 +586,23 @@ export class GenerationSession {
         w.resolve(this.o.logprobs ? { ids: w.seg, stop: reason, logps: Float32Array.from(w.logps) } : { ids: w.seg, stop: reason });
       }
     }
+  }
+}
+
+/**
+ * Whether the text of `seg` holds one of `stops`, asked after each token: one that is not in the text
+ * before the last token ends in what the last token changed, at the text's end, so only a tail is
+ * decoded — the last n tokens, n doubled from 4 until their text is longer than the last token's own
+ * by the longest stop string and 8 characters (room for a partial character or a stripped leading
+ * space where the tail starts). Each token's check decodes a few tokens, not the whole segment.
+ */
+export function stopStringEnds(seg: readonly number[], stops: readonly string[], decode: (ids: readonly number[]) => string): boolean {
+  let longest = 0;
+  for (const s of stops) longest = Math.max(longest, s.length);
+  const need = decode(seg.slice(-1)).length + longest + 8;
+  for (let n = Math.min(4, seg.length); ; n = Math.min(2 * n, seg.length)) {
+    const text = decode(seg.slice(seg.length - n));
+    if (text.length >= need || n === seg.length) return stops.some((s) => text.includes(s));
   }
 }
 
