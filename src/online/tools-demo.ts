@@ -92,7 +92,7 @@ const drawTable = (r: SeededRandom) => Array.from(KEYS, () => DIGITS[r.int(DIGIT
 
 /** The warm start: SFT on the call format with random arguments; the question's key is masked, so no row holds a question's answer. */
 const WARM_START: Partial<TrainConfig> = {
-  batch_size: 16, learning_rate: 3e-3, max_steps: 250, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
+  batch_size: 32, learning_rate: 3e-3, max_steps: 400, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
   max_length: 192, max_prompt_length: 144, pad_to_multiple_of: 16, lr_scheduler: 'linear', logging_steps: 50, save_steps: 0,
 };
 const WARM_ROWS = 1000;
