@@ -62,7 +62,12 @@ export const USELESS_TOOL: ToolDef<{ k: string }> = {
   run: (_args, ctx) => DIGITS[ctx.rng.int(DIGITS.length)],
 };
 
-const SPEC: ToolSpec = { type: 'function', function: { name: LOOKUP_TOOL.name, description: LOOKUP_TOOL.description, parameters: LOOKUP_TOOL.parameters } };
+/**
+ * The tool as the rollout offers it (the executor's spec, key order included): the warm start must
+ * render the very tools header GRPO's prompts carry. With the keys in another order the start policy,
+ * which learnt the call by its place after the header, wrote broken calls on every GRPO prompt.
+ */
+const SPEC: ToolSpec = toolsFromValues([LOOKUP_TOOL as unknown as ToolDef])[0].spec;
 
 /** One conversation of the task: the question, a call of `get` with `key`, the tool's `value`, the answer. */
 function conversation(question: string, key: string, value: string): Message[] {
@@ -92,7 +97,7 @@ const drawTable = (r: SeededRandom) => Array.from(KEYS, () => DIGITS[r.int(DIGIT
 
 /** The warm start: SFT on the call format with random arguments; the question's key is masked, so no row holds a question's answer. */
 const WARM_START: Partial<TrainConfig> = {
-  batch_size: 32, learning_rate: 3e-3, max_steps: 400, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
+  batch_size: 32, learning_rate: 3e-3, max_steps: 300, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
   max_length: 192, max_prompt_length: 144, pad_to_multiple_of: 16, lr_scheduler: 'linear', logging_steps: 50, save_steps: 0,
 };
 const WARM_ROWS = 1000;
