@@ -10,14 +10,23 @@
  * Then GRPO against the same server for two steps on a tiny random model (`grpo({ mcp, … })`), its
  * tools cut to one with `mcp_tools` (a whole server's list does not fit a tiny model's 512 positions).
  */
-import { mkdtempSync, readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { writeFileSync } from 'node:fs';
 import { JOURNAL_FILE, ToolExecutor, ToolJournal, UserError, grpo, initModel } from 'prefzoo';
 
 const dir = process.argv[2] ?? mkdtempSync(join(tmpdir(), 'prefzoo-mcp-'));
-const command = process.env.MCP ?? 'npx -y @modelcontextprotocol/server-everything stdio';
+// The reference server where it is installed (a clone of prefzoo has it as a dev dependency), else
+// through npx: starting npx can take longer than the protocol's start-up timeout on a busy machine.
+function everything(): string {
+  try {
+    return `node ${JSON.stringify(createRequire(import.meta.url).resolve('@modelcontextprotocol/server-everything/dist/index.js'))} stdio`;
+  } catch {
+    return 'npx -y @modelcontextprotocol/server-everything stdio';
+  }
+}
+const command = process.env.MCP ?? everything();
 const journal = ToolJournal.open(join(dir, JOURNAL_FILE));
 
 let tools: ToolExecutor;

@@ -1,7 +1,6 @@
 import type { Command } from 'commander';
 import { runDemo } from '../../train/demo.ts';
-import { ONLINE_METHODS, type OnlineDemoMethod, runOnlineDemo } from '../../online/demo.ts';
-import { runGrpoDemo } from '../../online/grpo-demo.ts';
+import { METHOD_DEMOS } from '../../online/demos.ts';
 import { terminalReporter } from '../progress.ts';
 import { UserError } from '../../errors.ts';
 import { collect, positiveInt } from '../flags.ts';
@@ -16,12 +15,11 @@ export function register(program: Command): void {
     .option('--param <key=value>', 'a training setting or loss parameter (repeatable)', collect, [])
     .option('-o, --out <dir>', 'keep the model, data and run here (default: a new temporary folder)')
     .option('--json', 'print one JSON line: accuracy_before, accuracy_after, steps, seconds')
-    .option('--method <name>', 'an online method instead of --loss: sppo, nash_md or mpo (sampling + the task judge; reports win_rate_vs_start), or grpo (the accuracy reward; reports heldout_accuracy_start/final)')
+    .option('--method <name>', `an online method's demo instead of --loss: ${Object.entries(METHOD_DEMOS).map(([k, d]) => `${k} (${d.summary})`).join('; ')}`)
     .action(async (o: { loss: string; seed: string; steps?: string; param: string[]; out?: string; json?: boolean; method?: string }) => {
       const seed = Number(o.seed);
       if (!Number.isInteger(seed) || seed < 0) throw new UserError(`--seed must be an integer ≥ 0, got "${o.seed}"`);
-      if (o.method === 'grpo') return grpoDemoCommand({ seed, params: o.param, out: o.out, json: o.json });
-      if (o.method !== undefined) return onlineDemoCommand({ method: o.method, seed, params: o.param, out: o.out, json: o.json });
+      if (o.method !== undefined) return methodDemoCommand({ method: o.method, seed, params: o.param, out: o.out, json: o.json });
       const steps = positiveInt('--steps', o.steps);
       const r = await runDemo({ loss: o.loss, seed, steps, params: o.param, out: o.out, reporter: terminalReporter(o.json) });
       if (o.json) {
@@ -39,38 +37,10 @@ export function register(program: Command): void {
     });
 }
 
-/** `prefzoo demo --method M`: runs the online demo and prints its result (one JSON line with --json). */
-async function onlineDemoCommand(o: { method: string; seed: number; params: string[]; out?: string; json?: boolean }): Promise<void> {
-  if (!(ONLINE_METHODS as readonly string[]).includes(o.method)) throw new UserError(`--method must be one of ${ONLINE_METHODS.join(', ')}, got "${o.method}"`);
-  const r = await runOnlineDemo({ method: o.method as OnlineDemoMethod, seed: o.seed, params: o.params, out: o.out, reporter: terminalReporter(o.json) });
-  if (o.json) {
-    process.stdout.write(JSON.stringify(r) + '\n');
-    return;
-  }
-  process.stdout.write(
-    [
-      `method ${r.method} in ${r.seconds}s`,
-      `win-rate of the final policy's samples vs the starting policy's on ${r.heldout_prompts} held-out prompts: ${r.win_rate_vs_start.toFixed(3)}`,
-      `win-rate on the training prompts (fresh samples): ${r.win_rate_vs_start_train_prompts.toFixed(3)}`,
-      `correct answers, held-out prompts: ${r.heldout_accuracy_start.toFixed(3)} → ${r.heldout_accuracy_final.toFixed(3)}; training prompts: ${r.train_accuracy_start.toFixed(3)} → ${r.train_accuracy_final.toFixed(3)}`,
-      `run folder: ${r.run} (try: npx prefzoo report ${r.run})`,
-    ].join('\n') + '\n',
-  );
-}
-
-/** `prefzoo demo --method grpo`: the GRPO demo (src/online/grpo-demo.ts). */
-async function grpoDemoCommand(o: { seed: number; params: string[]; out?: string; json?: boolean }): Promise<void> {
-  const r = await runGrpoDemo({ seed: o.seed, params: o.params, out: o.out, reporter: terminalReporter(o.json) });
-  if (o.json) {
-    process.stdout.write(JSON.stringify(r) + '\n');
-    return;
-  }
-  process.stdout.write(
-    [
-      `method grpo (reward: accuracy), ${r.steps} steps in ${r.seconds}s`,
-      `right answers among ${r.samples_per_prompt} samples per held-out prompt (${r.heldout_prompts} prompts): ${r.heldout_accuracy_start.toFixed(3)} → ${r.heldout_accuracy_final.toFixed(3)}`,
-      `mean training reward, first → last five logged steps: ${r.reward_mean_start.toFixed(3)} → ${r.reward_mean_final.toFixed(3)}`,
-      `run folder: ${r.run} (try: npx prefzoo report ${r.run})`,
-    ].join('\n') + '\n',
-  );
+/** `prefzoo demo --method M`: runs the method's demo (src/online/demos.ts) and prints its result (one JSON line with --json). */
+async function methodDemoCommand(o: { method: string; seed: number; params: string[]; out?: string; json?: boolean }): Promise<void> {
+  const demo = METHOD_DEMOS[o.method];
+  if (!demo) throw new UserError(`--method must be one of ${Object.keys(METHOD_DEMOS).join(', ')}, got "${o.method}"`);
+  const r = await demo.run({ seed: o.seed, params: o.params, out: o.out, reporter: terminalReporter(o.json) });
+  process.stdout.write(o.json ? JSON.stringify(r) + '\n' : demo.lines(r as never).join('\n') + '\n');
 }

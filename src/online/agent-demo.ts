@@ -1,0 +1,81 @@
+/**
+ * What the two agent demos share (`prefzoo demo --method tools`, tools-demo.ts; `--method env`,
+ * env-demo.ts): their result, the held-out evaluation of a model folder through the multi-turn
+ * rollout (the one GRPO trains with, agent-rollout.ts), and how the figures are kept in the run
+ * folder. Each demo brings its task, its warm start and its GRPO settings.
+ */
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { writeDemoEval } from '../train/demo-eval.ts';
+import type { OnlineDemoOptions } from './demo.ts';
+import { agentRollout, evaluateRewards, type AgentRolloutSettings, type AgentSources } from './grpo/index.ts';
+import { ModelSampler } from './policy.ts';
+import type { PromptRow } from './prompts.ts';
+import type { RewardFunction } from './rewards/index.ts';
+
+export interface AgentDemoOptions extends Omit<OnlineDemoOptions, 'method'> {
+  /** Held-out prompts (episodes per sample slot) to evaluate on; tests shorten it. */
+  heldoutPrompts?: number;
+}
+
+export interface AgentDemoResult {
+  method: 'tools' | 'env';
+  /** Share of solved episodes among the samples of the held-out prompts: the starting policy, the trained one. */
+  heldout_accuracy_start: number;
+  heldout_accuracy_final: number;
+  /**
+   * The trained policy, evaluated the same way with the information withheld: the tool answering
+   * nothing useful, or the environment's feedback replaced by a word that tells nothing.
+   */
+  ceiling_without_tools: number;
+  /** Tool calls per rollout (TRL's tools/call_frequency) in the final evaluation; 0 where the task has no tool. */
+  tool_call_frequency_final: number;
+  /** Assistant turns per rollout in the final evaluation (num_turns/mean). */
+  num_turns_final: number;
+  heldout_prompts: number;
+  samples_per_prompt: number;
+  steps: number;
+  seconds: number;
+  /** The GRPO run folder (metrics.jsonl, final/, demo_eval.json): `prefzoo report` takes it. */
+  run: string;
+}
+
+/** One held-out evaluation: the reward's mean and the run's agent metrics (tools/…, num_turns/…). */
+export interface AgentEval {
+  accuracy: number;
+  metrics: Record<string, number>;
+}
+
+/**
+ * Evaluates the model in `dir` on `rows`: n multi-turn rollouts per prompt at the run's sampling
+ * settings, scored by `reward`. The starting, final and ceiling figures are all drawn with the same
+ * `seed`, so they meet the same episodes (tables, secret numbers) and the same random streams.
+ */
+export async function evaluateAgent(
+  dir: string, rows: readonly PromptRow[], s: AgentRolloutSettings, sources: AgentSources, reward: RewardFunction, o: { n: number; seed: number },
+): Promise<AgentEval> {
+  const policy = await ModelSampler.load(dir);
+  try {
+    const r = await evaluateRewards(policy.tok, policy.decoder, rows, [reward], [1], { rollout: agentRollout(s, sources), n: o.n, seed: o.seed, step: -1, maxCompletionLength: s.max_completion_length, timeout: 60 });
+    return { accuracy: r.perFunction[reward.name], metrics: r.metrics };
+  } finally {
+    await policy.release();
+  }
+}
+
+/**
+ * Keeps the figures in the run folder: the starting and final evaluations as the first and last
+ * metrics rows (the report's charts, under the run's metric names) and RUN/demo_eval.json (the
+ * report's table).
+ */
+export function keepAgentDemoEval(run: string, r: AgentDemoResult, start: AgentEval, final: AgentEval, heldout: string): void {
+  const file = join(run, 'metrics.jsonl');
+  const row = (step: number, e: AgentEval) => JSON.stringify({ step, split: 'eval', ...e.metrics });
+  writeFileSync(file, `${row(0, start)}\n${readFileSync(file, 'utf8')}${row(r.steps, final)}\n`);
+  writeDemoEval(run, {
+    demo: r.method,
+    heldout,
+    metrics: { heldout_accuracy: { before: r.heldout_accuracy_start, after: r.heldout_accuracy_final } },
+    values: { ceiling_without_tools: r.ceiling_without_tools, tool_call_frequency_final: r.tool_call_frequency_final, num_turns_final: r.num_turns_final, steps: r.steps, seconds: r.seconds },
+  });
+}

@@ -1,0 +1,80 @@
+/**
+ * `prefzoo demo --method M`: the online demos, one row each — what runs and the lines printed for
+ * people (`--json` prints the result itself). A new demo is a file of its own and a row here.
+ */
+import type { Reporter } from '../progress.ts';
+import { runOnlineDemo, type OnlineDemoMethod, type OnlineDemoResult } from './demo.ts';
+import { runGrpoDemo, type GrpoDemoResult } from './grpo-demo.ts';
+import type { AgentDemoResult } from './agent-demo.ts';
+import { runToolsDemo } from './tools-demo.ts';
+import { runEnvDemo } from './env-demo.ts';
+
+/** What every online demo takes. */
+export interface MethodDemoOptions {
+  seed: number;
+  /** Extra `key=value` settings of the method's training run (e.g. max_steps=40). */
+  params?: string[];
+  out?: string;
+  /** The progress of the training stages and the demo's notes; none without it. */
+  reporter?: Reporter;
+}
+
+export interface MethodDemo {
+  /** One line for `--help`. */
+  summary: string;
+  run(o: MethodDemoOptions): Promise<{ run: string }>;
+  /** The result as lines for the terminal. */
+  lines(r: never): string[];
+}
+
+const f3 = (x: number) => x.toFixed(3);
+
+function onlineDemo(method: OnlineDemoMethod): MethodDemo {
+  return {
+    summary: `${method} with the task judge (reports win_rate_vs_start)`,
+    run: (o) => runOnlineDemo({ ...o, method }),
+    lines: (r: OnlineDemoResult) => [
+      `method ${r.method} in ${r.seconds}s`,
+      `win-rate of the final policy's samples vs the starting policy's on ${r.heldout_prompts} held-out prompts: ${f3(r.win_rate_vs_start)}`,
+      `win-rate on the training prompts (fresh samples): ${f3(r.win_rate_vs_start_train_prompts)}`,
+      `correct answers, held-out prompts: ${f3(r.heldout_accuracy_start)} → ${f3(r.heldout_accuracy_final)}; training prompts: ${f3(r.train_accuracy_start)} → ${f3(r.train_accuracy_final)}`,
+      `run folder: ${r.run} (try: npx prefzoo report ${r.run})`,
+    ],
+  };
+}
+
+function agentLines(task: string): (r: AgentDemoResult) => string[] {
+  return (r) => [
+    `method grpo ${task}, ${r.steps} steps in ${r.seconds}s`,
+    `episodes solved among ${r.samples_per_prompt} rollouts per held-out prompt (${r.heldout_prompts} prompts): ${f3(r.heldout_accuracy_start)} → ${f3(r.heldout_accuracy_final)}`,
+    `the trained policy without the information (${r.method === 'tools' ? 'the tool answering a random digit' : 'the feedback withheld'}): ${f3(r.ceiling_without_tools)}`,
+    `tool calls per rollout: ${f3(r.tool_call_frequency_final)}; turns per rollout: ${f3(r.num_turns_final)}`,
+    `run folder: ${r.run} (try: npx prefzoo report ${r.run})`,
+  ];
+}
+
+export const METHOD_DEMOS: Record<string, MethodDemo> = {
+  sppo: onlineDemo('sppo'),
+  nash_md: onlineDemo('nash_md'),
+  mpo: onlineDemo('mpo'),
+  grpo: {
+    summary: 'GRPO with the accuracy reward (reports heldout_accuracy_start/final)',
+    run: runGrpoDemo,
+    lines: (r: GrpoDemoResult) => [
+      `method grpo (reward: accuracy), ${r.steps} steps in ${r.seconds}s`,
+      `right answers among ${r.samples_per_prompt} samples per held-out prompt (${r.heldout_prompts} prompts): ${f3(r.heldout_accuracy_start)} → ${f3(r.heldout_accuracy_final)}`,
+      `mean training reward, first → last five logged steps: ${f3(r.reward_mean_start)} → ${f3(r.reward_mean_final)}`,
+      `run folder: ${r.run} (try: npx prefzoo report ${r.run})`,
+    ],
+  },
+  tools: {
+    summary: 'GRPO with an in-process tool: a lookup whose answer only the tool knows (reports heldout_accuracy_start/final, ceiling_without_tools)',
+    run: runToolsDemo,
+    lines: agentLines('with the tool get(k) (look up a key in a table drawn per prompt)'),
+  },
+  env: {
+    summary: 'GRPO with an environment: guess 1–7 in 3 guesses with higher/lower feedback (reports heldout_accuracy_start/final, ceiling_without_tools)',
+    run: runEnvDemo,
+    lines: agentLines('with the environment "guess 1–7 in 3 guesses"'),
+  },
+};

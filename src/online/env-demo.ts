@@ -1,0 +1,172 @@
+/**
+ * `prefzoo demo --method env`: GRPO with an environment (src/agents `Environment`) whose state
+ * changes each turn: guess a secret number from 1 to 7 in 3 guesses, each wrong guess answered
+ * "higher" or "lower". The secret is drawn from the episode's seed, so the G rollouts of a group
+ * play the same game; the environment's reward (1 when a guess hits, else 0) is the only reward
+ * (`rewards/env/mean`). Binary search (4, then 2 or 6, then the last one left) wins every game; with
+ * the feedback withheld no strategy wins more than 3 games in 7 (three distinct guesses of seven).
+ *
+ *   1. a tiny llama warm-started by SFT on games whose guesses are drawn at random, whatever the
+ *      feedback says: it learns to answer with one number and stop, and nothing about which number
+ *   2. `grpo --env` on the game (the multi-turn rollout on the generation session, agent-rollout.ts)
+ *   3. held-out accuracy: the share of games won among 8 rollouts (temperature 1) per held-out episode
+ *      seed, of the starting and the trained policy; and the ceiling: the trained policy playing the
+ *      same games with every wrong guess answered "no" instead of "higher" or "lower"
+ */
+import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { makeMeta } from '../../datasets/schema.ts';
+import type { Example } from '../../datasets/examples.ts';
+import type { Message } from '../chat.ts';
+import { environmentFrom } from '../agents/env.ts';
+import type { Environment, EnvironmentFactory } from '../agents/types.ts';
+import { initModelFolder } from '../models/init.ts';
+import { SeededRandom } from '../random.ts';
+import type { TrainConfig } from '../train/config.ts';
+import { train } from '../train/trainer.ts';
+import { SILENT } from '../progress.ts';
+import { evaluateAgent, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
+import { grpo, type AgentRolloutInfo, type AgentRolloutSettings } from './grpo/index.ts';
+import { readPromptRows } from './prompts.ts';
+import type { RewardFunction } from './rewards/index.ts';
+
+/** The secret is 1…HIGHEST; a game allows GUESSES guesses. */
+export const HIGHEST = 7;
+export const GUESSES = 3;
+const PROMPT = `guess 1-${HIGHEST}`;
+
+/**
+ * The game as an environment factory. `feedback: false` answers every wrong guess "no" (the
+ * ceiling's evaluation); a turn that is not one number from 1 to HIGHEST is a wasted guess.
+ */
+export function guessingGame(feedback = true): EnvironmentFactory {
+  return (): Environment => {
+    let secret = 0;
+    let guesses = 0;
+    let won = false;
+    return {
+      reset(_row, { seed }) {
+        secret = 1 + new SeededRandom(seed).int(HIGHEST);
+        return {};
+      },
+      step({ text }) {
+        guesses++;
+        const m = /^\s*(\d+)\s*$/.exec(text);
+        const guess = m ? Number(m[1]) : NaN;
+        if (guess === secret) {
+          won = true;
+          return { messages: [], reward: 1, done: true };
+        }
+        if (guesses >= GUESSES) return { messages: [], reward: 0, done: true };
+        const say = !feedback || !(guess >= 1 && guess <= HIGHEST) ? 'no' : guess < secret ? 'higher' : 'lower';
+        return { messages: [{ role: 'user', content: say }], done: false };
+      },
+      reward: () => (won ? 1 : 0),
+    };
+  };
+}
+
+/** The environment's reward as a reward function, for the demo's own evaluations (as GRPO logs it: rewards/env/mean). */
+const ENV_REWARD: RewardFunction = {
+  name: 'env',
+  rerunnable: true,
+  score: ({ rollouts }) => (rollouts ?? []).map((r) => (r as unknown as AgentRolloutInfo).env_reward ?? null),
+};
+
+/** The warm start: SFT on games of random guesses (feedback consistent with a random secret, guesses ignoring it). */
+const WARM_START: Partial<TrainConfig> = {
+  batch_size: 32, learning_rate: 3e-3, max_steps: 200, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
+  max_length: 80, max_prompt_length: 32, pad_to_multiple_of: 16, lr_scheduler: 'linear', logging_steps: 50, save_steps: 0,
+};
+const WARM_ROWS = 1000;
+
+/** GRPO: 16 games × 8 rollouts a step. */
+const GRPO_BASE: Partial<TrainConfig> = {
+  batch_size: 128, learning_rate: 2e-3, max_steps: 200, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
+  pad_to_multiple_of: 8, lr_scheduler: 'linear', logging_steps: 10, save_steps: 0,
+};
+const G = 8;
+const ROLLOUT: AgentRolloutSettings = { temperature: 1, top_p: 1, top_k: 0, max_completion_length: 64, max_turns: GUESSES, max_tool_calling_iterations: 0, max_tool_response_tokens: 16 };
+const GRPO_PARAMS = [`num_generations=${G}`, `max_completion_length=${ROLLOUT.max_completion_length}`, `max_turns=${ROLLOUT.max_turns}`, 'temperature=1', 'beta=0.04'];
+const TRAIN_PROMPTS = 2000;
+const HELDOUT_PROMPTS = 64;
+
+/** One game of random guesses against `secret`, as the conversation after the prompt. */
+function randomGame(r: SeededRandom, secret: number): Message[] {
+  const out: Message[] = [];
+  for (let g = 0; g < GUESSES; g++) {
+    const guess = 1 + r.int(HIGHEST);
+    out.push({ role: 'assistant', content: String(guess) });
+    if (guess === secret || g === GUESSES - 1) break;
+    out.push({ role: 'user', content: guess < secret ? 'higher' : 'lower' });
+  }
+  return out;
+}
+
+export async function runEnvDemo(o: AgentDemoOptions): Promise<AgentDemoResult> {
+  const t0 = Date.now();
+  const log = (o.reporter ?? SILENT).info;
+  const dir = o.out ?? mkdtempSync(join(tmpdir(), 'prefzoo-demo-env-'));
+  mkdirSync(dir, { recursive: true });
+  const init = initModelFolder(join(dir, 'model'), 'llama', 'tiny', o.seed);
+  log(`demo: tiny llama (${init.parameters.toLocaleString('en-US')} parameters); method grpo with the environment "guess 1–${HIGHEST} in ${GUESSES}"`);
+
+  // Every prompt is the same; what differs is the episode's seed, hence the secret.
+  const jsonl = (file: string, n: number) => {
+    writeFileSync(file, Array.from({ length: n }, () => JSON.stringify({ prompt: PROMPT }) + '\n').join(''));
+    return file;
+  };
+  const promptsFile = jsonl(join(dir, 'prompts.jsonl'), TRAIN_PROMPTS);
+  const heldoutFile = jsonl(join(dir, 'heldout.jsonl'), o.heldoutPrompts ?? HELDOUT_PROMPTS);
+
+  // π_0: the answer format (a number, then the end of the turn), the guesses drawn at random.
+  const rand = new SeededRandom(o.seed + 17);
+  const prompt: Message[] = [{ role: 'user', content: PROMPT }];
+  const warm: Example[] = Array.from({ length: WARM_ROWS }, () => {
+    const game = randomGame(rand, 1 + rand.int(HIGHEST));
+    return { prompt, responses: [game, game] };
+  });
+  const cpu0 = process.cpuUsage();
+  const start = await train({
+    model: join(dir, 'model'), data: 'games.jsonl', rows: { kind: 'pairwise', meta: makeMeta('pairwise', 'messages', 'demo'), examples: warm, files: [] },
+    loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed, ...(o.warmStartSteps !== undefined ? { max_steps: o.warmStartSteps } : {}) },
+    reporter: o.reporter, overwrite: true,
+  });
+
+  const cpu1 = process.cpuUsage();
+  log(`demo: warm start ${((cpu1.user + cpu1.system - cpu0.user - cpu0.system) / 1e6).toFixed(1)} CPU s`);
+  const run = join(dir, 'grpo');
+  const r = await grpo({
+    model: start.finalDir, prompts: promptsFile, rewards: [], env: guessingGame(), out: run, overwrite: true,
+    base: { ...GRPO_BASE, seed: o.seed }, params: [...GRPO_PARAMS, ...(o.params ?? [])], reporter: o.reporter,
+  });
+
+  const cpu2 = process.cpuUsage();
+  log(`demo: grpo ${((cpu2.user + cpu2.system - cpu1.user - cpu1.system) / 1e6).toFixed(1)} CPU s`);
+  // Start, final and ceiling: the same held-out episode seeds (secrets) and sampler; only the model or the feedback differs.
+  const held = await readPromptRows(heldoutFile);
+  const evalWith = (model: string, feedback: boolean) =>
+    evaluateAgent(model, held, ROLLOUT, { executor: () => null, env: environmentFrom(guessingGame(feedback), feedback ? 'guess' : 'guess without feedback') }, ENV_REWARD, { n: G, seed: o.seed * 31 + 7 });
+  const before = await evalWith(start.finalDir, true);
+  const after = await evalWith(r.finalDir, true);
+  const ceiling = await evalWith(r.finalDir, false);
+
+  const cpu3 = process.cpuUsage();
+  log(`demo: evaluations ${((cpu3.user + cpu3.system - cpu2.user - cpu2.system) / 1e6).toFixed(1)} CPU s`);
+  const result: AgentDemoResult = {
+    method: 'env',
+    heldout_accuracy_start: before.accuracy,
+    heldout_accuracy_final: after.accuracy,
+    ceiling_without_tools: ceiling.accuracy,
+    tool_call_frequency_final: after.metrics['tools/call_frequency'] ?? 0,
+    num_turns_final: after.metrics['num_turns/mean'] ?? 0,
+    heldout_prompts: held.length,
+    samples_per_prompt: G,
+    steps: r.steps,
+    seconds: Math.round((Date.now() - t0) / 100) / 10,
+    run,
+  };
+  keepAgentDemoEval(run, result, before, after, `${held.length} held-out games × ${G} rollouts at temperature 1 (guess 1–${HIGHEST} in ${GUESSES} with higher/lower; reward: the environment's); the ceiling: the trained policy with every wrong guess answered "no"`);
+  return result;
+}

@@ -1,0 +1,197 @@
+/**
+ * `prefzoo demo --method tools`: GRPO with an in-process TypeScript tool on a lookup whose answer
+ * exists only in the tool's output. Each prompt asks for the value of a key ("c?"); the values are a
+ * table drawn for that prompt alone (eight keys a–h, each a random digit), kept in a column the
+ * model never sees and the tool `get({ k })` reads. The `accuracy` reward compares the final answer
+ * with the table's value (the prompt's `answer` column):
+ *
+ *   1. a tiny llama with a tokenizer whose merges are learnt from the task's conversations (a tool
+ *      call is 27 tokens instead of 59), warm-started by SFT on conversations that teach the call
+ *      format with random arguments: the question's key masked ("-?"), a call of `get` with a key
+ *      drawn at random, the tool's answer, then that answer repeated. The starting policy calls the
+ *      tool and repeats what it says, with nothing to tell it which key to ask for: about one time in
+ *      eight it asks for the right one
+ *   2. `grpo` with the tool (the multi-turn rollout on the generation session, agent-rollout.ts) on
+ *      2,000 training prompts, each with its own table
+ *   3. held-out accuracy: the share of right answers among 8 rollouts (temperature 1) per held-out
+ *      prompt (tables never seen in training), of the starting and the trained policy; and the
+ *      ceiling without tools: the trained policy evaluated the same way with a tool that answers a
+ *      digit drawn at random (nothing useful), at chance, 1/10
+ *
+ * RUN/demo_eval.json keeps the figures and metrics.jsonl starts and ends with the evaluations, so
+ * `prefzoo report RUN` shows them.
+ */
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { makeMeta } from '../../datasets/schema.ts';
+import type { Example } from '../../datasets/examples.ts';
+import type { Message, ToolSpec } from '../chat.ts';
+import { ToolExecutor } from '../agents/executor.ts';
+import { toolsFromValues } from '../agents/tools.ts';
+import type { ToolDef } from '../agents/types.ts';
+import { initModelFolder } from '../models/init.ts';
+import { SeededRandom } from '../random.ts';
+import { loadTokenizer, writeTokenizer } from '../tokenize/index.ts';
+import { renderChat } from '../tokenize/conversation.ts';
+import type { TrainConfig } from '../train/config.ts';
+import { train } from '../train/trainer.ts';
+import { SILENT } from '../progress.ts';
+import { evaluateAgent, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
+import { grpo, type AgentRolloutSettings } from './grpo/index.ts';
+import { readPromptRows } from './prompts.ts';
+import { loadAllRewards, releaseRewards } from './rewards/index.ts';
+
+const KEYS = 'abcdefgh';
+const DIGITS = '0123456789';
+
+/** The tool: the value of key k in the prompt's own table (its `table` column: one digit per key, in KEYS order). */
+export const LOOKUP_TOOL: ToolDef<{ k: string }> = {
+  name: 'get',
+  description: 'value of k',
+  parameters: { type: 'object', properties: { k: { type: 'string' } } },
+  run({ k }, ctx) {
+    const at = KEYS.indexOf(k);
+    if (typeof k !== 'string' || k.length !== 1 || at < 0) return new Error(`no key ${JSON.stringify(k)}`);
+    return String(ctx.row.table)[at];
+  },
+};
+
+/** The same tool answering nothing useful: a digit drawn at random (the ceiling's evaluation). */
+export const USELESS_TOOL: ToolDef<{ k: string }> = {
+  ...LOOKUP_TOOL,
+  run: (_args, ctx) => DIGITS[ctx.rng.int(DIGITS.length)],
+};
+
+/**
+ * The tool as the rollout offers it (the executor's spec, key order included): the warm start must
+ * render the very tools header GRPO's prompts carry. With the keys in another order the start policy,
+ * which learnt the call by its place after the header, wrote broken calls on every GRPO prompt.
+ */
+const SPEC: ToolSpec = toolsFromValues([LOOKUP_TOOL as unknown as ToolDef])[0].spec;
+
+/** One conversation of the task: the question, a call of `get` with `key`, the tool's `value`, the answer. */
+function conversation(question: string, key: string, value: string): Message[] {
+  return [
+    { role: 'user', content: question },
+    { role: 'assistant', content: '', tool_calls: [{ type: 'function', function: { name: 'get', arguments: { k: key } } }] },
+    { role: 'tool', content: value, name: 'get' },
+    { role: 'assistant', content: value },
+  ];
+}
+
+/**
+ * The text the demo's tokenizer learns its merges from: the task's conversations rendered by the
+ * generated chat template, one per key and digit, so the template's tool header and the call's
+ * JSON become whole tokens while every key and digit stays one token of its own.
+ */
+function demoCorpus(dir: string): string {
+  writeTokenizer(dir);
+  const tok = loadTokenizer(dir);
+  const lines = [...KEYS].flatMap((k) => [...DIGITS].map((v) => renderChat(tok, conversation(`${k}?`, k, v), { tools: [SPEC] })));
+  rmSync(dir, { recursive: true, force: true });
+  return lines.join('\n');
+}
+
+/** A random table: one digit per key. */
+const drawTable = (r: SeededRandom) => Array.from(KEYS, () => DIGITS[r.int(DIGITS.length)]).join('');
+
+/** The warm start: SFT on the call format with random arguments; the question's key is masked, so no row holds a question's answer. */
+const WARM_START: Partial<TrainConfig> = {
+  batch_size: 32, learning_rate: 3e-3, max_steps: 300, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
+  max_length: 192, max_prompt_length: 144, pad_to_multiple_of: 16, lr_scheduler: 'linear', logging_steps: 50, save_steps: 0,
+};
+const WARM_ROWS = 1000;
+
+/** GRPO: 8 prompts × 8 rollouts a step; a rollout is the call, the tool's answer and the final answer. */
+const GRPO_BASE: Partial<TrainConfig> = {
+  batch_size: 64, learning_rate: 1e-3, max_steps: 150, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
+  pad_to_multiple_of: 8, lr_scheduler: 'linear', logging_steps: 10, save_steps: 0,
+};
+const G = 8;
+const ROLLOUT: AgentRolloutSettings = { temperature: 1, top_p: 1, top_k: 0, max_completion_length: 48, max_turns: 2, max_tool_calling_iterations: 0, max_tool_response_tokens: 16 };
+const GRPO_PARAMS = [`num_generations=${G}`, `max_completion_length=${ROLLOUT.max_completion_length}`, `max_turns=${ROLLOUT.max_turns}`, `max_tool_response_tokens=${ROLLOUT.max_tool_response_tokens}`, 'temperature=1', 'beta=0.04'];
+const TRAIN_PROMPTS = 2000;
+const HELDOUT_PROMPTS = 64;
+
+export async function runToolsDemo(o: AgentDemoOptions): Promise<AgentDemoResult> {
+  const t0 = Date.now();
+  const log = (o.reporter ?? SILENT).info;
+  const dir = o.out ?? mkdtempSync(join(tmpdir(), 'prefzoo-demo-tools-'));
+  mkdirSync(dir, { recursive: true });
+  const init = initModelFolder(join(dir, 'model'), 'llama', 'tiny', o.seed, { corpus: demoCorpus(join(dir, 'corpus-tokenizer')), merges: 250 });
+  log(`demo: tiny llama (${init.parameters.toLocaleString('en-US')} parameters); method grpo with the tool get(k), reward accuracy`);
+
+  // Prompts: a key and its own table; the held-out tables are drawn after the training ones.
+  const rand = new SeededRandom(o.seed + 17);
+  const rows = (count: number) => Array.from({ length: count }, () => {
+    const table = drawTable(rand);
+    const key = KEYS[rand.int(KEYS.length)];
+    return { prompt: `${key}?`, answer: table[KEYS.indexOf(key)], table };
+  });
+  const trainRows = rows(TRAIN_PROMPTS);
+  const heldRows = rows(o.heldoutPrompts ?? HELDOUT_PROMPTS);
+  const jsonl = (file: string, xs: object[]) => {
+    writeFileSync(file, xs.map((x) => JSON.stringify(x) + '\n').join(''));
+    return file;
+  };
+  const promptsFile = jsonl(join(dir, 'prompts.jsonl'), trainRows);
+  const heldoutFile = jsonl(join(dir, 'heldout.jsonl'), heldRows);
+
+  // π_0: the call with a random key, the tool's answer repeated; the question's key masked. A third
+  // of the rows are a digit said and repeated ("7" → "7"): in 8 tokens the copy is learnt at once,
+  // and then found again after a tool call; with the call rows alone (50 to 150 tokens, the digit
+  // one token among them) the answer stayed at chance, ln 10, for 800 steps.
+  const warm: Example[] = Array.from({ length: WARM_ROWS }, (_, i) => {
+    const digit = DIGITS[rand.int(DIGITS.length)];
+    if (i % 3 === 2) return { prompt: [{ role: 'user', content: digit }], responses: [digit, digit] };
+    const resp = conversation('-?', KEYS[rand.int(KEYS.length)], digit);
+    return { prompt: resp.slice(0, 1), responses: [resp.slice(1), resp.slice(1)], ...(i % 3 === 0 ? { tools: [SPEC] } : {}) };
+  });
+  const cpu0 = process.cpuUsage();
+  const start = await train({
+    model: join(dir, 'model'), data: 'format.jsonl', rows: { kind: 'pairwise', meta: makeMeta('pairwise', 'messages', 'demo'), examples: warm, files: [] },
+    loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed, ...(o.warmStartSteps !== undefined ? { max_steps: o.warmStartSteps } : {}) },
+    reporter: o.reporter, overwrite: true,
+  });
+
+  const cpu1 = process.cpuUsage();
+  log(`demo: warm start ${((cpu1.user + cpu1.system - cpu0.user - cpu0.system) / 1e6).toFixed(1)} CPU s`);
+  const run = join(dir, 'grpo');
+  const r = await grpo({
+    model: start.finalDir, prompts: promptsFile, rewards: ['accuracy'], tools: [LOOKUP_TOOL as unknown as ToolDef], out: run, overwrite: true,
+    base: { ...GRPO_BASE, seed: o.seed }, params: [...GRPO_PARAMS, ...(o.params ?? [])], reporter: o.reporter,
+  });
+
+  const cpu2 = process.cpuUsage();
+  log(`demo: grpo ${((cpu2.user + cpu2.system - cpu1.user - cpu1.system) / 1e6).toFixed(1)} CPU s`);
+  // Start, final and ceiling: the same held-out prompts, seeds and sampler; only the model or the tool differs.
+  const held = await readPromptRows(heldoutFile);
+  const [accuracy] = await loadAllRewards(['accuracy']);
+  const evalWith = (model: string, tool: ToolDef<{ k: string }>) => {
+    const executor = new ToolExecutor({ tools: toolsFromValues([tool as unknown as ToolDef]) });
+    return evaluateAgent(model, held, ROLLOUT, { executor: () => executor, env: null }, accuracy, { n: G, seed: o.seed * 31 + 7 });
+  };
+  const before = await evalWith(start.finalDir, LOOKUP_TOOL);
+  const after = await evalWith(r.finalDir, LOOKUP_TOOL);
+  const ceiling = await evalWith(r.finalDir, USELESS_TOOL);
+  await releaseRewards([accuracy]);
+
+  const cpu3 = process.cpuUsage();
+  log(`demo: evaluations ${((cpu3.user + cpu3.system - cpu2.user - cpu2.system) / 1e6).toFixed(1)} CPU s`);
+  const result: AgentDemoResult = {
+    method: 'tools',
+    heldout_accuracy_start: before.accuracy,
+    heldout_accuracy_final: after.accuracy,
+    ceiling_without_tools: ceiling.accuracy,
+    tool_call_frequency_final: after.metrics['tools/call_frequency'] ?? 0,
+    num_turns_final: after.metrics['num_turns/mean'] ?? 0,
+    heldout_prompts: held.length,
+    samples_per_prompt: G,
+    steps: r.steps,
+    seconds: Math.round((Date.now() - t0) / 100) / 10,
+    run,
+  };
+  keepAgentDemoEval(run, result, before, after, `${held.length} held-out prompts × ${G} rollouts at temperature 1 (look up a key in a table only the tool get(k) reads; reward: accuracy); the ceiling: the trained policy with get answering a random digit`);
+  return result;
+}

@@ -1,0 +1,86 @@
+/**
+ * `prefzoo demo --method tools` and `--method env`: the env demo end to end with tiny budgets (2
+ * warm-start steps, 1 GRPO step, 2 held-out prompts; the tools demo shares src/online/agent-demo.ts,
+ * so one run holds the JSON fields and the run folder for both), and that each ceiling's evaluation
+ * really withholds the information — the lookup tool answers the same whatever the table, the game
+ * says "no" whatever the secret. Whether the demos learn is measured by the seed tables of
+ * docs/agents.md (scripts/bench/agent-demos.sh), not here.
+ */
+import { describe, it, expect } from 'vitest';
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { SeededRandom } from '../src/random.ts';
+import type { ToolContext } from '../src/agents/types.ts';
+import { LOOKUP_TOOL, USELESS_TOOL } from '../src/online/tools-demo.ts';
+import { GUESSES, guessingGame, runEnvDemo } from '../src/online/env-demo.ts';
+import type { AgentDemoResult } from '../src/online/agent-demo.ts';
+import { readDemoEval } from '../src/train/demo-eval.ts';
+
+const ctx = (table: string, seed: number) => ({ row: { table }, rng: new SeededRandom(seed), seed, turn: 0, call: 0, state: {}, signal: new AbortController().signal }) as ToolContext;
+
+function checkResult(r: AgentDemoResult, method: string): void {
+  expect(r.method).toBe(method);
+  for (const k of ['heldout_accuracy_start', 'heldout_accuracy_final', 'ceiling_without_tools'] as const) {
+    expect(r[k]).toBeGreaterThanOrEqual(0);
+    expect(r[k]).toBeLessThanOrEqual(1);
+  }
+  expect(r.tool_call_frequency_final).toBeGreaterThanOrEqual(0);
+  expect(r.num_turns_final).toBeGreaterThanOrEqual(1);
+  expect(r.steps).toBe(1);
+  expect(r.heldout_prompts).toBe(2);
+  const ev = readDemoEval(r.run)!;
+  expect(ev.demo).toBe(method);
+  expect(ev.metrics.heldout_accuracy).toEqual({ before: r.heldout_accuracy_start, after: r.heldout_accuracy_final });
+  expect(ev.values!.ceiling_without_tools).toBe(r.ceiling_without_tools);
+  // metrics.jsonl starts and ends with the held-out evaluations (step 0 and the last step).
+  const rows = readFileSync(join(r.run, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+  expect(rows[0]).toMatchObject({ step: 0, split: 'eval' });
+  expect(rows.at(-1)).toMatchObject({ step: 1, split: 'eval' });
+}
+
+describe('prefzoo demo --method tools', () => {
+  it('the lookup tool reads the prompt\'s own table; the ceiling\'s tool answers the same whatever the table', () => {
+    expect(LOOKUP_TOOL.run({ k: 'a' }, ctx('30000009', 1))).toBe('3');
+    expect(LOOKUP_TOOL.run({ k: 'h' }, ctx('30000009', 1))).toBe('9');
+    expect(LOOKUP_TOOL.run({ k: 'z' }, ctx('30000009', 1))).toBeInstanceOf(Error);
+    const answers = (table: string) => Array.from({ length: 40 }, (_, i) => USELESS_TOOL.run({ k: 'c' }, ctx(table, i)));
+    expect(answers('00000000')).toEqual(answers('99999999'));
+    expect(new Set(answers('00000000')).size).toBeGreaterThan(5);
+  });
+});
+
+describe('prefzoo demo --method env', () => {
+  it('the game answers higher/lower, or "no" with the feedback withheld, and ends after the third guess', async () => {
+    const play = async (feedback: boolean, guesses: number[]) => {
+      const env = await guessingGame(feedback)();
+      await env.reset({}, { seed: 5 });
+      const said: string[] = [];
+      for (const g of guesses) {
+        const st = await env.step({ text: String(g), toolCalls: [] });
+        said.push(st.messages.map((m) => m.content).join('') + (st.done ? `|done ${st.reward}` : ''));
+        if (st.done) break;
+      }
+      return said;
+    };
+    // The secret of seed 5, found by playing every number once.
+    const all = await Promise.all([1, 2, 3, 4, 5, 6, 7].map((g) => play(true, [g])));
+    const hit = all.findIndex((s) => s[0] === '|done 1') + 1;
+    expect(hit).toBeGreaterThan(0);
+    for (let g = 1; g <= 7; g++) {
+      if (g === hit) continue;
+      expect(all[g - 1]).toEqual([g < hit ? 'higher' : 'lower']);
+      expect(await play(false, [g])).toEqual(['no']);
+    }
+    const miss = hit === 1 ? 2 : 1;
+    expect(await play(true, Array(GUESSES + 1).fill(miss))).toHaveLength(GUESSES);
+    expect((await play(true, Array(GUESSES).fill(miss))).at(-1)).toBe('|done 0');
+  });
+
+  it('runs end to end with tiny budgets and prints the fields', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'pz-demo-env-'));
+    const r = await runEnvDemo({ seed: 0, out: dir, params: ['max_steps=1'], warmStartSteps: 2, heldoutPrompts: 2 });
+    checkResult(r, 'env');
+    expect(r.tool_call_frequency_final).toBe(0);
+  });
+});
