@@ -636,7 +636,7 @@ function samplingMetricsGraph(g: Graph, old: Tensor, samp: Tensor, m: Tensor, rh
  * The high-entropy mask in the graph: the counted entropies sorted (TopK, descending; uncounted
  * positions sink to the end as MASKED), the (1 − ρ)-quantile read between two order statistics.
  */
-function entropyMaskGraph(g: Graph, ent: Tensor, m: Tensor, rho: number): Tensor {
+export function entropyMaskGraph(g: Graph, ent: Tensor, m: Tensor, rho: number): Tensor {
   return g.scope('entropy_mask', () => {
     const f = ent.dtype;
     const e = g.stopGradient(ent);

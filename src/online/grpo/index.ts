@@ -37,9 +37,10 @@ import { computeAdvantages } from './advantages.ts';
 import { CompletionsLog } from './completions-log.ts';
 import { evaluateRewards, scoreCompletions } from './evaluate.ts';
 import { columnsOf, grpoSpec } from './graph.ts';
+import { EntropyController } from './entropy.ts';
 import { agentMetrics, lengthMetrics, rewardMetrics } from './metrics.ts';
 import { microBatches, roundLogps, type GrpoRound } from './round.ts';
-import { samplingRollout, type Rollout } from './rollout.ts';
+import { samplingRollout, type Completion, type Rollout } from './rollout.ts';
 import { AgentRun, type AgentOptions } from './agent-run.ts';
 import { GRPO_HONOURS, grpoLoss, rewardWeights, type GrpoSettings } from './settings.ts';
 
@@ -95,21 +96,23 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   }
   const scoring = { maxCompletionLength: s.max_completion_length, timeout: s.reward_timeout };
   const log = new CompletionsLog(o.out, Math.min(s.log_completions, G), (step) => Array.from({ length: s.num_iterations }, (_, u) => step + u).some((t) => t % config.logging_steps === 0));
+  const entropy = new EntropyController(p, s, cols);
   let ref: ReferenceScorer | null = null;
   const batching = (ctx: OnlineContext) => ({ batchSize: config.batch_size, padTo: config.pad_to_multiple_of, padId: ctx.tok.padId ?? ctx.tok.eosId ?? 0 });
   const method: OnlineMethod<PromptRow, GrpoRound> = {
     name: 'grpo',
     honours: GRPO_HONOURS,
-    spec: (x) => grpoSpec({ config: x.model, init: x.init, lora: x.lora, train: x.config, loss, settings: s }),
+    spec: (x) => grpoSpec({ config: x.model, init: x.init, lora: x.lora, train: x.config, loss, settings: s, vocabLimit: x.vocabLimit }),
     roundSize: () => perRound / G,
     updatesPerRound: () => s.num_iterations,
     async open(ctx) {
-      if (cols.ref) ref = await ReferenceScorer.create(ctx.model, ctx.baseWeights, ctx.runtime, { temperature: s.temperature });
+      if (cols.ref) ref = await ReferenceScorer.create(ctx.model, ctx.baseWeights, ctx.runtime, { temperature: s.temperature, vocabLimit: ctx.tok.vocabSize });
       log.truncateAfter(ctx.art.step);
       await agent?.start(ctx, o.resume ? ctx.art.step + 1 : undefined);
     },
     async collect(ctx, items, info) {
-      const completions = await rollout({ tok: ctx.tok, policy: await ctx.policy() }, { prompts: items, n: G, seed: ctx.rng.int(2 ** 31), step: info.step });
+      const completions = await rollout({ tok: ctx.tok, policy: await ctx.policy() }, { prompts: items, n: G, seed: ctx.rng.int(2 ** 31), step: info.step, logprobs: cols.sampling });
+      const sampling = cols.sampling ? samplerLogps(completions) : null;
       const { perFunction, rewards } = await scoreCompletions(fns, weights, items, completions, scoring);
       const { advantages, zeroStd } = computeAdvantages(rewards, G, s.scale_rewards, s.advantage);
       const masked = completions.some((c) => c.lossMask.some((m) => m !== 1));
@@ -121,6 +124,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
         advantages: Array.from(advantages),
         old: null,
         ref: null,
+        sampling,
         metrics: {
           ...rewardMetrics(names, perFunction, rewards),
           frac_reward_zero_std: zeroStd.filter(Boolean).length / zeroStd.length,
@@ -132,8 +136,13 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
       log.write(info.step, items[0].prompt, completions, names, perFunction, rewards, advantages);
       return round;
     },
-    microBatches: async (ctx, r) => microBatches(r, cols, batching(ctx)),
+    microBatches: async (ctx, r) => entropy.feed(microBatches(r, cols, batching(ctx))),
     metrics: (r) => r.metrics,
+    stepped: (graph) => entropy.stepped(graph),
+    state: () => ({ entropy: entropy.state() }),
+    restore(state) {
+      entropy.restore((state as { entropy?: unknown } | undefined)?.entropy);
+    },
     progressFields: (row) => ({ loss: row.loss, reward: row.reward }),
     evaluate: evalRows.length
       ? async (ctx: OnlineContext) => (await evaluateRewards(ctx.tok, await ctx.policy(), evalRows, fns, weights, { rollout, n: G, seed: config.seed * 31 + 7, step: -ctx.art.step - 1, ...scoring })).metrics
@@ -155,4 +164,20 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
     await releaseRewards(fns);
     await agent?.close();
   }
+}
+
+/**
+ * Each completion's sampler log-probs (`Completion.logps`), which the sampler–trainer correction and
+ * the off-policy mask read: a rollout that gives none is refused in one line.
+ */
+function samplerLogps(completions: readonly Completion[]): number[][] {
+  return completions.map((c, k) => {
+    if (!c.logps || c.logps.length !== c.ids.length) {
+      throw new UserError(
+        `grpo: this rollout gives no sampler log-probs (Completion.logps) for completion ${k} (${c.logps ? `${c.logps.length} for ${c.ids.length} tokens` : 'none'}); ` +
+          'they feed vllm_importance_sampling_correction and off_policy_mask_threshold: set vllm_importance_sampling_correction=false and leave off_policy_mask_threshold unset, or return logps from the rollout',
+      );
+    }
+    return c.logps;
+  });
 }
