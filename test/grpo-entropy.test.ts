@@ -26,6 +26,9 @@ import { Normal } from '../src/random.ts';
 import { referenceLogits } from './helpers/reference-forward.ts';
 import { pad, randomIds, randomWeights, testConfig } from './helpers/model-fixtures.ts';
 import { killWhen } from './helpers/faults.ts';
+import { grpoLoss, type GrpoSettings } from '../src/online/grpo/index.ts';
+import { resolveConfig } from '../src/train/config.ts';
+import type { GrpoParams } from '../losses/grpo.ts';
 
 const bin = resolve(import.meta.dirname, '..', 'bin', 'prefzoo.mjs');
 const dir = mkdtempSync(join(tmpdir(), 'prefzoo-grpo-entropy-'));
@@ -125,6 +128,18 @@ describe.each([false, true])('differentiable entropies (dense head: %s)', (dense
     expect(head.subarray(LIMIT * (head.length / c.vocab_size)).every((v) => v === 0)).toBe(true);
     expect(nonzero).toBeGreaterThan(0.75 * checked);
     await session.release();
+  });
+});
+
+describe('the sampler correction of prefzoo grpo', () => {
+  it('under loss_type=vespo defaults to token_truncate (vespo takes it per token); a mode given is kept', () => {
+    const mode = (params: string[]) => {
+      const { lossParams, own } = resolveConfig({ params, command: 'grpo' });
+      return (grpoLoss(lossParams, own as unknown as GrpoSettings).terms[0].params as GrpoParams).vllm_importance_sampling_mode;
+    };
+    expect(mode(['loss_type=vespo'])).toBe('token_truncate');
+    expect(mode(['loss_type=vespo', 'sampling_importance_sampling_mode=token_mask'])).toBe('token_mask');
+    expect(mode(['loss_type=dapo'])).toBe('sequence_mask');
   });
 });
 
