@@ -9,7 +9,7 @@
  *     r = method.collect(ctx, items, info)           (sampling from ctx.policy(): this step's weights)
  *     for u in 0 … updatesPerRound−1:                (one optimizer step each)
  *       micro = method.microBatches(ctx, r, u)       (summed gradients, one update: optimizerUpdate)
- *       NaN stop · metrics row · progress · method.afterUpdate (TR-DPO's reference sync)
+ *       NaN stop · method.stepped (a per-step controller) · metrics row · progress · method.afterUpdate (TR-DPO's reference sync)
  *       eval every eval_steps (the best checkpoint) · checkpoint every save_steps
  *   final/ (or method.save; the best checkpoint's weights with load_best_model_at_end) · final eval
  *

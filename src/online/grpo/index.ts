@@ -11,17 +11,25 @@
  *                 group; then ÷ (std + 1e-4) of the group or the batch (scale_rewards), or not (none);
  *                 unscorable completions get 0
  *   log-probs     (round.ts) old ones per token when num_iterations > 1 (the policy that sampled; else
- *                 the live one, detached); reference ones when beta > 0 (the starting weights, adapters off)
+ *                 the live one, detached); reference ones when beta > 0 (the starting weights, adapters off);
+ *                 the sampler's own (Completion.logps, what the decoder drew each token with) for the
+ *                 sampler–trainer correction and the off-policy mask (vllm_importance_sampling_*, on by
+ *                 default as in TRL; off_policy_mask_threshold)
+ *   entropy       (entropy.ts) with entropy_coef ≠ 0 or use_adaptive_entropy the graph's per-token
+ *                 entropies keep their gradient; the adaptive controller moves the coefficient after
+ *                 every step and is saved in checkpoints
  *   updates       num_iterations on the round, each over its micro-batches of batch_size completions,
  *                 of the zoo's `grpo` loss (graph.ts; losses/grpo.ts: loss_type, importance_sampling_level,
  *                 epsilon, epsilon_high, delta, beta, top_entropy_quantile)
  *
- * Log-probs, entropies and the sampler all use the logits divided by `temperature`, as TRL does, so
- * the importance ratio compares the distributions completions were drawn from.
+ * Log-probs, entropies and the sampler all use the logits divided by `temperature`, as TRL does, and
+ * the same vocabulary (ids below the tokenizer's; padded embedding rows are never drawn), so the
+ * importance ratio compares the distributions completions were drawn from.
  *
  * Metrics (TRL's names, metrics.ts): reward, reward_std, rewards/<name>/mean and /std,
  * frac_reward_zero_std, completions/…, and from the graph loss, kl (beta > 0), entropy,
- * clip_ratio/… (cispo: cispo_clip_ratio). Every logging_steps the round's first prompt's completions,
+ * clip_ratio/… (cispo: cispo_clip_ratio), sampling/sampling_logp_difference/mean|max and
+ * sampling/importance_sampling_ratio/min|mean|max, policy_loss and entropy_coef (entropy bonus). Every logging_steps the round's first prompt's completions,
  * with their rewards and advantages, go to RUN/completions.jsonl (completions-log.ts). With eval_data
  * (a prompts file), the live weights are evaluated every eval_steps and at the end (evaluate.ts).
  */
