@@ -4,7 +4,7 @@
 # training graph scores the same tokens (old_token_logps); TRL's metrics compare them. For each
 # configuration given as "preset device compute_dtype" (default: tiny and small on the CPU, and on
 # WebGPU — SwiftShader when no GPU, float32, and float16 products where the adapter has shader-f16),
-# a 3-step run on 8 GSM8K prompts × 4 completions of 32 tokens; prints the mean over the steps of
+# a 3-step run (STEPS=…) on 8 GSM8K prompts × 4 completions of 32 tokens; prints the mean over the steps of
 # sampling/sampling_logp_difference/mean|max and sampling/importance_sampling_ratio/min|mean|max.
 #
 #   scripts/bench/sampling-mismatch.sh [OUT_DIR] ["preset device dtype" …]
@@ -29,8 +29,8 @@ for c in "${CONFIGS[@]}"; do
   [ -d "$model" ] || $PZ init-model --preset "$preset" --seed 3 -o "$model" > /dev/null
   run="$OUT/run-$preset-$device-$dtype"
   if ! $PZ grpo --model "$model" --prompts "$OUT/prompts.jsonl" --reward "$OUT/rewards.mjs:short" -o "$run" --overwrite --quiet \
-      --param device="$device" --param compute_dtype="$dtype" --param max_steps=3 --param batch_size=32 --param num_generations=4 \
-      --param max_completion_length=32 --param learning_rate=1e-5 --param logging_steps=1 2> "$run.err"; then
+      --param device="$device" --param compute_dtype="$dtype" --param max_steps="${STEPS:-3}" --param batch_size=32 --param num_generations=4 \
+      --param max_completion_length=32 --param learning_rate=1e-5 --param logging_steps=1 > /dev/null 2> "$run.err"; then
     echo "| $preset | $device | $dtype | $(head -c 160 "$run.err" | tr '\n|' '  ') | | | | |"
     continue
   fi
@@ -40,6 +40,6 @@ for c in "${CONFIGS[@]}"; do
     const m = (k) => rows.reduce((a, r) => a + r[k], 0) / rows.length;
     const f = (x) => x.toExponential(2);
     const p = "sampling/";
-    console.log(`| ${process.argv.slice(2).join(" | ")} | ${f(m(p + "sampling_logp_difference/mean"))} | ${f(m(p + "sampling_logp_difference/max"))} | ${m(p + "importance_sampling_ratio/min").toFixed(5)} | ${m(p + "importance_sampling_ratio/mean").toFixed(5)} | ${m(p + "importance_sampling_ratio/max").toFixed(5)} |`);
+    console.log(`| ${process.argv.slice(2).join(" | ")} | ${f(m(p + "sampling_logp_difference/mean"))} | ${f(m(p + "sampling_logp_difference/max"))} | ${m(p + "importance_sampling_ratio/min").toFixed(7)} | ${m(p + "importance_sampling_ratio/mean").toFixed(7)} | ${m(p + "importance_sampling_ratio/max").toFixed(7)} |`);
   ' "$run/metrics.jsonl" "$preset" "$device" "$dtype"
 done
