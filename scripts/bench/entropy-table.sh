@@ -2,7 +2,8 @@
 # Entropy control on the GRPO demo's task (docs/losses.md, "Entropy collapse on the GRPO demo"):
 # for seeds 0–9, `prefzoo demo --method grpo` with the default settings, with entropy_coef=0.01, and
 # with use_adaptive_entropy=true (entropy_target $TARGET); per run the final held-out accuracy and the
-# mean `entropy` over the last 50 steps (metrics logged every step). Prints a markdown table.
+# mean `entropy` over the last 50 steps, with its range there (metrics logged every step). Prints a
+# markdown table.
 #
 #   scripts/bench/entropy-table.sh [OUT_DIR]      (JOBS=2 runs at a time; SEEDS="0 1 …"; TARGET=0.1)
 #
@@ -43,7 +44,9 @@ const cell = (cfg, seed) => {
   const r = JSON.parse(readFileSync(`${out}/${cfg}-${seed}.json`, 'utf8').trim().split('\n').pop());
   const rows = readFileSync(`${out}/${cfg}-${seed}/grpo/metrics.jsonl`, 'utf8').trim().split('\n').map((l) => JSON.parse(l)).filter((x) => x.split === undefined && typeof x.entropy === 'number');
   const last = rows.filter((x) => x.step > r.steps - 50);
-  return { acc: r.heldout_accuracy_final, start: r.heldout_accuracy_start, reward: r.reward_mean_final, ent: last.reduce((a, x) => a + x.entropy, 0) / last.length, coef: last.at(-1).entropy_coef };
+  const ents = last.map((x) => x.entropy);
+  const clipped = last.reduce((a, x) => a + x['completions/clipped_ratio'], 0) / last.length;
+  return { acc: r.heldout_accuracy_final, start: r.heldout_accuracy_start, reward: r.reward_mean_final, ent: ents.reduce((a, x) => a + x, 0) / ents.length, lo: Math.min(...ents), hi: Math.max(...ents), clipped, coef: last.at(-1).entropy_coef };
 };
 console.log('| seed | ' + cfgs.map((c) => `${c}: accuracy | ${c}: entropy`).join(' | ') + ' |');
 console.log('|---|' + cfgs.map(() => '---|---|').join(''));
@@ -51,11 +54,12 @@ const all = {};
 for (const s of seeds.split(/\s+/).filter(Boolean)) {
   const cs = cfgs.map((c) => cell(c, s));
   cs.forEach((x, k) => ((all[cfgs[k]] ??= []).push(x)));
-  console.log(`| ${s} | ` + cs.map((x) => `${x.acc.toFixed(3)} | ${x.ent.toFixed(3)}`).join(' | ') + ' |');
+  console.log(`| ${s} | ` + cs.map((x) => `${x.acc.toFixed(3)} | ${x.ent.toFixed(3)} (${x.lo.toFixed(2)}–${x.hi.toFixed(2)})`).join(' | ') + ' |');
 }
 const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
 console.log('| mean | ' + cfgs.map((c) => `${mean(all[c].map((x) => x.acc)).toFixed(3)} | ${mean(all[c].map((x) => x.ent)).toFixed(3)}`).join(' | ') + ' |');
 console.log('\ndefault runs (the demo seed table): seed, heldout_accuracy_start, heldout_accuracy_final, reward_mean_final');
 seeds.split(/\s+/).filter(Boolean).forEach((s, i) => console.log(`| ${s} | ${all.default[i].start.toFixed(3)} | ${all.default[i].acc.toFixed(3)} | ${all.default[i].reward.toFixed(3)} |`));
 console.log('\nadaptive: entropy_coef at the last step per seed: ' + all.adaptive.map((x) => x.coef).join(', '));
+console.log('completions without the end token (clipped_ratio, last 50 steps) per seed: ' + cfgs.map((c) => `${c} ${all[c].map((x) => x.clipped.toFixed(3)).join(', ')}`).join('; '));
 JS
