@@ -232,7 +232,7 @@ export const grpo: LossModule<GrpoParams> = {
     { name: 'off_policy_mask_threshold', type: 'number', default: null, min: 0, ...TRL('off_policy_mask_threshold'), doc: "DeepSeek-V3.2's off-policy sequence mask: a completion with advantage < 0 whose mean log-prob drift from the sampler exceeds this drops out of the policy term (unset: off)" },
     { name: 'use_bias_correction_kl', type: 'boolean', default: false, ...TRL('use_bias_correction_kl'), doc: 'multiply the k3 KL term by the importance ratio (DeepSeek-V3.2; needs beta > 0)' },
     { name: 'vllm_importance_sampling_correction', type: 'boolean', default: true, aliases: ['sampling_importance_sampling_correction'], ...TRL('vllm_importance_sampling_correction'), doc: "correct the sampler–trainer mismatch with the ratio exp(old − sampling log-probs) when sampling_token_logps come with the batch" },
-    { name: 'vllm_importance_sampling_mode', type: 'enum', default: 'sequence_mask', choices: SAMPLING_CORRECTION_MODES, aliases: ['sampling_importance_sampling_mode'], ...TRL('vllm_importance_sampling_mode'), doc: 'the correction per token or per sequence; *_truncate clips the ratio to [clip_min, clip_max], *_mask zeroes it outside' },
+    { name: 'vllm_importance_sampling_mode', type: 'enum', default: 'sequence_mask', choices: SAMPLING_CORRECTION_MODES, aliases: ['sampling_importance_sampling_mode'], ...TRL('vllm_importance_sampling_mode'), doc: 'the correction per token or per sequence; *_truncate clips the ratio to [clip_min, clip_max], *_mask zeroes it outside (prefzoo grpo with loss_type=vespo: token_truncate unless given, as vespo takes it per token into its weight)' },
     { name: 'vllm_importance_sampling_clip_max', type: 'number', default: 3, min: 1, aliases: ['vllm_importance_sampling_cap', 'sampling_importance_sampling_clip_max'], ...TRL('vllm_importance_sampling_clip_max'), doc: 'upper bound C_max of the sampler correction ratio' },
     { name: 'vllm_importance_sampling_clip_min', type: 'number', default: null, min: 0, max: 1, aliases: ['sampling_importance_sampling_clip_min'], ...TRL('vllm_importance_sampling_clip_min'), doc: 'lower bound C_min of the sampler correction ratio (unset: none)' },
     { name: 'entropy_coef', type: 'number', default: 0, ...TRL('entropy_coef'), doc: 'entropy bonus: the loss minus this × the mean per-token entropy (needs token_entropies); with use_adaptive_entropy the starting coefficient' },
@@ -636,7 +636,7 @@ function samplingMetricsGraph(g: Graph, old: Tensor, samp: Tensor, m: Tensor, rh
  * The high-entropy mask in the graph: the counted entropies sorted (TopK, descending; uncounted
  * positions sink to the end as MASKED), the (1 − ρ)-quantile read between two order statistics.
  */
-function entropyMaskGraph(g: Graph, ent: Tensor, m: Tensor, rho: number): Tensor {
+export function entropyMaskGraph(g: Graph, ent: Tensor, m: Tensor, rho: number): Tensor {
   return g.scope('entropy_mask', () => {
     const f = ent.dtype;
     const e = g.stopGradient(ent);

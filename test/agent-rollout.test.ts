@@ -60,15 +60,18 @@ async function script(ex: ToolExecutor, turns: string[], rollout: number, settin
   const start: Message[] = [{ role: 'user', content: `question ${rollout}` }];
   const promptIds = chatPromptIds(tok, start, { tools: ex.specs });
   const ep = new Episode(tok, settings, 'hermes', ex.specs, start, { executor: ex, env: null, where: { row: { prompt: start }, seed: 11, step: 1, rollout, at: 'q.jsonl:1' } });
+  let k = 0;
   for (const t of turns) {
-    const next = await ep.take([...tok.encode(t, { addSpecialTokens: false }), END], true);
+    const ids = [...tok.encode(t, { addSpecialTokens: false }), END];
+    // Recorded sampler log-probs: −1, −2, … over the policy's tokens, in order.
+    const next = await ep.take(ids, true, ids.map(() => -++k));
     if (!next) break;
   }
   return { ep, promptIds, start };
 }
 
 function completionOf(ep: Episode, promptIds: number[]): Completion {
-  return { prompt: 0, promptIds, ids: ep.ids, lossMask: ep.lossMask, text: ep.finalAnswer, stopped: ep.stopped, info: ep.info() as unknown as Record<string, unknown> };
+  return { prompt: 0, promptIds, ids: ep.ids, lossMask: ep.lossMask, text: ep.finalAnswer, stopped: ep.stopped, info: ep.info() as unknown as Record<string, unknown>, logps: ep.logps! };
 }
 
 describe('the agent rollout, scripted', () => {
@@ -117,13 +120,23 @@ describe('the agent rollout, scripted', () => {
     expect(sampled(a)).toBe(tok.encode(call('lookup', { key: 'x' }), { addSpecialTokens: false }).length + tok.encode('It is 7.', { addSpecialTokens: false }).length + 2);
     expect(lengthMetrics(completions)['completions/mean_length']).toBe(completions.reduce((s, x) => s + sampled({ ep: [a, b, c, d][completions.indexOf(x)].ep }), 0) / 4);
 
-    // The micro-batch's loss mask is the rollout's mask at the completion's positions; the old
-    // log-probs are placed on every completion position (bridge ones included) and masked by the loss.
+    // The sampler's log-probs follow the ids: the policy's tokens carry theirs in order, bridge tokens 0.
+    for (const c of completions) {
+      expect(c.logps).toHaveLength(c.ids.length);
+      const own = c.logps!.filter((_, t) => c.lossMask[t] === 1);
+      expect(own).toEqual(own.map((_, t) => -t - 1));
+      expect(c.logps!.filter((_, t) => c.lossMask[t] === 0).every((v) => v === 0)).toBe(true);
+    }
+
+    // The micro-batch's loss mask is the rollout's mask at the completion's positions; the old and the
+    // sampler's log-probs are placed on every completion position (bridge ones included) and masked by the loss.
     const round: GrpoRound = {
       promptIds: completions.map((x) => x.promptIds), ids: completions.map((x) => x.ids), counted: [1, 1, 1, 0],
-      masks: completions.map((x) => x.lossMask), advantages: [1, -1, 0.5, 2], old: completions.map((x) => x.ids.map((_, t) => -t - 1)), ref: null, metrics: {},
+      masks: completions.map((x) => x.lossMask), advantages: [1, -1, 0.5, 2], old: completions.map((x) => x.ids.map((_, t) => -t - 1)), ref: null,
+      sampling: completions.map((x) => x.logps!), metrics: {},
     };
-    const [mb] = microBatches(round, { old: true, ref: false, items: false, entropies: false }, { batchSize: 4, padTo: 1, padId: 0 });
+    const [mb] = microBatches(round, { old: true, ref: false, items: false, entropies: false, bonus: false, adaptive: false, sampling: true }, { batchSize: 4, padTo: 1, padId: 0 });
+    const samp = mb.feeds.sampling_token_logps.data as Float32Array;
     const [B, T] = mb.feeds.loss_mask.dims as number[];
     const lm = mb.feeds.loss_mask.data as Float32Array;
     const old = mb.feeds.old_token_logps.data as Float32Array;
@@ -137,6 +150,7 @@ describe('the agent rollout, scripted', () => {
       const placed = Array.from(old.subarray(r * T, (r + 1) * T)).map((v, t) => [v, t]).filter(([v]) => v !== 0);
       expect(placed.map(([v]) => v)).toEqual(x.ids.map((_, t) => -t - 1));
       const at = placed.map(([, t]) => t);
+      expect(at.map((t) => samp[r * T + t])).toEqual(x.logps);
       const want = round.counted[r] ? x.lossMask : x.lossMask.map(() => 0);
       expect(at.map((t) => lm[r * T + t])).toEqual(want);
       expect(Array.from(lm.subarray(r * T, (r + 1) * T)).reduce((s, v) => s + v, 0)).toBe(want.reduce((s, v) => s + v, 0));

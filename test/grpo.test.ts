@@ -73,7 +73,8 @@ describe('prefzoo grpo', () => {
     expect(readdirSync(join(straight, 'checkpoints'))).toEqual(['step-00000003', 'step-00000004']);
     const want = rows(straight);
     expect(want.map((r) => r.step)).toEqual([1, 2, 3, 4]);
-    for (const key of ['loss', 'reward', 'reward_std', 'rewards/accuracy/mean', 'rewards/short/mean', 'frac_reward_zero_std', 'frac_reward_none', 'completions/mean_length', 'completions/clipped_ratio', 'kl', 'entropy', 'clip_ratio/low_mean', 'clip_ratio/high_mean', 'clip_ratio/region_mean', 'grad_norm', 'learning_rate']) {
+    for (const key of ['loss', 'reward', 'reward_std', 'rewards/accuracy/mean', 'rewards/short/mean', 'frac_reward_zero_std', 'frac_reward_none', 'completions/mean_length', 'completions/clipped_ratio', 'kl', 'entropy', 'clip_ratio/low_mean', 'clip_ratio/high_mean', 'clip_ratio/region_mean', 'grad_norm', 'learning_rate',
+      'sampling/sampling_logp_difference/mean', 'sampling/sampling_logp_difference/max', 'sampling/importance_sampling_ratio/min', 'sampling/importance_sampling_ratio/mean', 'sampling/importance_sampling_ratio/max']) {
       expect(want.every((r) => typeof r[key] === 'number' && Number.isFinite(r[key])), key).toBe(true);
     }
     // The second update of a round starts from the updated policy: its ratio is no longer 1, so KL and the loss move.

@@ -23,7 +23,10 @@ export interface SequenceLogps {
   tokens: Tensor;
   /** `[B, T]` log p(ids[t] | ids[<t]) · loss_mask[t] at each token's own position (0 at t = 0). */
   tokenLogps?: Tensor;
-  /** With `perToken` and `stats`: `[B, T]` the entropy of the distribution token t was drawn from, at t (no gradient). */
+  /**
+   * With `perToken` and `stats`: `[B, T]` the entropy of the distribution token t was drawn from, at t
+   * (no gradient, unless `entropyGrad`: then differentiable, for an entropy bonus in the loss).
+   */
   tokenEntropies?: Tensor;
   /**
    * With `stats` (monitoring only, no gradient): per sequence, the sums over its counted tokens of
@@ -47,7 +50,8 @@ function shiftLeft(g: Graph, x: Tensor, fill: Tensor, shape: (string | number)[]
  * Only the M positions whose next token is counted go through the output head: a prompt's
  * positions predict nothing the loss reads, so their `[·, V]` logits are never formed.
  */
-export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts: { perToken?: boolean; stats?: boolean; dense?: boolean; headChunks?: number } = {}): SequenceLogps {
+export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts: { perToken?: boolean; stats?: boolean; entropyGrad?: boolean; dense?: boolean; headChunks?: number; vocabLimit?: number } = {}): SequenceLogps {
+  const head: Head = { stats: opts.entropyGrad ? 'grad' : !!opts.stats, bias: vocabBias(g, model, opts.vocabLimit) };
   const bi = model.batch;
   return g.scope('logps', () => {
     const shape = [bi.B, bi.T];
@@ -61,14 +65,14 @@ export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts:
     let spread: (perRow: Tensor) => Tensor; // per head row → `[B, T]` at the rows' positions, masked
     if (opts.dense) {
       // Every position through the head: no data-dependent ops, which WebGPU cannot run on the device.
-      rl = rowLogps(g, model, model.hidden, targets, bi.N as string, opts.stats);
+      rl = rowLogps(g, model, model.hidden, targets, bi.N as string, head);
       spread = (perRow) => g.mul(reshapeRt(g, perRow, bi.shapeBT, shape), counted);
     } else {
       // Only the counted positions: NonZero lists them, ScatterND puts their values back.
       const scored = g.not(g.equal(flatCounted, 0)); // [N]
       const M = 'scored';
       const rowsIdx = reshapeTo(g, g.op('NonZero', [scored], {}, [{ dtype: 'int64', shape: [1, M] }])[0], [-1], [M]);
-      rl = headRows(g, model, rowsIdx, g.gather(targets, rowsIdx, 0), M, opts.stats, opts.headChunks);
+      rl = headRows(g, model, rowsIdx, g.gather(targets, rowsIdx, 0), M, head, opts.headChunks);
       // Back to [N]: slot 0 holds a zero for unscored positions, a scored one reads its rank 1..M.
       const ranks = g.range(1, g.add(g.squeeze(g.shapeOf(rowsIdx), [0]), 1), 1); // [M]: 1..M
       const slot = g.scatterND(g.cast(g.mul(flatCounted, 0), 'int64'), g.unsqueeze(rowsIdx, [1]), ranks); // [N]
@@ -97,6 +101,26 @@ export function sequenceLogps(g: Graph, model: CausalLM, lossMask: Tensor, opts:
  * `[M]` log p(target[m] | hidden row h[m]) for hidden rows `h [M, D]`: the head over those rows only, the target
  * logit from gathered head rows, and the log-sum-exp with the row max held constant (module comment).
  */
+/**
+ * How the head's rows are scored: the monitoring statistics (none, without gradient, or with the
+ * entropy differentiable: 'grad'), and a `[V]` bias added to every row's logits.
+ */
+interface Head {
+  stats: boolean | 'grad';
+  bias?: Tensor;
+}
+
+/**
+ * The `[V]` bias that leaves ids ≥ `limit` out of the distribution (−1e9: their exp is 0 in float32),
+ * for graphs that must score the distribution a sampler restricted to the tokenizer's vocabulary drew
+ * from (embeddings padded past it have rows of their own); none when the limit covers every id.
+ */
+function vocabBias(g: Graph, model: CausalLM, limit: number | undefined): Tensor | undefined {
+  const V = model.config.vocab_size;
+  if (limit === undefined || limit >= V) return undefined;
+  return g.constant(Array.from({ length: V }, (_, v) => (v < limit ? 0 : -1e9)), model.batch.dtype, [V]);
+}
+
 interface RowLogps {
   lp: Tensor;
   meanLogit?: Tensor;
@@ -104,9 +128,9 @@ interface RowLogps {
 }
 
 /** The head over the hidden rows `index`: gathered, then `rowLogps`, in `chunks` slices when more than one. */
-function headRows(g: Graph, model: CausalLM, index: Tensor, target: Tensor, M: string, stats = false, chunks = 1): RowLogps {
-  if (chunks <= 1) return rowLogps(g, model, g.gather(model.hidden, index, 0), target, M, stats);
-  return chunkedRowLogps(g, model, index, target, chunks, stats);
+function headRows(g: Graph, model: CausalLM, index: Tensor, target: Tensor, M: string, head: Head = { stats: false }, chunks = 1): RowLogps {
+  if (chunks <= 1) return rowLogps(g, model, g.gather(model.hidden, index, 0), target, M, head);
+  return chunkedRowLogps(g, model, index, target, chunks, head);
 }
 
 /**
@@ -117,7 +141,7 @@ function headRows(g: Graph, model: CausalLM, index: Tensor, target: Tensor, M: s
  * outside the slices: inside them, each slice's gathered head rows would send the backward a
  * `[V, D]` scatter of its own (545 MB at Qwen2.5-0.5B's shape, one per slice).
  */
-function chunkedRowLogps(g: Graph, model: CausalLM, index: Tensor, target: Tensor, chunks: number, stats: boolean): RowLogps {
+function chunkedRowLogps(g: Graph, model: CausalLM, index: Tensor, target: Tensor, chunks: number, head: Head): RowLogps {
   const rows = g.dim(index, 0); // [1]
   const picked = targetLogits(g, model, g.gather(model.hidden, index, 0), target);
   const parts: RowLse[] = [];
@@ -127,7 +151,7 @@ function chunkedRowLogps(g: Graph, model: CausalLM, index: Tensor, target: Tenso
     const at = (j: number) => g.div(g.mul(rows, g.ints([j])), g.ints([chunks]));
     const take = (x: Tensor) => g.op('Slice', [x, at(k), at(k + 1), g.ints([0])], {}, [{ dtype: x.dtype, shape: [`scored_${k}`] }])[0];
     const hk = g.gather(model.hidden, take(index), 0); // [M_k, D], outside the segment: its checkpoint
-    const r = g.scope(`head.${k}`, () => rowLse(g, model, hk, `scored_${k}`, stats));
+    const r = g.scope(`head.${k}`, () => rowLse(g, model, hk, `scored_${k}`, head));
     parts.push(r);
     // Outside the segment too: the Concat's gradient reads its inputs' shapes, and a shape read of a
     // segment's own tensor would be the segment's first backward reader, recomputing every slice at once.
@@ -135,7 +159,7 @@ function chunkedRowLogps(g: Graph, model: CausalLM, index: Tensor, target: Tenso
   }
   const cat = (xs: Tensor[]) => g.op('Concat', xs, { axis: { kind: 'int', value: 0 } }, [{ dtype: xs[0].dtype, shape: ['scored'] }])[0];
   const out: RowLogps = { lp: cat(lps) };
-  if (stats) {
+  if (head.stats) {
     out.meanLogit = cat(parts.map((p) => p.meanLogit!));
     out.entropy = cat(parts.map((p) => p.entropy!));
   }
@@ -155,17 +179,21 @@ interface RowLse {
 }
 
 /** `[M]` logsumexp of the logits of hidden rows `h [M, D]`, the row max held constant (module comment); with `stats`, the monitoring values. */
-function rowLse(g: Graph, model: CausalLM, h: Tensor, M: string, stats = false): RowLse {
-  const logits = lmHead(g, h, model.headWeight); // [M, V]
+function rowLse(g: Graph, model: CausalLM, h: Tensor, M: string, head: Head = { stats: false }): RowLse {
+  const stats = head.stats;
+  const logits = head.bias ? g.add(lmHead(g, h, model.headWeight), head.bias) : lmHead(g, h, model.headWeight); // [M, V]
   const m = g.stopGradient(g.reduceMax(logits, [1], true)); // [M, 1]
   const e = g.exp(g.sub(logits, m)); // [M, V]
   const z = g.reduceSum(e, [1], false); // [M]
   const lse = g.add(reshapeTo(g, m, [-1], [M]), g.log(z));
   if (!stats) return { lse };
-  // Monitoring only: H = lse − Σ_v p_v·x_v with p = e / z, reusing e (two more [M, V] passes).
+  // H = lse − Σ_v p_v·x_v with p = e / z, reusing e (two more [M, V] passes); monitoring only unless
+  // 'grad', where the same expression is left differentiable (m held constant is exact here too:
+  // both lse and p are invariant to it), so dH/dx_v = −p_v·(x_v − Σ_u p_u·x_u) reaches the weights.
   const x = g.stopGradient(logits);
-  const ex = g.reduceSum(g.mul(g.stopGradient(e), x), [1], false);
-  const entropy = g.sub(g.stopGradient(lse), g.div(ex, g.stopGradient(z)));
+  const entropy = stats === 'grad'
+    ? g.sub(lse, g.div(g.reduceSum(g.mul(e, logits), [1], false), z))
+    : g.sub(g.stopGradient(lse), g.div(g.reduceSum(g.mul(g.stopGradient(e), x), [1], false), g.stopGradient(z)));
   const meanLogit = g.reduceMean(x, [1], false);
   // lse + 0, the 0 computed from both statistics (s < s is false, even for NaN): the runtime then
   // takes them as it takes lse, while the logits are still alive, instead of at the very end when the
@@ -174,9 +202,9 @@ function rowLse(g: Graph, model: CausalLM, h: Tensor, M: string, stats = false):
   return { lse: g.add(lse, g.cast(g.less(s, s), lse.dtype)), meanLogit, entropy };
 }
 
-function rowLogps(g: Graph, model: CausalLM, h: Tensor, target: Tensor, M: string, stats = false): RowLogps {
+function rowLogps(g: Graph, model: CausalLM, h: Tensor, target: Tensor, M: string, head: Head = { stats: false }): RowLogps {
   const picked = targetLogits(g, model, h, target);
-  const r = rowLse(g, model, h, M, stats);
+  const r = rowLse(g, model, h, M, head);
   return { lp: g.sub(picked, r.lse), meanLogit: r.meanLogit, entropy: r.entropy };
 }
 
@@ -188,7 +216,7 @@ function rowLogps(g: Graph, model: CausalLM, h: Tensor, target: Tensor, M: strin
  */
 export function scoredLogps(g: Graph, model: CausalLM, scoreIndex: Tensor, scoreTarget: Tensor, scoreSelect: Tensor, opts: { stats?: boolean; headChunks?: number } = {}): SequenceLogps {
   return g.scope('logps', () => {
-    const rl = headRows(g, model, scoreIndex, scoreTarget, 'scored', opts.stats, opts.headChunks);
+    const rl = headRows(g, model, scoreIndex, scoreTarget, 'scored', { stats: !!opts.stats }, opts.headChunks);
     const perSeq = (x: Tensor) => g.squeeze(g.matmul(scoreSelect, g.unsqueeze(x, [1])), [1]); // [S]
     const out: SequenceLogps = { logp: perSeq(rl.lp), tokens: g.reduceSum(scoreSelect, [1], false) };
     if (rl.meanLogit && rl.entropy) {

@@ -24,6 +24,8 @@ export interface Sample {
   ids: number[];
   response: string;
   stopped: boolean;
+  /** With `logprobs`: each id's log-probability under the distribution it was drawn from. */
+  logps?: number[];
 }
 
 export interface SampleOptions extends SamplingOptions {
@@ -34,6 +36,8 @@ export interface SampleOptions extends SamplingOptions {
   batchSize?: number;
   /** Sample from softmax((1−m)·logits_θ + m·logits_other) with this other model and m. */
   mixture?: { decoder: Decoder; coef: number };
+  /** Return each sampled id's log-probability under the distribution it was drawn from (`Sample.logps`). */
+  logprobs?: boolean;
 }
 
 export class ModelSampler {
@@ -75,6 +79,8 @@ export async function sampleWith(tok: LoadedTokenizer, decoder: Decoder, prompts
   const out = await generateIds(parts, reqs, { ...o, stopIds, padId: tok.padId ?? tok.eosId ?? 0, vocabLimit: tok.vocabSize });
   return out.map((g, j) => {
     const i = Math.floor(j / n);
-    return { prompt: prompts[i], promptIndex: i, sample: j % n, promptIds: ids[i], ids: g.ids, response: responseText(tok, g.ids, g.stopped), stopped: g.stopped };
+    const s: Sample = { prompt: prompts[i], promptIndex: i, sample: j % n, promptIds: ids[i], ids: g.ids, response: responseText(tok, g.ids, g.stopped), stopped: g.stopped };
+    if (g.logps) s.logps = Array.from(g.logps);
+    return s;
   });
 }

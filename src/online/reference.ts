@@ -48,14 +48,17 @@ export class ReferenceScorer {
     private readonly params: Feeds,
   ) {}
 
-  /** `temperature`: the logits are divided by it, as the sampler's and the training graph's are (default 1). */
-  static async create(config: ModelConfig, weights: Map<string, FloatTensor>, runtime: RuntimeOptions, o: { temperature?: number } = {}): Promise<ReferenceScorer> {
+  /**
+   * `temperature`: the logits are divided by it, as the sampler's and the training graph's are (default
+   * 1); `vocabLimit`: ids from it on are left out of the distribution, as the sampler leaves them.
+   */
+  static async create(config: ModelConfig, weights: Map<string, FloatTensor>, runtime: RuntimeOptions, o: { temperature?: number; vocabLimit?: number } = {}): Promise<ReferenceScorer> {
     const g = new Graph('prefzoo_reference_logps');
     const inputIds = g.input('input_ids', 'int64', ['batch', 'seq']);
     const attentionMask = g.input('attention_mask', 'int64', ['batch', 'seq']);
     const lossMask = g.input('loss_mask', 'float32', ['batch', 'seq']);
     const model = buildCausalLM(g, config, declareParameters(g, config), { inputIds, attentionMask });
-    const seq = sequenceLogps(g, tempered(g, model, o.temperature ?? 1), lossMask, { perToken: true, dense: runtime.ep === 'webgpu' });
+    const seq = sequenceLogps(g, tempered(g, model, o.temperature ?? 1), lossMask, { perToken: true, dense: runtime.ep === 'webgpu', vocabLimit: o.vocabLimit });
     g.output(seq.tokenLogps!, 'token_logps');
     g.output(seq.logp, 'logp');
     const params: Feeds = {};

@@ -9,7 +9,7 @@
  *     r = method.collect(ctx, items, info)           (sampling from ctx.policy(): this step's weights)
  *     for u in 0 … updatesPerRound−1:                (one optimizer step each)
  *       micro = method.microBatches(ctx, r, u)       (summed gradients, one update: optimizerUpdate)
- *       NaN stop · metrics row · progress · method.afterUpdate (TR-DPO's reference sync)
+ *       NaN stop · method.stepped (a per-step controller) · metrics row · progress · method.afterUpdate (TR-DPO's reference sync)
  *       eval every eval_steps (the best checkpoint) · checkpoint every save_steps
  *   final/ (or method.save; the best checkpoint's weights with load_best_model_at_end) · final eval
  *
@@ -95,6 +95,8 @@ export interface SpecInput {
   init: Map<string, FloatTensor>;
   lora: LoraConfig | null;
   config: TrainConfig;
+  /** The tokenizer's vocabulary size: samplers draw only ids below it (embeddings are often padded past it). */
+  vocabLimit: number;
 }
 
 /**
@@ -164,6 +166,13 @@ export interface OnlineMethod<Item, Round> {
   afterUpdate?(ctx: OnlineContext, step: number): Promise<void>;
   /** Metrics of update `u` of a round, added to its metrics.jsonl row beside the graph's. */
   metrics?(round: Round, u: number): Record<string, number>;
+  /**
+   * Called once after each optimizer update, before its metrics row, with the graph's metrics (the
+   * means over the update's micro-batches, those named `_…` included: they are the method's and never
+   * written to a row). A controller that moves with every step (GRPO's adaptive entropy coefficient)
+   * updates here — its state then belongs in `state()`; what it returns joins the row.
+   */
+  stepped?(graph: Readonly<Record<string, number>>): Record<string, number>;
   /** The progress bar's fields for a row (default: loss). */
   progressFields?(row: Record<string, number>): ProgressFields;
   /**
@@ -304,7 +313,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
   const artDir = join(run, 'artifacts');
   ensureArtifacts(artDir, config, resuming, () => {
     const init = startingParams(base.config, base.weights, { lora, adapter: adapters.weights, valueHead: method.valueHead, seed: config.seed });
-    return method.spec({ model: base.config, init, lora, config });
+    return method.spec({ model: base.config, init, lora, config, vocabLimit: tok.vocabSize });
   });
   // The artifacts' checkpoint holds the starting weights now: a method that does not read them
   // again lets go of the loaded copy before the store takes its own.
@@ -425,7 +434,9 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
       }
       pending.next++;
       if (pending.next >= updates) pending = null;
-      const row = stepRows.row(step, order.epochs, up, lr, method.metrics ? method.metrics(round, u) : {});
+      const own = method.stepped ? method.stepped(up.metrics) : {};
+      for (const k of Object.keys(up.metrics)) if (k.startsWith('_')) delete up.metrics[k];
+      const row = stepRows.row(step, order.epochs, up, lr, { ...(method.metrics ? method.metrics(round, u) : {}), ...own });
       last = row;
       if (step % config.logging_steps === 0 || step === total) metrics.row(row);
       progress.update(step, method.progressFields ? method.progressFields(row) : { loss: row.loss });

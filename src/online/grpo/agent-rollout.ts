@@ -93,6 +93,11 @@ export class Episode {
   private readonly rendered: Message[];
   readonly ids: number[] = [];
   readonly lossMask: number[] = [];
+  /**
+   * Per token of `ids`, the sampler's log-prob (0 for the bridges' tokens, which the policy did not
+   * sample); null once a turn came without them (a rollout that does not ask for them).
+   */
+  logps: number[] | null = [];
   readonly records: (CallRecord & { arguments?: unknown })[] = [];
   turns = 0;
   iterations = 0;
@@ -126,12 +131,16 @@ export class Episode {
   }
 
   /**
-   * Takes one sampled turn (its ids, ending with the stop id when `endedOnStop`) and returns the ids
-   * to extend the row with before the next turn, or null when the rollout is over.
+   * Takes one sampled turn (its ids, ending with the stop id when `endedOnStop`, and the sampler's
+   * log-prob of each when it gave them) and returns the ids to extend the row with before the next
+   * turn, or null when the rollout is over.
    */
-  async take(segment: readonly number[], endedOnStop: boolean): Promise<number[] | null> {
+  async take(segment: readonly number[], endedOnStop: boolean, logps?: ArrayLike<number>): Promise<number[] | null> {
+    if (logps && logps.length !== segment.length) throw new Error(`agent rollout: a turn of ${segment.length} tokens came with ${logps.length} log-probs`);
     this.ids.push(...segment);
     for (let i = 0; i < segment.length; i++) this.lossMask.push(1);
+    if (this.logps && logps) for (let i = 0; i < logps.length; i++) this.logps.push(logps[i]);
+    else this.logps = null;
     this.turns++;
     const text = turnText(this.tok, segment, endedOnStop);
     const parsed = this.format ? parseToolCalls(text, this.format) : { content: text.trim(), toolCalls: [] as ToolCall[], errors: [] };
@@ -204,6 +213,8 @@ export class Episode {
     this.rendered.push(...answers);
     this.ids.push(...bridge);
     for (let i = 0; i < bridge.length; i++) this.lossMask.push(0);
+    // Bridge tokens are masked out of every loss term; 0 keeps the row aligned with `ids`.
+    if (this.logps) for (let i = 0; i < bridge.length; i++) this.logps.push(0);
     return bridge;
   }
 
@@ -266,7 +277,7 @@ export function agentRollout(s: AgentRolloutSettings, sources: AgentSources): Ro
         }),
       );
       const longest = Math.max(...starts.map((x) => x.promptIds.length));
-      session = GenerationSession.open(ctx.policy, { ...sampling, stopIds, padId: tok.padId ?? tok.eosId ?? 0, vocabLimit: tok.vocabSize, maxBatch: Math.min(32, n), slots: longest + s.max_completion_length });
+      session = GenerationSession.open(ctx.policy, { ...sampling, logprobs: !!req.logprobs, stopIds, padId: tok.padId ?? tok.eosId ?? 0, vocabLimit: tok.vocabSize, maxBatch: Math.min(32, n), slots: longest + s.max_completion_length });
       for (const x of starts) {
         if (x.promptIds.length + s.max_completion_length > session.maxPositions) {
           throw new UserError(`grpo: the prompt at ${req.prompts[x.i].at} is ${x.promptIds.length} tokens with its tools; with max_completion_length ${s.max_completion_length} it passes the model's ${session.maxPositions} positions`);
@@ -290,7 +301,8 @@ export function agentRollout(s: AgentRolloutSettings, sources: AgentSources): Ro
             for (;;) {
               if (failure) return;
               const seg = await row.generate({ maxNewTokens: ep.budget });
-              const next = await ep.take(seg.ids, seg.stop === 'stop-id');
+              if (req.logprobs && !seg.logps) throw new Error('agent rollout: the generation session gave no log-probs for a turn');
+              const next = await ep.take(seg.ids, seg.stop === 'stop-id', seg.logps);
               if (!next) break;
               row.extend(next);
             }
@@ -300,6 +312,7 @@ export function agentRollout(s: AgentRolloutSettings, sources: AgentSources): Ro
               ep.envReward = r ?? last?.reward ?? null;
             }
             out[j] = { prompt: x.i, promptIds: x.promptIds, ids: ep.ids, lossMask: ep.lossMask, text: ep.finalAnswer, stopped: ep.stopped, info: ep.info() as unknown as Record<string, unknown> };
+            if (req.logprobs) out[j].logps = ep.logps!;
           } catch (e) {
             // The first failure stops the round; the other rows stop at their next turn.
             failure ??= e;

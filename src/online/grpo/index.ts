@@ -11,17 +11,25 @@
  *                 group; then ÷ (std + 1e-4) of the group or the batch (scale_rewards), or not (none);
  *                 unscorable completions get 0
  *   log-probs     (round.ts) old ones per token when num_iterations > 1 (the policy that sampled; else
- *                 the live one, detached); reference ones when beta > 0 (the starting weights, adapters off)
+ *                 the live one, detached); reference ones when beta > 0 (the starting weights, adapters off);
+ *                 the sampler's own (Completion.logps, what the decoder drew each token with) for the
+ *                 sampler–trainer correction and the off-policy mask (vllm_importance_sampling_*, on by
+ *                 default as in TRL; off_policy_mask_threshold)
+ *   entropy       (entropy.ts) with entropy_coef ≠ 0 or use_adaptive_entropy the graph's per-token
+ *                 entropies keep their gradient; the adaptive controller moves the coefficient after
+ *                 every step and is saved in checkpoints
  *   updates       num_iterations on the round, each over its micro-batches of batch_size completions,
  *                 of the zoo's `grpo` loss (graph.ts; losses/grpo.ts: loss_type, importance_sampling_level,
  *                 epsilon, epsilon_high, delta, beta, top_entropy_quantile)
  *
- * Log-probs, entropies and the sampler all use the logits divided by `temperature`, as TRL does, so
- * the importance ratio compares the distributions completions were drawn from.
+ * Log-probs, entropies and the sampler all use the logits divided by `temperature`, as TRL does, and
+ * the same vocabulary (ids below the tokenizer's; padded embedding rows are never drawn), so the
+ * importance ratio compares the distributions completions were drawn from.
  *
  * Metrics (TRL's names, metrics.ts): reward, reward_std, rewards/<name>/mean and /std,
  * frac_reward_zero_std, completions/…, and from the graph loss, kl (beta > 0), entropy,
- * clip_ratio/… (cispo: cispo_clip_ratio). Every logging_steps the round's first prompt's completions,
+ * clip_ratio/… (cispo: cispo_clip_ratio), sampling/sampling_logp_difference/mean|max and
+ * sampling/importance_sampling_ratio/min|mean|max, policy_loss and entropy_coef (entropy bonus). Every logging_steps the round's first prompt's completions,
  * with their rewards and advantages, go to RUN/completions.jsonl (completions-log.ts). With eval_data
  * (a prompts file), the live weights are evaluated every eval_steps and at the end (evaluate.ts).
  */
@@ -37,9 +45,10 @@ import { computeAdvantages } from './advantages.ts';
 import { CompletionsLog } from './completions-log.ts';
 import { evaluateRewards, scoreCompletions } from './evaluate.ts';
 import { columnsOf, grpoSpec } from './graph.ts';
+import { EntropyController } from './entropy.ts';
 import { agentMetrics, lengthMetrics, rewardMetrics } from './metrics.ts';
 import { microBatches, roundLogps, type GrpoRound } from './round.ts';
-import { samplingRollout, type Rollout } from './rollout.ts';
+import { samplingRollout, type Completion, type Rollout } from './rollout.ts';
 import { AgentRun, type AgentOptions } from './agent-run.ts';
 import { GRPO_HONOURS, grpoLoss, rewardWeights, type GrpoSettings } from './settings.ts';
 
@@ -95,21 +104,23 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   }
   const scoring = { maxCompletionLength: s.max_completion_length, timeout: s.reward_timeout };
   const log = new CompletionsLog(o.out, Math.min(s.log_completions, G), (step) => Array.from({ length: s.num_iterations }, (_, u) => step + u).some((t) => t % config.logging_steps === 0));
+  const entropy = new EntropyController(p, s, cols);
   let ref: ReferenceScorer | null = null;
   const batching = (ctx: OnlineContext) => ({ batchSize: config.batch_size, padTo: config.pad_to_multiple_of, padId: ctx.tok.padId ?? ctx.tok.eosId ?? 0 });
   const method: OnlineMethod<PromptRow, GrpoRound> = {
     name: 'grpo',
     honours: GRPO_HONOURS,
-    spec: (x) => grpoSpec({ config: x.model, init: x.init, lora: x.lora, train: x.config, loss, settings: s }),
+    spec: (x) => grpoSpec({ config: x.model, init: x.init, lora: x.lora, train: x.config, loss, settings: s, vocabLimit: x.vocabLimit }),
     roundSize: () => perRound / G,
     updatesPerRound: () => s.num_iterations,
     async open(ctx) {
-      if (cols.ref) ref = await ReferenceScorer.create(ctx.model, ctx.baseWeights, ctx.runtime, { temperature: s.temperature });
+      if (cols.ref) ref = await ReferenceScorer.create(ctx.model, ctx.baseWeights, ctx.runtime, { temperature: s.temperature, vocabLimit: ctx.tok.vocabSize });
       log.truncateAfter(ctx.art.step);
       await agent?.start(ctx, o.resume ? ctx.art.step + 1 : undefined);
     },
     async collect(ctx, items, info) {
-      const completions = await rollout({ tok: ctx.tok, policy: await ctx.policy() }, { prompts: items, n: G, seed: ctx.rng.int(2 ** 31), step: info.step });
+      const completions = await rollout({ tok: ctx.tok, policy: await ctx.policy() }, { prompts: items, n: G, seed: ctx.rng.int(2 ** 31), step: info.step, logprobs: cols.sampling });
+      const sampling = cols.sampling ? samplerLogps(completions) : null;
       const { perFunction, rewards } = await scoreCompletions(fns, weights, items, completions, scoring);
       const { advantages, zeroStd } = computeAdvantages(rewards, G, s.scale_rewards, s.advantage);
       const masked = completions.some((c) => c.lossMask.some((m) => m !== 1));
@@ -121,6 +132,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
         advantages: Array.from(advantages),
         old: null,
         ref: null,
+        sampling,
         metrics: {
           ...rewardMetrics(names, perFunction, rewards),
           frac_reward_zero_std: zeroStd.filter(Boolean).length / zeroStd.length,
@@ -132,8 +144,13 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
       log.write(info.step, items[0].prompt, completions, names, perFunction, rewards, advantages);
       return round;
     },
-    microBatches: async (ctx, r) => microBatches(r, cols, batching(ctx)),
+    microBatches: async (ctx, r) => entropy.feed(microBatches(r, cols, batching(ctx))),
     metrics: (r) => r.metrics,
+    stepped: (graph) => entropy.stepped(graph),
+    state: () => ({ entropy: entropy.state() }),
+    restore(state) {
+      entropy.restore((state as { entropy?: unknown } | undefined)?.entropy);
+    },
     progressFields: (row) => ({ loss: row.loss, reward: row.reward }),
     evaluate: evalRows.length
       ? async (ctx: OnlineContext) => (await evaluateRewards(ctx.tok, await ctx.policy(), evalRows, fns, weights, { rollout, n: G, seed: config.seed * 31 + 7, step: -ctx.art.step - 1, ...scoring })).metrics
@@ -155,4 +172,20 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
     await releaseRewards(fns);
     await agent?.close();
   }
+}
+
+/**
+ * Each completion's sampler log-probs (`Completion.logps`), which the sampler–trainer correction and
+ * the off-policy mask read: a rollout that gives none is refused in one line.
+ */
+function samplerLogps(completions: readonly Completion[]): number[][] {
+  return completions.map((c, k) => {
+    if (!c.logps || c.logps.length !== c.ids.length) {
+      throw new UserError(
+        `grpo: this rollout gives no sampler log-probs (Completion.logps) for completion ${k} (${c.logps ? `${c.logps.length} for ${c.ids.length} tokens` : 'none'}); ` +
+          'they feed vllm_importance_sampling_correction and off_policy_mask_threshold: set vllm_importance_sampling_correction=false and leave off_policy_mask_threshold unset, or return logps from the rollout',
+      );
+    }
+    return c.logps;
+  });
 }

@@ -23,6 +23,12 @@ export interface Completion {
   text: string;
   /** Whether it ended on a stop token (false: cut at the length limit). */
   stopped: boolean;
+  /**
+   * With `RolloutRequest.logprobs`: per token of `ids`, the log-probability the sampler drew it with
+   * (the tempered distribution the training graph scores it under); 0 where `lossMask` is 0 (tokens
+   * the policy did not sample, which no loss term reads).
+   */
+  logps?: number[];
   /** What else the rollout records about it (turns, tool calls, …); JSON. */
   info: Record<string, unknown>;
 }
@@ -35,6 +41,8 @@ export interface RolloutRequest {
   seed: number;
   /** The optimizer step the round feeds (1-based; negative for an evaluation): keys the tool journal. */
   step?: number;
+  /** Each completion must carry its sampler log-probs (`Completion.logps`): the sampler–trainer correction reads them. */
+  logprobs?: boolean;
 }
 
 /** What a rollout runs on: the tokenizer and a decoder over the weights to sample from. */
@@ -56,7 +64,10 @@ export interface SamplingSettings {
 export function samplingRollout(s: SamplingSettings): Rollout {
   const sampling = samplingOptions({ temperature: s.temperature, topK: s.top_k, topP: s.top_p });
   return async (ctx, req) => {
-    const samples = await sampleWith(ctx.tok, ctx.policy, req.prompts.map((r) => r.prompt), { n: req.n, seed: req.seed, maxNewTokens: s.max_completion_length, ...sampling });
-    return samples.map((x) => ({ prompt: x.promptIndex, promptIds: x.promptIds, ids: x.ids, lossMask: x.ids.map(() => 1), text: x.response, stopped: x.stopped, info: {} }));
+    const samples = await sampleWith(ctx.tok, ctx.policy, req.prompts.map((r) => r.prompt), { n: req.n, seed: req.seed, maxNewTokens: s.max_completion_length, logprobs: req.logprobs, ...sampling });
+    return samples.map((x) => ({
+      prompt: x.promptIndex, promptIds: x.promptIds, ids: x.ids, lossMask: x.ids.map(() => 1), text: x.response, stopped: x.stopped, info: {},
+      ...(x.logps ? { logps: x.logps } : {}),
+    }));
   };
 }

@@ -1,7 +1,8 @@
 /**
  * A sampled, scored round and its micro-batches: each completion's tokens, whether it counts in the
  * loss, its advantage, and — when the loss reads them — its tokens' old log-probs (the sampling
- * policy's, through the artifacts' eval graph) and reference log-probs (the reference scorer's).
+ * policy's, through the artifacts' eval graph), reference log-probs (the reference scorer's) and
+ * sampler log-probs (what the decoder drew them with, for the sampler–trainer correction).
  */
 import type { TrainingArtifacts } from '../../artifacts/training.ts';
 import { toOrt, type Feeds } from '../../runtime/session.ts';
@@ -21,6 +22,8 @@ export interface GrpoRound {
   /** Per completion, its tokens' old / reference log-probs (only when used). */
   old: number[][] | null;
   ref: number[][] | null;
+  /** Per completion, the log-probs its tokens were sampled with (`Completion.logps`; when the correction reads them). */
+  sampling: number[][] | null;
   metrics: Record<string, number>;
 }
 
@@ -79,6 +82,7 @@ export function microBatches(r: GrpoRound, cols: Columns, b: Batching): MicroBat
     };
     if (r.old) feeds.old_token_logps = toOrt('float32', scatterTokens(idx.map((i) => r.old![i]), mask, rows, T), [rows, T]);
     if (r.ref) feeds.ref_token_logps = toOrt('float32', scatterTokens(idx.map((i) => r.ref![i]), mask, rows, T), [rows, T]);
+    if (cols.sampling) feeds.sampling_token_logps = toOrt('float32', scatterTokens(idx.map((i) => r.sampling![i]), mask, rows, T), [rows, T]);
     if (cols.items) feeds.num_items_in_batch = toOrt('float32', Float32Array.of(Math.max(items, 1)), []);
     // The loss mask: truncated completions under mask_truncated_completions leave the loss whole, and
     // tokens the rollout masked (not the policy's own) leave it one by one — after the old and

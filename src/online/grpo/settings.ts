@@ -44,8 +44,16 @@ declareCommand('grpo', { honours: GRPO_HONOURS, own: GRPO_SETTINGS, lossParams: 
 export function grpoLoss(lossParams: Record<string, unknown>, s: GrpoSettings): BoundLoss {
   // Log-probs, entropies and the importance ratio use logits / temperature: greedy decoding has none.
   if (!(s.temperature > 0)) throw new UserError(`grpo: temperature must be > 0 (its log-probs use the logits divided by it), got ${s.temperature}`);
-  return resolveLoss('grpo', { ...lossParams, max_completion_length: s.max_completion_length });
+  const given: Record<string, unknown> = { ...lossParams, max_completion_length: s.max_completion_length };
+  // The rollout feeds sampler log-probs, and vespo takes their correction per token (into its weight φ):
+  // its mode defaults to token_truncate instead of TRL's sequence_mask.
+  const modeGiven = 'vllm_importance_sampling_mode' in given || 'sampling_importance_sampling_mode' in given;
+  if (given.loss_type === 'vespo' && !modeGiven) given.vllm_importance_sampling_mode = VESPO_SAMPLING_MODE;
+  return resolveLoss('grpo', given);
 }
+
+/** vllm_importance_sampling_mode's default under loss_type=vespo (see `grpoLoss`). */
+export const VESPO_SAMPLING_MODE = 'token_truncate';
 
 /** Weights of the reward functions: reward_weights, or 1 each. */
 export function rewardWeights(s: GrpoSettings, names: readonly string[]): number[] {
