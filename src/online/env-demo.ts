@@ -8,7 +8,10 @@
  *
  *   1. a tiny llama warm-started by SFT on games whose guesses are drawn at random, whatever the
  *      feedback says: it learns to answer with one number and stop, and nothing about which number
- *   2. `grpo --env` on the game (the multi-turn rollout on the generation session, agent-rollout.ts)
+ *   2. `grpo --env` on the game (the multi-turn rollout on the generation session, agent-rollout.ts),
+ *      loss_type=grpo: a lost game takes all three guesses and a won one may end sooner, so a
+ *      token-level loss (dapo) gives the losing rollouts most of the weight and drains probability
+ *      from the sampled tokens (measured: entropy 1.0 → 3+ nats within 90 steps at lr 2e-3)
  *   3. held-out accuracy: the share of games won among 8 rollouts (temperature 1) per held-out episode
  *      seed, of the starting and the trained policy; and the ceiling: the trained policy playing the
  *      same games with every wrong guess answered "no" instead of "higher" or "lower"
@@ -88,7 +91,7 @@ const GRPO_BASE: Partial<TrainConfig> = {
 };
 const G = 8;
 const ROLLOUT: AgentRolloutSettings = { temperature: 1, top_p: 1, top_k: 0, max_completion_length: 64, max_turns: GUESSES, max_tool_calling_iterations: 0, max_tool_response_tokens: 16 };
-const GRPO_PARAMS = [`num_generations=${G}`, `max_completion_length=${ROLLOUT.max_completion_length}`, `max_turns=${ROLLOUT.max_turns}`, 'temperature=1', 'beta=0.04'];
+const GRPO_PARAMS = [`num_generations=${G}`, `max_completion_length=${ROLLOUT.max_completion_length}`, `max_turns=${ROLLOUT.max_turns}`, 'temperature=1', 'beta=0.04', 'loss_type=grpo'];
 const TRAIN_PROMPTS = 2000;
 const HELDOUT_PROMPTS = 64;
 
