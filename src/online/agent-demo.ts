@@ -79,3 +79,13 @@ export function keepAgentDemoEval(run: string, r: AgentDemoResult, start: AgentE
     values: { ceiling_without_tools: r.ceiling_without_tools, tool_call_frequency_final: r.tool_call_frequency_final, num_turns_final: r.num_turns_final, steps: r.steps, seconds: r.seconds },
   });
 }
+
+/** Notes each stage's process CPU seconds since the last call (the demos' budget is in CPU time). */
+export function cpuLaps(log: (line: string) => void): (stage: string) => void {
+  let last = process.cpuUsage();
+  return (stage) => {
+    const now = process.cpuUsage();
+    log(`demo: ${stage} ${((now.user + now.system - last.user - last.system) / 1e6).toFixed(1)} CPU s`);
+    last = now;
+  };
+}

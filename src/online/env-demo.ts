@@ -29,7 +29,7 @@ import { SeededRandom } from '../random.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
 import { SILENT } from '../progress.ts';
-import { evaluateAgent, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
+import { cpuLaps, evaluateAgent, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
 import { grpo, type AgentRolloutInfo, type AgentRolloutSettings } from './grpo/index.ts';
 import { readPromptRows } from './prompts.ts';
 import type { RewardFunction } from './rewards/index.ts';
@@ -130,23 +130,21 @@ export async function runEnvDemo(o: AgentDemoOptions): Promise<AgentDemoResult> 
     const game = randomGame(rand, 1 + rand.int(HIGHEST));
     return { prompt, responses: [game, game] };
   });
-  const cpu0 = process.cpuUsage();
+  const lap = cpuLaps(log);
   const start = await train({
     model: join(dir, 'model'), data: 'games.jsonl', rows: { kind: 'pairwise', meta: makeMeta('pairwise', 'messages', 'demo'), examples: warm, files: [] },
     loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed, ...(o.warmStartSteps !== undefined ? { max_steps: o.warmStartSteps } : {}) },
     reporter: o.reporter, overwrite: true,
   });
 
-  const cpu1 = process.cpuUsage();
-  log(`demo: warm start ${((cpu1.user + cpu1.system - cpu0.user - cpu0.system) / 1e6).toFixed(1)} CPU s`);
+  lap('warm start');
   const run = join(dir, 'grpo');
   const r = await grpo({
     model: start.finalDir, prompts: promptsFile, rewards: [], env: guessingGame(), out: run, overwrite: true,
     base: { ...GRPO_BASE, seed: o.seed }, params: [...GRPO_PARAMS, ...(o.params ?? [])], reporter: o.reporter,
   });
 
-  const cpu2 = process.cpuUsage();
-  log(`demo: grpo ${((cpu2.user + cpu2.system - cpu1.user - cpu1.system) / 1e6).toFixed(1)} CPU s`);
+  lap('grpo');
   // Start, final and ceiling: the same held-out episode seeds (secrets) and sampler; only the model or the feedback differs.
   const held = await readPromptRows(heldoutFile);
   const evalWith = (model: string, feedback: boolean) =>
@@ -155,8 +153,7 @@ export async function runEnvDemo(o: AgentDemoOptions): Promise<AgentDemoResult> 
   const after = await evalWith(r.finalDir, true);
   const ceiling = await evalWith(r.finalDir, false);
 
-  const cpu3 = process.cpuUsage();
-  log(`demo: evaluations ${((cpu3.user + cpu3.system - cpu2.user - cpu2.system) / 1e6).toFixed(1)} CPU s`);
+  lap('evaluations');
   const result: AgentDemoResult = {
     method: 'env',
     heldout_accuracy_start: before.accuracy,

@@ -37,7 +37,7 @@ import { renderChat } from '../tokenize/conversation.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
 import { SILENT } from '../progress.ts';
-import { evaluateAgent, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
+import { cpuLaps, evaluateAgent, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
 import { grpo, type AgentRolloutSettings } from './grpo/index.ts';
 import { readPromptRows } from './prompts.ts';
 import { loadAllRewards, releaseRewards } from './rewards/index.ts';
@@ -148,23 +148,21 @@ export async function runToolsDemo(o: AgentDemoOptions): Promise<AgentDemoResult
     const resp = conversation('-?', KEYS[rand.int(KEYS.length)], digit);
     return { prompt: resp.slice(0, 1), responses: [resp.slice(1), resp.slice(1)], ...(i % 3 === 0 ? { tools: [SPEC] } : {}) };
   });
-  const cpu0 = process.cpuUsage();
+  const lap = cpuLaps(log);
   const start = await train({
     model: join(dir, 'model'), data: 'format.jsonl', rows: { kind: 'pairwise', meta: makeMeta('pairwise', 'messages', 'demo'), examples: warm, files: [] },
     loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed, ...(o.warmStartSteps !== undefined ? { max_steps: o.warmStartSteps } : {}) },
     reporter: o.reporter, overwrite: true,
   });
 
-  const cpu1 = process.cpuUsage();
-  log(`demo: warm start ${((cpu1.user + cpu1.system - cpu0.user - cpu0.system) / 1e6).toFixed(1)} CPU s`);
+  lap('warm start');
   const run = join(dir, 'grpo');
   const r = await grpo({
     model: start.finalDir, prompts: promptsFile, rewards: ['accuracy'], tools: [LOOKUP_TOOL as unknown as ToolDef], out: run, overwrite: true,
     base: { ...GRPO_BASE, seed: o.seed }, params: [...GRPO_PARAMS, ...(o.params ?? [])], reporter: o.reporter,
   });
 
-  const cpu2 = process.cpuUsage();
-  log(`demo: grpo ${((cpu2.user + cpu2.system - cpu1.user - cpu1.system) / 1e6).toFixed(1)} CPU s`);
+  lap('grpo');
   // Start, final and ceiling: the same held-out prompts, seeds and sampler; only the model or the tool differs.
   const held = await readPromptRows(heldoutFile);
   const [accuracy] = await loadAllRewards(['accuracy']);
@@ -177,8 +175,7 @@ export async function runToolsDemo(o: AgentDemoOptions): Promise<AgentDemoResult
   const ceiling = await evalWith(r.finalDir, USELESS_TOOL);
   await releaseRewards([accuracy]);
 
-  const cpu3 = process.cpuUsage();
-  log(`demo: evaluations ${((cpu3.user + cpu3.system - cpu2.user - cpu2.system) / 1e6).toFixed(1)} CPU s`);
+  lap('evaluations');
   const result: AgentDemoResult = {
     method: 'tools',
     heldout_accuracy_start: before.accuracy,
