@@ -177,7 +177,10 @@ export class Decoder {
     // pad the one column to a panel of 16 and multiply all of them; at two rows packing W costs less
     // than the padding still (docs/performance.md: 1.09× a step; at four, even). Baked weights are
     // x·Wᵀ in every step graph already (prepacked), and a second session would copy them again.
-    const kind = cache.rows <= 2 && !this.baked ? 'stepSmall' : 'step';
+    // Only a cache made for at most two rows takes it: a larger batch that shrinks to two rows at its
+    // tail keeps its own graph, as a second session for those last steps would raise the run's peak
+    // memory (measured +10 MB on a rollout: its arena and plan, beside the batch's) for a few steps.
+    const kind = cache.maxRows <= 2 && !this.baked ? 'stepSmall' : 'step';
     await (await this.session(kind, headOf(pick))).run(feeds, cache.outputs(pick?.head));
     cache.writeStep((name) => cache.newSlot(name));
     return pick ? (pick.head === 'sample' ? { tokens: cache.tokens(), logps: cache.logps() } : { tokens: cache.tokens() }) : { logits: cache.logits() };
