@@ -23,7 +23,7 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 describe('the gradient of gathered rows', () => {
   it('with two threads is the float64 sum over repeated indices rounded once, bit for bit, run after run', async () => {
     // Large enough that ONNX Runtime splits a scatter-add over its threads (ScatterND(add) did, and
-    // then the rows of a repeated index were added in varying order). A quarter of the rows carry
+    // then the rows of a repeated index were added in varying order, some lost). A quarter of the rows carry
     // index 0, as pad tokens do; the rest are skewed towards low indices. N is symbolic.
     const V = 200, N = 16384, H = 256;
     const g = new Graph('gather');
