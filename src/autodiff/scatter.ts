@@ -35,7 +35,7 @@ export function sortedScatterAdd(g: Graph, data: Tensor, idx: Tensor, rows: Tens
   // The running sum at each run's last row, and at the one before it (0 before the first run).
   const last = g.sub(g.cumSum(counts, 0), g.constant(1, 'int64'));
   const atLast = g.gather(running, last, 0);
-  const r = rows.rank;
+  const r = data.rank; // rows' too (their shape may be unknown in a graph read back from a file)
   // Shifted down a row: a zero row on top, the last row off (a negative pad crops).
   const pads = Array(2 * r).fill(0);
   pads[0] = 1;
