@@ -166,6 +166,48 @@ describe('gradients()', () => {
     expect(got).toEqual([Math.floor(ev[0]), Math.floor(ev[1]), 2 * Math.floor(ev[2]), 2 * Math.floor(ev[3]), 0, 0, 0, 0]);
   });
 
+  it('sums the rows of a gather into its table in both scatter-add forms, for repeated and negative indices and for no rows', async () => {
+    const V = 5, D = 3;
+    for (const scatterAdd of ['sorted', 'elements'] as const) {
+      const g = new Graph();
+      const emb = g.input('emb', 'float64', [V, D]);
+      const ids = g.input('ids', 'int64', ['N']);
+      const u = g.input('u', 'float64', ['N', D]);
+      const y = g.reduceSum(g.mul(g.gather(emb, ids, 0), u), undefined, false);
+      const n0 = g.nodes.length;
+      const [demb] = gradients(g, y, [emb], { scatterAdd });
+      expect(added(g, n0).some((n) => n.op === 'TopK')).toBe(scatterAdd === 'sorted');
+      const name = g.output(demb!, 'demb').name;
+      const s = await Session.create(serializeModel(g));
+      for (const idv of [[4, -1, 0, 4, 2, -5, 4, 1], []]) {
+        const uv = Float64Array.from({ length: idv.length * D }, (_, i) => Math.sin(i + 1));
+        const want = new Float64Array(V * D);
+        idv.forEach((v, i) => {
+          for (let d = 0; d < D; d++) want[((v + V) % V) * D + d] += uv[i * D + d];
+        });
+        const r = await s.run({ emb: toOrt('float64', new Float64Array(V * D), [V, D]), ids: toOrt('int64', BigInt64Array.from(idv.map(BigInt)), [idv.length]), u: toOrt('float64', uv, [idv.length, D]) }, [name]);
+        const got = Array.from(r[name].data as Float64Array);
+        got.forEach((v, k) => expect(v, `${scatterAdd}, ${idv.length} rows, element ${k}`).toBeCloseTo(want[k], 14));
+      }
+      await s.release();
+    }
+  });
+
+  it('differentiates a gather read back from ONNX bytes (the gathered rows of unknown shape)', async () => {
+    const f = new Graph();
+    f.input('emb', 'float32', [4, 2]);
+    f.input('ids', 'int64', [3]);
+    f.output(f.reduceSum(f.tanh(f.gather(f.tensor('emb'), f.tensor('ids'), 0)), undefined, false), 'y');
+    const g = parseModel(serializeModel(f)).graph;
+    const name = g.output(gradients(g, g.tensor('y'), [g.tensor('emb')])[0]!, 'demb').name;
+    const s = await Session.create(serializeModel(g));
+    const ev = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8];
+    const r = await s.run({ emb: toOrt('float32', Float32Array.from(ev), [4, 2]), ids: toOrt('int64', BigInt64Array.of(1n, 3n, 1n), [3]) }, [name]);
+    await s.release();
+    const times = [0, 2, 0, 1]; // how often each row is gathered
+    Array.from(r[name].data as Float32Array).forEach((v, k) => expect(v).toBeCloseTo(times[k >> 1] * (1 - Math.tanh(ev[k]) ** 2), 6));
+  });
+
   it('fails clearly on an op without a rule only when its gradient is needed', () => {
     const g = new Graph();
     const x = g.input('x', 'float32', [3, 3]);

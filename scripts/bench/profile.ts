@@ -117,7 +117,7 @@ console.log(`${a.graph} graph, ${preset}, opt ${runtime.optLevel}, threads ${run
 const region = (name: string) => {
   if (name.startsWith('optimizer/')) return 'optimizer';
   const grad = name.includes('grad/') ? 'grad ' : 'fwd  ';
-  const m = name.match(/layers\.\d+\/(attn|mlp)/) ?? name.match(/(lm_head|logps|loss_\w+|rope|embed|batch|grad_out)/);
+  const m = name.match(/(scatter_add)/) ?? name.match(/layers\.\d+\/(attn|mlp)/) ?? name.match(/(lm_head|logps|loss_\w+|rope|embed|batch|grad_out)/);
   return grad + (m ? m[1] : 'other');
 };
 table('by op type', (_, op) => op, Number(a.top));

@@ -124,8 +124,12 @@ function checkSpec(spec: ArtifactSpec): void {
   }
 }
 
-/** Builds the training graph (forward + autodiff + accumulation), pruned. */
-export function buildTrainingGraph(spec: ArtifactSpec): { graph: Graph; metrics: string[] } {
+/**
+ * Builds the training graph (forward + autodiff + accumulation), pruned. For WebGPU a gather's
+ * gradient is ScatterElements(add): the sorted segment sums need TopK, Unique and float64, which
+ * that provider lacks (and its scatter-adds are not repeatable anyway: docs/architecture.md, Determinism).
+ */
+export function buildTrainingGraph(spec: ArtifactSpec, target: ArtifactTarget = 'cpu'): { graph: Graph; metrics: string[] } {
   const g = new Graph('training');
   const { params, batch } = declareInputs(g, spec);
   const fwd = spec.buildForward(g, params, batch, 'train');
@@ -141,7 +145,7 @@ export function buildTrainingGraph(spec: ArtifactSpec): { graph: Graph; metrics:
   const wrt = trainable.map((p) => params[p.name]);
   const firstBackward = g.nodes.length;
   const lowMemory = spec.recompute !== undefined;
-  const grads = gradients(g, fwd.loss, wrt, { eagerSums: lowMemory });
+  const grads = gradients(g, fwd.loss, wrt, { eagerSums: lowMemory, scatterAdd: target === 'webgpu' ? 'elements' : 'sorted' });
   const accumulate = spec.gradientAccumulation ?? true;
   // A tensor that is the gradient of two parameters must not take either one's running sum.
   const seen = new Map<string, number>();
@@ -210,14 +214,14 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string, opts: { targe
   checkSpec(spec);
   const trainable = spec.params.filter((p) => p.trainable);
   const dtype = trainable[0].dtype as 'float32' | 'float64';
-  const training = buildTrainingGraph(spec);
+  const training = buildTrainingGraph(spec, target);
   const evalGraph = buildEvalGraph(spec);
   const opt = buildOptimizerGraph(
     trainable.map((p) => ({ name: p.name, shape: p.shape, decay: p.decay ?? defaultDecay(p.name, p.shape) })),
     spec.optimizer,
     dtype,
   );
-  const stepGraph = fuseOptimizer(buildTrainingGraph({ ...spec, gradientAccumulation: false }).graph, opt);
+  const stepGraph = fuseOptimizer(buildTrainingGraph({ ...spec, gradientAccumulation: false }, target).graph, opt);
   for (const g of [training.graph, evalGraph, opt.graph, stepGraph]) {
     elideBroadcastExpands(g);
     foldScatterAddIntoSum(g);

@@ -7,7 +7,7 @@
 import { Graph, Tensor } from '../onnx/graph.ts';
 import { serializeModel } from '../onnx/proto.ts';
 import { Session, toOrt } from '../runtime/session.ts';
-import { gradients } from './index.ts';
+import { gradients, type GradientOptions } from './index.ts';
 import { uniform } from '../random.ts';
 
 /** How an input's values are drawn: uniform in [lo, hi], optionally kept ≥ gap away from 0 (kinks). */
@@ -33,6 +33,8 @@ export interface GradCase {
    * (Erf): an independent float64 evaluation of the same function from standard ops.
    */
   reference?: (g: Graph, xs: Tensor[]) => Tensor;
+  /** Options of the gradient graph (a rule's other form, e.g. scatterAdd 'elements'). */
+  gradients?: GradientOptions;
 }
 
 export interface CaseResult {
@@ -125,7 +127,7 @@ function outputDims(c: GradCase): number[] {
 export async function analyticGradients(c: GradCase, data: Float64Array[], weights: Float64Array, o: EvalOptions = {}): Promise<Float64Array[]> {
   const dtype = o.dtype ?? 'float64';
   const an = lossGraph(c, c.build, weights, o);
-  const grads = gradients(an.g, an.loss(outputDims(c)), an.xs);
+  const grads = gradients(an.g, an.loss(outputDims(c)), an.xs, c.gradients);
   const names = grads.map((t, i) => {
     if (!t) throw new Error(`gradcheck ${c.op}/${c.name}: no gradient for input ${i}`);
     return an.g.output(t, `grad_${i}`).name;
@@ -298,6 +300,8 @@ export const CASES: GradCase[] = [
   { op: 'Pad', name: 'constant value as input', inputs: [any([2, 3]), any([])], build: (g, [a, v]) =>
     g.op('Pad', [a, g.ints([1, 0, 0, 2]), v], { mode: { kind: 'string', value: 'constant' } }, [{ dtype: a.dtype, shape: [3, 5] }])[0] },
   { op: 'Gather', name: 'axis 0, repeated 2-D indices', inputs: [any([5, 3])], build: (g, [a]) => g.gather(a, i64(g, [1, 3, 1, 0, 3, 3], [2, 3]), 0) },
+  { op: 'Gather', name: 'axis 0, repeated + negative', inputs: [any([5, 3])], build: (g, [a]) => g.gather(a, i64(g, [4, -1, 0, 4, 2, -5, 4], [7]), 0) },
+  { op: 'Gather', name: 'axis 0, ScatterElements (WebGPU)', inputs: [any([5, 3])], build: (g, [a]) => g.gather(a, i64(g, [1, 3, 1, 0, 3, 3], [2, 3]), 0), gradients: { scatterAdd: 'elements' } },
   { op: 'Gather', name: 'axis 1, repeated + negative', inputs: [any([2, 4, 3])], build: (g, [a]) => g.gather(a, i64(g, [2, -1, 2, 0], [4]), 1) },
   { op: 'Gather', name: 'int32 indices', inputs: [any([4, 2])], build: (g, [a]) => g.gather(a, g.constant([1, 3, 1], 'int32', [3]), 0) },
   { op: 'Gather', name: 'scalar index', inputs: [any([4, 3])], build: (g, [a]) => g.gather(a, i64(g, [2], []), 0) },

@@ -5,11 +5,11 @@
  */
 import { Graph, Tensor, type Node } from '../onnx/graph.ts';
 import { isFloat } from '../onnx/dtype.ts';
-import { RULES, NON_DIFFERENTIABLE, type RuleContext } from './rules.ts';
+import { RULES, NON_DIFFERENTIABLE, type RuleContext, type ScatterAdd } from './rules.ts';
 import { expandLike } from './shape.ts';
 
 export { unbroadcast } from './shape.ts';
-export { RULES, NON_DIFFERENTIABLE, type Rule, type RuleContext } from './rules.ts';
+export { RULES, NON_DIFFERENTIABLE, type Rule, type RuleContext, type ScatterAdd } from './rules.ts';
 
 export interface GradientOptions {
   /** Upstream gradient of y (y's dtype and shape); default ones. */
@@ -19,6 +19,8 @@ export interface GradientOptions {
    * of one Sum at first use: the contributions need not all be alive at once (recomputation).
    */
   eagerSums?: boolean;
+  /** How a gather's gradient adds the rows of a repeated index; default 'sorted' (rules.ts, ScatterAdd). */
+  scatterAdd?: ScatterAdd;
 }
 
 /**
@@ -60,7 +62,7 @@ export function gradients(g: Graph, y: Tensor, wrt: Tensor[], opts: GradientOpti
         const op = node.domain ? `${node.domain}.${node.op}` : node.op;
         throw new Error(`autodiff: no gradient rule for op ${op} (node ${node.name}); add one to src/autodiff/rules.ts`);
       }
-      const dx = rule(context(g, node, dy, needs));
+      const dx = rule(context(g, node, dy, needs, opts.scatterAdd ?? 'sorted'));
       dx.forEach((d, i) => {
         if (!d || !needs[i]) return;
         const name = node.inputs[i];
@@ -72,7 +74,7 @@ export function gradients(g: Graph, y: Tensor, wrt: Tensor[], opts: GradientOpti
   });
 }
 
-function context(g: Graph, node: Node, dy: (Tensor | null)[], needs: boolean[]): RuleContext {
+function context(g: Graph, node: Node, dy: (Tensor | null)[], needs: boolean[], scatterAdd: ScatterAdd): RuleContext {
   const attrOf = (name: string) => node.attrs[name];
   return {
     g,
@@ -81,6 +83,7 @@ function context(g: Graph, node: Node, dy: (Tensor | null)[], needs: boolean[]):
     y: node.outputs.map((o) => g.tensor(o)),
     dy,
     needs,
+    scatterAdd,
     when: (i, fn) => (needs[i] ? fn() : null),
     int: (name, dflt) => {
       const a = attrOf(name);

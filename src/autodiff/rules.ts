@@ -6,6 +6,7 @@
  */
 import { Graph, Tensor, attr, type Node } from '../onnx/graph.ts';
 import { unbroadcast, reshapeLike, expandLike, zerosLike } from './shape.ts';
+import { sortedScatterAdd } from './scatter.ts';
 
 export interface RuleContext {
   g: Graph;
@@ -23,7 +24,16 @@ export interface RuleContext {
   int(name: string, dflt: number): number;
   float(name: string, dflt: number): number;
   ints(name: string): number[] | undefined;
+  /** How a gather's gradient adds the rows of a repeated index (GradientOptions.scatterAdd). */
+  scatterAdd: ScatterAdd;
 }
+
+/**
+ * 'sorted': rows sorted by index and summed per index in float64 before one ScatterND (scatter.ts);
+ * 'elements': ScatterElements(add), for providers without TopK, Unique or float64 (WebGPU).
+ * Both repeat to the bit on ONNX Runtime's CPU provider whatever its threads.
+ */
+export type ScatterAdd = 'sorted' | 'elements';
 
 /** Returns one gradient (or null) per node input. */
 export type Rule = (c: RuleContext) => (Tensor | null)[];
@@ -189,12 +199,13 @@ function sliceGrad(c: RuleContext): (Tensor | null)[] {
 }
 
 /**
- * Gather: the rows of dy accumulate into the gathered rows with ScatterElements(add) along the axis.
- * Not ScatterND(add), although it adds whole rows at once: ONNX Runtime's CPU kernel splits its
- * updates over the thread pool, so the additions for a repeated index (a token seen twice) land in
- * varying order, or race, and two runs differ in the last bits. ScatterElements gives each output
- * element to one thread and adds its updates in index order: the same sum every run, and the one a
- * sequential loop over the rows gives.
+ * Gather: the rows of dy accumulate into the gathered rows. Not with ScatterND(add), although it adds
+ * whole rows at once: ONNX Runtime's CPU kernel splits its updates over the thread pool, so the
+ * additions for a repeated index (a token seen twice) land in varying order, or race, and two runs
+ * differ in the last bits. Along axis 0 (embeddings, an output head's target rows) the rows are
+ * sorted and summed per index first (scatter.ts), so that the ScatterND places each row once; along
+ * another axis, or with `scatterAdd: 'elements'`, ScatterElements(add), which gives each output
+ * element to one thread and adds its updates in index order: repeatable too, but element by element.
  */
 function gatherGrad(c: RuleContext): (Tensor | null)[] {
   const { g } = c;
@@ -203,21 +214,28 @@ function gatherGrad(c: RuleContext): (Tensor | null)[] {
   const a = norm(c.int('axis', 0), rank(x));
   // One index: a single row to place, nothing to accumulate (and no shape arithmetic).
   if (a === 0 && idx.shape?.length === 0) return [g.scatterND(zerosLike(g, x), g.unsqueeze(int64(g, idx), [-1]), dy, 'add')];
-  const xs = x.staticShape;
-  // dy with the index dims flattened to one axis (already so for a vector of indices).
-  let d2 = dy;
-  if (idx.shape?.length !== 1) {
-    const flatShape = xs
-      ? g.ints(xs.map((d, i) => (i === a ? -1 : d)))
-      : g.concat([g.shapeOf(x, 0, a), g.ints([-1]), g.shapeOf(x, a + 1)], 0);
-    d2 = g.op('Reshape', [dy, flatShape], {}, [{ dtype: dy.dtype, shape: x.shape!.map((d, i) => (i === a ? '?' : d)) }])[0];
-  }
-  const shape = Array(rank(x)).fill(1);
-  shape[a] = -1;
-  // The indices broadcast over the other axes. Expand broadcasts both ways, so against x's shape
-  // with a 1 on the axis when it is known: no Shape of dy to compute.
-  const i2 = g.expand(g.reshape(idx, shape), xs ? xs.map((d, i) => (i === a ? 1 : d)) : g.shapeOf(d2));
-  return [g.scatterElements(zerosLike(g, x), i2, d2, a, 'add')];
+  // Named scatter_add/… so that profiles (scripts/bench/profile.ts) show what the scatter-adds cost.
+  return g.scope('scatter_add', () => {
+    const xs = x.staticShape;
+    // dy with the index dims flattened to one axis (already so for a vector of indices).
+    let d2 = dy;
+    if (idx.shape?.length !== 1) {
+      const flatShape = xs
+        ? g.ints(xs.map((d, i) => (i === a ? -1 : d)))
+        : g.concat([g.shapeOf(x, 0, a), g.ints([-1]), g.shapeOf(x, a + 1)], 0);
+      d2 = g.op('Reshape', [dy, flatShape], {}, [{ dtype: dy.dtype, shape: x.shape!.map((d, i) => (i === a ? '?' : d)) }])[0];
+    }
+    if (a === 0 && c.scatterAdd === 'sorted') {
+      const flat = idx.shape?.length === 1 ? idx : g.reshape(idx, [-1]);
+      return [sortedScatterAdd(g, zerosLike(g, x), flat, d2)];
+    }
+    const shape = Array(rank(x)).fill(1);
+    shape[a] = -1;
+    // The indices broadcast over the other axes. Expand broadcasts both ways, so against x's shape
+    // with a 1 on the axis when it is known: no Shape of dy to compute.
+    const i2 = g.expand(g.reshape(idx, shape), xs ? xs.map((d, i) => (i === a ? 1 : d)) : g.shapeOf(d2));
+    return [g.scatterElements(zerosLike(g, x), i2, d2, a, 'add')];
+  });
 }
 
 /** Pad (constant mode, constant non-negative pads): the gradient is the un-padded window of dy. */
