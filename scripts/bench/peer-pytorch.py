@@ -281,6 +281,25 @@ def matmul_peak(n=2048, runs=10, device='cpu', sync=lambda: None):
     return max(rates)
 
 
+def check_blas():
+    """
+    Debian's python3-torch multiplies through whatever libblas.so.3 the alternatives system points at;
+    with only the reference BLAS installed a product runs at a few GFLOP/s, some 25x under OpenBLAS, and
+    every peer figure would measure that. Refused unless PEER_ALLOW_SLOW_BLAS=1.
+    """
+    n = 512
+    a = torch.rand(n, n) - 0.5
+    a @ a
+    t0 = time.perf_counter()
+    for _ in range(3):
+        a @ a
+    rate = 3 * 2 * n ** 3 / (time.perf_counter() - t0) / 1e9
+    if rate < 20 and os.environ.get('PEER_ALLOW_SLOW_BLAS') != '1':
+        sys.exit(f'peer-pytorch: matrix products run at {rate:.1f} GFLOP/s: PyTorch multiplies through the reference BLAS '
+                 '(on Debian: apt-get install libopenblas0-pthread; update-alternatives --display libblas.so.3-x86_64-linux-gnu); '
+                 'PEER_ALLOW_SLOW_BLAS=1 runs it anyway')
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--preset', default='small', choices=sorted(PRESETS))
@@ -301,6 +320,8 @@ def main():
     ap.add_argument('--new', type=int, default=64, help='with --generate: new tokens per row')
     ap.add_argument('--runs', type=int, default=3, help='with --generate: timed generations (the median counts)')
     a = ap.parse_args()
+    if a.device == 'cpu':
+        check_blas()
     if a.generate:
         c = dict(PRESETS[a.preset])
         if a.vocab:
