@@ -12,7 +12,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { SeededRandom } from '../src/random.ts';
 import type { ToolContext } from '../src/agents/types.ts';
-import { LOOKUP_TOOL, USELESS_TOOL } from '../src/online/tools-demo.ts';
+import { DEMO_TEMPLATE, LOOKUP_TOOL, USELESS_TOOL } from '../src/online/tools-demo.ts';
+import { loadTokenizer, writeTokenizer } from '../src/tokenize/index.ts';
+import { renderChat } from '../src/tokenize/conversation.ts';
+import { parseToolCalls, toolCallFormatOf } from '../src/tokenize/tool-calls.ts';
+import { toolsFromValues } from '../src/agents/tools.ts';
+import type { ToolDef } from '../src/agents/types.ts';
 import { GUESSES, guessingGame, runEnvDemo } from '../src/online/env-demo.ts';
 import type { AgentDemoResult } from '../src/online/agent-demo.ts';
 import { readDemoEval } from '../src/train/demo-eval.ts';
@@ -47,6 +52,22 @@ describe('prefzoo demo --method tools', () => {
     const answers = (table: string) => Array.from({ length: 40 }, (_, i) => USELESS_TOOL.run({ k: 'c' }, ctx(table, i)));
     expect(answers('00000000')).toEqual(answers('99999999'));
     expect(new Set(answers('00000000')).size).toBeGreaterThan(5);
+  });
+  it("the demo model's chat template names the tools in a short header, and its calls are Hermes calls that parse back", () => {
+    const dir = mkdtempSync(join(tmpdir(), 'prefzoo-tools-template-'));
+    writeTokenizer(dir, { chatTemplate: DEMO_TEMPLATE });
+    const tok = loadTokenizer(dir);
+    expect(tok.chatTemplate).toBe(DEMO_TEMPLATE);
+    expect(toolCallFormatOf(tok.chatTemplate)).toBe('hermes');
+    const spec = toolsFromValues([LOOKUP_TOOL as unknown as ToolDef])[0].spec;
+    const prompt = renderChat(tok, [{ role: 'user', content: 'c?' }], { tools: [spec], addGenerationPrompt: true });
+    expect(prompt).toBe('<|bos|><|im_start|>system\n<tools> get </tools><|im_end|>\n<|im_start|>user\nc?<|im_end|>\n<|im_start|>assistant\n');
+    const whole = renderChat(tok, [{ role: 'user', content: 'c?' }, { role: 'assistant', content: '', tool_calls: [{ type: 'function', function: { name: 'get', arguments: { k: 'c' } } }] }], { tools: [spec] });
+    expect(whole.startsWith(prompt)).toBe(true);
+    const turn = whole.slice(prompt.length).replace(/<\|im_end\|>\n$/, '');
+    const parsed = parseToolCalls(turn, 'hermes');
+    expect(parsed.errors).toEqual([]);
+    expect(parsed.toolCalls.map((c) => [c.function.name, c.function.arguments])).toEqual([['get', { k: 'c' }]]);
   });
 });
 

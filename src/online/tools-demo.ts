@@ -5,12 +5,15 @@
  * model never sees and the tool `get({ k })` reads. The `accuracy` reward compares the final answer
  * with the table's value (the prompt's `answer` column):
  *
- *   1. a tiny llama with a tokenizer whose merges are learnt from the task's conversations (a tool
- *      call is 27 tokens instead of 59), warm-started by SFT on conversations that teach the call
- *      format with random arguments: the question's key masked ("-?"), a call of `get` with a key
- *      drawn at random, the tool's answer, then that answer repeated. The starting policy calls the
- *      tool and repeats what it says, with nothing to tell it which key to ask for: about one time in
- *      eight it asks for the right one
+ *   1. a llama twice as wide as the tiny preset (hidden 128), with a tokenizer whose merges are
+ *      learnt from the task's conversations and a chat template whose tools header names the tools
+ *      only (DEMO_TEMPLATE), warm-started by SFT on three kinds of rows, none of which holds a
+ *      table's value or ties a question's key to a call's: the call format with random arguments (a
+ *      question, a call of `get` with a key drawn at random whatever the question asks, the tool's
+ *      answer, then that answer repeated); a digit said and repeated; and a string of keys and digits
+ *      said and repeated — the copying every pretrained model can do and a random one cannot. The
+ *      starting policy calls the tool and repeats what it says, with nothing to tell it which key to
+ *      ask for: about one time in eight it asks for the right one
  *   2. `grpo` with the tool (the multi-turn rollout on the generation session, agent-rollout.ts) on
  *      2,000 training prompts, each with its own table
  *   3. held-out accuracy: the share of right answers among 8 rollouts (temperature 1) per held-out
@@ -33,6 +36,7 @@ import type { ToolDef } from '../agents/types.ts';
 import { initModelFolder } from '../models/init.ts';
 import { SeededRandom } from '../random.ts';
 import { loadTokenizer, writeTokenizer } from '../tokenize/index.ts';
+import { GENERATED_CHAT_TEMPLATE } from '../tokenize/test-tokenizer.ts';
 import { renderChat } from '../tokenize/conversation.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
@@ -86,31 +90,52 @@ function conversation(question: string, key: string, value: string): Message[] {
  * JSON become whole tokens while every key and digit stays one token of its own.
  */
 function demoCorpus(dir: string): string {
-  writeTokenizer(dir);
+  writeTokenizer(dir, { chatTemplate: DEMO_TEMPLATE });
   const tok = loadTokenizer(dir);
   const lines = [...KEYS].flatMap((k) => [...DIGITS].map((v) => renderChat(tok, conversation(`${k}?`, k, v), { tools: [SPEC] })));
   rmSync(dir, { recursive: true, force: true });
   return lines.join('\n');
 }
 
+/**
+ * The demo model's chat template: the generated one (src/tokenize/test-tokenizer.ts) with the tools
+ * header cut to the tools' names. The generated header (its instructions and each tool's JSON
+ * schema, about 100 tokens) puts the question 150 tokens into a 2-layer model's context instead of 45.
+ */
+export const DEMO_TEMPLATE = ((t: string) => {
+  const from = t.indexOf("{{ '# Tools");
+  const to = t.indexOf('{%- endif %}', from);
+  if (from < 0 || to < 0) throw new Error('tools demo: the generated chat template has no tools header to shorten');
+  return t.slice(0, from) + "{{ '<tools>' }}{%- for tool in tools %}{{ ' ' + tool['function']['name'] }}{%- endfor %}{{ ' </tools><|im_end|>\\n' }}" + t.slice(to);
+})(GENERATED_CHAT_TEMPLATE);
+
+/**
+ * The tiny preset at twice its width. At hidden 64 the copy of a question's key into the call was not
+ * learnt in 150 GRPO steps even from a warm start that had it half right; at 128 it is (docs/agents.md).
+ */
+const SHAPE = { hidden_size: 128, intermediate_size: 344, head_dim: 32 };
+
 /** A random table: one digit per key. */
 const drawTable = (r: SeededRandom) => Array.from(KEYS, () => DIGITS[r.int(DIGITS.length)]).join('');
 
-/** The warm start: SFT on the call format with random arguments; the question's key is masked, so no row holds a question's answer. */
+/** The warm start: SFT on the call format with random arguments, and on repeating what was said (see runToolsDemo). */
 const WARM_START: Partial<TrainConfig> = {
   batch_size: 32, learning_rate: 3e-3, max_steps: 300, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
   max_length: 192, max_prompt_length: 144, pad_to_multiple_of: 16, lr_scheduler: 'linear', logging_steps: 50, save_steps: 0,
 };
 const WARM_ROWS = 1000;
 
-/** GRPO: 8 prompts × 8 rollouts a step; a rollout is the call, the tool's answer and the final answer. */
+/** GRPO: 16 prompts × 8 rollouts a step; a rollout is the call, the tool's answer and the final answer. */
 const GRPO_BASE: Partial<TrainConfig> = {
-  batch_size: 64, learning_rate: 1e-3, max_steps: 150, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
+  batch_size: 128, learning_rate: 1e-3, max_steps: 80, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
   pad_to_multiple_of: 8, lr_scheduler: 'linear', logging_steps: 10, save_steps: 0,
 };
 const G = 8;
 const ROLLOUT: AgentRolloutSettings = { temperature: 1, top_p: 1, top_k: 0, max_completion_length: 48, max_turns: 2, max_tool_calling_iterations: 0, max_tool_response_tokens: 16 };
-const GRPO_PARAMS = [`num_generations=${G}`, `max_completion_length=${ROLLOUT.max_completion_length}`, `max_turns=${ROLLOUT.max_turns}`, `max_tool_response_tokens=${ROLLOUT.max_tool_response_tokens}`, 'temperature=1', 'beta=0.04'];
+const GRPO_PARAMS = [`num_generations=${G}`, `max_completion_length=${ROLLOUT.max_completion_length}`, `max_turns=${ROLLOUT.max_turns}`, `max_tool_response_tokens=${ROLLOUT.max_tool_response_tokens}`, 'temperature=1', 'beta=0.04',
+  // A sequence's mean (not dapo's token sum): a broken call that runs to the token budget must not
+  // outweigh the short right ones; and a rollout cut by the budget is left out of the loss.
+  'loss_type=grpo', 'mask_truncated_completions=true'];
 const TRAIN_PROMPTS = 2000;
 const HELDOUT_PROMPTS = 64;
 
@@ -119,7 +144,7 @@ export async function runToolsDemo(o: AgentDemoOptions): Promise<AgentDemoResult
   const log = (o.reporter ?? SILENT).info;
   const dir = o.out ?? mkdtempSync(join(tmpdir(), 'prefzoo-demo-tools-'));
   mkdirSync(dir, { recursive: true });
-  const init = initModelFolder(join(dir, 'model'), 'llama', 'tiny', o.seed, { corpus: demoCorpus(join(dir, 'corpus-tokenizer')), merges: 250 });
+  const init = initModelFolder(join(dir, 'model'), 'llama', 'tiny', o.seed, { corpus: demoCorpus(join(dir, 'corpus-tokenizer')), merges: 250, chatTemplate: DEMO_TEMPLATE }, SHAPE);
   log(`demo: tiny llama (${init.parameters.toLocaleString('en-US')} parameters); method grpo with the tool get(k), reward accuracy`);
 
   // Prompts: a key and its own table; the held-out tables are drawn after the training ones.
@@ -138,15 +163,23 @@ export async function runToolsDemo(o: AgentDemoOptions): Promise<AgentDemoResult
   const promptsFile = jsonl(join(dir, 'prompts.jsonl'), trainRows);
   const heldoutFile = jsonl(join(dir, 'heldout.jsonl'), heldRows);
 
-  // π_0: the call with a random key, the tool's answer repeated; the question's key masked. A third
-  // of the rows are a digit said and repeated ("7" → "7"): in 8 tokens the copy is learnt at once,
-  // and then found again after a tool call; with the call rows alone (50 to 150 tokens, the digit
-  // one token among them) the answer stayed at chance, ln 10, for 800 steps.
+  // π_0, three kinds of rows in turn, none holding a table's value or tying a question's key to a call's:
+  // - the call format with random arguments: a question, a call of get with a key drawn on its own,
+  //   the tool's answer, that answer repeated;
+  // - a digit said and repeated ("7" → "7"): in 8 tokens the copy is learnt at once, then found again
+  //   after a tool call (with the call rows alone the answer stayed at chance, ln 10, for 800 steps);
+  // - a string of keys and digits said and repeated ("c 4 a" → "c 4 a"): copying from the context, which
+  //   every pretrained model does and a random one cannot. Without these rows GRPO never learnt to
+  //   put the question's key into the call (docs/agents.md); with them it does within 30 steps.
   const warm: Example[] = Array.from({ length: WARM_ROWS }, (_, i) => {
     const digit = DIGITS[rand.int(DIGITS.length)];
+    if (i % 3 === 1) {
+      const said = Array.from({ length: 2 + rand.int(4) }, () => (rand.int(2) ? KEYS[rand.int(KEYS.length)] : DIGITS[rand.int(DIGITS.length)])).join(' ');
+      return { prompt: [{ role: 'user', content: said }], responses: [said, said] };
+    }
     if (i % 3 === 2) return { prompt: [{ role: 'user', content: digit }], responses: [digit, digit] };
-    const resp = conversation('-?', KEYS[rand.int(KEYS.length)], digit);
-    return { prompt: resp.slice(0, 1), responses: [resp.slice(1), resp.slice(1)], ...(i % 3 === 0 ? { tools: [SPEC] } : {}) };
+    const resp = conversation(`${KEYS[rand.int(KEYS.length)]}?`, KEYS[rand.int(KEYS.length)], digit);
+    return { prompt: resp.slice(0, 1), responses: [resp.slice(1), resp.slice(1)], tools: [SPEC] };
   });
   const lap = cpuLaps(log);
   const start = await train({

@@ -79,6 +79,8 @@ export interface GenerateTokenizerOptions {
   corpus?: string;
   /** `model_max_length` written to tokenizer_config.json (default 2048). */
   modelMaxLength?: number;
+  /** The chat template written to tokenizer_config.json (default {@link GENERATED_CHAT_TEMPLATE}). */
+  chatTemplate?: string;
 }
 
 export interface GeneratedTokenizerInfo {
@@ -202,7 +204,7 @@ export function writeTokenizer(dir: string, opts: GenerateTokenizerOptions = {})
     eos_token: '<|eos|>',
     pad_token: '<|pad|>',
     unk_token: null,
-    chat_template: GENERATED_CHAT_TEMPLATE,
+    chat_template: opts.chatTemplate ?? GENERATED_CHAT_TEMPLATE,
     clean_up_tokenization_spaces: false,
     model_max_length: opts.modelMaxLength ?? 2048,
     tokenizer_class: 'PreTrainedTokenizerFast',
