@@ -145,7 +145,7 @@ export async function runToolsDemo(o: AgentDemoOptions): Promise<AgentDemoResult
   const dir = o.out ?? mkdtempSync(join(tmpdir(), 'prefzoo-demo-tools-'));
   mkdirSync(dir, { recursive: true });
   const init = initModelFolder(join(dir, 'model'), 'llama', 'tiny', o.seed, { corpus: demoCorpus(join(dir, 'corpus-tokenizer')), merges: 250, chatTemplate: DEMO_TEMPLATE }, SHAPE);
-  log(`demo: tiny llama (${init.parameters.toLocaleString('en-US')} parameters); method grpo with the tool get(k), reward accuracy`);
+  log(`demo: llama, the tiny preset at hidden ${SHAPE.hidden_size} (${init.parameters.toLocaleString('en-US')} parameters); method grpo with the tool get(k), reward accuracy`);
 
   // Prompts: a key and its own table; the held-out tables are drawn after the training ones.
   const rand = new SeededRandom(o.seed + 17);
