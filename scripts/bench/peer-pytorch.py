@@ -287,13 +287,7 @@ def check_blas():
     with only the reference BLAS installed a product runs at a few GFLOP/s, some 25x under OpenBLAS, and
     every peer figure would measure that. Refused unless PEER_ALLOW_SLOW_BLAS=1.
     """
-    n = 512
-    a = torch.rand(n, n) - 0.5
-    a @ a
-    t0 = time.perf_counter()
-    for _ in range(3):
-        a @ a
-    rate = 3 * 2 * n ** 3 / (time.perf_counter() - t0) / 1e9
+    rate = matmul_peak(n=512, runs=3)
     if rate < 20 and os.environ.get('PEER_ALLOW_SLOW_BLAS') != '1':
         sys.exit(f'peer-pytorch: matrix products run at {rate:.1f} GFLOP/s: PyTorch multiplies through the reference BLAS '
                  '(on Debian: apt-get install libopenblas0-pthread; update-alternatives --display libblas.so.3-x86_64-linux-gnu); '
