@@ -40,6 +40,14 @@ export interface AgentDemoResult {
   run: string;
 }
 
+/**
+ * The agent demos run ONNX Runtime on one thread (warm start, GRPO, evaluations). Their models are
+ * so small that the time goes to per-operator overheads, not arithmetic: the tools demo took the same
+ * wall time on one thread as on two (52.0 s against 52.3 s for 30 GRPO steps, docs/agents.md) while
+ * using half the CPU, which leaves the other core to whatever runs beside it.
+ */
+export const DEMO_THREADS = 1;
+
 /** One held-out evaluation: the reward's mean and the run's agent metrics (tools/…, num_turns/…). */
 export interface AgentEval {
   accuracy: number;
@@ -54,7 +62,7 @@ export interface AgentEval {
 export async function evaluateAgent(
   dir: string, rows: readonly PromptRow[], s: AgentRolloutSettings, sources: AgentSources, reward: RewardFunction, o: { n: number; seed: number },
 ): Promise<AgentEval> {
-  const policy = await ModelSampler.load(dir);
+  const policy = await ModelSampler.load(dir, { threads: DEMO_THREADS });
   try {
     const r = await evaluateRewards(policy.tok, policy.decoder, rows, [reward], [1], { rollout: agentRollout(s, sources), n: o.n, seed: o.seed, step: -1, maxCompletionLength: s.max_completion_length, timeout: 60 });
     return { accuracy: r.perFunction[reward.name], metrics: r.metrics };

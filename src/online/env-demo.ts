@@ -29,7 +29,7 @@ import { SeededRandom } from '../random.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
 import { SILENT } from '../progress.ts';
-import { cpuLaps, evaluateAgent, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
+import { cpuLaps, DEMO_THREADS, evaluateAgent, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
 import { grpo, type AgentRolloutInfo, type AgentRolloutSettings } from './grpo/index.ts';
 import { readPromptRows } from './prompts.ts';
 import type { RewardFunction } from './rewards/index.ts';
@@ -80,14 +80,14 @@ const ENV_REWARD: RewardFunction = {
 /** The warm start: SFT on games of random guesses (feedback consistent with a random secret, guesses ignoring it). */
 const WARM_START: Partial<TrainConfig> = {
   batch_size: 32, learning_rate: 3e-3, max_steps: 200, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
-  max_length: 80, max_prompt_length: 32, pad_to_multiple_of: 16, lr_scheduler: 'linear', logging_steps: 50, save_steps: 0,
+  max_length: 80, max_prompt_length: 32, pad_to_multiple_of: 16, lr_scheduler: 'linear', logging_steps: 50, save_steps: 0, threads: DEMO_THREADS,
 };
 const WARM_ROWS = 1000;
 
 /** GRPO: 16 games × 8 rollouts a step. */
 const GRPO_BASE: Partial<TrainConfig> = {
   batch_size: 128, learning_rate: 2e-3, max_steps: 200, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
-  pad_to_multiple_of: 8, lr_scheduler: 'linear', logging_steps: 10, save_steps: 0,
+  pad_to_multiple_of: 8, lr_scheduler: 'linear', logging_steps: 10, save_steps: 0, threads: DEMO_THREADS,
 };
 const G = 8;
 const ROLLOUT: AgentRolloutSettings = { temperature: 1, top_p: 1, top_k: 0, max_completion_length: 64, max_turns: GUESSES, max_tool_calling_iterations: 0, max_tool_response_tokens: 16 };
@@ -128,11 +128,11 @@ export async function runEnvDemo(o: AgentDemoOptions): Promise<AgentDemoResult> 
   const prompt: Message[] = [{ role: 'user', content: PROMPT }];
   const warm: Example[] = Array.from({ length: WARM_ROWS }, () => {
     const game = randomGame(rand, 1 + rand.int(HIGHEST));
-    return { prompt, responses: [game, game] };
+    return { prompt, responses: [game] };
   });
   const lap = cpuLaps(log);
   const start = await train({
-    model: join(dir, 'model'), data: 'games.jsonl', rows: { kind: 'pairwise', meta: makeMeta('pairwise', 'messages', 'demo'), examples: warm, files: [] },
+    model: join(dir, 'model'), data: 'games.jsonl', rows: { kind: 'single', meta: makeMeta('single', 'messages', 'demo'), examples: warm, files: [] },
     loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed, ...(o.warmStartSteps !== undefined ? { max_steps: o.warmStartSteps } : {}) },
     reporter: o.reporter, overwrite: true,
   });

@@ -41,7 +41,7 @@ import { renderChat } from '../tokenize/conversation.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
 import { SILENT } from '../progress.ts';
-import { cpuLaps, evaluateAgent, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
+import { cpuLaps, DEMO_THREADS, evaluateAgent, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
 import { grpo, type AgentRolloutSettings } from './grpo/index.ts';
 import { readPromptRows } from './prompts.ts';
 import { loadAllRewards, releaseRewards } from './rewards/index.ts';
@@ -121,14 +121,14 @@ const drawTable = (r: SeededRandom) => Array.from(KEYS, () => DIGITS[r.int(DIGIT
 /** The warm start: SFT on the call format with random arguments, and on repeating what was said (see runToolsDemo). */
 const WARM_START: Partial<TrainConfig> = {
   batch_size: 32, learning_rate: 3e-3, max_steps: 300, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
-  max_length: 192, max_prompt_length: 144, pad_to_multiple_of: 16, lr_scheduler: 'linear', logging_steps: 50, save_steps: 0,
+  max_length: 192, max_prompt_length: 144, pad_to_multiple_of: 16, lr_scheduler: 'linear', logging_steps: 50, save_steps: 0, threads: DEMO_THREADS,
 };
 const WARM_ROWS = 1000;
 
 /** GRPO: 16 prompts × 8 rollouts a step; a rollout is the call, the tool's answer and the final answer. */
 const GRPO_BASE: Partial<TrainConfig> = {
   batch_size: 128, learning_rate: 1e-3, max_steps: 80, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
-  pad_to_multiple_of: 8, lr_scheduler: 'linear', logging_steps: 10, save_steps: 0,
+  pad_to_multiple_of: 8, lr_scheduler: 'linear', logging_steps: 10, save_steps: 0, threads: DEMO_THREADS,
 };
 const G = 8;
 const ROLLOUT: AgentRolloutSettings = { temperature: 1, top_p: 1, top_k: 0, max_completion_length: 48, max_turns: 2, max_tool_calling_iterations: 0, max_tool_response_tokens: 16 };
@@ -175,15 +175,15 @@ export async function runToolsDemo(o: AgentDemoOptions): Promise<AgentDemoResult
     const digit = DIGITS[rand.int(DIGITS.length)];
     if (i % 3 === 1) {
       const said = Array.from({ length: 2 + rand.int(4) }, () => (rand.int(2) ? KEYS[rand.int(KEYS.length)] : DIGITS[rand.int(DIGITS.length)])).join(' ');
-      return { prompt: [{ role: 'user', content: said }], responses: [said, said] };
+      return { prompt: [{ role: 'user', content: said }], responses: [said] };
     }
-    if (i % 3 === 2) return { prompt: [{ role: 'user', content: digit }], responses: [digit, digit] };
+    if (i % 3 === 2) return { prompt: [{ role: 'user', content: digit }], responses: [digit] };
     const resp = conversation(`${KEYS[rand.int(KEYS.length)]}?`, KEYS[rand.int(KEYS.length)], digit);
-    return { prompt: resp.slice(0, 1), responses: [resp.slice(1), resp.slice(1)], tools: [SPEC] };
+    return { prompt: resp.slice(0, 1), responses: [resp.slice(1)], tools: [SPEC] };
   });
   const lap = cpuLaps(log);
   const start = await train({
-    model: join(dir, 'model'), data: 'format.jsonl', rows: { kind: 'pairwise', meta: makeMeta('pairwise', 'messages', 'demo'), examples: warm, files: [] },
+    model: join(dir, 'model'), data: 'format.jsonl', rows: { kind: 'single', meta: makeMeta('single', 'messages', 'demo'), examples: warm, files: [] },
     loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed, ...(o.warmStartSteps !== undefined ? { max_steps: o.warmStartSteps } : {}) },
     reporter: o.reporter, overwrite: true,
   });
