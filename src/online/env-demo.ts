@@ -6,12 +6,15 @@
  * (`rewards/env/mean`). Binary search (4, then 2 or 6, then the last one left) wins every game; with
  * the feedback withheld no strategy wins more than 3 games in 7 (three distinct guesses of seven).
  *
- *   1. a tiny llama warm-started by SFT on games whose guesses are drawn at random, whatever the
- *      feedback says: it learns to answer with one number and stop, and nothing about which number
+ *   1. a tiny llama warm-started by SFT on two kinds of rows
+ *      in turn: games whose guesses are drawn at random whatever the feedback says (the answer format:
+ *      one number, then the end of the turn), and a few distinct numbers of 1–7 said back in order
+ *      ("5 2 7" → "2 5 7": the number sense a pretrained model has and a random one lacks; without
+ *      these rows the policy did not move in 200 GRPO steps, docs/agents.md)
  *   2. `grpo --env` on the game (the multi-turn rollout on the generation session, agent-rollout.ts),
- *      loss_type=grpo: a lost game takes all three guesses and a won one may end sooner, so a
- *      token-level loss (dapo) gives the losing rollouts most of the weight and drains probability
- *      from the sampled tokens (measured: entropy 1.0 → 3+ nats within 90 steps at lr 2e-3)
+ *      8 games × 16 rollouts a step, loss_type=grpo: a lost game takes all three guesses and a won one
+ *      may end sooner, so a token-level loss (dapo) gives the losing rollouts most of the weight and
+ *      drains probability from the sampled tokens (measured: entropy 1.0 → 3+ nats within 90 steps)
  *   3. held-out accuracy: the share of games won among 8 rollouts (temperature 1) per held-out episode
  *      seed, of the starting and the trained policy; and the ceiling: the trained policy playing the
  *      same games with every wrong guess answered "no" instead of "higher" or "lower"
@@ -77,19 +80,21 @@ const ENV_REWARD: RewardFunction = {
   score: ({ rollouts }) => (rollouts ?? []).map((r) => (r as unknown as AgentRolloutInfo).env_reward ?? null),
 };
 
-/** The warm start: SFT on games of random guesses (feedback consistent with a random secret, guesses ignoring it). */
+/** The warm start: SFT on games of random guesses (feedback consistent with a random secret, guesses ignoring it) and on numbers put in order. */
 const WARM_START: Partial<TrainConfig> = {
   batch_size: 32, learning_rate: 3e-3, max_steps: 200, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
   max_length: 80, max_prompt_length: 32, pad_to_multiple_of: 16, lr_scheduler: 'linear', logging_steps: 50, save_steps: 0, threads: DEMO_THREADS,
 };
 const WARM_ROWS = 1000;
 
-/** GRPO: 16 games × 8 rollouts a step. */
+/** GRPO: 8 games × 16 rollouts a step, 240 steps (what fits in the 2-minute budget). */
 const GRPO_BASE: Partial<TrainConfig> = {
-  batch_size: 128, learning_rate: 2e-3, max_steps: 200, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
+  batch_size: 128, learning_rate: 2e-3, max_steps: 240, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
   pad_to_multiple_of: 8, lr_scheduler: 'linear', logging_steps: 10, save_steps: 0, threads: DEMO_THREADS,
 };
-const G = 8;
+/** Rollouts per game in training (a group); the held-out evaluation plays EVAL_N per game. */
+const G = 16;
+const EVAL_N = 8;
 const ROLLOUT: AgentRolloutSettings = { temperature: 1, top_p: 1, top_k: 0, max_completion_length: 64, max_turns: GUESSES, max_tool_calling_iterations: 0, max_tool_response_tokens: 16 };
 const GRPO_PARAMS = [`num_generations=${G}`, `max_completion_length=${ROLLOUT.max_completion_length}`, `max_turns=${ROLLOUT.max_turns}`, 'temperature=1', 'beta=0.04', 'loss_type=grpo'];
 const TRAIN_PROMPTS = 2000;
@@ -123,10 +128,16 @@ export async function runEnvDemo(o: AgentDemoOptions): Promise<AgentDemoResult> 
   const promptsFile = jsonl(join(dir, 'prompts.jsonl'), TRAIN_PROMPTS);
   const heldoutFile = jsonl(join(dir, 'heldout.jsonl'), o.heldoutPrompts ?? HELDOUT_PROMPTS);
 
-  // π_0: the answer format (a number, then the end of the turn), the guesses drawn at random.
+  // π_0, two kinds of rows in turn, neither holding a strategy: the answer format (a number, then the
+  // end of the turn) in games of random guesses; and two to five distinct numbers of 1–7 said back in
+  // order (generic number sense, which the game's feedback needs and a random model lacks).
   const rand = new SeededRandom(o.seed + 17);
   const prompt: Message[] = [{ role: 'user', content: PROMPT }];
-  const warm: Example[] = Array.from({ length: WARM_ROWS }, () => {
+  const warm: Example[] = Array.from({ length: WARM_ROWS }, (_, i) => {
+    if (i % 2 === 1) {
+      const numbers = rand.shuffle(Array.from({ length: HIGHEST }, (_, k) => k + 1)).slice(0, 2 + rand.int(4));
+      return { prompt: [{ role: 'user', content: numbers.join(' ') }], responses: [[...numbers].sort((a, b) => a - b).join(' ')] };
+    }
     const game = randomGame(rand, 1 + rand.int(HIGHEST));
     return { prompt, responses: [game] };
   });
@@ -148,7 +159,7 @@ export async function runEnvDemo(o: AgentDemoOptions): Promise<AgentDemoResult> 
   // Start, final and ceiling: the same held-out episode seeds (secrets) and sampler; only the model or the feedback differs.
   const held = await readPromptRows(heldoutFile);
   const evalWith = (model: string, feedback: boolean) =>
-    evaluateAgent(model, held, ROLLOUT, { executor: () => null, env: environmentFrom(guessingGame(feedback), feedback ? 'guess' : 'guess without feedback') }, ENV_REWARD, { n: G, seed: o.seed * 31 + 7 });
+    evaluateAgent(model, held, ROLLOUT, { executor: () => null, env: environmentFrom(guessingGame(feedback), feedback ? 'guess' : 'guess without feedback') }, ENV_REWARD, { n: EVAL_N, seed: o.seed * 31 + 7 });
   const before = await evalWith(start.finalDir, true);
   const after = await evalWith(r.finalDir, true);
   const ceiling = await evalWith(r.finalDir, false);
@@ -162,11 +173,11 @@ export async function runEnvDemo(o: AgentDemoOptions): Promise<AgentDemoResult> 
     tool_call_frequency_final: after.metrics['tools/call_frequency'] ?? 0,
     num_turns_final: after.metrics['num_turns/mean'] ?? 0,
     heldout_prompts: held.length,
-    samples_per_prompt: G,
+    samples_per_prompt: EVAL_N,
     steps: r.steps,
     seconds: Math.round((Date.now() - t0) / 100) / 10,
     run,
   };
-  keepAgentDemoEval(run, result, before, after, `${held.length} held-out games × ${G} rollouts at temperature 1 (guess 1–${HIGHEST} in ${GUESSES} with higher/lower; reward: the environment's); the ceiling: the trained policy with every wrong guess answered "no"`);
+  keepAgentDemoEval(run, result, before, after, `${held.length} held-out games × ${EVAL_N} rollouts at temperature 1 (guess 1–${HIGHEST} in ${GUESSES} with higher/lower; reward: the environment's); the ceiling: the trained policy with every wrong guess answered "no"`);
   return result;
 }
