@@ -43,10 +43,13 @@ export interface AgentDemoResult {
 /**
  * The agent demos run ONNX Runtime on one thread (warm start, GRPO, evaluations). Their models are
  * so small that the time goes to per-operator overheads, not arithmetic: the tools demo took the same
- * wall time on one thread as on two (52.0 s against 52.3 s for 30 GRPO steps, docs/agents.md) while
+ * wall time on one thread as on two (52.0 s against 52.3 s, cut to 30 GRPO steps; docs/agents.md) while
  * using half the CPU, which leaves the other core to whatever runs beside it.
  */
 export const DEMO_THREADS = 1;
+
+/** Rollouts per held-out prompt in the demos' evaluations (their groups in training may be larger). */
+export const EVAL_SAMPLES = 8;
 
 /** One held-out evaluation: the reward's mean and the run's agent metrics (tools/…, num_turns/…). */
 export interface AgentEval {

@@ -6,11 +6,11 @@
  * (`rewards/env/mean`). Binary search (4, then 2 or 6, then the last one left) wins every game; with
  * the feedback withheld no strategy wins more than 3 games in 7 (three distinct guesses of seven).
  *
- *   1. a tiny llama warm-started by SFT on two kinds of rows
- *      in turn: games whose guesses are drawn at random whatever the feedback says (the answer format:
- *      one number, then the end of the turn), and a few distinct numbers of 1–7 said back in order
- *      ("5 2 7" → "2 5 7": the number sense a pretrained model has and a random one lacks; without
- *      these rows the policy did not move in 200 GRPO steps, docs/agents.md)
+ *   1. a tiny llama warm-started by SFT on two kinds of rows in turn: games whose guesses are drawn
+ *      at random whatever the feedback says (the answer format: one number, then the end of the
+ *      turn), and a few distinct numbers of 1–7 said back in order ("5 2 7" → "2 5 7": the number
+ *      sense a pretrained model has and a random one lacks; without these rows the policy did not
+ *      move in 200 GRPO steps, docs/agents.md)
  *   2. `grpo --env` on the game (the multi-turn rollout on the generation session, agent-rollout.ts),
  *      8 games × 16 rollouts a step, loss_type=grpo: a lost game takes all three guesses and a won one
  *      may end sooner, so a token-level loss (dapo) gives the losing rollouts most of the weight and
@@ -32,7 +32,7 @@ import { SeededRandom } from '../random.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
 import { SILENT } from '../progress.ts';
-import { cpuLaps, DEMO_THREADS, evaluateAgent, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
+import { cpuLaps, DEMO_THREADS, EVAL_SAMPLES, evaluateAgent, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
 import { grpo, type AgentRolloutInfo, type AgentRolloutSettings } from './grpo/index.ts';
 import { readPromptRows } from './prompts.ts';
 import type { RewardFunction } from './rewards/index.ts';
@@ -92,9 +92,8 @@ const GRPO_BASE: Partial<TrainConfig> = {
   batch_size: 128, learning_rate: 2e-3, max_steps: 240, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
   pad_to_multiple_of: 8, lr_scheduler: 'linear', logging_steps: 10, save_steps: 0, threads: DEMO_THREADS,
 };
-/** Rollouts per game in training (a group); the held-out evaluation plays EVAL_N per game. */
+/** Rollouts per game in training (a group); the held-out evaluation plays EVAL_SAMPLES per game. */
 const G = 16;
-const EVAL_N = 8;
 const ROLLOUT: AgentRolloutSettings = { temperature: 1, top_p: 1, top_k: 0, max_completion_length: 64, max_turns: GUESSES, max_tool_calling_iterations: 0, max_tool_response_tokens: 16 };
 const GRPO_PARAMS = [`num_generations=${G}`, `max_completion_length=${ROLLOUT.max_completion_length}`, `max_turns=${ROLLOUT.max_turns}`, 'temperature=1', 'beta=0.04', 'loss_type=grpo'];
 const TRAIN_PROMPTS = 2000;
@@ -159,7 +158,7 @@ export async function runEnvDemo(o: AgentDemoOptions): Promise<AgentDemoResult> 
   // Start, final and ceiling: the same held-out episode seeds (secrets) and sampler; only the model or the feedback differs.
   const held = await readPromptRows(heldoutFile);
   const evalWith = (model: string, feedback: boolean) =>
-    evaluateAgent(model, held, ROLLOUT, { executor: () => null, env: environmentFrom(guessingGame(feedback), feedback ? 'guess' : 'guess without feedback') }, ENV_REWARD, { n: EVAL_N, seed: o.seed * 31 + 7 });
+    evaluateAgent(model, held, ROLLOUT, { executor: () => null, env: environmentFrom(guessingGame(feedback), feedback ? 'guess' : 'guess without feedback') }, ENV_REWARD, { n: EVAL_SAMPLES, seed: o.seed * 31 + 7 });
   const before = await evalWith(start.finalDir, true);
   const after = await evalWith(r.finalDir, true);
   const ceiling = await evalWith(r.finalDir, false);
@@ -173,11 +172,11 @@ export async function runEnvDemo(o: AgentDemoOptions): Promise<AgentDemoResult> 
     tool_call_frequency_final: after.metrics['tools/call_frequency'] ?? 0,
     num_turns_final: after.metrics['num_turns/mean'] ?? 0,
     heldout_prompts: held.length,
-    samples_per_prompt: EVAL_N,
+    samples_per_prompt: EVAL_SAMPLES,
     steps: r.steps,
     seconds: Math.round((Date.now() - t0) / 100) / 10,
     run,
   };
-  keepAgentDemoEval(run, result, before, after, `${held.length} held-out games × ${EVAL_N} rollouts at temperature 1 (guess 1–${HIGHEST} in ${GUESSES} with higher/lower; reward: the environment's); the ceiling: the trained policy with every wrong guess answered "no"`);
+  keepAgentDemoEval(run, result, before, after, `${held.length} held-out games × ${EVAL_SAMPLES} rollouts at temperature 1 (guess 1–${HIGHEST} in ${GUESSES} with higher/lower; reward: the environment's); the ceiling: the trained policy with every wrong guess answered "no"`);
   return result;
 }

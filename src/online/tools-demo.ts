@@ -41,7 +41,7 @@ import { renderChat } from '../tokenize/conversation.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
 import { SILENT } from '../progress.ts';
-import { cpuLaps, DEMO_THREADS, evaluateAgent, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
+import { cpuLaps, DEMO_THREADS, EVAL_SAMPLES, evaluateAgent, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
 import { grpo, type AgentRolloutSettings } from './grpo/index.ts';
 import { readPromptRows } from './prompts.ts';
 import { loadAllRewards, releaseRewards } from './rewards/index.ts';
@@ -128,16 +128,15 @@ const WARM_ROWS = 1000;
 /**
  * GRPO: 8 prompts × 16 rollouts a step (a rollout is the call, the tool's answer and the final
  * answer), β 0 (no reference pass), learning rate 6e-4 for 110 steps. The step at which a seed starts
- * asking for the right key varies from 10 to 80; at 1e-3 for 80 steps seeds that start late ran out of
+ * asking for the right key varies from 20 to 80; at 1e-3 for 80 steps seeds that start late ran out of
  * steps, and at 1e-3 for 110 some collapsed at step 20 (docs/agents.md).
  */
 const GRPO_BASE: Partial<TrainConfig> = {
   batch_size: 128, learning_rate: 6e-4, max_steps: 110, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
   pad_to_multiple_of: 8, lr_scheduler: 'linear', logging_steps: 10, save_steps: 0, threads: DEMO_THREADS,
 };
-/** Rollouts per training prompt (a group); the held-out evaluation samples EVAL_N per prompt. */
+/** Rollouts per training prompt (a group); the held-out evaluation samples EVAL_SAMPLES per prompt. */
 const G = 16;
-const EVAL_N = 8;
 const ROLLOUT: AgentRolloutSettings = { temperature: 1, top_p: 1, top_k: 0, max_completion_length: 48, max_turns: 2, max_tool_calling_iterations: 0, max_tool_response_tokens: 16 };
 const GRPO_PARAMS = [`num_generations=${G}`, `max_completion_length=${ROLLOUT.max_completion_length}`, `max_turns=${ROLLOUT.max_turns}`, `max_tool_response_tokens=${ROLLOUT.max_tool_response_tokens}`, 'temperature=1', 'beta=0',
   // A sequence's mean (not dapo's token sum): a broken call that runs to the token budget must not
@@ -208,7 +207,7 @@ export async function runToolsDemo(o: AgentDemoOptions): Promise<AgentDemoResult
   const [accuracy] = await loadAllRewards(['accuracy']);
   const evalWith = (model: string, tool: ToolDef<{ k: string }>) => {
     const executor = new ToolExecutor({ tools: toolsFromValues([tool as unknown as ToolDef]) });
-    return evaluateAgent(model, held, ROLLOUT, { executor: () => executor, env: null }, accuracy, { n: EVAL_N, seed: o.seed * 31 + 7 });
+    return evaluateAgent(model, held, ROLLOUT, { executor: () => executor, env: null }, accuracy, { n: EVAL_SAMPLES, seed: o.seed * 31 + 7 });
   };
   const before = await evalWith(start.finalDir, LOOKUP_TOOL);
   const after = await evalWith(r.finalDir, LOOKUP_TOOL);
@@ -224,11 +223,11 @@ export async function runToolsDemo(o: AgentDemoOptions): Promise<AgentDemoResult
     tool_call_frequency_final: after.metrics['tools/call_frequency'] ?? 0,
     num_turns_final: after.metrics['num_turns/mean'] ?? 0,
     heldout_prompts: held.length,
-    samples_per_prompt: EVAL_N,
+    samples_per_prompt: EVAL_SAMPLES,
     steps: r.steps,
     seconds: Math.round((Date.now() - t0) / 100) / 10,
     run,
   };
-  keepAgentDemoEval(run, result, before, after, `${held.length} held-out prompts × ${EVAL_N} rollouts at temperature 1 (look up a key in a table only the tool get(k) reads; reward: accuracy); the ceiling: the trained policy with get answering a random digit`);
+  keepAgentDemoEval(run, result, before, after, `${held.length} held-out prompts × ${EVAL_SAMPLES} rollouts at temperature 1 (look up a key in a table only the tool get(k) reads; reward: accuracy); the ceiling: the trained policy with get answering a random digit`);
   return result;
 }
