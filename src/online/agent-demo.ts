@@ -6,6 +6,7 @@
  */
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import type { TrainConfig } from '../train/config.ts';
 import { writeDemoEval } from '../train/demo-eval.ts';
 import type { OnlineDemoOptions } from './demo.ts';
 import { agentRollout, evaluateRewards, type AgentRolloutSettings, type AgentSources } from './grpo/index.ts';
@@ -50,6 +51,18 @@ export const DEMO_THREADS = 1;
 
 /** Rollouts per held-out prompt in the demos' evaluations (their groups in training may be larger). */
 export const EVAL_SAMPLES = 8;
+
+/** What the demos' warm starts share (SFT, 32 rows a step); each adds its steps and lengths. */
+export const WARM_START_BASE: Partial<TrainConfig> = {
+  batch_size: 32, learning_rate: 3e-3, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
+  pad_to_multiple_of: 16, lr_scheduler: 'linear', logging_steps: 50, save_steps: 0, threads: DEMO_THREADS,
+};
+
+/** What the demos' GRPO runs share (128 rollouts a step); each adds its learning rate and steps. */
+export const GRPO_BASE: Partial<TrainConfig> = {
+  batch_size: 128, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
+  pad_to_multiple_of: 8, lr_scheduler: 'linear', logging_steps: 10, save_steps: 0, threads: DEMO_THREADS,
+};
 
 /** One held-out evaluation: the reward's mean and the run's agent metrics (tools/…, num_turns/…). */
 export interface AgentEval {

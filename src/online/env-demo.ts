@@ -32,7 +32,7 @@ import { SeededRandom } from '../random.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
 import { SILENT } from '../progress.ts';
-import { cpuLaps, DEMO_THREADS, EVAL_SAMPLES, evaluateAgent, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
+import { cpuLaps, EVAL_SAMPLES, evaluateAgent, GRPO_BASE, WARM_START_BASE, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
 import { grpo, type AgentRolloutInfo, type AgentRolloutSettings } from './grpo/index.ts';
 import { readPromptRows } from './prompts.ts';
 import type { RewardFunction } from './rewards/index.ts';
@@ -81,10 +81,7 @@ const ENV_REWARD: RewardFunction = {
 };
 
 /** The warm start: SFT on games of random guesses (feedback consistent with a random secret, guesses ignoring it) and on numbers put in order. */
-const WARM_START: Partial<TrainConfig> = {
-  batch_size: 32, learning_rate: 3e-3, max_steps: 200, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
-  max_length: 80, max_prompt_length: 32, pad_to_multiple_of: 16, lr_scheduler: 'linear', logging_steps: 50, save_steps: 0, threads: DEMO_THREADS,
-};
+const WARM_START: Partial<TrainConfig> = { ...WARM_START_BASE, max_steps: 200, max_length: 80, max_prompt_length: 32 };
 const WARM_ROWS = 1000;
 
 /**
@@ -92,10 +89,7 @@ const WARM_ROWS = 1000;
  * rollouts a game learnt on every seed (final 0.436–0.664); 16 had the same median but left seed 6
  * where it started (docs/agents.md).
  */
-const GRPO_BASE: Partial<TrainConfig> = {
-  batch_size: 128, learning_rate: 2e-3, max_steps: 240, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
-  pad_to_multiple_of: 8, lr_scheduler: 'linear', logging_steps: 10, save_steps: 0, threads: DEMO_THREADS,
-};
+const GRPO_CONFIG: Partial<TrainConfig> = { ...GRPO_BASE, learning_rate: 2e-3, max_steps: 240 };
 /** Rollouts per game in training (a group); the held-out evaluation plays EVAL_SAMPLES per game. */
 const G = 32;
 const ROLLOUT: AgentRolloutSettings = { temperature: 1, top_p: 1, top_k: 0, max_completion_length: 64, max_turns: GUESSES, max_tool_calling_iterations: 0, max_tool_response_tokens: 16 };
@@ -155,7 +149,7 @@ export async function runEnvDemo(o: AgentDemoOptions): Promise<AgentDemoResult> 
   const run = join(dir, 'grpo');
   const r = await grpo({
     model: start.finalDir, prompts: promptsFile, rewards: [], env: guessingGame(), out: run, overwrite: true,
-    base: { ...GRPO_BASE, seed: o.seed }, params: [...GRPO_PARAMS, ...(o.params ?? [])], reporter: o.reporter,
+    base: { ...GRPO_CONFIG, seed: o.seed }, params: [...GRPO_PARAMS, ...(o.params ?? [])], reporter: o.reporter,
   });
 
   lap('grpo');

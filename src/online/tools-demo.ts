@@ -41,7 +41,7 @@ import { renderChat } from '../tokenize/conversation.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
 import { SILENT } from '../progress.ts';
-import { cpuLaps, DEMO_THREADS, EVAL_SAMPLES, evaluateAgent, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
+import { cpuLaps, EVAL_SAMPLES, evaluateAgent, GRPO_BASE, WARM_START_BASE, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
 import { grpo, type AgentRolloutSettings } from './grpo/index.ts';
 import { readPromptRows } from './prompts.ts';
 import { loadAllRewards, releaseRewards } from './rewards/index.ts';
@@ -119,10 +119,7 @@ const SHAPE = { hidden_size: 128, intermediate_size: 344, head_dim: 32 };
 const drawTable = (r: SeededRandom) => Array.from(KEYS, () => DIGITS[r.int(DIGITS.length)]).join('');
 
 /** The warm start: SFT on the call format with random arguments, and on repeating what was said (see runToolsDemo). */
-const WARM_START: Partial<TrainConfig> = {
-  batch_size: 32, learning_rate: 3e-3, max_steps: 300, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
-  max_length: 192, max_prompt_length: 144, pad_to_multiple_of: 16, lr_scheduler: 'linear', logging_steps: 50, save_steps: 0, threads: DEMO_THREADS,
-};
+const WARM_START: Partial<TrainConfig> = { ...WARM_START_BASE, max_steps: 300, max_length: 192, max_prompt_length: 144 };
 const WARM_ROWS = 1000;
 
 /**
@@ -131,10 +128,7 @@ const WARM_ROWS = 1000;
  * asking for the right key varies from 20 to 80; at 1e-3 for 80 steps seeds that start late ran out of
  * steps, and at 1e-3 for 110 some collapsed at step 20 (docs/agents.md).
  */
-const GRPO_BASE: Partial<TrainConfig> = {
-  batch_size: 128, learning_rate: 6e-4, max_steps: 110, warmup_steps: 10, weight_decay: 0, max_grad_norm: 1,
-  pad_to_multiple_of: 8, lr_scheduler: 'linear', logging_steps: 10, save_steps: 0, threads: DEMO_THREADS,
-};
+const GRPO_CONFIG: Partial<TrainConfig> = { ...GRPO_BASE, learning_rate: 6e-4, max_steps: 110 };
 /** Rollouts per training prompt (a group); the held-out evaluation samples EVAL_SAMPLES per prompt. */
 const G = 16;
 const ROLLOUT: AgentRolloutSettings = { temperature: 1, top_p: 1, top_k: 0, max_completion_length: 48, max_turns: 2, max_tool_calling_iterations: 0, max_tool_response_tokens: 16 };
@@ -198,7 +192,7 @@ export async function runToolsDemo(o: AgentDemoOptions): Promise<AgentDemoResult
   const run = join(dir, 'grpo');
   const r = await grpo({
     model: start.finalDir, prompts: promptsFile, rewards: ['accuracy'], tools: [LOOKUP_TOOL as unknown as ToolDef], out: run, overwrite: true,
-    base: { ...GRPO_BASE, seed: o.seed }, params: [...GRPO_PARAMS, ...(o.params ?? [])], reporter: o.reporter,
+    base: { ...GRPO_CONFIG, seed: o.seed }, params: [...GRPO_PARAMS, ...(o.params ?? [])], reporter: o.reporter,
   });
 
   lap('grpo');
