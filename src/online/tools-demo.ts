@@ -118,8 +118,12 @@ const SHAPE = { hidden_size: 128, intermediate_size: 344, head_dim: 32 };
 /** A random table: one digit per key. */
 const drawTable = (r: SeededRandom) => Array.from(KEYS, () => DIGITS[r.int(DIGITS.length)]).join('');
 
-/** The warm start: SFT on the call format with random arguments, and on repeating what was said (see runToolsDemo). */
-const WARM_START: Partial<TrainConfig> = { ...WARM_START_BASE, max_steps: 300, max_length: 192, max_prompt_length: 144 };
+/**
+ * The warm start: SFT on the call format with random arguments, and on repeating what was said (see
+ * runToolsDemo). 400 steps: after 300, seed 1 ended at 0.887, its misses a broken call (6% of held-out
+ * rollouts) or a wrong key (4%); a sharper format after 400 took it to 0.957 (docs/agents.md).
+ */
+const WARM_START: Partial<TrainConfig> = { ...WARM_START_BASE, max_steps: 400, max_length: 192, max_prompt_length: 144 };
 const WARM_ROWS = 1000;
 
 /**
