@@ -6,8 +6,11 @@
  */
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { makeMeta } from '../../datasets/schema.ts';
+import type { Example } from '../../datasets/examples.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { writeDemoEval } from '../train/demo-eval.ts';
+import { train, type TrainResult } from '../train/trainer.ts';
 import type { OnlineDemoOptions } from './demo.ts';
 import { agentRollout, evaluateRewards, type AgentRolloutSettings, type AgentSources } from './grpo/index.ts';
 import { ModelSampler } from './policy.ts';
@@ -87,12 +90,46 @@ export async function evaluateAgent(
   }
 }
 
+/** The warm start: SFT (assistant tokens only) of DIR/model on single rows, into DIR/start; `warmStartSteps` (tests) overrides the steps. */
+export function warmStart(dir: string, data: string, examples: Example[], config: Partial<TrainConfig>, o: AgentDemoOptions): Promise<TrainResult> {
+  return train({
+    model: join(dir, 'model'), data, rows: { kind: 'single', meta: makeMeta('single', 'messages', 'demo'), examples, files: [] },
+    loss: 'sft', out: join(dir, 'start'), base: { ...config, seed: o.seed, ...(o.warmStartSteps !== undefined ? { max_steps: o.warmStartSteps } : {}) },
+    reporter: o.reporter, overwrite: true,
+  });
+}
+
+/**
+ * A demo's result from its three evaluations (the starting policy, the trained one, the trained one
+ * with the information withheld), kept in the run folder (keepAgentDemoEval) before it is returned.
+ */
+export function finishAgentDemo(
+  method: AgentDemoResult['method'], evals: { before: AgentEval; after: AgentEval; ceiling: AgentEval },
+  o: { heldoutPrompts: number; steps: number; t0: number; run: string; heldout: string },
+): AgentDemoResult {
+  const result: AgentDemoResult = {
+    method,
+    heldout_accuracy_start: evals.before.accuracy,
+    heldout_accuracy_final: evals.after.accuracy,
+    ceiling_without_tools: evals.ceiling.accuracy,
+    tool_call_frequency_final: evals.after.metrics['tools/call_frequency'] ?? 0,
+    num_turns_final: evals.after.metrics['num_turns/mean'] ?? 0,
+    heldout_prompts: o.heldoutPrompts,
+    samples_per_prompt: EVAL_SAMPLES,
+    steps: o.steps,
+    seconds: Math.round((Date.now() - o.t0) / 100) / 10,
+    run: o.run,
+  };
+  keepAgentDemoEval(o.run, result, evals.before, evals.after, o.heldout);
+  return result;
+}
+
 /**
  * Keeps the figures in the run folder: the starting and final evaluations as the first and last
  * metrics rows (the report's charts, under the run's metric names) and RUN/demo_eval.json (the
  * report's table).
  */
-export function keepAgentDemoEval(run: string, r: AgentDemoResult, start: AgentEval, final: AgentEval, heldout: string): void {
+function keepAgentDemoEval(run: string, r: AgentDemoResult, start: AgentEval, final: AgentEval, heldout: string): void {
   const file = join(run, 'metrics.jsonl');
   const row = (step: number, e: AgentEval) => JSON.stringify({ step, split: 'eval', ...e.metrics });
   writeFileSync(file, `${row(0, start)}\n${readFileSync(file, 'utf8')}${row(r.steps, final)}\n`);

@@ -22,7 +22,6 @@
 import { mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { makeMeta } from '../../datasets/schema.ts';
 import type { Example } from '../../datasets/examples.ts';
 import type { Message } from '../chat.ts';
 import { environmentFrom } from '../agents/env.ts';
@@ -30,9 +29,8 @@ import type { Environment, EnvironmentFactory } from '../agents/types.ts';
 import { initModelFolder } from '../models/init.ts';
 import { SeededRandom } from '../random.ts';
 import type { TrainConfig } from '../train/config.ts';
-import { train } from '../train/trainer.ts';
 import { SILENT } from '../progress.ts';
-import { cpuLaps, EVAL_SAMPLES, evaluateAgent, GRPO_BASE, WARM_START_BASE, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
+import { cpuLaps, EVAL_SAMPLES, evaluateAgent, finishAgentDemo, GRPO_BASE, WARM_START_BASE, warmStart, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
 import { grpo, type AgentRolloutInfo, type AgentRolloutSettings } from './grpo/index.ts';
 import { readPromptRows } from './prompts.ts';
 import type { RewardFunction } from './rewards/index.ts';
@@ -139,11 +137,7 @@ export async function runEnvDemo(o: AgentDemoOptions): Promise<AgentDemoResult> 
     return { prompt, responses: [game] };
   });
   const lap = cpuLaps(log);
-  const start = await train({
-    model: join(dir, 'model'), data: 'games.jsonl', rows: { kind: 'single', meta: makeMeta('single', 'messages', 'demo'), examples: warm, files: [] },
-    loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed, ...(o.warmStartSteps !== undefined ? { max_steps: o.warmStartSteps } : {}) },
-    reporter: o.reporter, overwrite: true,
-  });
+  const start = await warmStart(dir, 'games.jsonl', warm, WARM_START, o);
 
   lap('warm start');
   const run = join(dir, 'grpo');
@@ -162,19 +156,5 @@ export async function runEnvDemo(o: AgentDemoOptions): Promise<AgentDemoResult> 
   const ceiling = await evalWith(r.finalDir, false);
 
   lap('evaluations');
-  const result: AgentDemoResult = {
-    method: 'env',
-    heldout_accuracy_start: before.accuracy,
-    heldout_accuracy_final: after.accuracy,
-    ceiling_without_tools: ceiling.accuracy,
-    tool_call_frequency_final: after.metrics['tools/call_frequency'] ?? 0,
-    num_turns_final: after.metrics['num_turns/mean'] ?? 0,
-    heldout_prompts: held.length,
-    samples_per_prompt: EVAL_SAMPLES,
-    steps: r.steps,
-    seconds: Math.round((Date.now() - t0) / 100) / 10,
-    run,
-  };
-  keepAgentDemoEval(run, result, before, after, `${held.length} held-out games × ${EVAL_SAMPLES} rollouts at temperature 1 (guess 1–${HIGHEST} in ${GUESSES} with higher/lower; reward: the environment's); the ceiling: the trained policy with every wrong guess answered "no"`);
-  return result;
+  return finishAgentDemo('env', { before, after, ceiling }, { heldoutPrompts: held.length, steps: r.steps, t0, run, heldout: `${held.length} held-out games × ${EVAL_SAMPLES} rollouts at temperature 1 (guess 1–${HIGHEST} in ${GUESSES} with higher/lower; reward: the environment's); the ceiling: the trained policy with every wrong guess answered "no"` });
 }

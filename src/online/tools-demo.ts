@@ -27,7 +27,6 @@
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { makeMeta } from '../../datasets/schema.ts';
 import type { Example } from '../../datasets/examples.ts';
 import type { Message, ToolSpec } from '../chat.ts';
 import { ToolExecutor } from '../agents/executor.ts';
@@ -39,9 +38,8 @@ import { loadTokenizer, writeTokenizer } from '../tokenize/index.ts';
 import { GENERATED_CHAT_TEMPLATE } from '../tokenize/test-tokenizer.ts';
 import { renderChat } from '../tokenize/conversation.ts';
 import type { TrainConfig } from '../train/config.ts';
-import { train } from '../train/trainer.ts';
 import { SILENT } from '../progress.ts';
-import { cpuLaps, EVAL_SAMPLES, evaluateAgent, GRPO_BASE, WARM_START_BASE, keepAgentDemoEval, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
+import { cpuLaps, EVAL_SAMPLES, evaluateAgent, finishAgentDemo, GRPO_BASE, WARM_START_BASE, warmStart, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
 import { grpo, type AgentRolloutSettings } from './grpo/index.ts';
 import { readPromptRows } from './prompts.ts';
 import { loadAllRewards, releaseRewards } from './rewards/index.ts';
@@ -187,11 +185,7 @@ export async function runToolsDemo(o: AgentDemoOptions): Promise<AgentDemoResult
     return { prompt: resp.slice(0, 1), responses: [resp.slice(1)], tools: [SPEC] };
   });
   const lap = cpuLaps(log);
-  const start = await train({
-    model: join(dir, 'model'), data: 'format.jsonl', rows: { kind: 'single', meta: makeMeta('single', 'messages', 'demo'), examples: warm, files: [] },
-    loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed, ...(o.warmStartSteps !== undefined ? { max_steps: o.warmStartSteps } : {}) },
-    reporter: o.reporter, overwrite: true,
-  });
+  const start = await warmStart(dir, 'format.jsonl', warm, WARM_START, o);
 
   lap('warm start');
   const run = join(dir, 'grpo');
@@ -214,19 +208,5 @@ export async function runToolsDemo(o: AgentDemoOptions): Promise<AgentDemoResult
   await releaseRewards([accuracy]);
 
   lap('evaluations');
-  const result: AgentDemoResult = {
-    method: 'tools',
-    heldout_accuracy_start: before.accuracy,
-    heldout_accuracy_final: after.accuracy,
-    ceiling_without_tools: ceiling.accuracy,
-    tool_call_frequency_final: after.metrics['tools/call_frequency'] ?? 0,
-    num_turns_final: after.metrics['num_turns/mean'] ?? 0,
-    heldout_prompts: held.length,
-    samples_per_prompt: EVAL_SAMPLES,
-    steps: r.steps,
-    seconds: Math.round((Date.now() - t0) / 100) / 10,
-    run,
-  };
-  keepAgentDemoEval(run, result, before, after, `${held.length} held-out prompts × ${EVAL_SAMPLES} rollouts at temperature 1 (look up a key in a table only the tool get(k) reads; reward: accuracy); the ceiling: the trained policy with get answering a random digit`);
-  return result;
+  return finishAgentDemo('tools', { before, after, ceiling }, { heldoutPrompts: held.length, steps: r.steps, t0, run, heldout: `${held.length} held-out prompts × ${EVAL_SAMPLES} rollouts at temperature 1 (look up a key in a table only the tool get(k) reads; reward: accuracy); the ceiling: the trained policy with get answering a random digit` });
 }
