@@ -11,10 +11,16 @@
 //   OPT=adam G=8 P=16 STEPS=240 node scripts/analysis/guess-tabular.mjs   (Adam on the logits, LR 0.05)
 //   STARTS=0.34,0.33,0.33 node scripts/analysis/guess-tabular.mjs   (exploring starts: the game
 //   begins after 0, 1 or 2 wrong guesses made for the player, with these probabilities)
+//   START=consistent node scripts/analysis/guess-tabular.mjs   (the table starts where a warm start on
+//   games of guesses drawn among the numbers the feedback allows leaves the policy: logit 3 on each such
+//   number, 0 on the others, about 95% of each guess consistent; START=uniform, the default, is all 0)
+//   WEIGHT=1 LR=0.1 node scripts/analysis/guess-tabular.mjs   (each turn's gradient weighted
+//   (n_h / N)^-WEIGHT, n_h the step's turns from its history and N the step's rollouts: every history
+//   visited pushes about as hard, however often the step visits it; the first turn keeps weight 1)
 if (process.argv.includes('--help') || process.argv.includes('-h')) {
   const text = (await import('node:fs')).readFileSync(new URL(import.meta.url), 'utf8');
   console.log(text.split('\n').slice(1).filter((l) => l.startsWith('//')).map((l) => l.slice(3)).join('\n'));
-  console.log('Settings (environment): G, P, STEPS, SEEDS, OPT (sgd | adam), LR, STARTS.');
+  console.log('Settings (environment): G, P, STEPS, SEEDS, OPT (sgd | adam), LR, STARTS, WEIGHT, START (uniform | consistent).');
   process.exit(0);
 }
 const num = (k, d) => (process.env[k] === undefined ? d : Number(process.env[k]));
@@ -29,13 +35,29 @@ const PHASES = (process.env.STARTS ?? '1,0,0').split(';').map((x) => {
 });
 const startsAt = (step) => PHASES.find((ph) => step < ph.until)?.p ?? PHASES.at(-1).p;
 const HIGHEST = 7, GUESSES = 3;
+const WEIGHT = num('WEIGHT', 0);
+const START = process.env.START ?? 'uniform';
+if (START !== 'uniform' && START !== 'consistent') throw new Error(`START=${START}: uniform or consistent`);
+// The starting logits of a history: 0 everywhere (uniform), or 3 on the numbers its feedback still allows.
+function startLogits(h) {
+  const l = new Float64Array(HIGHEST);
+  if (START === 'uniform') return l;
+  let lo = 1, hi = HIGHEST;
+  for (const t of h ? h.split('|') : []) {
+    const g = Number(t.slice(0, -1));
+    if (t.endsWith('H')) lo = Math.max(lo, g + 1);
+    else hi = Math.min(hi, g - 1);
+  }
+  for (let i = lo; i <= hi; i++) l[i - 1] = 3;
+  return l;
+}
 
 function run(seed) {
   let s = (seed * 2654435761 + 1) >>> 0;
   const rnd = () => (s = (Math.imul(s, 1664525) + 1013904223) >>> 0) / 4294967296;
   const table = new Map();
   const moments = new Map();
-  const logits = (h) => table.get(h) ?? table.set(h, new Float64Array(HIGHEST)).get(h);
+  const logits = (h) => table.get(h) ?? table.set(h, startLogits(h)).get(h);
   const probs = (h, T = 1) => {
     const l = logits(h);
     const m = Math.max(...l);
@@ -69,6 +91,7 @@ function run(seed) {
   };
   for (let step = 0; step < STEPS; step++) {
     const grads = new Map();
+    const played = [];
     for (let p = 0; p < P; p++) {
       const secret = 1 + Math.floor(rnd() * HIGHEST);
       const u = rnd();
@@ -81,13 +104,17 @@ function run(seed) {
       const R = games.map((g) => g.R);
       const mean = R.reduce((a, b) => a + b, 0) / G;
       const std = Math.sqrt(R.reduce((a, b) => a + (b - mean) ** 2, 0) / (G - 1));
-      for (const g of games) {
-        const A = std > 1e-6 ? (g.R - mean) / (std + 1e-4) : 0;
-        for (const { h, a } of g.turns) {
-          const pr = probs(h);
-          const acc = grads.get(h) ?? grads.set(h, new Float64Array(HIGHEST)).get(h);
-          for (let i = 0; i < HIGHEST; i++) acc[i] += (A * ((i === a ? 1 : 0) - pr[i])) / g.turns.length / (G * P);
-        }
+      for (const g of games) played.push({ g, A: std > 1e-6 ? (g.R - mean) / (std + 1e-4) : 0 });
+    }
+    // n_h: how many of the step's turns start from history h (WEIGHT only).
+    const visits = new Map();
+    for (const { g } of played) for (const { h } of g.turns) visits.set(h, (visits.get(h) ?? 0) + 1);
+    for (const { g, A } of played) {
+      for (const { h, a } of g.turns) {
+        const w = WEIGHT === 0 ? 1 : (visits.get(h) / (G * P)) ** -WEIGHT;
+        const pr = probs(h);
+        const acc = grads.get(h) ?? grads.set(h, new Float64Array(HIGHEST)).get(h);
+        for (let i = 0; i < HIGHEST; i++) acc[i] += (w * A * ((i === a ? 1 : 0) - pr[i])) / g.turns.length / (G * P);
       }
     }
     for (const [h, g] of grads) {
@@ -114,4 +141,4 @@ for (let seed = 0; seed < SEEDS; seed++) {
 }
 const sorted = out.map((r) => r.t1).sort((a, b) => a - b);
 const median = (sorted[(SEEDS - 1) >> 1] + sorted[SEEDS >> 1]) / 2;
-console.log(`G=${G} P=${P} steps=${STEPS} ${OPT} lr=${LR} starts=${process.env.STARTS ?? '1,0,0'}: binary search (greedy ≥ 0.99) on ${out.filter((r) => r.greedy >= 0.99).length} of ${SEEDS} seeds; temperature-1 win rate min ${sorted[0].toFixed(3)}, median ${median.toFixed(3)}`);
+console.log(`G=${G} P=${P} steps=${STEPS} ${OPT} lr=${LR} start=${START} starts=${process.env.STARTS ?? '1,0,0'} weight=${WEIGHT}: binary search (greedy ≥ 0.99) on ${out.filter((r) => r.greedy >= 0.99).length} of ${SEEDS} seeds; temperature-1 win rate min ${sorted[0].toFixed(3)}, median ${median.toFixed(3)}`);
