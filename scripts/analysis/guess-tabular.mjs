@@ -38,7 +38,7 @@ const HIGHEST = 7, GUESSES = 3;
 const WEIGHT = num('WEIGHT', 0);
 const START = process.env.START ?? 'uniform';
 if (START !== 'uniform' && START !== 'consistent') throw new Error(`START=${START}: uniform or consistent`);
-// The starting logits of a history: 0 everywhere (uniform), or 3 on the numbers its feedback still allows.
+/** The starting logits of a history: 0 everywhere (uniform), or 3 on the numbers its feedback still allows. */
 function startLogits(h) {
   const l = new Float64Array(HIGHEST);
   if (START === 'uniform') return l;
