@@ -18,7 +18,7 @@ import { renderChat } from '../src/tokenize/conversation.ts';
 import { parseToolCalls, toolCallFormatOf } from '../src/tokenize/tool-calls.ts';
 import { toolsFromValues } from '../src/agents/tools.ts';
 import type { ToolDef } from '../src/agents/types.ts';
-import { GUESSES, guessingGame, runEnvDemo } from '../src/online/env-demo.ts';
+import { GUESSES, guessingGame, HIGHEST, runEnvDemo, warmStartGame } from '../src/online/env-demo.ts';
 import type { AgentDemoResult } from '../src/online/agent-demo.ts';
 import { readDemoEval } from '../src/train/demo-eval.ts';
 
@@ -96,6 +96,46 @@ describe('prefzoo demo --method env', () => {
     const miss = hit === 1 ? 2 : 1;
     expect(await play(true, Array(GUESSES + 1).fill(miss))).toHaveLength(GUESSES);
     expect((await play(true, Array(GUESSES).fill(miss))).at(-1)).toBe('|done 0');
+  });
+
+  it('the warm start\'s games read the feedback and hold no strategy: each guess is drawn among the numbers the feedback allows, every one of them as often', () => {
+    const r = new SeededRandom(3);
+    // counts[turn][allowed range "lo-hi"][guess]
+    const counts = new Map<string, number[]>();
+    for (let k = 0; k < 20000; k++) {
+      const secret = 1 + r.int(HIGHEST);
+      const game = warmStartGame(r, secret);
+      let lo = 1;
+      let hi = HIGHEST;
+      for (let i = 0; i < game.length; i += 2) {
+        const guess = Number(game[i].content);
+        expect(game[i].role).toBe('assistant');
+        expect(guess).toBeGreaterThanOrEqual(lo);
+        expect(guess).toBeLessThanOrEqual(hi);
+        const key = `${i / 2}:${lo}-${hi}`;
+        const c = counts.get(key) ?? counts.set(key, new Array(HIGHEST + 1).fill(0)).get(key)!;
+        c[guess]++;
+        if (i + 1 === game.length) {
+          // The game ends on a hit or on the last guess.
+          expect(guess === secret || i / 2 === GUESSES - 1).toBe(true);
+          break;
+        }
+        // The feedback is the truth about the secret.
+        expect(game[i + 1]).toEqual({ role: 'user', content: guess < secret ? 'higher' : 'lower' });
+        if (guess < secret) lo = guess + 1;
+        else hi = guess - 1;
+      }
+    }
+    // The first guess is uniform over 1–7 (no opening is preferred), and so is the second within what
+    // the feedback left (after 4 higher: 5, 6 and 7 alike, not the middle one).
+    const uniform = (key: string, lo: number, hi: number) => {
+      const c = counts.get(key)!;
+      const n = c.reduce((a, b) => a + b, 0);
+      for (let g = lo; g <= hi; g++) expect(Math.abs(c[g] / n - 1 / (hi - lo + 1))).toBeLessThan(4 * Math.sqrt(1 / (hi - lo + 1) / n));
+    };
+    uniform('0:1-7', 1, 7);
+    uniform('1:5-7', 5, 7);
+    uniform('1:1-3', 1, 3);
   });
 
   it('runs end to end with tiny budgets and prints the fields', async () => {
