@@ -83,8 +83,9 @@ const ENV_REWARD: RewardFunction = {
 
 /**
  * The warm start: SFT on games that read the feedback (warmStartGame) and on numbers put in order.
- * 400 steps, not 200: the longer the warm start, the closer its games are to consistent play, and
- * GRPO's figures moved with it (docs/agents.md).
+ * 400 steps, not 200: after 200 the starting policy still often guessed outside what the feedback
+ * allowed (it won 0.54 and 0.58 of games on seeds 0 and 2, GRPO then reaching 0.76 and 0.74); after
+ * 400 it wins 0.61 on both, and GRPO reaches 0.94 and 0.93 (4 × 32; docs/agents.md).
  */
 const WARM_START: Partial<TrainConfig> = { ...WARM_START_BASE, max_steps: 400, max_length: 80, max_prompt_length: 32 };
 const WARM_ROWS = 1000;
