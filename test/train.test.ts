@@ -163,3 +163,40 @@ describe('run folder', () => {
   });
 });
 
+
+describe('losses that read no reference log-probs (sft, simpo, orpo)', () => {
+  const metricRows = (out: string) => readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l)).filter((r) => !r.split);
+
+  it('score no reference: no pass over the data, no reference.parquet, and sft logs no implicit rewards; dpo still scores one', async () => {
+    for (const loss of ['sft', 'simpo', 'orpo', 'dpo']) {
+      const out = join(dir, `noref-${loss}`);
+      await trainAny({ model, data: pairsFile, loss, out, params: [...SHORT, 'max_steps=2', 'logging_steps=1'] });
+      expect(existsSync(join(out, 'data', 'reference.parquet')), loss).toBe(loss === 'dpo');
+      const rows = metricRows(out);
+      expect(rows.map((r) => r.step)).toEqual([1, 2]);
+      for (const r of rows) {
+        expect(Number.isFinite(r.loss)).toBe(true);
+        // simpo and orpo report their own rewards (β·mean log-prob, λ·log-odds); sft's were β·(π − ref).
+        expect('rewards/chosen' in r, loss).toBe(loss !== 'sft');
+      }
+    }
+  });
+
+  it("sft's first loss is the chosen responses' mean per-token NLL that a dpo run's log-probs give", () => {
+    // One batch holds every pair and the policy has not moved at step 1, so both runs score the same
+    // model on the same rows. Every chosen response has the same number of tokens n (one digit and
+    // the end of the turn), so sft's loss is −logps/chosen ÷ n with n a whole number.
+    const sft = metricRows(join(dir, 'noref-sft'))[0];
+    const dpo = metricRows(join(dir, 'noref-dpo'))[0];
+    const n = -dpo['logps/chosen'] / sft.loss;
+    expect(n).toBeGreaterThan(0.5);
+    expect(Math.abs(n - Math.round(n))).toBeLessThan(1e-4);
+  });
+
+  it('sync_ref_model and ref_on_the_fly are refused in one line', async () => {
+    for (const k of ['sync_ref_model', 'ref_on_the_fly']) {
+      await expect(trainAny({ model, data: pairsFile, loss: 'sft', out: join(dir, `noref-${k}`), params: [...SHORT, 'max_steps=1', `${k}=true`] }))
+        .rejects.toThrow(new RegExp(`^${k}: the loss sft reads no reference log-probs, so there is no reference to (sync|score); leave ${k} out$`));
+    }
+  });
+});

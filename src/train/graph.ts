@@ -40,6 +40,8 @@ export interface TrainProblem {
   lengthWeighted?: boolean;
   /** Pairwise: the batch ends with one rationale sequence per row, and `rationale_mask [B]`. */
   rationale?: boolean;
+  /** The loss reads no reference log-probs (SFT, SimPO, ORPO): the batch carries no `ref_logps`, and no reference is scored. */
+  noReference?: boolean;
 }
 
 const F = 'float32' as const;
@@ -64,7 +66,7 @@ export function batchInputSpecs(p: TrainProblem): BatchInputSpec[] {
         { name: 'loss_mask', dtype: F, shape: ['seqs', 'len'] },
       ];
   // Rationale sequences have no reference log-prob: ref_logps is then shorter than the sequence list.
-  const specs: BatchInputSpec[] = [...model, { name: 'ref_logps', dtype: F, shape: [p.rationale ? 'ref_seqs' : 'seqs'] }, { name: 'weight', dtype: F, shape: ['rows'] }];
+  const specs: BatchInputSpec[] = [...model, ...(p.noReference ? [] : [{ name: 'ref_logps', dtype: F, shape: [p.rationale ? 'ref_seqs' : 'seqs'] }]), { name: 'weight', dtype: F, shape: ['rows'] }];
   if (p.lengthWeighted) specs.push({ name: 'sequence_tokens', dtype: F, shape: ['seqs'] });
   const perRow = (name: string) => specs.push({ name, dtype: F, shape: ['rows'] });
   if (p.kind === 'pairwise') {
@@ -101,7 +103,7 @@ function lossInputs(g: Graph, p: TrainProblem, logp: Tensor, tokens: Tensor, bat
   if (p.kind === 'pairwise') {
     const n = p.rationale ? 3 : 2;
     [ins.policy_chosen_logps, ins.policy_rejected_logps, ins.policy_rationale_logps] = splitN(g, logp, n);
-    [ins.ref_chosen_logps, ins.ref_rejected_logps] = splitPairs(g, batch.ref_logps);
+    if (!p.noReference) [ins.ref_chosen_logps, ins.ref_rejected_logps] = splitPairs(g, batch.ref_logps);
     [ins.chosen_tokens, ins.rejected_tokens] = splitN(g, tokens, n);
     if (p.rationale) ins.rationale_mask = batch.rationale_mask;
     else delete ins.policy_rationale_logps;
@@ -109,19 +111,19 @@ function lossInputs(g: Graph, p: TrainProblem, logp: Tensor, tokens: Tensor, bat
   } else if (p.kind === 'listwise') {
     const shape = g.shapeOf(batch.mask);
     ins.policy_logps = g.reshape(logp, shape);
-    ins.ref_logps = g.reshape(batch.ref_logps, shape);
+    if (!p.noReference) ins.ref_logps = g.reshape(batch.ref_logps, shape);
     ins.scores = batch.scores;
     ins.mask = batch.mask;
     if (batch.win_probs) ins.win_probs = batch.win_probs;
   } else if (p.kl) {
     [ins.policy_logps, ins.policy_kl_logps] = splitPairs(g, logp);
-    [ins.ref_logps, ins.ref_kl_logps] = splitPairs(g, batch.ref_logps);
+    if (!p.noReference) [ins.ref_logps, ins.ref_kl_logps] = splitPairs(g, batch.ref_logps);
     ins.tokens = splitPairs(g, tokens)[0];
     if (batch.rewards) ins.rewards = batch.rewards;
     if (batch.labels) ins.labels = batch.labels;
   } else {
     ins.policy_logps = logp;
-    ins.ref_logps = batch.ref_logps;
+    if (!p.noReference) ins.ref_logps = batch.ref_logps;
     ins.tokens = tokens;
     if (batch.rewards) ins.rewards = batch.rewards;
     if (batch.labels) ins.labels = batch.labels;

@@ -35,6 +35,12 @@ export function klOf(loss: BoundLoss, kind: Kind): boolean {
   return kind === 'single' && (loss.keys(kind).oneOf ?? []).some((set) => set.includes('policy_kl_logps'));
 }
 
+/** Whether any term of the loss reads reference log-probs (every `ref_*` key, required, optional or one of a set). */
+export function readsReference(loss: BoundLoss, kind: Kind): boolean {
+  const k = loss.keys(kind);
+  return [...k.required, ...(k.optional ?? []), ...(k.oneOf ?? []).flat()].some((key) => key.startsWith('ref_'));
+}
+
 /** The largest rationale_weight γ over the loss's terms (0: no rationale term). */
 export function rationaleWeightOf(loss: BoundLoss): number {
   return Math.max(0, ...loss.terms.map((t) => Number(t.params.rationale_weight ?? 0)));
@@ -61,6 +67,7 @@ export function problemOf(c: TrainConfig, i: ProblemInputs): TrainProblem {
     dense: c.device === 'webgpu',
     recompute: c.gradient_checkpointing,
     baseDtype: c.base_dtype,
+    ...(readsReference(i.loss, i.kind) ? {} : { noReference: true }),
   };
 }
 

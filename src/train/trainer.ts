@@ -243,6 +243,14 @@ async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming
   const sync = config.sync_ref_model;
   // Held only when there is an evaluation (under TR-DPO a second reference-sized set of weights).
   const evalReference = config.eval_data ? { config: reference.config, weights: reference.weights } : null;
+  if (d.problem.noReference) {
+    // SFT, SimPO, ORPO: nothing in the loss reads the reference, so no pass over the data scores it
+    // (the reference is still the evaluation's, with eval_data).
+    for (const k of ['sync_ref_model', 'ref_on_the_fly'] as const) {
+      if (config[k]) throw new UserError(`${k}: the loss ${o.loss} reads no reference log-probs, so there is no reference to ${k === 'sync_ref_model' ? 'sync' : 'score'}; leave ${k} out`);
+    }
+    return { reference, evalReference, sync: false, ref: [], refScorer: null };
+  }
   if (sync) {
     if (!sameParameters(reference.config, base.config)) {
       throw new UserError(`sync_ref_model: the reference ${o.refModel} and the policy ${o.model} have different parameters, so ref ← α·policy + (1 − α)·ref is undefined; use a reference of the policy's architecture and size`);
@@ -423,7 +431,7 @@ class OfflineTraining implements OnlineMethod<number, Round> {
       padTo: config.pad_to_multiple_of,
       padId: tok.padId ?? 0,
       dtype: 'float32',
-      refLogps: (ex) => refOf.get(ex)!,
+      refLogps: this.d.problem.noReference ? undefined : (ex) => refOf.get(ex)!,
       valueIndex: valueHeadOn,
       kl,
       packed,
