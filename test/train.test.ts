@@ -1,5 +1,5 @@
 import { describe, it, expect, beforeAll } from 'vitest';
-import { mkdtempSync, writeFileSync, readFileSync, existsSync } from 'node:fs';
+import { cpSync, mkdtempSync, writeFileSync, readFileSync, existsSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { initModelFolder } from '../src/models/init.ts';
@@ -191,6 +191,22 @@ describe('losses that read no reference log-probs (sft, simpo, orpo)', () => {
     const n = -dpo['logps/chosen'] / sft.loss;
     expect(n).toBeGreaterThan(0.5);
     expect(Math.abs(n - Math.round(n))).toBeLessThan(1e-4);
+  });
+
+  it('a run begun when sft still scored a reference resumes: its artifacts that take ref_logps are rebuilt, the checkpoint carries over', async () => {
+    const out = join(dir, 'noref-resume');
+    const params = [...SHORT, 'save_steps=1', 'logging_steps=1'];
+    await trainAny({ model, data: pairsFile, loss: 'sft', out, params: [...params, 'max_steps=1'] });
+    // The training graphs of a loss that reads ref_logps, over the same weights, stand in for those an
+    // earlier version built for this run (without the rebuild, the resumed steps feed no ref_logps).
+    const other = join(dir, 'noref-resume-dpo');
+    await trainAny({ model, data: pairsFile, loss: 'dpo', out: other, params: [...params, 'max_steps=1'] });
+    rmSync(join(out, 'artifacts'), { recursive: true });
+    cpSync(join(other, 'artifacts'), join(out, 'artifacts'), { recursive: true });
+    expect(readFileSync(join(out, 'artifacts', 'artifacts.json'), 'utf8')).toContain('"ref_logps"');
+    await trainAny({ model, data: pairsFile, loss: 'sft', out, params: [...params, 'max_steps=3'], resume: true });
+    expect(metricRows(out).map((r) => r.step)).toEqual([1, 2, 3]);
+    expect(readFileSync(join(out, 'artifacts', 'artifacts.json'), 'utf8')).not.toContain('"ref_logps"');
   });
 
   it('sync_ref_model and ref_on_the_fly are refused in one line', async () => {

@@ -202,6 +202,9 @@ async function dataStage(o: TrainOptions, c0: Setup, resuming: boolean, info: (l
   const builtWith = resuming ? readBuiltLayout(join(run, 'artifacts')) : null;
   const packed = builtWith ?? (config.share_prompt && canPack(kind, kl) && !valueHeadOn);
   const problem = problemOf(config, { model: base.config, kind, loss, lora, dataKeys, packed });
+  // A run of a loss that reads no reference, begun by a version that still scored one, has artifacts
+  // that take ref_logps: they are rebuilt (its checkpoints carry over, as on a resume on another device).
+  if (resuming && problem.noReference && readsRefLogps(join(run, 'artifacts'))) rmSync(join(run, 'artifacts'), { recursive: true, force: true });
   return { kind, rows, adapter, lora, valueHeadOn, kl, packed, lengthWeighted, rationale, problem };
 }
 
@@ -493,6 +496,11 @@ class OfflineTraining implements OnlineMethod<number, Round> {
 function readBuiltLayout(dir: string): boolean | null {
   if (!existsSync(join(dir, 'artifacts.json'))) return null;
   return readManifest(dir).batchInputs.some((b) => b.name === 'segment_ids');
+}
+
+/** Whether the artifacts in `dir` take reference log-probs (`ref_logps`); false when there are none yet. */
+function readsRefLogps(dir: string): boolean {
+  return existsSync(join(dir, 'artifacts.json')) && readManifest(dir).batchInputs.some((b) => b.name === 'ref_logps');
 }
 
 /** Weights rounded to float16 precision (and back to float32). */
