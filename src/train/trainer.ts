@@ -199,18 +199,19 @@ async function dataStage(o: TrainOptions, c0: Setup, resuming: boolean, info: (l
     });
   }
   // A resumed run keeps the batch layout its artifacts were built with.
-  const builtWith = resuming ? readBuiltLayout(join(run, 'artifacts')) : null;
-  const packed = builtWith ?? (config.share_prompt && canPack(kind, kl) && !valueHeadOn);
+  const built = resuming ? builtInputs(join(run, 'artifacts')) : null;
+  const packed = built ? built.has('segment_ids') : config.share_prompt && canPack(kind, kl) && !valueHeadOn;
   const problem = problemOf(config, { model: base.config, kind, loss, lora, dataKeys, packed });
   // A run of a loss that reads no reference, begun by a version that still scored one, has artifacts
   // that take ref_logps: they are rebuilt (its checkpoints carry over, as on a resume on another device).
-  if (resuming && problem.noReference && readsRefLogps(join(run, 'artifacts'))) rmSync(join(run, 'artifacts'), { recursive: true, force: true });
+  if (problem.noReference && built?.has('ref_logps')) rmSync(join(run, 'artifacts'), { recursive: true, force: true });
   return { kind, rows, adapter, lora, valueHeadOn, kl, packed, lengthWeighted, rationale, problem };
 }
 
 /** The reference stage's result: the reference model, and its log-probs cached per row or scored per batch. */
 interface ReferenceStage {
-  reference: ReferenceModel;
+  /** Null when nothing reads it: a loss that reads no reference, without eval_data. */
+  reference: ReferenceModel | null;
   /**
    * The reference the held-out evaluation scores against: the starting one, also under TR-DPO (the
    * evaluation's reference log-probs are scored once, before the first step of a fresh run, so a
@@ -235,7 +236,7 @@ async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming
   const { config, base, tok } = c0;
   const { kind, rows, adapter, kl } = d;
   const run = o.out;
-  const reference: ReferenceModel = o.refModel
+  const referenceModel = (): ReferenceModel => o.refModel
     ? loadReferenceModel(o.refModel, o.model, base.config)
     : adapter
       ? { config: base.config, weights: mergeLora(new Map([...base.weights, ...adapter.weights]), base.config, adapter.lora), identity: `model:${resolve(o.model)}+adapter:${resolve(o.adapter!)}` }
@@ -243,17 +244,19 @@ async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming
         ? // With float16 base weights the reference is that same rounded base (adapters off), as PEFT's is.
           { config: base.config, weights: roundedToF16(base.weights), identity: `model:${resolve(o.model)}+float16` }
         : { config: base.config, weights: base.weights, identity: `model:${resolve(o.model)}` };
-  const sync = config.sync_ref_model;
-  // Held only when there is an evaluation (under TR-DPO a second reference-sized set of weights).
-  const evalReference = config.eval_data ? { config: reference.config, weights: reference.weights } : null;
   if (d.problem.noReference) {
-    // SFT, SimPO, ORPO: nothing in the loss reads the reference, so no pass over the data scores it
-    // (the reference is still the evaluation's, with eval_data).
+    // SFT, SimPO, ORPO: nothing in the loss reads the reference, so no pass over the data scores it,
+    // and it is loaded (or merged, or rounded: a parameter-sized copy) only for eval_data's evaluation.
     for (const k of ['sync_ref_model', 'ref_on_the_fly'] as const) {
       if (config[k]) throw new UserError(`${k}: the loss ${o.loss} reads no reference log-probs, so there is no reference to ${k === 'sync_ref_model' ? 'sync' : 'score'}; leave ${k} out`);
     }
-    return { reference, evalReference, sync: false, ref: [], refScorer: null };
+    const reference = config.eval_data ? referenceModel() : null;
+    return { reference, evalReference: reference && { config: reference.config, weights: reference.weights }, sync: false, ref: [], refScorer: null };
   }
+  const reference = referenceModel();
+  const sync = config.sync_ref_model;
+  // Held only when there is an evaluation (under TR-DPO a second reference-sized set of weights).
+  const evalReference = config.eval_data ? { config: reference.config, weights: reference.weights } : null;
   if (sync) {
     if (!sameParameters(reference.config, base.config)) {
       throw new UserError(`sync_ref_model: the reference ${o.refModel} and the policy ${o.model} have different parameters, so ref ← α·policy + (1 − α)·ref is undefined; use a reference of the policy's architecture and size`);
@@ -394,7 +397,9 @@ class OfflineTraining implements OnlineMethod<number, Round> {
         maxRows: config.eval_samples,
       });
       if (config.eval_generate > 0) {
-        this.sampler = new EvalSampler({ run: ctx.run, prompts: this.evaluator.prompts(config.eval_generate), tok: this.s.tok, ref: { config: reference.config, weights: reference.weights }, maxNewTokens: config.eval_generate_max_new_tokens, runtime: runtimeOf(config, reference.config) });
+        // evalReference implies a reference (ReferenceStage).
+        const ref = reference!;
+        this.sampler = new EvalSampler({ run: ctx.run, prompts: this.evaluator.prompts(config.eval_generate), tok: this.s.tok, ref: { config: ref.config, weights: ref.weights }, maxNewTokens: config.eval_generate_max_new_tokens, runtime: runtimeOf(config, ref.config) });
       }
     }
   }
@@ -461,7 +466,7 @@ class OfflineTraining implements OnlineMethod<number, Round> {
     if (!this.r.sync || step % config.ref_model_sync_steps !== 0) return;
     // In place: the reference scorer's parameter feeds are views of these arrays, so its next batch
     // already sees the updated reference.
-    softUpdate(this.r.reference.weights, await this.weightsNow(ctx), config.ref_model_mixup_alpha);
+    softUpdate(this.r.reference!.weights, await this.weightsNow(ctx), config.ref_model_mixup_alpha);
   }
 
   async evaluate(ctx: OnlineContext): Promise<Record<string, number>> {
@@ -483,7 +488,7 @@ class OfflineTraining implements OnlineMethod<number, Round> {
 
   checkpointFiles(): Record<string, Map<string, CheckpointTensor>> {
     if (!this.r.sync) return {};
-    return { [REFERENCE_FILE]: new Map([...this.r.reference.weights].map(([k, t]) => [k, { dtype: 'float32' as const, shape: t.shape, data: t.data }])) };
+    return { [REFERENCE_FILE]: new Map([...this.r.reference!.weights].map(([k, t]) => [k, { dtype: 'float32' as const, shape: t.shape, data: t.data }])) };
   }
 
   async close(): Promise<void> {
@@ -492,15 +497,10 @@ class OfflineTraining implements OnlineMethod<number, Round> {
   }
 }
 
-/** Whether the artifacts in `dir` take packed (shared-prompt) batches; null when there are none yet. */
-function readBuiltLayout(dir: string): boolean | null {
+/** The batch inputs the artifacts in `dir` were built with (`segment_ids`: packed batches); null when there are none yet. */
+function builtInputs(dir: string): Set<string> | null {
   if (!existsSync(join(dir, 'artifacts.json'))) return null;
-  return readManifest(dir).batchInputs.some((b) => b.name === 'segment_ids');
-}
-
-/** Whether the artifacts in `dir` take reference log-probs (`ref_logps`); false when there are none yet. */
-function readsRefLogps(dir: string): boolean {
-  return existsSync(join(dir, 'artifacts.json')) && readManifest(dir).batchInputs.some((b) => b.name === 'ref_logps');
+  return new Set(readManifest(dir).batchInputs.map((b) => b.name));
 }
 
 /** Weights rounded to float16 precision (and back to float32). */
