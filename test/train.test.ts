@@ -215,4 +215,13 @@ describe('losses that read no reference log-probs (sft, simpo, orpo)', () => {
         .rejects.toThrow(new RegExp(`^${k}: the loss sft reads no reference log-probs, so there is no reference to (sync|score); leave ${k} out$`));
     }
   });
+
+  it('--ref is refused without eval_data (nothing would read it) and scores the evaluation with it', async () => {
+    await expect(trainAny({ model, data: pairsFile, loss: 'sft', out: join(dir, 'noref-ref'), refModel: model, params: [...SHORT, 'max_steps=1'] }))
+      .rejects.toThrow(/^--ref .*: the loss sft reads no reference log-probs, and without eval_data nothing else does; leave --ref out$/);
+    const out = join(dir, 'noref-ref-eval');
+    const r = await trainAny({ model, data: pairsFile, loss: 'sft', out, refModel: model, params: [...SHORT, 'max_steps=1', `eval_data=${pairsFile}`] });
+    expect(existsSync(join(out, 'data', 'reference.parquet'))).toBe(false);
+    expect(r.eval?.overall.preference_accuracy).toBeGreaterThanOrEqual(0);
+  });
 });

@@ -250,6 +250,7 @@ async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming
     for (const k of ['sync_ref_model', 'ref_on_the_fly'] as const) {
       if (config[k]) throw new UserError(`${k}: the loss ${o.loss} reads no reference log-probs, so there is no reference to ${k === 'sync_ref_model' ? 'sync' : 'score'}; leave ${k} out`);
     }
+    if (o.refModel && !config.eval_data) throw new UserError(`--ref ${o.refModel}: the loss ${o.loss} reads no reference log-probs, and without eval_data nothing else does; leave --ref out`);
     const reference = config.eval_data ? referenceModel() : null;
     return { reference, evalReference: reference && { config: reference.config, weights: reference.weights }, sync: false, ref: [], refScorer: null };
   }
