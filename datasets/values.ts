@@ -112,9 +112,18 @@ export function asToolCall(v: unknown, field: string): ToolCall {
   return call;
 }
 
+/** A message's `tool_calls`: a list, or JSON text of one (how canonical Parquet stores them, datasets/schema.ts). */
 function asToolCalls(v: unknown, field: string): ToolCall[] {
-  if (!Array.isArray(v)) throw new RecordError(`field "${field}": expected a list of tool calls, found ${describe(v)}`, field);
-  return v.map((c, i) => asToolCall(c, `${field}[${i}]`));
+  let list = v;
+  if (typeof v === 'string') {
+    try {
+      list = JSON.parse(v);
+    } catch {
+      throw new RecordError(`field "${field}": expected a list of tool calls (or JSON text of one), found ${describe(v)}`, field);
+    }
+  }
+  if (!Array.isArray(list)) throw new RecordError(`field "${field}": expected a list of tool calls, found ${describe(v)}`, field);
+  return list.map((c, i) => asToolCall(c, `${field}[${i}]`));
 }
 
 /** LLaMA-Factory's `function_call` turn: its value is the JSON of one call or of a list of calls. */
