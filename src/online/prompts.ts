@@ -1,25 +1,34 @@
 /**
  * Prompts for generation: a text file (one prompt a line), or records with a `prompt` field (plain
  * text or a message list) in any format the dataset readers take (JSON, JSONL, CSV, Parquet, Arrow,
- * gzip'd), e.g. a canonical preference dataset. `readPromptRows` (GRPO) keeps each record's other
- * columns (an `answer` for the accuracy reward) and takes math sets' `question` (GSM8K) or `problem`
- * (MATH) column for a missing `prompt`. Bad records are named by file and line or row.
+ * gzip'd), e.g. a canonical preference dataset. A message list is read by `convert`'s own reader
+ * (datasets/values.ts `asText`), so `tool_calls` (OpenAI or HF shape, arguments as JSON text or an
+ * object), `tool_call_id`, `name`, `content: null` beside tool calls and text content parts are kept
+ * as convert keeps them. `readPromptRows` (GRPO) keeps each record's other columns (an `answer` for
+ * the accuracy reward) and takes math sets' `question` (GSM8K) or `problem` (MATH) column for a
+ * missing `prompt`. Bad records are named by file and line or row.
  */
 import { readFileSync } from 'node:fs';
-import { openSource, toPlain, where } from '../../datasets/readers.ts';
-import { UserError } from '../errors.ts';
-import type { LoadedTokenizer, Message } from '../tokenize/index.ts';
+import { openSource, toPlain, where, type Source } from '../../datasets/readers.ts';
+import { RecordError, asText } from '../../datasets/values.ts';
+import { BadInputError, UserError } from '../errors.ts';
+import type { LoadedTokenizer } from '../tokenize/index.ts';
+import { chatPromptIds } from '../tokenize/conversation.ts';
 import type { Text } from '../../datasets/schema.ts';
 
-function asText(v: unknown, at: string): Text {
-  if (typeof v === 'string') {
-    if (v.length === 0) throw new UserError(`${at}: "prompt" is empty`);
-    return v;
+/** A record's prompt column as convert reads it; a bad value is one line naming the file:line and the field. */
+function promptOf(v: unknown, column: string, src: Source, pos: number): Text {
+  const at = where(src, pos);
+  const place = { file: src.path, [src.unit === 'line' ? 'line' : 'row']: pos };
+  let prompt: Text;
+  try {
+    prompt = asText(v, column, { textual: src.textual, map: {} });
+  } catch (e) {
+    if (e instanceof RecordError) throw new BadInputError(`${at}: ${e.message}`, place);
+    throw e;
   }
-  if (Array.isArray(v) && v.length > 0 && v.every((m) => m && typeof m === 'object' && typeof m.role === 'string' && typeof m.content === 'string')) {
-    return v.map((m) => ({ role: m.role, content: m.content }));
-  }
-  throw new UserError(`${at}: "prompt" must be a non-empty string or a list of {role, content} messages`);
+  if (prompt.length === 0) throw new BadInputError(`${at}: field "${column}" is empty`, place);
+  return prompt;
 }
 
 export async function readPrompts(file: string): Promise<Text[]> {
@@ -67,7 +76,7 @@ export async function readPromptRows(file: string, columns: readonly string[] = 
       if (!rec || typeof rec !== 'object' || Array.isArray(rec)) throw new UserError(`${at}: expected an object with a "prompt" field`);
       const column = columns.find((c) => c in rec);
       if (!column) throw new UserError(`${at}: missing field "prompt"${columns.length > 1 ? ` (or ${columns.slice(1).map((c) => `"${c}"`).join(' / ')})` : ''}`);
-      const prompt = asText(rec[column], at);
+      const prompt = promptOf(rec[column], column, src, it.pos);
       const row: Record<string, unknown> = { ...rec, prompt };
       if (column !== 'prompt') delete row[column];
       out.push({ prompt, row, at });
@@ -78,8 +87,8 @@ export async function readPromptRows(file: string, columns: readonly string[] = 
 }
 
 /**
- * Token ids a response is generated after: the same prompt ids `tokenizePromptResponse` gives in
- * training (BOS + plain text, or the chat template with the assistant header for messages).
+ * Token ids a response is generated after: the same prompt ids training gives (BOS + plain text, or
+ * the chat template's render with the generation prompt for messages, tool calls included).
  */
 export function promptIds(tok: LoadedTokenizer, prompt: Text): number[] {
   if (typeof prompt === 'string') {
@@ -87,7 +96,7 @@ export function promptIds(tok: LoadedTokenizer, prompt: Text): number[] {
     if (tok.addBosToken && tok.bosId !== null) ids.unshift(tok.bosId);
     return ids;
   }
-  return tok.encode(tok.applyChatTemplate(prompt as Message[], { addGenerationPrompt: true }), { addSpecialTokens: false });
+  return chatPromptIds(tok, prompt);
 }
 
 export function promptKey(p: Text): string {

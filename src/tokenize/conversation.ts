@@ -45,8 +45,12 @@ export function renderChat(tok: LoadedTokenizer, messages: readonly Message[], o
   return tok.applyChatTemplate(templateMessages(messages), { addGenerationPrompt: opts.addGenerationPrompt ?? false, variables });
 }
 
-/** The ids a rollout starts from: the template's render of `messages` with the generation prompt. */
+/**
+ * The ids a rollout (or any generation from a message prompt) starts from: the template's render of
+ * `messages` with the generation prompt. Refuses tools or tool calls the template would leave out.
+ */
 export function chatPromptIds(tok: LoadedTokenizer, messages: readonly Message[], opts: ChatRenderOptions = {}): number[] {
+  checkToolSupport(tok, messages, opts);
   return tok.encode(renderChat(tok, messages, { ...opts, addGenerationPrompt: true }), { addSpecialTokens: false });
 }
 
