@@ -23,6 +23,7 @@ export const FLOORS: readonly (readonly string[])[] = [
   ['src/eval'],
   ['src/train'],
   ['src/online', 'src/agents'],
+  ['src/demos'],
   ['src/index.ts', 'src/cli', 'scripts'],
 ];
 

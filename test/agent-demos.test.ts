@@ -1,6 +1,6 @@
 /**
  * `prefzoo demo --method tools` and `--method env`: the env demo end to end with tiny budgets (2
- * warm-start steps, 1 GRPO step, 2 held-out prompts; the tools demo shares src/online/agent-demo.ts,
+ * warm-start steps, 1 GRPO step, 2 held-out prompts; the tools demo shares src/demos/agent-shared.ts,
  * so one run holds the JSON fields and the run folder for both), and that each ceiling's evaluation
  * really withholds the information — the lookup tool answers the same whatever the table, the game
  * says "no" whatever the secret. Whether the demos learn is measured by the seed tables of
@@ -12,14 +12,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { SeededRandom } from '../src/random.ts';
 import type { ToolContext } from '../src/agents/types.ts';
-import { DEMO_TEMPLATE, LOOKUP_TOOL, USELESS_TOOL } from '../src/online/tools-demo.ts';
+import { DEMO_TEMPLATE, LOOKUP_TOOL, USELESS_TOOL } from '../src/demos/tools.ts';
 import { loadTokenizer, writeTokenizer } from '../src/tokenize/index.ts';
 import { renderChat } from '../src/tokenize/conversation.ts';
 import { parseToolCalls, toolCallFormatOf } from '../src/tokenize/tool-calls.ts';
 import { toolsFromValues } from '../src/agents/tools.ts';
 import type { ToolDef } from '../src/agents/types.ts';
-import { GUESSES, guessingGame, HIGHEST, runEnvDemo, warmStartGame } from '../src/online/env-demo.ts';
-import type { AgentDemoResult } from '../src/online/agent-demo.ts';
+import { GUESSES, guessingGame, HIGHEST, runEnvDemo, warmStartGame } from '../src/demos/env.ts';
+import type { AgentDemoResult } from '../src/demos/agent-shared.ts';
 import { readDemoEval } from '../src/train/demo-eval.ts';
 
 const ctx = (table: string, seed: number) => ({ row: { table }, rng: new SeededRandom(seed), seed, turn: 0, call: 0, state: {}, signal: new AbortController().signal }) as ToolContext;

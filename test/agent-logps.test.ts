@@ -34,7 +34,7 @@ import { grpoLoss, type GrpoSettings } from '../src/online/grpo/settings.ts';
 import { columnsOf, grpoSpec, type Columns } from '../src/online/grpo/graph.ts';
 import type { GrpoParams } from '../losses/grpo.ts';
 import { microBatches, roundLogps, type GrpoRound } from '../src/online/grpo/round.ts';
-import { guessingGame } from '../src/online/env-demo.ts';
+import { guessingGame } from '../src/demos/env.ts';
 import { ReferenceScorer } from '../src/online/reference.ts';
 import { resolveConfig } from '../src/train/config.ts';
 import { buildArtifacts } from '../src/artifacts/build.ts';

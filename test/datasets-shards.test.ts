@@ -12,7 +12,7 @@ import { convert } from '../datasets/convert.ts';
 import { readCanonicalBatches, resolveDataset, parquetFooter } from '../datasets/parquet.ts';
 import { readRefColumns } from '../datasets/tokenized.ts';
 import { initModelFolder } from '../src/models/init.ts';
-import { demoPairs } from '../src/train/demo-task.ts';
+import { demoPairs } from '../src/demos/task.ts';
 import { train } from '../src/train/trainer.ts';
 import { reporterOf } from '../src/progress.ts';
 

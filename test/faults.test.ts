@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { initModelFolder } from '../src/models/init.ts';
 import { loadModel } from '../src/models/load.ts';
 import { saveCheckpoint } from '../src/models/checkpoint.ts';
-import { demoPairs } from '../src/train/demo-task.ts';
+import { demoPairs } from '../src/demos/task.ts';
 import { cli, expectOneLineError, holds, killWhen, smallDisk, temporaries } from './helpers/faults.ts';
 
 let dir: string;

@@ -10,7 +10,7 @@ import { mkdtempSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { prefzoo } from './helpers/cli.ts';
-import { maskedPrompt, runGrpoDemo } from '../src/online/grpo-demo.ts';
+import { maskedPrompt, runGrpoDemo } from '../src/demos/grpo.ts';
 import { ModelSampler } from '../src/online/policy.ts';
 import { readDemoEval } from '../src/train/demo-eval.ts';
 

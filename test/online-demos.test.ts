@@ -9,13 +9,13 @@ import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { prefzoo } from './helpers/cli.ts';
-import { demoSplit, runOnlineDemo, warmStartRows } from '../src/online/demo.ts';
+import { demoSplit, runOnlineDemo, warmStartRows } from '../src/demos/online.ts';
 import { SeededRandom } from '../src/random.ts';
 import { readDemoEval, DEMO_EVAL_FILE } from '../src/train/demo-eval.ts';
 import { joinRunMetrics, readMetrics } from '../src/train/report.ts';
 import { UserError } from '../src/errors.ts';
 import { initModelFolder } from '../src/models/init.ts';
-import { demoPairs } from '../src/train/demo-task.ts';
+import { demoPairs } from '../src/demos/task.ts';
 import { trainMpo } from '../src/train/mpo.ts';
 
 

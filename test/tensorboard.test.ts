@@ -10,7 +10,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { crc32c, maskedCrc32c, TensorBoardWriter, FILE_VERSION } from '../src/train/tensorboard.ts';
 import { initModelFolder } from '../src/models/init.ts';
-import { demoPairs } from '../src/train/demo-task.ts';
+import { demoPairs } from '../src/demos/task.ts';
 import { train } from '../src/train/trainer.ts';
 
 /** CRC-32C one bit at a time (polynomial 0x1EDC6F41, reflected 0x82F63B78). */

@@ -1,6 +1,6 @@
 import { describe, it, expect } from 'vitest';
 import { SeededRandom } from '../src/random.ts';
-import { demoPairs, demoLists, demoSingles, firstDigitAnswer } from '../src/train/demo-task.ts';
+import { demoPairs, demoLists, demoSingles, firstDigitAnswer } from '../src/demos/task.ts';
 
 describe('seeded random', () => {
   it('matches xoshiro128** computed independently (Python, state [1,2,3,4])', () => {

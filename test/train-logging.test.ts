@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { initModelFolder } from '../src/models/init.ts';
 import { loadModel } from '../src/models/load.ts';
 import { loadTokenizer } from '../src/tokenize/index.ts';
-import { demoPairs } from '../src/train/demo-task.ts';
+import { demoPairs } from '../src/demos/task.ts';
 import { train } from '../src/train/trainer.ts';
 import { loadData, tokenizeExamples } from '../datasets/examples.ts';
 import { resolveConfig } from '../src/train/config.ts';

@@ -4,7 +4,7 @@ import { mkdtempSync, writeFileSync, readFileSync, existsSync, readdirSync } fro
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { initModelFolder } from '../src/models/init.ts';
-import { demoPairs } from '../src/train/demo-task.ts';
+import { demoPairs } from '../src/demos/task.ts';
 
 const bin = resolve(__dirname, '..', 'bin', 'prefzoo.mjs');
 let dir: string;

@@ -3,7 +3,7 @@ import { cpSync, mkdtempSync, writeFileSync, readFileSync, existsSync, rmSync } 
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { initModelFolder } from '../src/models/init.ts';
-import { demoPairs, demoLists, demoSingles } from '../src/train/demo-task.ts';
+import { demoPairs, demoLists, demoSingles } from '../src/demos/task.ts';
 import { trainAny } from '../src/train/mpo.ts';
 import { evaluateRows } from '../src/eval/evaluate.ts';
 import { PAIR_METRICS } from '../losses/core/metrics.ts';

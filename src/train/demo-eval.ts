@@ -1,8 +1,9 @@
 /**
  * The held-out evaluation a demo prints, kept in its run folder as RUN/demo_eval.json so that
- * `prefzoo report RUN` shows the same before → after figures the demo printed. Every demo (the
- * offline `prefzoo demo`, the online ones, GRPO's) writes it with `writeDemoEval`; the report reads
- * it with `readDemoEval` and draws it with `demoEvalTable`.
+ * `prefzoo report RUN` shows the same before → after figures the demo printed. Every demo (src/demos:
+ * the offline `prefzoo demo`, the online ones, GRPO's, the agent demos) writes it with `writeDemoEval`;
+ * the report reads it with `readDemoEval` and draws it with `demoEvalTable`. The format stays here,
+ * below the demos, because the report (this floor) reads it.
  *
  *   {
  *     "demo": "nash_md",                       what ran (a loss or an online method)

@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
-import { runDemo } from '../../train/demo.ts';
-import { METHOD_DEMOS } from '../../online/demos.ts';
+import { runDemo } from '../../demos/offline.ts';
+import { METHOD_DEMOS } from '../../demos/index.ts';
 import { terminalReporter } from '../progress.ts';
 import { UserError } from '../../errors.ts';
 import { collect, positiveInt } from '../flags.ts';
@@ -37,7 +37,7 @@ export function register(program: Command): void {
     });
 }
 
-/** `prefzoo demo --method M`: runs the method's demo (src/online/demos.ts) and prints its result (one JSON line with --json). */
+/** `prefzoo demo --method M`: runs the method's demo (src/demos/index.ts) and prints its result (one JSON line with --json). */
 async function methodDemoCommand(o: { method: string; seed: number; params: string[]; out?: string; json?: boolean }): Promise<void> {
   const demo = METHOD_DEMOS[o.method];
   if (!demo) throw new UserError(`--method must be one of ${Object.keys(METHOD_DEMOS).join(', ')}, got "${o.method}"`);

@@ -26,11 +26,11 @@ import { SeededRandom } from '../random.ts';
 import { writeDemoEval } from '../train/demo-eval.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
-import { recallPrompts, type OnlineDemoOptions } from './demo.ts';
-import { evaluateRewards, grpo, samplingRollout } from './grpo/index.ts';
-import { ModelSampler } from './policy.ts';
-import { readPromptRows } from './prompts.ts';
-import { loadAllRewards, releaseRewards } from './rewards/index.ts';
+import { recallPrompts, type OnlineDemoOptions } from './online.ts';
+import { evaluateRewards, grpo, samplingRollout } from '../online/grpo/index.ts';
+import { ModelSampler } from '../online/policy.ts';
+import { readPromptRows } from '../online/prompts.ts';
+import { loadAllRewards, releaseRewards } from '../online/rewards/index.ts';
 
 /** The online demo's options; `params` are extra settings of the GRPO run (e.g. loss_type=grpo, max_steps=40). */
 export type GrpoDemoOptions = Omit<OnlineDemoOptions, 'method'>;
@@ -76,7 +76,7 @@ const GRPO_BASE: Partial<TrainConfig> = {
 };
 const GRPO_PARAMS = ['num_generations=8', 'max_completion_length=2', 'temperature=1', 'beta=0.04'];
 const TRAIN_PROMPTS = 3000;
-/** Digits in a prompt (demo.ts's recallPrompts), and the warm start's prompts. */
+/** Digits in a prompt (online.ts's recallPrompts), and the warm start's prompts. */
 const DIGITS = 4;
 const WARM_PROMPTS = 800;
 

@@ -6,6 +6,7 @@
  * accuracy starts near 0.5), and held-out prompts the training never showed test whether the rule
  * itself was learned rather than memorised.
  */
+import { DEMO_MODULUS } from '../online/judges.ts';
 import { SeededRandom } from '../random.ts';
 
 export interface DemoPair {
@@ -40,10 +41,9 @@ export function firstDigitAnswer(prompt: string): string {
 
 /**
  * Modular addition ("3+4=" → "7"): the verifiable task of the online demos (SPPO, Nash-MD), whose
- * built-in judge checks sums; sampling explores it well, while offline DPO on it learns slowly.
+ * built-in judge checks sums; sampling explores it well, while offline DPO on it learns slowly. Its
+ * modulus, `DEMO_MODULUS`, is the judge's (online/judges.ts), which sits below the demos.
  */
-export const DEMO_MODULUS = 10;
-
 export function demoAnswer(a: number, b: number): number {
   return (a + b) % DEMO_MODULUS;
 }

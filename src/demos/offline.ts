@@ -1,6 +1,6 @@
 /**
  * `prefzoo demo`: the main job end to end on embedded defaults. A tiny llama is initialised, the
- * built-in task (recall the first digit of "4719:"; see demo-task.ts) is written in the data shape
+ * built-in task (recall the first digit of "4719:"; see task.ts) is written in the data shape
  * the loss needs (pairs, ranked lists or labelled single answers), converted to canonical Parquet,
  * tokenized, scored by the reference, trained, and evaluated on held-out prompts the training never
  * showed.
@@ -22,10 +22,10 @@ import { getLoss } from '../../losses/index.ts';
 import { UserError } from '../errors.ts';
 import { initModelFolder } from '../models/init.ts';
 import { evaluateRows } from '../eval/evaluate.ts';
-import type { TrainConfig } from './config.ts';
-import { demoLists, demoPairs, demoSingles } from './demo-task.ts';
-import { trainAny } from './mpo.ts';
-import { writeDemoEval } from './demo-eval.ts';
+import type { TrainConfig } from '../train/config.ts';
+import { demoLists, demoPairs, demoSingles } from './task.ts';
+import { trainAny } from '../train/mpo.ts';
+import { writeDemoEval } from '../train/demo-eval.ts';
 
 /** Settings that make the tiny model learn the task in a couple of minutes on two cores. */
 export const DEMO_CONFIG: Partial<TrainConfig> = {

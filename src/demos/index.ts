@@ -3,11 +3,11 @@
  * people (`--json` prints the result itself). A new demo is a file of its own and a row here.
  */
 import type { Reporter } from '../progress.ts';
-import { runOnlineDemo, type OnlineDemoMethod, type OnlineDemoResult } from './demo.ts';
-import { runGrpoDemo, type GrpoDemoResult } from './grpo-demo.ts';
-import type { AgentDemoResult } from './agent-demo.ts';
-import { runToolsDemo } from './tools-demo.ts';
-import { runEnvDemo } from './env-demo.ts';
+import { runOnlineDemo, type OnlineDemoMethod, type OnlineDemoResult } from './online.ts';
+import { runGrpoDemo, type GrpoDemoResult } from './grpo.ts';
+import type { AgentDemoResult } from './agent-shared.ts';
+import { runToolsDemo } from './tools.ts';
+import { runEnvDemo } from './env.ts';
 
 /** What every online demo takes. */
 export interface MethodDemoOptions {

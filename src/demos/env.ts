@@ -33,10 +33,10 @@ import { initModelFolder } from '../models/init.ts';
 import { SeededRandom } from '../random.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { SILENT } from '../progress.ts';
-import { cpuLaps, EVAL_SAMPLES, evaluateAgent, finishAgentDemo, GRPO_BASE, WARM_START_BASE, warmStart, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
-import { grpo, type AgentRolloutInfo, type AgentRolloutSettings } from './grpo/index.ts';
-import { readPromptRows } from './prompts.ts';
-import type { RewardFunction } from './rewards/index.ts';
+import { cpuLaps, EVAL_SAMPLES, evaluateAgent, finishAgentDemo, GRPO_BASE, WARM_START_BASE, warmStart, type AgentDemoOptions, type AgentDemoResult } from './agent-shared.ts';
+import { grpo, type AgentRolloutInfo, type AgentRolloutSettings } from '../online/grpo/index.ts';
+import { readPromptRows } from '../online/prompts.ts';
+import type { RewardFunction } from '../online/rewards/index.ts';
 
 /** The secret is 1…HIGHEST; a game allows GUESSES guesses. */
 export const HIGHEST = 7;

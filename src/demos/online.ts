@@ -30,12 +30,12 @@ import { trainMpo } from '../train/mpo.ts';
 import { SeededRandom } from '../random.ts';
 import { train } from '../train/trainer.ts';
 import { writeDemoEval } from '../train/demo-eval.ts';
-import { taskCorrect, TaskJudge, type Judge } from './judges.ts';
-import { runNashMd } from './nash-md.ts';
-import { ModelSampler } from './policy.ts';
-import { RewardModel } from './reward-model.ts';
-import { rewardTrain } from './reward-model.ts';
-import { runSppo } from './sppo.ts';
+import { taskCorrect, TaskJudge, type Judge } from '../online/judges.ts';
+import { runNashMd } from '../online/nash-md.ts';
+import { ModelSampler } from '../online/policy.ts';
+import { RewardModel } from '../online/reward-model.ts';
+import { rewardTrain } from '../online/reward-model.ts';
+import { runSppo } from '../online/sppo.ts';
 
 export const ONLINE_METHODS = ['sppo', 'nash_md', 'mpo'] as const;
 /** A method the online demo runs (not loop.ts's OnlineMethod, the interface a method implements). */

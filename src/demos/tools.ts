@@ -39,10 +39,10 @@ import { GENERATED_CHAT_TEMPLATE } from '../tokenize/test-tokenizer.ts';
 import { renderChat } from '../tokenize/conversation.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { SILENT } from '../progress.ts';
-import { cpuLaps, EVAL_SAMPLES, evaluateAgent, finishAgentDemo, GRPO_BASE, WARM_START_BASE, warmStart, type AgentDemoOptions, type AgentDemoResult } from './agent-demo.ts';
-import { grpo, type AgentRolloutSettings } from './grpo/index.ts';
-import { readPromptRows } from './prompts.ts';
-import { loadAllRewards, releaseRewards } from './rewards/index.ts';
+import { cpuLaps, EVAL_SAMPLES, evaluateAgent, finishAgentDemo, GRPO_BASE, WARM_START_BASE, warmStart, type AgentDemoOptions, type AgentDemoResult } from './agent-shared.ts';
+import { grpo, type AgentRolloutSettings } from '../online/grpo/index.ts';
+import { readPromptRows } from '../online/prompts.ts';
+import { loadAllRewards, releaseRewards } from '../online/rewards/index.ts';
 
 const KEYS = 'abcdefgh';
 const DIGITS = '0123456789';

@@ -1,6 +1,6 @@
 /**
- * What the two agent demos share (`prefzoo demo --method tools`, tools-demo.ts; `--method env`,
- * env-demo.ts): their result, the held-out evaluation of a model folder through the multi-turn
+ * What the two agent demos share (`prefzoo demo --method tools`, tools.ts; `--method env`,
+ * env.ts): their result, the held-out evaluation of a model folder through the multi-turn
  * rollout (the one GRPO trains with, agent-rollout.ts), and how the figures are kept in the run
  * folder. Each demo brings its task, its warm start and its GRPO settings.
  */
@@ -11,11 +11,11 @@ import type { Example } from '../../datasets/examples.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { writeDemoEval } from '../train/demo-eval.ts';
 import { train, type TrainResult } from '../train/trainer.ts';
-import type { OnlineDemoOptions } from './demo.ts';
-import { agentRollout, evaluateRewards, type AgentRolloutSettings, type AgentSources } from './grpo/index.ts';
-import { ModelSampler } from './policy.ts';
-import type { PromptRow } from './prompts.ts';
-import type { RewardFunction } from './rewards/index.ts';
+import type { OnlineDemoOptions } from './online.ts';
+import { agentRollout, evaluateRewards, type AgentRolloutSettings, type AgentSources } from '../online/grpo/index.ts';
+import { ModelSampler } from '../online/policy.ts';
+import type { PromptRow } from '../online/prompts.ts';
+import type { RewardFunction } from '../online/rewards/index.ts';
 
 export interface AgentDemoOptions extends Omit<OnlineDemoOptions, 'method'> {
   /** Held-out prompts (episodes per sample slot) to evaluate on; tests shorten it. */
