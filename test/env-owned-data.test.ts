@@ -19,6 +19,8 @@ import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { initModelFolder } from '../src/models/init.ts';
 import { loadEnvironment } from '../src/agents/env.ts';
+import { grpo, type GrpoOptions } from '../src/online/grpo/index.ts';
+import { UserError } from '../src/errors.ts';
 import { killWhen } from './helpers/faults.ts';
 import { metricsRows } from './helpers/metrics-rows.ts';
 
@@ -181,32 +183,37 @@ describe('prefzoo grpo with environments that own their data and reward', () => 
     for (const g of gave) expect(g.row).toEqual(g.name === 'wordle' ? { environment: 'wordle', level: 2 } : { environment: 'guess' });
   });
 
-  it('refuses in one line: unknown environment, missing column, no max_steps, no prompt from reset, a mixed map without --reward, env_column with one factory', () => {
-    const rest = SET.slice(1).flatMap((s) => ['--param', s]);
-    expect(oneLine(run(['grpo', '--model', model, '--prompts', files.unknown, '--env', files.games, '-o', join(dir, 'r1'), ...rest]))).toBe(
-      `prefzoo: ${files.unknown}:2: environment "chess" names no environment; the --env ${files.games} environments are wordle, guess`,
+  it('refuses before the run in one line: unknown environment, missing column, no max_steps, no prompts and no env, a mixed map without --reward, env_column with one factory', async () => {
+    const rest = SET.slice(1);
+    const refused = async (o: Partial<GrpoOptions>, params: string[]): Promise<string> => {
+      const e = await grpo({ model, rewards: [], out: join(dir, 'refused'), params, ...o }).then(() => null, (x: unknown) => x);
+      expect(e).toBeInstanceOf(UserError);
+      const m = (e as Error).message;
+      expect(m.split('\n')).toHaveLength(1);
+      return m;
+    };
+    expect(await refused({ prompts: files.unknown, env: files.games }, rest)).toBe(`${files.unknown}:2: environment "chess" names no environment; the --env ${files.games} environments are wordle, guess`);
+    expect(await refused({ prompts: files.lacking, env: files.games }, rest)).toBe(
+      `${files.lacking}:1: no "environment" column to pick an environment by (env_column); the --env ${files.games} environments are wordle, guess`,
     );
-    expect(oneLine(run(['grpo', '--model', model, '--prompts', files.lacking, '--env', files.games, '-o', join(dir, 'r2'), ...rest]))).toBe(
-      `prefzoo: ${files.lacking}:1: no "environment" column to pick an environment by (env_column); the --env ${files.games} environments are wordle, guess`,
+    expect(await refused({ env: files.games }, rest)).toBe(`grpo: without --prompts the --env ${files.games} environments give the prompts and the rows never run out; set max_steps`);
+    expect(await refused({ rewards: ['format:x'] }, SET.filter((s) => !s.startsWith('max_turns')))).toBe('grpo: no --prompts: give a prompts file, or an --env whose environments give the prompt (reset() returning it)');
+    expect(await refused({ env: files.mixed }, SET)).toBe(
+      `grpo: no --reward, and the --env ${files.mixed} environment unscored has no reward(): its rows would go unscored; give --reward, or a reward() to each of scored, unscored`,
     );
-    expect(oneLine(run(['grpo', '--model', model, '--env', files.games, '-o', join(dir, 'r3'), ...rest]))).toBe(
-      `prefzoo: grpo: without --prompts the --env ${files.games} environments give the prompts and the rows never run out; set max_steps`,
-    );
-    const plain = SET.filter((s) => !s.startsWith('max_turns')).flatMap((s) => ['--param', s]);
-    expect(oneLine(run(['grpo', '--model', model, '--reward', 'format:x', '-o', join(dir, 'r4'), ...plain]))).toBe(
-      'prefzoo: grpo: no --prompts: give a prompts file, or an --env whose environments give the prompt (reset() returning it)',
-    );
-    expect(oneLine(run(['grpo', '--model', model, '--env', files.mixed, '-o', join(dir, 'r5'), '--param', 'max_steps=2', ...rest]))).toBe(
-      `prefzoo: grpo: no --reward, and the --env ${files.mixed} environment unscored has no reward(): its rows would go unscored; give --reward, or a reward() to each of scored, unscored`,
-    );
-    expect(oneLine(run(['grpo', '--model', model, '--env', files.one, '-o', join(dir, 'r6'), '--param', 'max_steps=2', '--param', 'env_column=game', ...rest]))).toBe(
-      `prefzoo: grpo: env_column=game picks among a map of environments; --env ${files.one} exports one factory: leave env_column out`,
-    );
-    // Found at the first reset: the module, the function and the generated row.
-    expect(oneLine(run(['grpo', '--model', model, '--env', files.noPrompt, '-o', join(dir, 'r7'), '--param', 'max_steps=2', ...rest]))).toMatch(
+    expect(await refused({ env: files.one }, [...SET, 'env_column=game'])).toBe(`grpo: env_column=game picks among a map of environments; --env ${files.one} exports one factory: leave env_column out`);
+    // Values as the library takes them: a map whose entry is not a factory.
+    expect(await refused({ env: { wordle: () => ({ reset: () => 'x', step: () => ({ messages: [], done: true }) }), chess: 'no' as never } }, SET)).toBe(`--env env: the map's "chess" is not an environment factory (a function or class returning { reset, step })`);
+    expect(existsSync(join(dir, 'refused'))).toBe(false);
+  });
+
+  it('stops at the first reset in one line: no prompt for a row without one, prompts that differ within a group', () => {
+    const rest = SET.flatMap((s) => ['--param', s]);
+    // The module, the function and the generated row.
+    expect(oneLine(run(['grpo', '--model', model, '--env', files.noPrompt, '-o', join(dir, 'r7'), ...rest]))).toMatch(
       new RegExp(`^prefzoo: --env ${files.noPrompt.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: reset\\(\\) gave no prompt for the row at generated row [01], which has none; return it from reset \\(a string, or \\{ prompt \\}\\)$`),
     );
-    expect(oneLine(run(['grpo', '--model', model, '--env', files.unstable, '-o', join(dir, 'r8'), '--param', 'max_steps=2', ...rest]))).toMatch(
+    expect(oneLine(run(['grpo', '--model', model, '--env', files.unstable, '-o', join(dir, 'r8'), ...rest]))).toMatch(
       /reset\(\) gave the rollouts of the row at generated row [01] different prompts for the same row and seed; its prompt must be a function of them$/,
     );
   });
