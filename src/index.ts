@@ -82,8 +82,8 @@ export { ARCHES, PRESETS };
 export { DEFAULT_CONFIG } from './train/config.ts';
 // Agents: tools, MCP servers, environments (docs/agents.md). The rollout that drives them is GRPO's.
 export type { ToolCall, ToolSpec } from './chat.ts';
-export { ToolExecutor, loadToolsModule, toolsFromValues, startMcpServers, readMcpConfig, McpServer, loadEnvironment, environmentFrom, EnvSession, EnvironmentError, ProviderDiedError, ToolJournal, JOURNAL_FILE, toolMetrics, turnMetrics, stopReasonMetrics, episodeSeed, DEFAULT_TOOL_TIMEOUT } from './agents/index.ts';
-export type { ToolDef, ZodToolDef, ToolContext, Environment, EnvironmentFactory, EnvironmentStart, EnvironmentAction, EnvironmentStep, RolloutContext, CallRecord, ToolRound, LoadedTool, McpServerSpec, ToolProvider, ToolExecutorOptions, ToolMetrics, JournalEntry } from './agents/index.ts';
+export { ToolExecutor, loadToolsModule, toolsFromValues, startMcpServers, readMcpConfig, McpServer, loadEnvironment, environmentFrom, Environments, EnvSession, EnvironmentError, ProviderDiedError, ToolJournal, JOURNAL_FILE, toolMetrics, turnMetrics, stopReasonMetrics, episodeSeed, DEFAULT_TOOL_TIMEOUT } from './agents/index.ts';
+export type { ToolDef, ZodToolDef, ToolContext, Environment, EnvironmentFactory, EnvironmentFactories, EnvironmentStart, EnvironmentAction, EnvironmentStep, RolloutContext, CallRecord, ToolRound, LoadedTool, McpServerSpec, ToolProvider, ToolExecutorOptions, ToolMetrics, JournalEntry } from './agents/index.ts';
 export type { HubSnapshot };
 export { hubCacheDir } from './hub/index.ts';
 

@@ -1,6 +1,7 @@
 /**
  * `--env ./env.mjs`: environments for games and simulators. The module exports a factory (a function
- * or a class) making one `Environment` per rollout; `EnvSession` wraps an instance so that whatever
+ * or a class) making one `Environment` per rollout, or a map of them by name (`Environments`: each
+ * prompt row picks one by its `environment` column); `EnvSession` wraps an instance so that whatever
  * goes wrong inside it — `reset`, `step`, `reward` or `close` throwing, or answering in the wrong
  * shape — stops the run with one line naming the module, the function and the prompt's file:line.
  * That is a bug in the environment, not something the model did, so it is not fed back as a message.
@@ -11,7 +12,7 @@ import { pathToFileURL } from 'node:url';
 import { UserError } from '../errors.ts';
 import { ROLES, type Message, type ToolSpec } from '../chat.ts';
 import { toolFromExport, type LoadedTool } from './tools.ts';
-import type { Environment, EnvironmentAction, EnvironmentFactory, EnvironmentStep } from './types.ts';
+import type { Environment, EnvironmentAction, EnvironmentFactories, EnvironmentFactory, EnvironmentStep } from './types.ts';
 
 /** An environment that broke: the run stops with this one line. */
 export class EnvironmentError extends UserError {
@@ -27,15 +28,19 @@ export class EnvironmentError extends UserError {
 
 const isClass = (f: Function): boolean => /^class[\s{]/.test(Function.prototype.toString.call(f));
 
-/** A loaded `--env` module: `open()` makes one environment session per rollout. */
+/**
+ * One environment factory of a loaded `--env` module: `open()` makes one environment session per
+ * rollout. `spec` names it in messages: the module (`./env.mjs`), with the map's key for one of a map
+ * (`./envs.mjs (wordle)`).
+ */
 export class EnvironmentModule {
   constructor(
     readonly spec: string,
     private readonly factory: EnvironmentFactory,
   ) {}
 
-  /** A fresh environment for one rollout; `where` is the prompt's file:line, named if it breaks. */
-  async open(where?: string): Promise<EnvSession> {
+  /** A fresh environment, checked to have reset and step; `where` is the prompt's file:line, named if it breaks. */
+  private async make(where?: string): Promise<Environment> {
     let env: Environment;
     try {
       env = await this.factory();
@@ -45,7 +50,77 @@ export class EnvironmentModule {
     if (!env || typeof env.reset !== 'function' || typeof env.step !== 'function') {
       throw new EnvironmentError(`--env ${this.spec}: the factory must return an object with reset(row, { seed }) and step({ text, toolCalls })`, this.spec, 'factory');
     }
-    return new EnvSession(this.spec, env, where);
+    return env;
+  }
+
+  /** A fresh environment for one rollout; `where` is the prompt's file:line, named if it breaks. */
+  async open(where?: string): Promise<EnvSession> {
+    return new EnvSession(this.spec, await this.make(where), where);
+  }
+
+  /**
+   * Whether its environments have `reward()`: one is made (and closed) to see, since a factory's
+   * environments show their methods only once made.
+   */
+  async hasReward(): Promise<boolean> {
+    const env = await this.make();
+    const has = typeof env.reward === 'function';
+    await new EnvSession(this.spec, env).close();
+    return has;
+  }
+}
+
+/**
+ * A run's environments: one factory for every row, or a map of factories by name, a row picking one
+ * by its `column` (the `env_column` setting, default `environment`, TRL's column).
+ */
+export class Environments {
+  private constructor(
+    /** The `--env` spec (or `env` for values). */
+    readonly spec: string,
+    /** One factory (`single`), or the map's, by name in the map's order. */
+    private readonly byName: ReadonlyMap<string, EnvironmentModule>,
+    readonly single: boolean,
+    readonly column: string,
+  ) {}
+
+  static one(m: EnvironmentModule): Environments {
+    return new Environments(m.spec, new Map([['', m]]), true, 'environment');
+  }
+
+  static map(spec: string, factories: ReadonlyMap<string, EnvironmentFactory>): Environments {
+    return new Environments(spec, new Map([...factories].map(([k, f]) => [k, new EnvironmentModule(`${spec} (${k})`, f)])), false, 'environment');
+  }
+
+  /** The same environments, rows picking by `column`. */
+  withColumn(column: string): Environments {
+    return new Environments(this.spec, this.byName, this.single, column);
+  }
+
+  /** The map's names, in its order (empty for one factory). */
+  get names(): string[] {
+    return this.single ? [] : [...this.byName.keys()];
+  }
+
+  /** Every factory: the one, or the map's in order. */
+  get modules(): EnvironmentModule[] {
+    return [...this.byName.values()];
+  }
+
+  /** A fresh environment for the prompt `row` at `where` (its file:line): the one factory's, or the one the row picks. */
+  open(where?: string, row: Record<string, unknown> = {}): Promise<EnvSession> {
+    return this.pick(row, where ?? 'the row').open(where);
+  }
+
+  /** The factory a row picks; a map's row without the column, or naming no environment of the map, is one line naming `at`. */
+  pick(row: Record<string, unknown>, at: string): EnvironmentModule {
+    if (this.single) return this.byName.get('')!;
+    const known = `the --env ${this.spec} environments are ${this.names.join(', ')}`;
+    if (!(this.column in row)) throw new UserError(`${at}: no "${this.column}" column to pick an environment by (env_column); ${known}`, { setting: 'env_column' });
+    const name = row[this.column];
+    const m = typeof name === 'string' ? this.byName.get(name) : undefined;
+    if (!m) throw new UserError(`${at}: ${this.column} ${JSON.stringify(name)} names no environment; ${known}`, { setting: 'env_column' });
+    return m;
   }
 }
 
@@ -53,8 +128,11 @@ function firstLine(e: unknown): string {
   return (e instanceof Error ? e.message : String(e)).split('\n')[0].slice(0, 300);
 }
 
-/** Loads an `--env` module: `FILE` (its default export, or its only function export) or `FILE:name`. */
-export async function loadEnvironment(spec: string, flag = '--env'): Promise<EnvironmentModule> {
+/**
+ * Loads an `--env` module: `FILE` (its default export, else its `environments` export, else its only
+ * function export) or `FILE:name`; the export is a factory or a map of factories by name.
+ */
+export async function loadEnvironment(spec: string, flag = '--env'): Promise<Environments> {
   const m = /^(.*\.(?:mjs|cjs|js|ts|mts))(?::([A-Za-z_$][\w$]*))?$/.exec(spec);
   if (!m) throw new UserError(`${flag} ${spec}: an environment must be a .mjs, .js or .ts module, optionally FILE:export`, { setting: 'env' });
   const file = isAbsolute(m[1]) ? m[1] : resolve(m[1]);
@@ -70,6 +148,7 @@ export async function loadEnvironment(spec: string, flag = '--env'): Promise<Env
     if (!(m[2] in mod)) throw new UserError(`${flag} ${spec}: the module exports no "${m[2]}"`, { setting: 'env' });
     value = mod[m[2]];
   } else if (mod.default !== undefined) value = mod.default;
+  else if (mod.environments !== undefined) value = mod.environments;
   else {
     const fns = Object.entries(mod).filter(([, v]) => typeof v === 'function');
     if (fns.length !== 1) throw new UserError(`${flag} ${spec}: export the environment factory as default, or name it (${spec}:name)${fns.length ? `; it exports ${fns.map(([k]) => k).join(', ')}` : ''}`, { setting: 'env' });
@@ -78,17 +157,28 @@ export async function loadEnvironment(spec: string, flag = '--env'): Promise<Env
   return environmentFrom(value, spec, flag);
 }
 
-/** A factory from a value: a class (constructed), a function (called). One shared instance is refused. */
-export function environmentFrom(value: unknown, spec = 'env', flag = '--env'): EnvironmentModule {
-  if (typeof value === 'function') {
-    const f = value as Function;
-    const factory: EnvironmentFactory = isClass(f) ? () => new (f as new () => Environment)() : () => (f as () => Environment)();
-    return new EnvironmentModule(spec, factory);
-  }
+/** A factory from a function or class: a class is constructed, a function called. */
+function factoryOf(f: Function): EnvironmentFactory {
+  return isClass(f) ? () => new (f as new () => Environment)() : () => (f as () => Environment)();
+}
+
+/**
+ * The environments of a value: a factory (a class, constructed; a function, called), or a map of
+ * them by name (`{ wordle: () => new Wordle(), guess: GuessEnv }`). One shared instance is refused.
+ */
+export function environmentFrom(value: unknown, spec = 'env', flag = '--env'): Environments {
+  if (typeof value === 'function') return Environments.one(new EnvironmentModule(spec, factoryOf(value)));
   if (value && typeof value === 'object' && typeof (value as Environment).reset === 'function') {
     throw new UserError(`${flag} ${spec}: export a factory (a function or class returning { reset, step }), not one environment object: every rollout needs its own`, { setting: 'env' });
   }
-  throw new UserError(`${flag} ${spec}: the export is not an environment factory (a function or class returning { reset, step })`, { setting: 'env' });
+  if (value && typeof value === 'object' && !Array.isArray(value)) {
+    const entries = Object.entries(value as EnvironmentFactories);
+    if (entries.length === 0) throw new UserError(`${flag} ${spec}: the map of environments is empty; give it { name: factory, … }`, { setting: 'env' });
+    const bad = entries.find(([, f]) => typeof f !== 'function');
+    if (bad) throw new UserError(`${flag} ${spec}: the map's "${bad[0]}" is not an environment factory (a function or class returning { reset, step })`, { setting: 'env' });
+    return Environments.map(spec, new Map(entries.map(([k, f]) => [k, factoryOf(f)])));
+  }
+  throw new UserError(`${flag} ${spec}: the export is not an environment factory (a function or class returning { reset, step }) nor a map of them by name`, { setting: 'env' });
 }
 
 function checkMessages(v: unknown, what: () => string): Message[] {
@@ -110,6 +200,8 @@ export class EnvSession {
   tools: LoadedTool[] = [];
   /** Set once `step` said `done`. */
   done = false;
+  /** The prompt `reset` gave (replacing the row's), or null when it gave none. */
+  prompt: string | Message[] | null = null;
 
   constructor(
     readonly spec: string,
@@ -135,11 +227,30 @@ export class EnvSession {
     return this.fail(fn, 'answered in the wrong shape', problem);
   }
 
-  /** Starts the episode: its opening messages (to append after the prompt). */
+  /**
+   * Starts the episode: its opening messages (to append after the prompt). The prompt `reset` gave
+   * (a string, or `{ prompt }`), if any, is left in `prompt`.
+   */
   async reset(row: Record<string, unknown>, seed: number): Promise<Message[]> {
-    const start = await this.guard('reset', () => this.env.reset(row, { seed }));
-    if (start === undefined || start === null) return [];
-    if (typeof start !== 'object') throw this.shape('reset', 'expected { messages?, tools? }');
+    const given = await this.guard('reset', () => this.env.reset(row, { seed }));
+    if (given === undefined || given === null) return [];
+    // TRL's reset returns the prompt as a string; `{ prompt }` says it beside messages and tools.
+    const start = typeof given === 'string' ? { prompt: given } : given;
+    if (typeof start !== 'object' || Array.isArray(start)) throw this.shape('reset', 'expected a prompt string or { prompt?, messages?, tools? }');
+    if (start.prompt !== undefined && start.prompt !== null) {
+      const p = start.prompt;
+      if (typeof p === 'string') {
+        if (p.length === 0) throw this.shape('reset', 'the prompt is empty');
+        this.prompt = p;
+      } else {
+        try {
+          if (Array.isArray(p) && p.length === 0) throw new Error('"prompt" is an empty list of messages');
+          this.prompt = checkMessages(p, () => 'prompt').map((m) => ({ ...m }));
+        } catch (e) {
+          throw this.shape('reset', `${(e as Error).message} (a prompt is a string or a list of { role, content } messages)`);
+        }
+      }
+    }
     let messages: Message[] = [];
     try {
       if (start.messages !== undefined) messages = checkMessages(start.messages, () => 'messages');

@@ -54,8 +54,14 @@ export interface ZodToolDef {
   execute(args: never, options: { toolCallId: string; messages: Message[]; abortSignal: AbortSignal } & ToolContext): unknown;
 }
 
-/** What `Environment.reset` gives the rollout: opening messages (appended to the prompt) and tools. */
+/**
+ * What `Environment.reset` gives the rollout: the prompt (replacing the row's: a string is one user
+ * message), opening messages (appended to the prompt) and tools. `reset` may also return the prompt
+ * alone, as a string (TRL's `reset` returning the prompt).
+ */
 export interface EnvironmentStart {
+  /** The episode's prompt; required when the row has none (no --prompts, or a row without a prompt column). */
+  prompt?: string | Message[];
   messages?: Message[];
   /** Tools this episode offers, rendered by the template; the environment answers their calls in `step`. */
   tools?: (ToolSpec | ToolDef)[];
@@ -80,7 +86,7 @@ export interface EnvironmentStep {
  * start from the same state. Randomness only from that seed keeps a resumed run bit-exact.
  */
 export interface Environment {
-  reset(row: Record<string, unknown>, options: { seed: number }): EnvironmentStart | Promise<EnvironmentStart>;
+  reset(row: Record<string, unknown>, options: { seed: number }): EnvironmentStart | string | Promise<EnvironmentStart | string>;
   step(action: EnvironmentAction): EnvironmentStep | Promise<EnvironmentStep>;
   /** The episode's reward once it ended (logged as `rewards/env/mean`). */
   reward?(): number | null | Promise<number | null>;
@@ -89,6 +95,9 @@ export interface Environment {
 
 /** An `--env` module's export: a function (or class) making a fresh Environment per rollout. */
 export type EnvironmentFactory = () => Environment | Promise<Environment>;
+
+/** An `--env` module's map of factories by name; a prompt row picks one by its `environment` column (env_column). */
+export type EnvironmentFactories = Readonly<Record<string, EnvironmentFactory | (new () => Environment)>>;
 
 /** Where a rollout stands when it calls tools; the executor derives seeds and journal keys from it. */
 export interface RolloutContext {

@@ -32,16 +32,23 @@ function promptOf(v: unknown, column: string, src: Source, pos: number): Text {
 }
 
 export async function readPrompts(file: string): Promise<Text[]> {
-  return (await readPromptRows(file, ['prompt'])).map((r) => r.prompt);
+  return (await readPromptRows(file, ['prompt'])).map(rowPrompt);
 }
 
 /** A prompt with its whole record (extra columns such as `answer` go to reward functions) and where it stands. */
 export interface PromptRow {
-  prompt: Text;
+  /** null: the row has none, and its environment's `reset` gives it (GRPO with --env). */
+  prompt: Text | null;
   /** The record as read (for a text file: `{prompt}`); its prompt column is named `prompt` here. */
   row: Record<string, unknown>;
   /** "FILE:LINE" or "FILE:row N" (as the dataset readers name places), for messages about this prompt. */
   at: string;
+}
+
+/** A row's prompt, where only the row can give one (no environment): a row without one is one line naming it. */
+export function rowPrompt(r: PromptRow): Text {
+  if (r.prompt === null) throw new UserError(`${r.at}: no prompt; only an --env environment whose reset() returns one can answer a row without`);
+  return r.prompt;
 }
 
 /** Prompt columns of GRPO's prompt files, by preference: `prompt`, else the question column of math sets (GSM8K's `question`, MATH's `problem`). */
@@ -49,9 +56,10 @@ export const PROMPT_COLUMNS = ['prompt', 'question', 'problem'] as const;
 
 /**
  * Like `readPrompts`, keeping each record's other columns and its place in the file; the prompt is
- * the first of `columns` a record has (`readPrompts`: `prompt` only).
+ * the first of `columns` a record has (`readPrompts`: `prompt` only). With `promptOptional` (an
+ * environment gives the prompts) a record without any of them is kept with a null prompt.
  */
-export async function readPromptRows(file: string, columns: readonly string[] = PROMPT_COLUMNS): Promise<PromptRow[]> {
+export async function readPromptRows(file: string, columns: readonly string[] = PROMPT_COLUMNS, o: { promptOptional?: boolean } = {}): Promise<PromptRow[]> {
   if (/\.txt(\.gz)?$/.test(file)) {
     let text: string;
     try {
@@ -75,6 +83,10 @@ export async function readPromptRows(file: string, columns: readonly string[] = 
       const rec = toPlain(it.value) as Record<string, unknown> | null;
       if (!rec || typeof rec !== 'object' || Array.isArray(rec)) throw new UserError(`${at}: expected an object with a "prompt" field`);
       const column = columns.find((c) => c in rec);
+      if (!column && o.promptOptional) {
+        out.push({ prompt: null, row: { ...rec }, at });
+        continue;
+      }
       if (!column) throw new UserError(`${at}: missing field "prompt"${columns.length > 1 ? ` (or ${columns.slice(1).map((c) => `"${c}"`).join(' / ')})` : ''}`);
       const prompt = promptOf(rec[column], column, src, it.pos);
       const row: Record<string, unknown> = { ...rec, prompt };

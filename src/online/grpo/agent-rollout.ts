@@ -26,7 +26,7 @@ import type { LoadedTokenizer } from '../../tokenize/index.ts';
 import { bridgeIds, chatPromptIds } from '../../tokenize/conversation.ts';
 import { parseToolCalls, toolCallFormatOf, type ToolCallFormat } from '../../tokenize/tool-calls.ts';
 import { errorContent, ToolExecutor } from '../../agents/executor.ts';
-import type { EnvironmentModule, EnvSession } from '../../agents/env.ts';
+import { EnvironmentError, type Environments, type EnvSession } from '../../agents/env.ts';
 import { episodeSeed } from '../../agents/seeds.ts';
 import type { CallRecord } from '../../agents/types.ts';
 import type { Completion, Rollout, RolloutRequest, SamplingSettings } from './rollout.ts';
@@ -45,11 +45,14 @@ export interface AgentRolloutSettings extends SamplingSettings {
 export interface AgentSources {
   /** The run's tools (`--tools`, `--mcp`, `--mcp-config`, `cmd:`), or null. Read at each rollout (it is opened with the run). */
   executor: () => ToolExecutor | null;
-  env: EnvironmentModule | null;
+  /** One environment factory for every row, or a map of them, each row picking one (`Environments.pick`). */
+  env: Environments | null;
 }
 
 /** What a rollout records about itself: `Completion.info` of an agent rollout, and the rewards' third argument. */
 export interface AgentRolloutInfo {
+  /** The prompt the rollout answered: its environment's (from `reset`) or the row's. */
+  prompt?: string | Message[];
   /** The whole conversation: the prompt's messages, the environment's opening ones, then each turn and what answered it. */
   messages: Message[];
   /** Every tool call of the rollout, in order, with how it went. */
@@ -265,17 +268,31 @@ export function agentRollout(s: AgentRolloutSettings, sources: AgentSources): Ro
           const p = req.prompts[i];
           const seed = episodeSeed(req.seed, step, i);
           let env: EnvSession | null = null;
-          let start = promptMessages(p.prompt as string | Message[]);
+          let prompt = p.prompt;
+          let opening: Message[] = [];
           let tools = executor ? [...executor.specs] : [];
           if (sources.env) {
-            env = await sources.env.open(p.at);
+            env = await sources.env.pick(p.row, p.at).open(p.at);
             envs.push(env);
-            start = [...start, ...(await env.reset(p.row, seed))];
+            opening = await env.reset(p.row, seed);
             tools = [...tools, ...env.toolSpecs];
+            // The environment's prompt replaces the row's (TRL's reset returning the prompt).
+            if (env.prompt !== null) prompt = env.prompt;
+            else if (prompt === null) throw new EnvironmentError(`--env ${env.spec}: reset() gave no prompt for the row at ${p.at}, which has none; return it from reset (a string, or { prompt })`, env.spec, 'reset');
           }
-          return { i, seed, env, start, tools, promptIds: chatPromptIds(tok, start, { tools }) };
+          if (prompt === null) throw new UserError(`${p.at}: no prompt; only an --env environment whose reset() returns one can answer a row without`);
+          const start = [...promptMessages(prompt), ...opening];
+          return { i, seed, env, prompt, start, tools, promptIds: chatPromptIds(tok, start, { tools }) };
         }),
       );
+      // A group's members share the row and the seed, so their environments must give one prompt: the advantages compare answers to it.
+      for (let j = 0; j < n; j++) {
+        const x = starts[j];
+        const first = starts[x.i * req.n];
+        if (x.env && JSON.stringify(x.prompt) !== JSON.stringify(first.prompt)) {
+          throw new EnvironmentError(`--env ${x.env.spec}: reset() gave the rollouts of the row at ${req.prompts[x.i].at} different prompts for the same row and seed; its prompt must be a function of them`, x.env.spec, 'reset');
+        }
+      }
       const longest = Math.max(...starts.map((x) => x.promptIds.length));
       session = GenerationSession.open(ctx.policy, { ...sampling, logprobs: !!req.logprobs, stopIds, padId: tok.padId ?? tok.eosId ?? 0, vocabLimit: tok.vocabSize, maxBatch: Math.min(32, n), slots: longest + s.max_completion_length });
       for (const x of starts) {
@@ -311,7 +328,8 @@ export function agentRollout(s: AgentRolloutSettings, sources: AgentSources): Ro
               const last = [...ep.envSteps].reverse().find((e) => e.reward !== undefined);
               ep.envReward = r ?? last?.reward ?? null;
             }
-            out[j] = { prompt: x.i, promptIds: x.promptIds, ids: ep.ids, lossMask: ep.lossMask, text: ep.finalAnswer, stopped: ep.stopped, info: ep.info() as unknown as Record<string, unknown> };
+            const info: AgentRolloutInfo = { prompt: x.prompt, ...ep.info() };
+            out[j] = { prompt: x.i, promptIds: x.promptIds, ids: ep.ids, lossMask: ep.lossMask, text: ep.finalAnswer, stopped: ep.stopped, info: info as unknown as Record<string, unknown> };
             if (req.logprobs) out[j].logps = ep.logps!;
           } catch (e) {
             // The first failure stops the round; the other rows stop at their next turn.

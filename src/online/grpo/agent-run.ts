@@ -9,15 +9,16 @@ import { join } from 'node:path';
 import { UserError } from '../../errors.ts';
 import { ToolExecutor } from '../../agents/executor.ts';
 import { loadToolsModule, toolsFromValues, type LoadedTool } from '../../agents/tools.ts';
-import { environmentFrom, loadEnvironment, type EnvironmentModule } from '../../agents/env.ts';
+import { environmentFrom, loadEnvironment, type Environments } from '../../agents/env.ts';
 import { mcpSpecFromCommand, readMcpConfig, startMcpServers, type McpServerSpec, type ToolProvider } from '../../agents/mcp.ts';
 import { CommandTools } from '../../agents/command.ts';
 import { JOURNAL_FILE, ToolJournal } from '../../agents/journal.ts';
-import type { EnvironmentFactory, ToolDef, ZodToolDef } from '../../agents/types.ts';
+import type { EnvironmentFactories, EnvironmentFactory, ToolDef, ZodToolDef } from '../../agents/types.ts';
 import { checkTemplateExtends } from '../../tokenize/conversation.ts';
 import { LineProcess } from '../line-process.ts';
 import type { OnlineContext } from '../../train/loop.ts';
 import type { RewardFunction } from '../rewards/index.ts';
+import type { PromptRow } from '../prompts.ts';
 import { AGENT_SETTINGS } from './agent-settings.ts';
 import { agentRollout, type AgentRolloutInfo } from './agent-rollout.ts';
 import type { Rollout } from './rollout.ts';
@@ -33,8 +34,11 @@ export interface AgentOptions {
   mcp?: readonly string[];
   /** An `{"mcpServers": {…}}` file (`--mcp-config`). */
   mcpConfig?: string;
-  /** An environment: an `--env` module (`./env.mjs[:export]`) or a factory making one per rollout. */
-  env?: string | EnvironmentFactory;
+  /**
+   * An environment: an `--env` module (`./env.mjs[:export]`), a factory making one per rollout, or a
+   * map of factories by name, each prompt row picking one by its `env_column` column.
+   */
+  env?: string | EnvironmentFactory | EnvironmentFactories;
 }
 
 export class AgentRun {
@@ -49,7 +53,8 @@ export class AgentRun {
     private readonly local: LoadedTool[],
     private readonly commands: string[],
     private readonly mcp: McpServerSpec[],
-    private readonly env: EnvironmentModule | null,
+    /** The run's environments (rows picking by `env_column` from a map), or null. */
+    readonly env: Environments | null,
     private readonly s: GrpoSettings,
     /** What config.json records of the agent sources. */
     readonly record: Record<string, unknown>,
@@ -88,14 +93,56 @@ export class AgentRun {
     }
     if (values.length) local.push(...toolsFromValues(values as unknown as Record<string, unknown>[]));
     const mcp = [...(o.mcpConfig ? readMcpConfig(o.mcpConfig) : []), ...(o.mcp ?? []).map(mcpSpecFromCommand)];
-    const env = o.env === undefined ? null : typeof o.env === 'string' ? await loadEnvironment(o.env) : environmentFrom(o.env, 'env');
+    const loaded = o.env === undefined ? null : typeof o.env === 'string' ? await loadEnvironment(o.env) : environmentFrom(o.env, 'env');
+    // env_column picks among a map's environments: with one factory (or none) nothing would read it.
+    if (s.env_column !== AGENT_SETTINGS.env_column.default && !(loaded && !loaded.single)) {
+      throw new UserError(`grpo: env_column=${s.env_column} picks among a map of environments; ${loaded ? `--env ${loaded.spec} exports one factory` : 'no --env is given'}: leave env_column out`, { setting: 'env_column' });
+    }
+    const env = loaded ? loaded.withColumn(s.env_column) : null;
     const record = {
       tools: (o.tools ?? []).map((t) => (typeof t === 'string' ? t : ((t as { name?: string }).name ?? 'tool'))),
       mcp: o.mcp ?? [],
       ...(o.mcpConfig ? { mcp_config: o.mcpConfig } : {}),
-      ...(o.env !== undefined ? { env: typeof o.env === 'string' ? o.env : 'factory' } : {}),
+      ...(o.env !== undefined ? { env: typeof o.env === 'string' ? o.env : env!.single ? 'factory' : 'factories' } : {}),
+      ...(env && !env.single ? { environments: env.names } : {}),
     };
     return new AgentRun(local, commands, mcp, env, s, record);
+  }
+
+  /**
+   * Each row's environment checked before the run: with a map, every row names one of it by its
+   * `env_column` column (one line naming the row's file:line and the names otherwise).
+   */
+  checkRows(rows: readonly PromptRow[]): void {
+    if (this.env) for (const r of rows) this.env.pick(r.row, r.at);
+  }
+
+  /**
+   * The rows of a run without a prompts file, whose environments give the prompts: one round's
+   * worth, `{ index }` for k = 0…n−1, a map's environments taken in turn by index (row k gets the
+   * map's (k mod count)-th name in its `env_column`). Every round draws each of them once, in the
+   * loop's seeded order; the episode seed (step, place in the round) tells the rounds apart.
+   */
+  generatedRows(n: number): PromptRow[] {
+    const names = this.env?.names ?? [];
+    return Array.from({ length: n }, (_, k) => ({
+      prompt: null,
+      row: { index: k, ...(names.length ? { [this.env!.column]: names[k % names.length] } : {}) },
+      at: `generated row ${k}`,
+    }));
+  }
+
+  /**
+   * Without --reward, every environment of a map must have `reward()`, the only reward its rows
+   * would get (one made of each to see); one line naming those without.
+   */
+  async checkEnvRewards(): Promise<void> {
+    if (!this.env || this.env.single) return;
+    const lacking: string[] = [];
+    for (const [k, m] of this.env.modules.entries()) if (!(await m.hasReward())) lacking.push(this.env.names[k]);
+    if (lacking.length) {
+      throw new UserError(`grpo: no --reward, and the --env ${this.env.spec} environment${lacking.length > 1 ? 's' : ''} ${lacking.join(', ')} ${lacking.length > 1 ? 'have' : 'has'} no reward(): ${lacking.length > 1 ? 'their' : 'its'} rows would go unscored; give --reward, or a reward() to each of ${this.env.names.join(', ')}`, { setting: 'reward' });
+    }
   }
 
   /**

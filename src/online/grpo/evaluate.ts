@@ -23,7 +23,8 @@ export async function scoreCompletions(
 ): Promise<{ perFunction: Float64Array[]; rewards: Float64Array }> {
   const perFunction = await scoreAll(fns, {
     completions: completions.map((c) => c.text),
-    rows: completions.map((c) => rows[c.prompt].row as RewardRow),
+    // The prompt as the rollout answered it: an environment's reset may have given it.
+    rows: completions.map((c) => (c.info.prompt === undefined ? rows[c.prompt].row : { ...rows[c.prompt].row, prompt: c.info.prompt }) as RewardRow),
     lengths: completions.map(modelTokens),
     maxCompletionLength: o.maxCompletionLength,
     ...(completions.some((c) => c.info.messages) ? { rollouts: completions.map((c) => c.info) } : {}),

@@ -37,7 +37,8 @@ import { UserError } from '../../errors.ts';
 import { resolveConfig } from '../../train/config.ts';
 import { runtimeOf } from '../../train/run.ts';
 import type { GrpoParams } from '../../../losses/grpo.ts';
-import { readPromptRows, type PromptRow } from '../prompts.ts';
+import { PROMPT_COLUMNS, readPromptRows, rowPrompt, type PromptRow } from '../prompts.ts';
+import type { Text } from '../../../datasets/schema.ts';
 import { loadAllRewards, releaseRewards } from '../rewards/index.ts';
 import { ReferenceScorer } from '../reference.ts';
 import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions, type OnlineResult } from '../../train/loop.ts';
@@ -60,8 +61,12 @@ export { agentRollout, Episode, STOP_REASONS, type AgentRolloutInfo, type AgentR
 export type { AgentOptions } from './agent-run.ts';
 
 export interface GrpoOptions extends OnlineOptions, AgentOptions {
-  /** The prompts file (any format `convert` reads; a `prompt`, `question` or `problem` column, other columns reach the rewards). */
-  prompts: string;
+  /**
+   * The prompts file (any format `convert` reads; a `prompt`, `question` or `problem` column, other
+   * columns reach the rewards and the environment). With `env`, rows may lack the prompt (their
+   * environment's `reset` gives it), and the file may be left out: rows are generated (max_steps required).
+   */
+  prompts?: string;
   /** `--reward` specs (rewards.ts), in order; reward_weights follows it. */
   rewards: readonly string[];
   /** Settings by name, typed (as `--param` takes them, after `params`). */
@@ -89,8 +94,25 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
     await agent?.close();
     throw new UserError('grpo: no reward function: give --reward (or an --env whose environment has reward())');
   }
-  const rows = await readPromptRows(o.prompts);
-  const evalRows = config.eval_data ? (await readPromptRows(config.eval_data)).slice(0, config.eval_samples > 0 ? config.eval_samples : undefined) : [];
+  const envs = agent?.env ?? null;
+  let rows: PromptRow[];
+  let evalRows: PromptRow[];
+  try {
+    if (o.rewards.length === 0) await agent!.checkEnvRewards();
+    if (o.prompts === undefined) {
+      if (!envs) throw new UserError('grpo: no --prompts: give a prompts file, or an --env whose environments give the prompt (reset() returning it)', { setting: 'prompts' });
+      // Generated rows have no end: an epoch is one round, so only max_steps says how long to run.
+      if (config.max_steps === 0) throw new UserError(`grpo: without --prompts the --env ${envs.spec} environments give the prompts and the rows never run out; set max_steps`, { setting: 'max_steps' });
+    }
+    // With an environment a row may leave its prompt to reset().
+    rows = o.prompts === undefined ? agent!.generatedRows(perRound / G) : await readPromptRows(o.prompts, PROMPT_COLUMNS, { promptOptional: !!envs });
+    evalRows = config.eval_data ? (await readPromptRows(config.eval_data, PROMPT_COLUMNS, { promptOptional: !!envs })).slice(0, config.eval_samples > 0 ? config.eval_samples : undefined) : [];
+    agent?.checkRows(rows);
+    agent?.checkRows(evalRows);
+  } catch (e) {
+    await agent?.close();
+    throw e;
+  }
   const cols = columnsOf(p, s);
   // Reward models run where the policy does.
   const fns = [...(o.rewards.length || !agent?.envReward ? await loadAllRewards(o.rewards, { runtime: runtimeOf(config) }) : []), ...(agent?.envReward ? [agent.envReward] : [])];
@@ -141,7 +163,8 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
         },
       };
       await roundLogps(round, cols, batching(ctx), ctx.art, ref);
-      log.write(info.step, items[0].prompt, completions, names, perFunction, rewards, advantages);
+      // The round's first prompt as the rollout answered it: an environment's reset may have given it.
+      log.write(info.step, (completions[0].info.prompt as Text | undefined) ?? rowPrompt(items[0]), completions, names, perFunction, rewards, advantages);
       return round;
     },
     microBatches: async (ctx, r) => entropy.feed(microBatches(r, cols, batching(ctx))),

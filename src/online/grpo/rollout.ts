@@ -9,7 +9,7 @@ import type { Decoder } from '../../models/generate.ts';
 import { samplingOptions } from '../../models/sampling.ts';
 import type { LoadedTokenizer } from '../../tokenize/index.ts';
 import { sampleWith } from '../policy.ts';
-import type { PromptRow } from '../prompts.ts';
+import { rowPrompt, type PromptRow } from '../prompts.ts';
 
 export interface Completion {
   /** Index of its prompt among the round's prompts. */
@@ -64,7 +64,7 @@ export interface SamplingSettings {
 export function samplingRollout(s: SamplingSettings): Rollout {
   const sampling = samplingOptions({ temperature: s.temperature, topK: s.top_k, topP: s.top_p });
   return async (ctx, req) => {
-    const samples = await sampleWith(ctx.tok, ctx.policy, req.prompts.map((r) => r.prompt), { n: req.n, seed: req.seed, maxNewTokens: s.max_completion_length, logprobs: req.logprobs, ...sampling });
+    const samples = await sampleWith(ctx.tok, ctx.policy, req.prompts.map(rowPrompt), { n: req.n, seed: req.seed, maxNewTokens: s.max_completion_length, logprobs: req.logprobs, ...sampling });
     return samples.map((x) => ({
       prompt: x.promptIndex, promptIds: x.promptIds, ids: x.ids, lossMask: x.ids.map(() => 1), text: x.response, stopped: x.stopped, info: {},
       ...(x.logps ? { logps: x.logps } : {}),
