@@ -309,29 +309,52 @@ describe('bad requests: OpenAI error objects with their status, and the server s
   });
 
   it('a body over the limit (413), a missing key (401), a full queue (429), after shutdown (503)', async () => {
-    const limited = await startServer({ engine, model: MODEL, port: 0, apiKey: 'sekret', limits: { maxBodyBytes: 2000, maxConcurrency: 1, maxQueue: 1 } });
+    // A rollout whose record() waits for a gate holds its request in flight (and its decoding slot) until opened.
+    let reached = () => {};
+    let open = () => {};
+    const hold = () => {
+      const r = new Promise<void>((res) => (reached = res));
+      const g = new Promise<void>((res) => (open = res));
+      return { reached: r, gate: g };
+    };
+    let h = hold();
+    const limited = await startServer({
+      engine,
+      model: MODEL,
+      port: 0,
+      apiKey: 'sekret',
+      limits: { maxBodyBytes: 2000, maxConcurrency: 1, maxQueue: 1 },
+      routes: { rollout: () => ({ rng: new SeededRandom(1), sampling: { temperature: 1, top_p: 1, top_k: 0 }, record: async () => (reached(), await h.gate) }) },
+    });
+    const held = `${limited.url.replace(/\/v1$/, '')}/rollouts/held/v1`;
     const auth = { authorization: 'Bearer sekret' };
+    const small = { model: MODEL, messages: QUESTION, max_tokens: 3 };
     try {
-      await expectError(await post('/chat/completions', { model: MODEL, messages: QUESTION }, {}, limited.url), 401, 'invalid_api_key');
-      await expectError(await post('/chat/completions', { model: MODEL, messages: QUESTION }, { authorization: 'Bearer wrong' }, limited.url), 401, 'invalid_api_key');
+      await expectError(await post('/chat/completions', small, {}, limited.url), 401, 'invalid_api_key');
+      await expectError(await post('/chat/completions', small, { authorization: 'Bearer wrong' }, limited.url), 401, 'invalid_api_key');
       expect((await fetch(`${limited.url}/models`)).status).toBe(401);
       await expectError(await post('/chat/completions', { model: MODEL, messages: [{ role: 'user', content: 'x'.repeat(5000) }] }, auth, limited.url), 413, 'request_too_large');
       await stillServing(limited.url, auth);
-      // One decoding, one waiting: the third is turned away.
-      const long = { model: MODEL, messages: QUESTION, max_tokens: 300 };
-      const busy = [post('/chat/completions', long, auth, limited.url), post('/chat/completions', long, auth, limited.url)];
-      await new Promise((r) => setTimeout(r, 50));
-      await expectError(await post('/chat/completions', long, auth, limited.url), 429, null);
-      expect((await Promise.all(busy)).map((r) => r.status)).toEqual([200, 200]);
+      // One decoding (held), one waiting: the third is turned away.
+      const first = post('/chat/completions', small, auth, held);
+      await h.reached;
+      const second = post('/chat/completions', small, auth, limited.url);
+      await new Promise((r) => setTimeout(r, 200));
+      await expectError(await post('/chat/completions', small, auth, limited.url), 429, null);
+      open();
+      expect((await Promise.all([first, second])).map((r) => r.status)).toEqual([200, 200]);
       await stillServing(limited.url, auth);
       // Shutdown: the request in flight finishes, a new one gets 503.
-      const inFlight = post('/chat/completions', long, auth, limited.url);
-      await new Promise((r) => setTimeout(r, 50));
+      h = hold();
+      const inFlight = post('/chat/completions', small, auth, held);
+      await h.reached;
       const closing = limited.close();
-      await expectError(await post('/chat/completions', long, auth, limited.url), 503, null);
+      await expectError(await post('/chat/completions', small, auth, limited.url), 503, null);
+      open();
       expect((await inFlight).status).toBe(200);
       await closing;
     } finally {
+      open();
       await limited.close().catch(() => {});
     }
     await stillServing();
@@ -379,6 +402,21 @@ describe('rollout paths', () => {
     expect(unknown.status).toBe(404);
     const twice = await post('/chat/completions', { model: MODEL, messages: QUESTION, n: 2 }, {}, `${server.url.replace(/\/v1$/, '')}/rollouts/r1/v1`);
     expect(twice.status).toBe(400);
+  });
+});
+
+describe('the library', () => {
+  it('serve() loads a model folder, listens, answers, and closes', async () => {
+    const { serve } = await import('../src/index.ts');
+    const s = await serve({ model: join(dir, 'm'), port: 0, servedModelName: 'lib' });
+    try {
+      const r = await post('/completions', { model: 'lib', prompt: 'hello', max_tokens: 3, seed: 1 }, {}, s.url);
+      expect(r.status).toBe(200);
+      expect(((await r.json()) as Any).choices[0].finish_reason).toMatch(/stop|length/);
+    } finally {
+      await s.close();
+    }
+    await expect(fetch(`${s.url}/models`)).rejects.toThrow();
   });
 });
 
