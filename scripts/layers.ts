@@ -22,7 +22,7 @@ export const FLOORS: readonly (readonly string[])[] = [
   ['src/artifacts', 'src/export'],
   ['src/eval'],
   ['src/train'],
-  ['src/online', 'src/agents'],
+  ['src/online', 'src/agents', 'src/serve'],
   ['src/demos'],
   ['src/index.ts', 'src/cli', 'scripts'],
 ];

@@ -53,6 +53,10 @@ import type { TruncationConfig } from '../datasets/examples.ts';
 import { GGUF_DTYPES, exportGguf, type GgufDtype } from './export/gguf.ts';
 import { ONNX_DTYPES, exportOnnx, type OnnxDtype } from './export/onnx.ts';
 import { readExportSource } from './export/source.ts';
+import { ServeEngine } from './serve/engine.ts';
+import { startServer, type RunningServer, type ServerLimits } from './serve/http.ts';
+import { Decoder } from './models/generate.ts';
+import { loadTokenizer } from './tokenize/index.ts';
 import { grpo as runGrpo, type GrpoOptions as GrpoLoopOptions, type GrpoResult, type GrpoSettings } from './online/grpo/index.ts';
 import { resolveDataset, resolveModel, type HubSnapshot, type ModelWant } from './hub/index.ts';
 
@@ -544,4 +548,59 @@ export function grpo(options: GrpoOptions): Promise<GrpoResult> {
     const model = await names.model('model', options.model);
     return runGrpo({ ...options, model, hub: names.hub, params: options.params, settings: options.settings, reporter });
   });
+}
+
+// ─── serving ─────────────────────────────────────────────────────────────────────────────────────
+
+export { ServeEngine, type EngineRequest, type ChoiceResult, type DrawnToken, type TopToken, type Sampling as ServeSampling } from './serve/engine.ts';
+export { startServer, choiceRandom, DEFAULT_LIMITS, type ServerOptions, type ServerLimits, type RunningServer, type Rollout, type RolloutCall, type RolloutSampling } from './serve/http.ts';
+export { Decoder };
+
+/** Options of {@link serve} (`prefzoo serve`'s flags). */
+export interface ServeOptions extends Pick<HubNameOptions, 'revision' | 'offline'> {
+  /** Model folder or Hub name. */
+  model: string;
+  /** A PEFT LoRA adapter folder (or Hub name) merged into the model. */
+  adapter?: string;
+  runtime?: RuntimeOptions;
+  /** Default 127.0.0.1; any other needs `apiKey`. */
+  host?: string;
+  /** Default 8080; 0 picks a free port. */
+  port?: number;
+  apiKey?: string;
+  /** The model's name in requests (default: `model` as given). */
+  servedModelName?: string;
+  chatTemplateFile?: string;
+  limits?: Partial<ServerLimits>;
+  /** Rows decoded together in one step (default 32). */
+  maxBatch?: number;
+}
+
+/**
+ * Serves a model over OpenAI's API (`prefzoo serve`; docs/serve.md); resolves once listening.
+ * `close()` stops the server (requests in flight finish) and frees the model.
+ */
+export async function serve(options: ServeOptions): Promise<RunningServer> {
+  const names = new JobNames(options, SILENT);
+  const model = await names.model('model', options.model);
+  const adapter = await names.model('adapter', options.adapter, 'adapter');
+  const src = readExportSource(model, adapter);
+  const tok = loadTokenizer(src.dir, { chatTemplateFile: options.chatTemplateFile });
+  const decoder = await Decoder.create(src.config, src.weights, { runtime: options.runtime, bake: true });
+  const engine = new ServeEngine(decoder, tok, { maxBatch: options.maxBatch });
+  try {
+    const server = await startServer({ engine, model: options.servedModelName ?? options.model, host: options.host, port: options.port, apiKey: options.apiKey, limits: options.limits });
+    return {
+      url: server.url,
+      async close(o) {
+        await server.close(o);
+        await engine.close();
+        await decoder.release();
+      },
+    };
+  } catch (e) {
+    await engine.close();
+    await decoder.release();
+    throw e;
+  }
 }

@@ -81,13 +81,26 @@ export interface Segment {
   logps?: Float32Array;
 }
 
+/** What one `generate()` asks for besides the session's options. */
+export interface SegmentOptions {
+  /** Tokens at most (default: the row's budget from `start`). */
+  maxNewTokens?: number;
+  /** Texts that end this segment, in place of the session's `stopStrings` (needs the session's `decode`). */
+  stopStrings?: readonly string[];
+  /**
+   * Called with each token as it is drawn (and its log-probability with the session's `logprobs`, as
+   * the segment's `logps` will hold it), before the segment resolves; a throw ends the segment with that error.
+   */
+  onToken?: (id: number, logp: number | undefined) => void;
+}
+
 /** A sequence being generated (see `GenerationSession.start`). */
 export interface GenerationRow {
   /** Every token of the row: the prompt, the sampled segments and the extensions, in order. */
   readonly ids: readonly number[];
   readonly promptLength: number;
   /** Decodes the next segment, at most `maxNewTokens` tokens (default: the row's budget from `start`). */
-  generate(o?: { maxNewTokens?: number }): Promise<Segment>;
+  generate(o?: SegmentOptions): Promise<Segment>;
   /**
    * The next token's logits (the mixture's Σ w_i·logits_i, before temperature, `[V]`), after one run
    * over what the row has not fed yet; a `generate()` after it draws from them without another run.
@@ -120,6 +133,8 @@ let report: ((label: string, ms: number) => void) | null = null;
 interface Want {
   kind: 'generate' | 'logits';
   budget: number;
+  stopStrings?: readonly string[];
+  onToken?: (id: number, logp: number | undefined) => void;
   seg: number[];
   logps: number[];
   order: number;
@@ -170,12 +185,13 @@ class Row implements GenerationRow {
     if (this.want) throw new Error(`generation: ${what} while the row is generating`);
   }
 
-  generate(o: { maxNewTokens?: number } = {}): Promise<Segment> {
+  generate(o: SegmentOptions = {}): Promise<Segment> {
     this.check('generate()');
     const budget = o.maxNewTokens ?? this.budget;
     if (!(Number.isInteger(budget) && budget >= 1)) throw new UserError(`max_new_tokens must be a positive integer, got ${budget}`);
+    if (o.stopStrings?.length && !this.session.decodes) throw new Error('generation: stopStrings need the session\'s decode function');
     return new Promise<Segment>((resolve, reject) => {
-      this.want = { kind: 'generate', budget, seg: [], logps: [], order: this.session.ticket(), resolve, resolveLogits: () => {}, reject };
+      this.want = { kind: 'generate', budget, stopStrings: o.stopStrings, onToken: o.onToken, seg: [], logps: [], order: this.session.ticket(), resolve, resolveLogits: () => {}, reject };
       this.session.wake();
     });
   }
@@ -267,6 +283,11 @@ export class GenerationSession {
     if (decoders.every((d) => d.device)) this.backend = new DeviceBackend(parts.map((p) => ({ decoder: p.decoder, weight: p.weight })), { padId });
     else if (decoders.some((d) => d.device)) throw new Error('generation: a mixture of decoders on different devices');
     else this.backend = new CpuBackend(decoders, { maxBatch: this.maxBatch, slots, padId });
+  }
+
+  /** Whether stop strings can be checked (the session was given `decode`). */
+  get decodes(): boolean {
+    return !!this.o.decode;
   }
 
   /** A session over one decoder (weight 1) or a mixture of them. */
@@ -546,7 +567,9 @@ export class GenerationSession {
     const all = [...answers, ...ready.map((row) => ({ row, out: null as RunOut | null, i: 0 }))];
     for (const a of all) {
       const r = a.row;
-      const w = r.want!;
+      // A row closed by an earlier row's onToken (a request cancelled as its tokens streamed) takes nothing.
+      if (!r.want) continue;
+      const w = r.want;
       const logits = a.out ? (a.out.tokens ? null : rowLogits(a as { out: RunOut; i: number })) : r.ready!;
       r.ready = null;
       if (w.kind === 'logits') {
@@ -572,9 +595,20 @@ export class GenerationSession {
       }
       r.seq.push(tok);
       w.seg.push(tok);
+      if (w.onToken) {
+        try {
+          w.onToken(tok, this.o.logprobs ? Math.fround(w.logps[w.logps.length - 1]) : undefined);
+        } catch (e) {
+          r.want = null;
+          w.reject(e);
+          continue;
+        }
+        if (r.want !== w) continue;
+      }
+      const stops = w.stopStrings ?? this.o.stopStrings;
       const reason: StopReason | null = this.stop.has(tok)
         ? 'stop-id'
-        : this.o.stopStrings?.length && stopStringEnds(w.seg, this.o.stopStrings, this.o.decode!)
+        : stops?.length && stopStringEnds(w.seg, stops, this.o.decode!)
           ? 'stop-string'
           : w.seg.length >= w.budget
             ? 'budget'

@@ -25,6 +25,7 @@ export const COMMANDS: readonly CommandEntry[] = [
   { name: 'tokenize', summary: "add model-ready token columns to a canonical dataset with the model's tokenizer and chat template", load: () => import('./tokenize.ts') },
   { name: 'loss', summary: 'evaluate a loss of the zoo (or a mixture) on a batch of per-sequence statistics', load: () => import('./loss.ts') },
   { name: 'bench', summary: 'time training steps of the init-model llama, and the MatMul peak of this machine', load: () => import('./bench.ts') },
+  { name: 'serve', summary: 'an OpenAI-compatible HTTP server (chat with tools, completions, streaming) on the generation session', load: () => import('./serve.ts') },
   { name: 'generate', summary: 'sample responses to prompts with a KV cache (seeded) and write them as Parquet', load: () => import('./generate.ts') },
   { name: 'sppo', summary: 'SPPO iterations: sample, judge win-rates against the current policy, train the sppo loss', load: () => import('./sppo.ts') },
   { name: 'nash-md', summary: 'on-policy Nash-MD: sample from the policy and its mixture with the reference, judge, step', load: () => import('./nash-md.ts') },

@@ -1,0 +1,142 @@
+/**
+ * The serving engine (src/serve/engine.ts) and what it adds to the generation session: per-segment
+ * stop strings and the `onToken` callback give what the session-wide stop strings and the resolved
+ * segment give; a seeded request draws the same ids alone and among 8 concurrent others; aborting a
+ * request frees its rows; top_logprobs and the chosen tokens' log-probabilities equal a float64
+ * log-softmax of logits from a prefill of the same ids in a session of their own.
+ */
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { initModelFolder } from '../src/models/init.ts';
+import { loadModel } from '../src/models/load.ts';
+import { Decoder, GenerationSession, type Segment } from '../src/models/generate.ts';
+import { sampleRandom } from '../src/models/sampling.ts';
+import { SeededRandom } from '../src/random.ts';
+import { loadTokenizer, type LoadedTokenizer } from '../src/tokenize/index.ts';
+import { cutAtStop, ServeEngine } from '../src/serve/engine.ts';
+
+const dir = mkdtempSync(join(tmpdir(), 'prefzoo-serve-engine-'));
+let tok: LoadedTokenizer;
+let dec: Decoder;
+
+beforeAll(async () => {
+  initModelFolder(join(dir, 'm'), 'llama', 'tiny', 5);
+  tok = loadTokenizer(join(dir, 'm'));
+  const m = loadModel(join(dir, 'm'));
+  dec = await Decoder.create(m.config, m.weights, { bake: true });
+});
+afterAll(async () => {
+  await dec.release();
+  rmSync(dir, { recursive: true, force: true });
+});
+
+const prompt = () => tok.encode('hello there, how are you', { addSpecialTokens: false });
+
+/** Log-softmax in float64 of logits divided by t. */
+function logSoftmax(logits: Float32Array, t = 1): Float64Array {
+  let max = -Infinity;
+  for (const x of logits) max = Math.max(max, x / t);
+  let z = 0;
+  for (const x of logits) z += Math.exp(x / t - max);
+  return Float64Array.from(logits, (x) => x / t - max - Math.log(z));
+}
+
+describe('generation session additions', () => {
+  it("per-segment stop strings and onToken give what the session's stop strings and the segment give", async () => {
+    const decode = (ids: readonly number[]) => tok.decode(ids, { skipSpecialTokens: false });
+    const ids = prompt();
+    // A stop string the free run reaches: the text of tokens 3..4 of a run without stops.
+    const free = GenerationSession.open(dec, { temperature: 1, logprobs: true, vocabLimit: tok.vocabSize });
+    const whole = await free.start(ids, new SeededRandom(3)).generate({ maxNewTokens: 24 });
+    await free.close();
+    const stop = decode(whole.ids.slice(3, 5));
+    const a = GenerationSession.open(dec, { temperature: 1, logprobs: true, vocabLimit: tok.vocabSize, stopStrings: [stop], decode });
+    const want = await a.start(ids, new SeededRandom(3)).generate({ maxNewTokens: 24 });
+    await a.close();
+    const b = GenerationSession.open(dec, { temperature: 1, logprobs: true, vocabLimit: tok.vocabSize, decode });
+    const seen: [number, number | undefined][] = [];
+    const got: Segment = await b.start(ids, new SeededRandom(3)).generate({ maxNewTokens: 24, stopStrings: [stop], onToken: (id, lp) => seen.push([id, lp]) });
+    await b.close();
+    expect(want.stop).toBe('stop-string');
+    expect(got.ids).toEqual(want.ids);
+    expect(got.stop).toBe('stop-string');
+    expect(seen.map((x) => x[0])).toEqual(got.ids);
+    expect(seen.map((x) => x[1])).toEqual(Array.from(got.logps!));
+    expect(got.ids.length).toBeLessThan(whole.ids.length);
+  });
+});
+
+describe('the serving engine', () => {
+  it('a seeded request draws the same ids alone and among 8 concurrent others', async () => {
+    const engine = new ServeEngine(dec, tok);
+    const req = (seed: number, other = false) => ({
+      promptIds: other ? tok.encode(`other prompt number ${seed}`, { addSpecialTokens: false }) : prompt(),
+      sampling: { temperature: 1, topP: 1, topK: 0 },
+      maxTokens: 20,
+      rngs: [0, 1].map((i) => sampleRandom(seed, 0, i)),
+    });
+    const alone = await engine.run(req(42));
+    const crowd = await Promise.all([...Array.from({ length: 4 }, (_, k) => engine.run(req(k, true))), engine.run(req(42)), ...Array.from({ length: 4 }, (_, k) => engine.run(req(10 + k)))]);
+    expect(crowd[4].map((c) => c.ids)).toEqual(alone.map((c) => c.ids));
+    expect(crowd[4].map((c) => c.logprobs)).toEqual(alone.map((c) => c.logprobs));
+    // The two choices drew from different streams; another seed draws otherwise.
+    expect(alone[0].ids).not.toEqual(alone[1].ids);
+    expect(crowd[5][0].ids).not.toEqual(alone[0].ids);
+    expect(engine.rows).toBe(0);
+    await engine.close();
+  });
+
+  it('an aborted request closes its rows; the engine serves on', async () => {
+    const engine = new ServeEngine(dec, tok);
+    const ac = new AbortController();
+    let drawn = 0;
+    const running = engine.run({
+      promptIds: prompt(),
+      sampling: { temperature: 1, topP: 1, topK: 0 },
+      maxTokens: 400,
+      rngs: [new SeededRandom(1), new SeededRandom(2)],
+      signal: ac.signal,
+      onToken: () => {
+        if (++drawn === 5) {
+          expect(engine.rows).toBe(2);
+          ac.abort();
+        }
+      },
+    });
+    await expect(running).rejects.toThrow();
+    expect(engine.rows).toBe(0);
+    expect(drawn).toBeLessThan(20);
+    const after = await engine.run({ promptIds: prompt(), sampling: { temperature: 1, topP: 1, topK: 0 }, maxTokens: 3, rngs: [new SeededRandom(1)] });
+    expect(after[0].ids).toHaveLength(3);
+    await engine.close();
+  });
+
+  for (const temperature of [1, 0.7, 0]) {
+    it(`top_logprobs and the chosen tokens' log-probs = a float64 log-softmax of independent logits (temperature ${temperature})`, async () => {
+      const engine = new ServeEngine(dec, tok);
+      const streamed: number[] = [];
+      const [c] = await engine.run({ promptIds: prompt(), sampling: { temperature, topP: 1, topK: 0 }, maxTokens: 6, rngs: [new SeededRandom(9)], logprobs: true, topLogprobs: 3, onToken: (_, t) => streamed.push(t.id) });
+      await engine.close();
+      expect(streamed).toEqual(c.ids);
+      const t = temperature === 0 ? 1 : temperature;
+      for (let k = 0; k < c.ids.length; k++) {
+        const s = GenerationSession.open(dec);
+        const logits = await s.start([...prompt(), ...c.ids.slice(0, k)], new SeededRandom(0)).logits();
+        await s.close();
+        const ls = logSoftmax(logits.subarray(0, tok.vocabSize), t);
+        const order = Array.from(ls.keys()).sort((a, b) => ls[b] - ls[a]);
+        expect(c.top![k].map((x) => x.id)).toEqual(order.slice(0, 3));
+        c.top![k].forEach((x) => expect(x.logprob).toBeCloseTo(ls[x.id], 4));
+        expect(c.logprobs[k]).toBeCloseTo(ls[c.ids[k]], 4);
+        if (temperature === 0) expect(c.ids[k]).toBe(order[0]);
+      }
+    });
+  }
+
+  it('the text stops before a stop string', () => {
+    expect(cutAtStop('abc STOP def END', ['END', 'STOP'])).toBe('abc ');
+    expect(cutAtStop('abc', ['x'])).toBe('abc');
+  });
+});
