@@ -99,6 +99,10 @@ interface Pooled {
 export class ServeEngine {
   private readonly pool = new Map<string, Pooled>();
   private clock = 0;
+  /** Requests in `run` now, and when the engine last went from idle to busy (performance.now()). */
+  private busy = 0;
+  private busySince = 0;
+  private busyMs = 0;
   private closed = false;
   readonly stopIds: number[];
   readonly format: ToolCallFormat | null;
@@ -201,11 +205,21 @@ export class ServeEngine {
       for (const r of rows) r.close();
     };
     req.signal?.addEventListener('abort', abort, { once: true });
+    if (this.busy++ === 0) this.busySince = performance.now();
     try {
       return await Promise.all(rows.map((row, i) => this.choice(row, i, req, s).finally(() => release(row))));
     } finally {
       req.signal?.removeEventListener('abort', abort);
+      if (--this.busy === 0) this.busyMs += performance.now() - this.busySince;
     }
+  }
+
+  /**
+   * Wall seconds during which at least one request was decoding, since the engine was made (what a
+   * GRPO --agent round reports as decoding; the rest of the round is the agents' own code).
+   */
+  get busySeconds(): number {
+    return (this.busyMs + (this.busy > 0 ? performance.now() - this.busySince : 0)) / 1000;
   }
 
   /** The distribution log-probabilities are reported under (the sampler's; the model's at temperature 0). */

@@ -72,6 +72,11 @@ export interface Rollout {
   sampling: RolloutSampling;
   /** Tokens per call at most (a request asking more gets this many). */
   maxTokens?: number;
+  /**
+   * A chat's prompt ids in place of the template's fresh render, or null for that render (GRPO's
+   * --agent: a conversation continued from the ids the rollout sampled; not with a forced tool call).
+   */
+  prompt?(messages: readonly Message[], tools: readonly ToolSpec[]): number[] | null;
   record(call: RolloutCall): void | Promise<void>;
 }
 
@@ -256,7 +261,8 @@ class Server {
     const engine = this.o.engine;
     const tools = plan.toolChoice === 'none' ? [] : plan.tools;
     const force = plan.toolChoice === 'required' ? 'required' : typeof plan.toolChoice === 'object' ? plan.toolChoice : null;
-    const { promptIds, forced } = engine.chatPrompt(plan.messages, tools, force);
+    const continued = !force && rollout?.prompt ? rollout.prompt(plan.messages, tools) : null;
+    const { promptIds, forced } = continued ? { promptIds: continued, forced: '' } : engine.chatPrompt(plan.messages, tools, force);
     const c = this.common(plan, promptIds, rollout, 'messages');
     const id = `chatcmpl-${randomBytes(12).toString('hex')}`;
     const created = Math.floor(Date.now() / 1000);

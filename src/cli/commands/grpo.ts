@@ -41,10 +41,11 @@ export function register(program: Command): void {
     .description('GRPO / DAPO / Dr. GRPO / GSPO / CISPO / RLOO: sample num_generations completions per prompt, score them with reward functions, push the policy toward those that beat their group')
     .requiredOption('--model <dir>', 'starting policy (Hugging Face model folder); also the reference when beta > 0')
     .option('--prompts <file>', "prompts: .txt, or records (JSON, JSONL, CSV, Parquet, …) with a prompt, question or problem column; other columns (answer, …) go to the reward functions and the environment; with --env, optional (rows lacking a prompt, or no file: the environment's reset() gives it)")
-    .option('--reward <spec>', `a reward function (repeatable; required unless --env's environment has reward()): ${rewardSyntax()}`, collect, [] as string[])
+    .option('--reward <spec>', `a reward function (repeatable; required unless --env's environment has reward() or --agent returns rewards; with --agent it scores the agent's final text): ${rewardSyntax()}`, collect, [] as string[])
     .option('--tools <module>', 'tools the model may call (repeatable): a .mjs/.ts module exporting { name, description, parameters, run } or AI SDK tool() objects, or cmd:COMMAND (a JSON-lines program); rollouts become multi-turn (docs/agents.md)', collect, [] as string[])
     .option('--mcp <command>', "an MCP server to start over stdio, its tools offered to the model (repeatable), e.g. --mcp 'npx @modelcontextprotocol/server-memory'", collect, [] as string[])
     .option('--mcp-config <file>', 'MCP servers from an {"mcpServers": {…}} file (the Claude Desktop / Cursor / verl layout)')
+    .option('--agent <module>', "an agent written against an OpenAI-compatible API, trained unchanged: a .mjs/.ts module whose default export is async (task, { baseURL, apiKey, model, seed, signal }) => reward; each rollout talks to the run's own endpoint over the live weights, every call recorded as sampled (docs/agents.md \"Training the agent you already wrote\"); --prompts rows are its tasks (any columns)")
     .option('--env <module>', "an environment: a .mjs/.ts module whose factory makes { reset(row, { seed }), step({ text, toolCalls }), reward?(), close?() } per rollout, or a map of factories by name (export default { name: factory, … } or export const environments), each row picking one by its env_column column (default environment); reset() may return the prompt (a string, or { prompt, messages?, tools? }): then --prompts may be left out (rows { index } generated, the map's environments in turn; max_steps required); reward() is the reward env (docs/agents.md)")
     .requiredOption('-o, --out <dir>', 'run folder: config.json, artifacts/, checkpoints/, metrics.jsonl, completions.jsonl, final/')
     .option('--param <key=value>', 'a setting (repeatable): GRPO settings, loss parameters and trainer settings listed below', collect, [] as string[])
@@ -55,9 +56,9 @@ export function register(program: Command): void {
     .option('--quiet', 'no progress output')
     .option('--json', 'print a one-line JSON summary')
     .addHelpText('after', settingsHelp())
-    .action(async (o: { model: string; prompts?: string; reward: string[]; tools: string[]; mcp: string[]; mcpConfig?: string; env?: string; out: string; param: string[]; config?: string; resume?: boolean; overwrite?: boolean; device?: string; quiet?: boolean; json?: boolean }) => {
+    .action(async (o: { model: string; prompts?: string; reward: string[]; tools: string[]; mcp: string[]; mcpConfig?: string; env?: string; agent?: string; out: string; param: string[]; config?: string; resume?: boolean; overwrite?: boolean; device?: string; quiet?: boolean; json?: boolean }) => {
       const params = o.device ? [...o.param, `device=${device(o.device)}`] : o.param;
-      const r = await grpo({ model: o.model, hub: hubRecord(), prompts: o.prompts, rewards: o.reward, tools: o.tools, mcp: o.mcp, mcpConfig: o.mcpConfig, env: o.env, out: o.out, params, configFile: o.config, resume: o.resume, overwrite: o.overwrite, reporter: terminalReporter(o.quiet || o.json) });
+      const r = await grpo({ model: o.model, hub: hubRecord(), prompts: o.prompts, rewards: o.reward, tools: o.tools, mcp: o.mcp, mcpConfig: o.mcpConfig, env: o.env, agent: o.agent, out: o.out, params, configFile: o.config, resume: o.resume, overwrite: o.overwrite, reporter: terminalReporter(o.quiet || o.json) });
       if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last, eval: r.eval }) + '\n');
       else process.stdout.write(`${r.steps} GRPO steps in ${r.seconds}s; reward ${r.last.reward?.toFixed(3) ?? '?'} at the last step; final policy in ${r.finalDir}; metrics in ${o.out}/metrics.jsonl, samples in ${o.out}/completions.jsonl\n`);
     });

@@ -16,3 +16,12 @@ export const AGENT_SETTINGS = defineSettings({
   env_column: { type: 'string', default: 'environment', group: GROUP, doc: "with an --env map of environments, the prompt rows' column naming each row's environment (TRL's environment column)" },
   tool_timeout: { type: 'number', default: 60, min: 0, minOpen: true, max: 1e9, group: GROUP, doc: 'seconds a tool call may run; past it the model is answered with an error and the call counts as failed (verl tool timeout; the MCP SDK request timeout)' },
 });
+
+const AGENT_GROUP = 'Agents through the endpoint (with --agent)';
+
+/** The settings of `--agent` runs (agent-harness.ts); a run without --agent refuses them away from their defaults. */
+export const AGENT_HARNESS_SETTINGS = defineSettings({
+  agent_timeout: { type: 'number', default: 300, min: 0, minOpen: true, max: 1e9, group: AGENT_GROUP, doc: "seconds one rollout's agent may run; past it its signal aborts and the rollout counts as failed (verifiers timeout; ART's rollout timeout)" },
+  max_agent_error_rate: { type: 'number', default: 0.25, min: 0, max: 1, group: AGENT_GROUP, doc: "share of a round's rollouts that may fail (throw, time out, return no reward, make a malformed call) — left out of the round — before the run stops naming the first" },
+  train_calls: { type: 'string', default: 'all', group: AGENT_GROUP, doc: "which of an agent's calls are trained on: all, last (the rollout's last call), or a module FILE.mjs[:export] whose function (call) => boolean picks them" },
+});

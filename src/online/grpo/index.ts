@@ -51,6 +51,10 @@ import { agentMetrics, lengthMetrics, rewardMetrics } from './metrics.ts';
 import { microBatches, roundLogps, type GrpoRound } from './round.ts';
 import { samplingRollout, type Completion, type Rollout } from './rollout.ts';
 import { AgentRun, type AgentOptions } from './agent-run.ts';
+import { AGENT_HARNESS_SETTINGS } from './agent-settings.ts';
+import { AGENT_REWARD, agentRoundMetrics, loadAgent, loadCallPredicate, rolloutCompletions, rowsWithAdvantages, runAgents, type AgentEndpoint, type AgentFunction, type CallPredicate, type LoadedAgent } from './agent-harness.ts';
+import { openAgentEndpoint } from './agent-endpoint.ts';
+import { AgentLog } from './agent-log.ts';
 import { GRPO_HONOURS, grpoLoss, rewardWeights, type GrpoSettings } from './settings.ts';
 
 export { GRPO_SETTINGS, GRPO_HONOURS, grpoLoss, rewardWeights, type GrpoSettings } from './settings.ts';
@@ -73,6 +77,12 @@ export interface GrpoOptions extends OnlineOptions, AgentOptions {
   settings?: Readonly<Record<string, unknown>>;
   /** How completions are made (default: `samplingRollout` with the run's sampling settings). */
   rollout?: (s: GrpoSettings) => Rollout;
+  /**
+   * An agent written against an OpenAI-compatible API (`--agent FILE[:export]`, or the function):
+   * `(task, { baseURL, apiKey, model, seed, signal }) => reward`, run G times a task against the
+   * run's endpoint (agent-harness.ts). The prompts file's rows are its tasks (any columns).
+   */
+  agent?: string | AgentFunction;
 }
 
 export type GrpoResult = OnlineResult;
@@ -87,12 +97,13 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   if (perRound % G !== 0) {
     throw new UserError(`grpo: batch_size × gradient_accumulation_steps (${config.batch_size} × ${config.gradient_accumulation_steps} = ${perRound} completions) must be a multiple of num_generations (${G})`);
   }
+  const harness = await openHarness(o, s);
   // Tools or an environment make rollouts multi-turn (agent-run.ts); without them the agent settings are refused.
   const agent = await AgentRun.open(o, s);
   const rollout = o.rollout ? o.rollout(s) : agent ? agent.rollout : samplingRollout(s);
-  if (o.rewards.length === 0 && !agent?.envReward) {
+  if (o.rewards.length === 0 && !agent?.envReward && !harness) {
     await agent?.close();
-    throw new UserError('grpo: no reward function: give --reward (or an --env whose environment has reward())');
+    throw new UserError('grpo: no reward function: give --reward (or an --env whose environment has reward(), or an --agent that returns one)');
   }
   const envs = agent?.env ?? null;
   let rows: PromptRow[];
@@ -100,13 +111,16 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   try {
     if (o.rewards.length === 0) await agent!.checkEnvRewards();
     if (o.prompts === undefined) {
+      if (harness) throw new UserError(`grpo: --agent ${harness.agent.spec} needs --prompts: its rows are the agent's tasks`, { setting: 'prompts' });
       if (!envs) throw new UserError('grpo: no --prompts: give a prompts file, or an --env whose environments give the prompt (reset() returning it)', { setting: 'prompts' });
       // Generated rows have no end: an epoch is one round, so only max_steps says how long to run.
       if (config.max_steps === 0) throw new UserError(`grpo: without --prompts the --env ${envs.spec} environments give the prompts and the rows never run out; set max_steps`, { setting: 'max_steps' });
     }
     // With an environment a row may leave its prompt to reset().
-    rows = o.prompts === undefined ? agent!.generatedRows(perRound / G) : await readPromptRows(o.prompts, PROMPT_COLUMNS, { promptOptional: !!envs });
-    evalRows = config.eval_data ? (await readPromptRows(config.eval_data, PROMPT_COLUMNS, { promptOptional: !!envs })).slice(0, config.eval_samples > 0 ? config.eval_samples : undefined) : [];
+    // An agent's task is its row as is (any columns; no question → prompt renaming), a prompt optional.
+    const read = (f: string) => readPromptRows(f, harness ? ['prompt'] : PROMPT_COLUMNS, { promptOptional: !!envs || !!harness });
+    rows = o.prompts === undefined ? agent!.generatedRows(perRound / G) : await read(o.prompts);
+    evalRows = config.eval_data ? (await read(config.eval_data)).slice(0, config.eval_samples > 0 ? config.eval_samples : undefined) : [];
     agent?.checkRows(rows);
     agent?.checkRows(evalRows);
   } catch (e) {
@@ -115,7 +129,11 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   }
   const cols = columnsOf(p, s);
   // Reward models run where the policy does.
-  const fns = [...(o.rewards.length || !agent?.envReward ? await loadAllRewards(o.rewards, { runtime: runtimeOf(config) }) : []), ...(agent?.envReward ? [agent.envReward] : [])];
+  const fns = [
+    ...(o.rewards.length || (!agent?.envReward && !harness) ? await loadAllRewards(o.rewards, { runtime: runtimeOf(config) }) : []),
+    ...(agent?.envReward ? [agent.envReward] : []),
+    ...(harness ? [AGENT_REWARD] : []),
+  ];
   const names = fns.map((f) => f.name);
   let weights: number[];
   try {
@@ -128,6 +146,22 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   const log = new CompletionsLog(o.out, Math.min(s.log_completions, G), (step) => Array.from({ length: s.num_iterations }, (_, u) => step + u).some((t) => t % config.logging_steps === 0));
   const entropy = new EntropyController(p, s, cols);
   let ref: ReferenceScorer | null = null;
+  let endpoint: AgentEndpoint | null = null;
+  const agentLog = harness ? new AgentLog(o.out) : null;
+  // An --agent round: the agents run against the endpoint over the live weights; each rollout's reward
+  // gives one advantage, spread over its rows (agent-harness.ts).
+  const agentRound = async (ctx: OnlineContext, items: readonly PromptRow[], step: number, seed: number, h: { agent: LoadedAgent; trainCalls: CallPredicate | 'all' | 'last' }) => {
+    const policy = await ctx.policy();
+    if (endpoint) await endpoint.setModel(policy);
+    else endpoint = await openAgentEndpoint(ctx.tok, policy, s);
+    const ran = await runAgents(h.agent, endpoint!, items, { G, seed, runSeed: config.seed, step, scored: o.rewards.length > 0, trainCalls: h.trainCalls, settings: s });
+    const completions = rolloutCompletions(ran.rollouts);
+    const { perFunction, rewards } = await scoreCompletions(fns, weights, items, completions, scoring);
+    ran.rollouts.forEach((r, i) => {
+      if (r.error) rewards[i] = NaN;
+    });
+    return { ...ran, completions, perFunction, rewards };
+  };
   const batching = (ctx: OnlineContext) => ({ batchSize: config.batch_size, padTo: config.pad_to_multiple_of, padId: ctx.tok.padId ?? ctx.tok.eosId ?? 0 });
   const method: OnlineMethod<PromptRow, GrpoRound> = {
     name: 'grpo',
@@ -139,8 +173,35 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
       if (cols.ref) ref = await ReferenceScorer.create(ctx.model, ctx.baseWeights, ctx.runtime, { temperature: s.temperature, vocabLimit: ctx.tok.vocabSize });
       log.truncateAfter(ctx.art.step);
       await agent?.start(ctx, o.resume ? ctx.art.step + 1 : undefined);
+      agentLog?.truncateAfter(ctx.art.step);
     },
     async collect(ctx, items, info) {
+      if (harness) {
+        const a = await agentRound(ctx, items, info.step, ctx.rng.int(2 ** 31), harness);
+        const { advantages, zeroStd } = computeAdvantages(a.rewards, G, s.scale_rewards, s.advantage);
+        const trainRows = rowsWithAdvantages(a.rollouts, advantages);
+        if (trainRows.length === 0) throw new UserError(`--agent ${harness.agent.spec}: no rollout of step ${info.step} made a call to train on`, { setting: 'agent' });
+        const round: GrpoRound = {
+          promptIds: trainRows.map((r) => r.row.promptIds),
+          ids: trainRows.map((r) => r.row.ids),
+          counted: trainRows.map((r) => (s.mask_truncated_completions && !r.row.stopped ? 0 : 1)),
+          masks: trainRows.map((r) => r.row.lossMask),
+          advantages: trainRows.map((r) => r.advantage),
+          old: null,
+          ref: null,
+          sampling: cols.sampling ? trainRows.map((r) => r.row.logps) : null,
+          metrics: {
+            ...rewardMetrics(names, a.perFunction, a.rewards),
+            frac_reward_zero_std: zeroStd.filter(Boolean).length / zeroStd.length,
+            ...lengthMetrics(a.completions),
+            ...agentRoundMetrics(a.rollouts, a.agentSeconds, a.decodeSeconds),
+          },
+        };
+        await roundLogps(round, cols, batching(ctx), ctx.art, ref);
+        log.write(info.step, items[0].prompt ?? JSON.stringify(items[0].row), a.completions, names, a.perFunction, a.rewards, advantages);
+        agentLog!.write(info.step, a.rollouts, (t) => items[t].at, a.rewards, advantages);
+        return round;
+      }
       const completions = await rollout({ tok: ctx.tok, policy: await ctx.policy() }, { prompts: items, n: G, seed: ctx.rng.int(2 ** 31), step: info.step, logprobs: cols.sampling });
       const sampling = cols.sampling ? samplerLogps(completions) : null;
       const { perFunction, rewards } = await scoreCompletions(fns, weights, items, completions, scoring);
@@ -175,17 +236,23 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
       entropy.restore((state as { entropy?: unknown } | undefined)?.entropy);
     },
     progressFields: (row) => ({ loss: row.loss, reward: row.reward }),
-    evaluate: evalRows.length
+    evaluate: evalRows.length && harness
+      ? async (ctx: OnlineContext) => {
+          const a = await agentRound(ctx, evalRows, -ctx.art.step - 1, config.seed * 31 + 7, harness);
+          return { ...rewardMetrics(names, a.perFunction, a.rewards), ...lengthMetrics(a.completions), ...agentRoundMetrics(a.rollouts, a.agentSeconds, a.decodeSeconds) };
+        }
+      : evalRows.length
       ? async (ctx: OnlineContext) => (await evaluateRewards(ctx.tok, await ctx.policy(), evalRows, fns, weights, { rollout, n: G, seed: config.seed * 31 + 7, step: -ctx.art.step - 1, ...scoring })).metrics
       : undefined,
     async close() {
       await ref?.release();
+      await endpoint?.close();
     },
   };
   try {
     return await runOnline(o, rows, method, {
       config,
-      record: { prompts: o.prompts, rewards: o.rewards.join(' --reward '), loss: 'grpo', loss_params: p, grpo: s, ...(agent ? { agent: agent.record } : {}) },
+      record: { prompts: o.prompts, rewards: o.rewards.join(' --reward '), loss: 'grpo', loss_params: p, grpo: s, ...(agent ? { agent: agent.record } : {}), ...(harness ? { agent_module: harness.agent.spec } : {}) },
       inputs: [
         { key: 'prompts', now: o.prompts, flag: '--prompts' },
         { key: 'rewards', now: o.rewards.join(' --reward '), flag: '--reward' },
@@ -194,7 +261,26 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   } finally {
     await releaseRewards(fns);
     await agent?.close();
+    await (endpoint as AgentEndpoint | null)?.close();
   }
+}
+
+/**
+ * The `--agent` of a run, loaded with its train_calls predicate, or null — then the agent settings
+ * are refused away from their defaults. An agent trains through the endpoint only: tools, MCP
+ * servers and environments are its own business (refused beside it).
+ */
+async function openHarness(o: GrpoOptions, s: GrpoSettings): Promise<{ agent: LoadedAgent; trainCalls: CallPredicate | 'all' | 'last' } | null> {
+  if (o.agent === undefined) {
+    for (const [k, d] of Object.entries(AGENT_HARNESS_SETTINGS)) {
+      const v = (s as unknown as Record<string, unknown>)[k];
+      if (v !== d.default) throw new UserError(`grpo: ${k}=${String(v)} applies to --agent runs; give --agent or leave ${k} out`, { setting: k });
+    }
+    return null;
+  }
+  const others = [(o.tools?.length ?? 0) > 0 && '--tools', (o.mcp?.length ?? 0) > 0 && '--mcp', !!o.mcpConfig && '--mcp-config', o.env !== undefined && '--env', o.rollout && 'rollout'].filter(Boolean);
+  if (others.length) throw new UserError(`grpo: --agent runs its own tools and talks to the endpoint; ${others.join(', ')} cannot be given beside it`, { setting: 'agent' });
+  return { agent: await loadAgent(o.agent), trainCalls: await loadCallPredicate(s.train_calls) };
 }
 
 /**
