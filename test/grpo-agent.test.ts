@@ -99,7 +99,7 @@ describe('grpo --agent (an openai-SDK agent through the endpoint)', () => {
     expect(r.status).toBe(1);
     const lines = r.stderr.trim().split('\n');
     expect(lines, r.stderr).toHaveLength(1);
-    expect(lines[0]).toMatch(/^prefzoo: --agent .*throws\.mjs: 6 of 6 rollouts failed \(past max_agent_error_rate=0\.25\); the first, on the task at .*tasks-\w+\.jsonl:1: the simulator is down$/);
+    expect(lines[0]).toMatch(/^prefzoo: --agent .*throws\.mjs: 4 of 4 rollouts failed \(past max_agent_error_rate=0\.25\); the first, on the task at .*tasks-\w+\.jsonl:\d: the simulator is down$/);
     expect(existsSync(join(out, 'final'))).toBe(false);
   });
 

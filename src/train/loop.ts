@@ -160,6 +160,11 @@ export interface OnlineMethod<Item, Round> {
   /** The micro-batches of update `u` (0-based) of a round: their gradients are summed into one update. */
   microBatches(ctx: OnlineContext, round: Round, u: number): Promise<MicroBatch[]>;
   /**
+   * Whether a round may give more micro-batches than gradient_accumulation_steps (GRPO --agent: an
+   * agent's rollouts make as many rows as their calls fork): the artifacts then sum gradients.
+   */
+  variableMicroBatches?: boolean;
+  /**
    * Called after each optimizer update, its metrics row and progress, before that step's evaluation
    * and checkpoint (TR-DPO's reference moving toward the policy every ref_model_sync_steps).
    */
@@ -314,7 +319,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
   ensureArtifacts(artDir, config, resuming, () => {
     const init = startingParams(base.config, base.weights, { lora, adapter: adapters.weights, valueHead: method.valueHead, seed: config.seed });
     return method.spec({ model: base.config, init, lora, config, vocabLimit: tok.vocabSize });
-  });
+  }, config.gradient_accumulation_steps > 1 || (method.variableMicroBatches ?? false));
   // The artifacts' checkpoint holds the starting weights now: a method that does not read them
   // again lets go of the loaded copy before the store takes its own.
   if (method.needsBaseWeights && !method.needsBaseWeights()) {

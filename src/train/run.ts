@@ -95,9 +95,9 @@ export function artifactsOf(c: TrainConfig): { target: ArtifactTarget; computeDt
 }
 
 /** Whether an artifacts manifest was written for these settings (see `artifactsOf`). */
-export function builtFor(m: ArtifactsManifest, c: TrainConfig): boolean {
+export function builtFor(m: ArtifactsManifest, c: TrainConfig, accumulates = c.gradient_accumulation_steps > 1): boolean {
   const want = artifactsOf(c);
-  return (m.target ?? 'cpu') === want.target && (m.computeDtype ?? 'float32') === want.computeDtype && (c.gradient_accumulation_steps <= 1 || m.training.accumulation !== null);
+  return (m.target ?? 'cpu') === want.target && (m.computeDtype ?? 'float32') === want.computeDtype && (!accumulates || m.training.accumulation !== null);
 }
 
 /** Fails early, in one line, when the settings' device (and float16 products) cannot run here. */
@@ -275,12 +275,12 @@ export async function inRunFolder<T>(
  * has them for these settings (`builtFor`); a resumed run on another device gets graphs for it, its
  * checkpoints carrying over. Returns whether they were (re)built.
  */
-export function ensureArtifacts(dir: string, config: TrainConfig, resuming: boolean, spec: () => ArtifactSpec): boolean {
-  if (resuming && existsSync(join(dir, 'artifacts.json')) && builtFor(readManifest(dir), config)) return false;
+export function ensureArtifacts(dir: string, config: TrainConfig, resuming: boolean, spec: () => ArtifactSpec, accumulates = config.gradient_accumulation_steps > 1): boolean {
+  if (resuming && existsSync(join(dir, 'artifacts.json')) && builtFor(readManifest(dir), config, accumulates)) return false;
   rmSync(dir, { recursive: true, force: true });
   // Running sums of gradients only when micro-batches are accumulated: otherwise every step would
   // feed parameter-sized zeros (545 MB for Qwen's embedding alone) into them.
-  buildArtifacts({ ...spec(), gradientAccumulation: config.gradient_accumulation_steps > 1 }, dir, artifactsOf(config));
+  buildArtifacts({ ...spec(), gradientAccumulation: accumulates }, dir, artifactsOf(config));
   return true;
 }
 

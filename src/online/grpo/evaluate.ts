@@ -27,7 +27,8 @@ export async function scoreCompletions(
     rows: completions.map((c) => (c.info.prompt === undefined ? rows[c.prompt].row : { ...rows[c.prompt].row, prompt: c.info.prompt }) as RewardRow),
     lengths: completions.map(modelTokens),
     maxCompletionLength: o.maxCompletionLength,
-    ...(completions.some((c) => c.info.messages) ? { rollouts: completions.map((c) => c.info) } : {}),
+    // What a multi-turn or --agent rollout recorded (a single-turn completion records nothing).
+    ...(completions.some((c) => Object.keys(c.info).length > 0) ? { rollouts: completions.map((c) => c.info) } : {}),
   }, (i) => rows[completions[i].prompt].at, o.timeout);
   return { perFunction, rewards: combineRewards(perFunction, weights) };
 }

@@ -109,7 +109,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   let rows: PromptRow[];
   let evalRows: PromptRow[];
   try {
-    if (o.rewards.length === 0) await agent!.checkEnvRewards();
+    if (o.rewards.length === 0 && agent) await agent.checkEnvRewards();
     if (o.prompts === undefined) {
       if (harness) throw new UserError(`grpo: --agent ${harness.agent.spec} needs --prompts: its rows are the agent's tasks`, { setting: 'prompts' });
       if (!envs) throw new UserError('grpo: no --prompts: give a prompts file, or an --env whose environments give the prompt (reset() returning it)', { setting: 'prompts' });
@@ -186,7 +186,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
           ids: trainRows.map((r) => r.row.ids),
           counted: trainRows.map((r) => (s.mask_truncated_completions && !r.row.stopped ? 0 : 1)),
           masks: trainRows.map((r) => r.row.lossMask),
-          advantages: trainRows.map((r) => r.advantage),
+          advantages: microBatchEven(trainRows.map((r) => r.advantage), config.batch_size, p.loss_type),
           old: null,
           ref: null,
           sampling: cols.sampling ? trainRows.map((r) => r.row.logps) : null,
@@ -229,6 +229,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
       return round;
     },
     microBatches: async (ctx, r) => entropy.feed(microBatches(r, cols, batching(ctx))),
+    variableMicroBatches: !!harness,
     metrics: (r) => r.metrics,
     stepped: (graph) => entropy.stepped(graph),
     state: () => ({ entropy: entropy.state() }),
@@ -296,5 +297,24 @@ function samplerLogps(completions: readonly Completion[]): number[][] {
       );
     }
     return c.logps;
+  });
+}
+
+/**
+ * An --agent round's rows fill micro-batches of batch_size rows with a last one that may be short,
+ * and the loop averages the micro-batches. Loss types that average the rows of a micro-batch (grpo,
+ * sapo, luspo, dr_grpo) would then weigh a row of the short one more: its advantage (the policy term
+ * is linear in it) is scaled by n_b·M/R — n_b rows in its micro-batch, M micro-batches, R rows — so
+ * every row weighs 1/R of the loss. dapo, cispo and vespo divide by the round's token count and need
+ * nothing; bnpo divides by each micro-batch's own tokens and keeps them as they are.
+ */
+export function microBatchEven(advantages: readonly number[], batchSize: number, lossType: GrpoParams['loss_type']): number[] {
+  if (!['grpo', 'sapo', 'luspo', 'dr_grpo'].includes(lossType)) return [...advantages];
+  const R = advantages.length;
+  const M = Math.ceil(R / batchSize);
+  return advantages.map((a, i) => {
+    const b = Math.floor(i / batchSize);
+    const n = Math.min(batchSize, R - b * batchSize);
+    return (a * n * M) / R;
   });
 }
