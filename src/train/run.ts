@@ -189,7 +189,7 @@ export function modelParamSpecs(config: ModelConfig, init: Map<string, FloatTens
 // final save. Checkpoints and the NaN stop are in checkpoints.ts.
 
 /** What a run folder may hold (what `train`, MPO's stages, the online loops and SPPO's iterations write); --overwrite removes only these. */
-const RUN_ENTRIES = /^(config\.json|data|artifacts|checkpoints|metrics\.jsonl|completions\.jsonl|tool-journal\.jsonl|runs|samples|best\.json|final|adapter|eval\.json|report\.html|demo_eval\.json|stage[12]|iter-\d+|sppo\.json)$/;
+const RUN_ENTRIES = /^(config\.json|data|artifacts|checkpoints|metrics\.jsonl|completions\.jsonl|tool-journal\.jsonl|agent_calls\.jsonl|runs|samples|best\.json|final|adapter|eval\.json|report\.html|demo_eval\.json|stage[12]|iter-\d+|sppo\.json)$/;
 
 /**
  * Run-folder stage: makes `run` ready for a run: created when missing; a folder holding an earlier
