@@ -106,7 +106,7 @@ export async function loadAgent(spec: string | AgentFunction): Promise<LoadedAge
   return { spec, fn: fn as AgentFunction };
 }
 
-/** Loads `train_calls`: 'all', 'last' (each row's last call), or a predicate module FILE[:export]. */
+/** Loads `train_calls`: 'all', 'last' (the rollout's last call), or a predicate module FILE[:export]. */
 export async function loadCallPredicate(v: string): Promise<CallPredicate | 'all' | 'last'> {
   if (v === 'all' || v === 'last') return v;
   const m = /^(.*\.(?:mjs|cjs|js|ts|mts))(?::([A-Za-z_$][\w$]*))?$/.exec(v);
