@@ -10,7 +10,7 @@ import { fileURLToPath } from 'node:url';
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const dist = join(root, 'dist');
 /** Loaded with `new URL('./x.mjs', import.meta.url)`, so tsc does not see them. */
-const ASSETS = ['datasets/parquet-reader.mjs', 'datasets/parquet-worker.mjs', 'src/runtime/placement-probe.mjs'];
+const ASSETS = ['datasets/parquet-reader.mjs', 'datasets/parquet-worker.mjs', 'src/runtime/placement-probe.mjs', 'src/demos/lookup-agent.mjs'];
 
 rmSync(dist, { recursive: true, force: true });
 const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc');

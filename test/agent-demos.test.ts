@@ -21,6 +21,7 @@ import type { ToolDef } from '../src/agents/types.ts';
 import { GUESSES, guessingGame, HIGHEST, runEnvDemo, warmStartGame } from '../src/demos/env.ts';
 import type { AgentDemoResult } from '../src/demos/agent-shared.ts';
 import { readDemoEval } from '../src/train/demo-eval.ts';
+import { runAgentDemo } from '../src/demos/agent.ts';
 
 const ctx = (table: string, seed: number) => ({ row: { table }, rng: new SeededRandom(seed), seed, turn: 0, call: 0, state: {}, signal: new AbortController().signal }) as ToolContext;
 
@@ -143,5 +144,23 @@ describe('prefzoo demo --method env', () => {
     const r = await runEnvDemo({ seed: 0, out: dir, params: ['max_steps=1'], warmStartSteps: 2, heldoutPrompts: 2 });
     checkResult(r, 'env');
     expect(r.tool_call_frequency_final).toBe(0);
+  });
+});
+
+describe('prefzoo demo --method agent', () => {
+  it('its agent is an app\'s code: it imports the AI SDK and nothing of prefzoo', () => {
+    const src = readFileSync(join(import.meta.dirname, '../src/demos/lookup-agent.mjs'), 'utf8');
+    const imports = [...src.matchAll(/^import .* from '([^']+)';$/gm)].map((m) => m[1]);
+    expect(imports.sort()).toEqual(['@ai-sdk/openai-compatible', 'ai']);
+  });
+
+  it('runs end to end with tiny budgets through the endpoint and prints the tools demo\'s fields', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'pz-demo-agent-'));
+    const r = await runAgentDemo({ seed: 0, out: dir, params: ['max_steps=1'], warmStartSteps: 2, heldoutPrompts: 2 });
+    checkResult(r, 'agent');
+    // Every call of the agent in training went through the endpoint and was recorded.
+    const calls = readFileSync(join(r.run, 'agent_calls.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { calls: unknown[] });
+    expect(calls).toHaveLength(128);
+    expect(calls.every((c) => c.calls.length >= 1 && c.calls.length <= 2)).toBe(true);
   });
 });

@@ -139,4 +139,32 @@ describe('the serving engine', () => {
     expect(cutAtStop('abc STOP def END', ['END', 'STOP'])).toBe('abc ');
     expect(cutAtStop('abc', ['x'])).toBe('abc');
   });
+
+  it('a kept row continued by the next call (keep) feeds only the new ids, and draws what a fresh prefill of the whole prompt draws', async () => {
+    const sampling = { temperature: 1, topP: 1, topK: 0 };
+    const first = prompt();
+    const run = async (keep: boolean) => {
+      const engine = new ServeEngine(dec, tok);
+      // One stream across both calls, as a rollout's.
+      const rng = new SeededRandom(21);
+      const a = await engine.run({ promptIds: first, sampling, maxTokens: 6, rngs: [rng], ...(keep ? { keep: 'r' } : {}) });
+      const next = [...first, ...a[0].ids, ...tok.encode(' and then', { addSpecialTokens: false })];
+      const b = await engine.run({ promptIds: next, sampling, maxTokens: 6, rngs: [rng], ...(keep ? { keep: 'r' } : {}) });
+      const rows = engine.rows;
+      const continued = engine.continued;
+      engine.release('r');
+      const after = engine.rows;
+      await engine.close();
+      return { a: a[0], b: b[0], rows, continued, after };
+    };
+    const kept = await run(true);
+    const fresh = await run(false);
+    expect(kept.continued).toBe(1);
+    expect(fresh.continued).toBe(0);
+    expect(kept.rows).toBe(1);
+    expect(kept.after).toBe(0);
+    expect(kept.a.ids).toEqual(fresh.a.ids);
+    expect(kept.b.ids).toEqual(fresh.b.ids);
+    for (let i = 0; i < kept.b.logprobs.length; i++) expect(kept.b.logprobs[i]).toBeCloseTo(fresh.b.logprobs[i], 4);
+  });
 });

@@ -23,7 +23,7 @@ export interface AgentDemoOptions extends Omit<OnlineDemoOptions, 'method'> {
 }
 
 export interface AgentDemoResult {
-  method: 'tools' | 'env';
+  method: 'tools' | 'env' | 'agent';
   /** Share of solved episodes among the samples of the held-out prompts: the starting policy, the trained one. */
   heldout_accuracy_start: number;
   heldout_accuracy_final: number;

@@ -8,6 +8,7 @@ import { runGrpoDemo, type GrpoDemoResult } from './grpo.ts';
 import type { AgentDemoResult } from './agent-shared.ts';
 import { runToolsDemo } from './tools.ts';
 import { runEnvDemo } from './env.ts';
+import { runAgentDemo } from './agent.ts';
 
 /** What every online demo takes. */
 export interface MethodDemoOptions {
@@ -47,7 +48,7 @@ function agentLines(task: string): (r: AgentDemoResult) => string[] {
   return (r) => [
     `method grpo ${task}, ${r.steps} steps in ${r.seconds}s`,
     `episodes solved among ${r.samples_per_prompt} rollouts per held-out prompt (${r.heldout_prompts} prompts): ${f3(r.heldout_accuracy_start)} → ${f3(r.heldout_accuracy_final)}`,
-    `the trained policy without the information (${r.method === 'tools' ? 'the tool answering a random digit' : 'the feedback withheld'}): ${f3(r.ceiling_without_tools)}`,
+    `the trained policy without the information (${r.method === 'env' ? 'the feedback withheld' : r.method === 'agent' ? 'its tool reading a random table' : 'the tool answering a random digit'}): ${f3(r.ceiling_without_tools)}`,
     `tool calls per rollout: ${f3(r.tool_call_frequency_final)}; turns per rollout: ${f3(r.num_turns_final)}`,
     `run folder: ${r.run} (try: npx prefzoo report ${r.run})`,
   ];
@@ -76,5 +77,10 @@ export const METHOD_DEMOS: Record<string, MethodDemo> = {
     summary: 'GRPO with an environment: guess 1–7 in 3 guesses with higher/lower feedback (reports heldout_accuracy_start/final, ceiling_without_tools)',
     run: runEnvDemo,
     lines: agentLines('with the environment "guess 1–7 in 3 guesses"'),
+  },
+  agent: {
+    summary: 'GRPO --agent: an agent written with the Vercel AI SDK (generateText, a tool, a step limit; no prefzoo import) trained through the run\'s OpenAI-compatible endpoint on the tools task (reports heldout_accuracy_start/final, ceiling_without_tools)',
+    run: runAgentDemo,
+    lines: agentLines('--agent src/demos/lookup-agent.mjs (an AI SDK agent with the tool get(k), through the endpoint)'),
   },
 };

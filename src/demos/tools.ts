@@ -46,6 +46,7 @@ import { loadAllRewards, releaseRewards } from '../online/rewards/index.ts';
 
 const KEYS = 'abcdefgh';
 const DIGITS = '0123456789';
+export { KEYS as LOOKUP_KEYS, DIGITS as LOOKUP_DIGITS, drawTable };
 
 /** The tool: the value of key k in the prompt's own table (its `table` column: one digit per key, in KEYS order). */
 export const LOOKUP_TOOL: ToolDef<{ k: string }> = {
@@ -131,21 +132,39 @@ const WARM_ROWS = 1000;
  * asking for the right key varies from 20 to 80; at 1e-3 for 80 steps seeds that start late ran out of
  * steps, and at 1e-3 for 110 some collapsed at step 20 (docs/agents.md).
  */
-const GRPO_CONFIG: Partial<TrainConfig> = { ...GRPO_BASE, learning_rate: 6e-4, max_steps: 110 };
+export const GRPO_CONFIG: Partial<TrainConfig> = { ...GRPO_BASE, learning_rate: 6e-4, max_steps: 110 };
 /** Rollouts per training prompt (a group); the held-out evaluation samples EVAL_SAMPLES per prompt. */
 const G = 16;
-const ROLLOUT: AgentRolloutSettings = { temperature: 1, top_p: 1, top_k: 0, max_completion_length: 48, max_turns: 2, max_tool_calling_iterations: 0, max_tool_response_tokens: 16 };
-const GRPO_PARAMS = [`num_generations=${G}`, `max_completion_length=${ROLLOUT.max_completion_length}`, `max_turns=${ROLLOUT.max_turns}`, `max_tool_response_tokens=${ROLLOUT.max_tool_response_tokens}`, 'temperature=1', 'beta=0',
+export const ROLLOUT: AgentRolloutSettings = { temperature: 1, top_p: 1, top_k: 0, max_completion_length: 48, max_turns: 2, max_tool_calling_iterations: 0, max_tool_response_tokens: 16 };
+/** GRPO's settings of the lookup task that do not depend on how the tool is called (the agent demo's too). */
+export const LOOKUP_GRPO_PARAMS = [`num_generations=${G}`, `max_completion_length=${ROLLOUT.max_completion_length}`, 'temperature=1', 'beta=0',
   // A sequence's mean (not dapo's token sum): a broken call that runs to the token budget must not
   // outweigh the short right ones; and a rollout cut by the budget is left out of the loss.
   'loss_type=grpo', 'mask_truncated_completions=true'];
+const GRPO_PARAMS = [...LOOKUP_GRPO_PARAMS, `max_turns=${ROLLOUT.max_turns}`, `max_tool_response_tokens=${ROLLOUT.max_tool_response_tokens}`];
 const TRAIN_PROMPTS = 2000;
 const HELDOUT_PROMPTS = 64;
 
-export async function runToolsDemo(o: AgentDemoOptions): Promise<AgentDemoResult> {
+/** What the tools demo and the agent demo (agent.ts) share: the task's model, warm start and prompt files. */
+export interface ToolsTask {
+  t0: number;
+  dir: string;
+  /** The warm start's folder: GRPO's starting policy. */
+  startDir: string;
+  promptsFile: string;
+  heldoutFile: string;
+  lap: (stage: string) => void;
+}
+
+/**
+ * The lookup task's model (the tiny preset at hidden 128 with the task's tokenizer), its training and
+ * held-out prompts (each with its own table) and the warm start, in `o.out` or a temporary folder
+ * named after `name`.
+ */
+export async function prepareToolsTask(o: AgentDemoOptions, name: string): Promise<ToolsTask> {
   const t0 = Date.now();
   const log = (o.reporter ?? SILENT).info;
-  const dir = o.out ?? mkdtempSync(join(tmpdir(), 'prefzoo-demo-tools-'));
+  const dir = o.out ?? mkdtempSync(join(tmpdir(), `prefzoo-demo-${name}-`));
   mkdirSync(dir, { recursive: true });
   const init = initModelFolder(join(dir, 'model'), 'llama', 'tiny', o.seed, { corpus: demoCorpus(join(dir, 'corpus-tokenizer')), merges: 250, chatTemplate: DEMO_TEMPLATE }, SHAPE);
   log(`demo: llama, the tiny preset at hidden ${SHAPE.hidden_size} (${init.parameters.toLocaleString('en-US')} parameters); method grpo with the tool get(k), reward accuracy`);
@@ -188,9 +207,14 @@ export async function runToolsDemo(o: AgentDemoOptions): Promise<AgentDemoResult
   const start = await warmStart(dir, 'format.jsonl', warm, WARM_START, o);
 
   lap('warm start');
+  return { t0, dir, startDir: start.finalDir, promptsFile, heldoutFile, lap };
+}
+
+export async function runToolsDemo(o: AgentDemoOptions): Promise<AgentDemoResult> {
+  const { t0, dir, startDir, promptsFile, heldoutFile, lap } = await prepareToolsTask(o, 'tools');
   const run = join(dir, 'grpo');
   const r = await grpo({
-    model: start.finalDir, prompts: promptsFile, rewards: ['accuracy'], tools: [LOOKUP_TOOL as unknown as ToolDef], out: run, overwrite: true,
+    model: startDir, prompts: promptsFile, rewards: ['accuracy'], tools: [LOOKUP_TOOL as unknown as ToolDef], out: run, overwrite: true,
     base: { ...GRPO_CONFIG, seed: o.seed }, params: [...GRPO_PARAMS, ...(o.params ?? [])], reporter: o.reporter,
   });
 
@@ -202,7 +226,7 @@ export async function runToolsDemo(o: AgentDemoOptions): Promise<AgentDemoResult
     const executor = new ToolExecutor({ tools: toolsFromValues([tool as unknown as ToolDef]) });
     return evaluateAgent(model, held, ROLLOUT, { executor: () => executor, env: null }, accuracy, { n: EVAL_SAMPLES, seed: o.seed * 31 + 7 });
   };
-  const before = await evalWith(start.finalDir, LOOKUP_TOOL);
+  const before = await evalWith(startDir, LOOKUP_TOOL);
   const after = await evalWith(r.finalDir, LOOKUP_TOOL);
   const ceiling = await evalWith(r.finalDir, USELESS_TOOL);
   await releaseRewards([accuracy]);

@@ -60,6 +60,14 @@ export interface EngineRequest {
   topLogprobs?: number;
   /** Closes the request's rows (a client that went away). */
   signal?: AbortSignal;
+  /**
+   * Keep the (one) choice's row and its cache under this key once it ends: a later request with
+   * the same key whose prompt starts with every id of that row feeds only the ids after them
+   * (`row.extend`) instead of a prefill (GRPO --agent: a rollout's next call continues its
+   * conversation). The row keeps drawing from the random stream it started with. `release(key)`
+   * frees it.
+   */
+  keep?: string;
   /** Each choice's tokens as they are drawn. */
   onToken?: (choice: number, token: DrawnToken) => void;
 }
@@ -104,6 +112,10 @@ export class ServeEngine {
   private busySince = 0;
   private busyMs = 0;
   private closed = false;
+  /** Rows kept for a key's next request (`EngineRequest.keep`), with the session they live in. */
+  private readonly kept = new Map<string, { row: GenerationRow; pooled: Pooled }>();
+  /** Requests that continued a kept row (no prefill of their prompt). */
+  continued = 0;
   readonly stopIds: number[];
   readonly format: ToolCallFormat | null;
   readonly maxBatch: number;
@@ -136,13 +148,28 @@ export class ServeEngine {
    * closed and the next request opens one over `decoder`. No request may be in flight.
    */
   async setModel(decoder: Decoder): Promise<void> {
+    this.releaseAll();
     if (this.rows > 0) throw new Error(`serve: setModel() while ${this.rows} rows are generating`);
     await this.closeSessions();
     this.decoder = decoder;
   }
 
+  /** Frees the row kept under `key` (see `EngineRequest.keep`). */
+  release(key: string): void {
+    const k = this.kept.get(key);
+    if (!k) return;
+    this.kept.delete(key);
+    k.row.close();
+    k.pooled.rows--;
+  }
+
+  private releaseAll(): void {
+    for (const key of [...this.kept.keys()]) this.release(key);
+  }
+
   /** Closes every session; requests after it are refused. */
   async close(): Promise<void> {
+    this.releaseAll();
     this.closed = true;
     await this.closeSessions();
   }
@@ -194,10 +221,30 @@ export class ServeEngine {
     }
     req.signal?.throwIfAborted();
     const p = this.session(s);
+    // A kept row this prompt continues: only the ids after it are fed. Otherwise it is let go.
+    const k = req.keep !== undefined ? this.kept.get(req.keep) : undefined;
+    let reused: GenerationRow | null = null;
+    if (k && req.keep !== undefined) {
+      this.kept.delete(req.keep);
+      const held = k.row.ids;
+      if (k.pooled === p && req.rngs.length === 1 && held.length <= req.promptIds.length && held.every((id, i) => req.promptIds[i] === id)) {
+        k.row.extend(req.promptIds.slice(held.length));
+        reused = k.row;
+        this.continued++;
+      } else {
+        k.row.close();
+        k.pooled.rows--;
+      }
+    }
     // Started in one turn of the event loop: the choices' identical prompts are prefilled once.
-    const rows = req.rngs.map((rng) => p.session.start(req.promptIds, rng, req.maxTokens));
-    p.rows += rows.length;
-    const release = (row: GenerationRow) => {
+    const rows = reused ? [reused] : req.rngs.map((rng) => p.session.start(req.promptIds, rng, req.maxTokens));
+    if (!reused) p.rows += rows.length;
+    const keep = req.keep !== undefined && rows.length === 1 ? req.keep : undefined;
+    const release = (row: GenerationRow, ok: boolean) => {
+      if (ok && keep !== undefined && !req.signal?.aborted && !this.closed) {
+        this.kept.set(keep, { row, pooled: p });
+        return;
+      }
       row.close();
       p.rows--;
     };
@@ -207,7 +254,17 @@ export class ServeEngine {
     req.signal?.addEventListener('abort', abort, { once: true });
     if (this.busy++ === 0) this.busySince = performance.now();
     try {
-      return await Promise.all(rows.map((row, i) => this.choice(row, i, req, s).finally(() => release(row))));
+      return await Promise.all(
+        rows.map((row, i) =>
+          this.choice(row, i, req, s).then(
+            (r) => (release(row, true), r),
+            (e: unknown) => {
+              release(row, false);
+              throw e;
+            },
+          ),
+        ),
+      );
     } finally {
       req.signal?.removeEventListener('abort', abort);
       if (--this.busy === 0) this.busyMs += performance.now() - this.busySince;

@@ -77,6 +77,8 @@ export interface Rollout {
    * --agent: a conversation continued from the ids the rollout sampled; not with a forced tool call).
    */
   prompt?(messages: readonly Message[], tools: readonly ToolSpec[]): number[] | null;
+  /** Keep each call's row under this key, so a next call that continues it feeds only its new ids (`EngineRequest.keep`). */
+  keep?: string;
   record(call: RolloutCall): void | Promise<void>;
 }
 
@@ -91,6 +93,13 @@ export interface ServerOptions {
   /** Checked on every request (`Authorization: Bearer KEY`); 401 otherwise. */
   apiKey?: string;
   limits?: Partial<ServerLimits>;
+  /**
+   * Milliseconds an idle kept-alive connection stays open (node's default, 5000, when not given; 0:
+   * until the client closes it). The run's own endpoint (GRPO --agent) passes 0: its agents' fetch
+   * pools keep sockets across the optimizer step, and a socket the server closed just as a client
+   * reused it was an ECONNRESET the agent reported as a failed rollout.
+   */
+  keepAliveTimeout?: number;
   routes?: {
     /** Serves /rollouts/{id}/v1/…: the rollout an id stands for, or null (404). */
     rollout?: (id: string) => Rollout | null;
@@ -120,6 +129,7 @@ export async function startServer(o: ServerOptions): Promise<RunningServer> {
     if (!(Number.isInteger(v) && v >= (k === 'maxQueue' ? 0 : 1))) throw new UserError(`serve: limit ${k} must be a ${k === 'maxQueue' ? 'non-negative' : 'positive'} integer, got ${v}`);
   }
   const s = new Server(o, limits);
+  if (o.keepAliveTimeout !== undefined) s.keepAlive(o.keepAliveTimeout);
   const url = await s.listen(host, o.port ?? 8080);
   return { url, close: (c) => s.close(c?.cancel ?? false) };
 }
@@ -137,6 +147,10 @@ class Server {
     private readonly o: ServerOptions,
     private readonly limits: ServerLimits,
   ) {}
+
+  keepAlive(ms: number): void {
+    this.http.keepAliveTimeout = ms;
+  }
 
   listen(host: string, port: number): Promise<string> {
     return new Promise((resolve, reject) => {
@@ -251,7 +265,7 @@ class Server {
     if (rollout) {
       if (rollout.maxTokens !== undefined) maxTokens = Math.min(maxTokens, rollout.maxTokens);
       const r = rollout.sampling;
-      return { maxTokens, rngs: [rollout.rng], sampling: { temperature: r.temperature, topP: r.top_p, topK: r.top_k } };
+      return { maxTokens, rngs: [rollout.rng], sampling: { temperature: r.temperature, topP: r.top_p, topK: r.top_k }, ...(rollout.keep !== undefined ? { keep: rollout.keep } : {}) };
     }
     const seed = plan.seed ?? randomInt(2 ** 32);
     return { maxTokens, rngs: Array.from({ length: plan.n }, (_, i) => choiceRandom(seed, i)), sampling: plan.sampling };

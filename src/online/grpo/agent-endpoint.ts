@@ -19,7 +19,13 @@ export const AGENT_MODEL = 'policy';
 
 export async function openAgentEndpoint(tok: LoadedTokenizer, decoder: Decoder, s: GrpoSettings, o: { maxBatch?: number } = {}): Promise<AgentEndpoint> {
   const engine = new ServeEngine(decoder, tok, { maxBatch: o.maxBatch ?? 128 });
-  const routes = new Map<string, RolloutRoute>();
+  // A rollout's route gone (its agent ended): the row kept for its next call goes too.
+  const routes = new (class extends Map<string, RolloutRoute> {
+    override delete(id: string): boolean {
+      engine.release(id);
+      return super.delete(id);
+    }
+  })();
   // Per rollout, the calls answered so far (for token-in continuation).
   const history = new Map<string, AnsweredCall[]>();
   const endOfTurn = new Set(engine.stopIds);
@@ -30,6 +36,8 @@ export async function openAgentEndpoint(tok: LoadedTokenizer, decoder: Decoder, 
     port: 0,
     // The run's own agents: as many at once as a round has rollouts, none turned away.
     limits: { maxConcurrency: 1 << 16, maxQueue: 1 << 16 },
+    // Idle connections stay open: the agents' fetch pools reuse them across optimizer steps.
+    keepAliveTimeout: 0,
     routes: {
       rollout: (id): Rollout | null => {
         const route = routes.get(id);
@@ -40,6 +48,7 @@ export async function openAgentEndpoint(tok: LoadedTokenizer, decoder: Decoder, 
           rng: route.rng,
           sampling: { temperature: s.temperature, top_p: s.top_p, top_k: s.top_k },
           maxTokens: s.max_completion_length,
+          keep: id,
           prompt: (messages: readonly Message[], tools: readonly ToolSpec[]) => continuedPrompt(tok, calls, messages, tools),
           record: (c) => {
             const answer: Message = { role: 'assistant', content: c.text, ...(c.toolCalls.length ? { tool_calls: c.toolCalls } : {}) };
