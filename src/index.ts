@@ -77,6 +77,12 @@ export type { GrpoResult, GrpoSettings };
 export type { GenerateSettings };
 /** A GRPO run's tools, MCP servers and environment (`grpo({ tools, mcp, mcpConfig, env })`), and what a multi-turn rollout records (the rewards' third argument). */
 export type { AgentOptions, AgentRolloutInfo, AgentStopReason } from './online/grpo/index.ts';
+/**
+ * `grpo({ agent })`: an agent written against an OpenAI-compatible API, `(task, { baseURL, apiKey,
+ * model, seed, signal }) => reward`, trained through the run's endpoint (docs/agents.md, "Training the
+ * agent you already wrote"); `CallPredicate` is a `train_calls` module's function.
+ */
+export type { AgentFunction, AgentContext, AgentResult, CallPredicate } from './online/grpo/agent-harness.ts';
 export type { RewardSpec, RewardFunction, RewardBatch, RewardRow } from './online/rewards/index.ts';
 import type { RewardSpec } from './online/rewards/index.ts';
 export type { Kind, LossModule, ParamSpec, Schedule } from '../losses/index.ts';

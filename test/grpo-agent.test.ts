@@ -105,30 +105,57 @@ describe('grpo --agent (an openai-SDK agent through the endpoint)', () => {
 
   it('rollouts that fail now and then are counted and left out; a number-less return and a timeout count as failures', () => {
     const flaky = join(dir, 'flaky.mjs');
-    // Rollouts start in order: of every 4, the second returns no number and the fourth never ends.
+    // Rollouts start in order: of every 4, the second returns no number, the third makes a malformed
+    // call (n = 2 on a rollout's path: a 400 the SDK throws on) and the fourth never ends.
     writeFileSync(flaky, [
       `import real from ${JSON.stringify(AGENT)};`,
       'let k = 0;',
       'export default async (task, ctx) => {',
       '  const n = k++ % 4;',
       '  if (n === 1) return "no reward here";',
+      "  if (n === 2) { const r = await fetch(ctx.baseURL + '/chat/completions', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: ctx.model, messages: [{ role: 'user', content: 'hi' }], n: 2 }) }); throw new Error((await r.json()).error.message); }",
       '  if (n === 3) return new Promise(() => {});',
       '  return real(task, ctx);',
       '};',
     ].join('\n'));
     const out = join(dir, 'flaky');
-    const r = spawnSync(process.execPath, [bin, ...args(tasks(''), out, ['--param', 'max_agent_error_rate=0.5', '--param', 'agent_timeout=2']).map((x) => (x === AGENT ? flaky : x))], { encoding: 'utf8' });
+    const r = spawnSync(process.execPath, [bin, ...args(tasks(''), out, ['--param', 'max_agent_error_rate=0.75', '--param', 'agent_timeout=2']).map((x) => (x === AGENT ? flaky : x))], { encoding: 'utf8' });
     expect(r.status, r.stderr).toBe(0);
     const m = rows(out);
-    // Each step: 4 rollouts, 2 failed — counted, their rewards left out (no function scored them).
+    // Each step: 4 rollouts, 3 failed — counted, their rewards left out (no function scored them).
     for (const row of m) {
-      expect(row['agent/errors']).toBe(2);
-      expect(row['frac_reward_none']).toBe(0.5);
+      expect(row['agent/errors']).toBe(3);
+      expect(row['frac_reward_none']).toBe(0.75);
     }
     const calls = jsonl(join(out, 'agent_calls.jsonl'));
     expect(calls.filter((c) => c.error).every((c) => c.rows.length === 0)).toBe(true);
     expect(calls.some((c) => /timed out after agent_timeout=2 s/.test(c.error ?? ''))).toBe(true);
     expect(calls.some((c) => /returned "no reward here" and no --reward scores it/.test(c.error ?? ''))).toBe(true);
+    expect(calls.some((c) => /"n" must be 1 on a rollout's path/.test(c.error ?? ''))).toBe(true);
+  });
+
+  it('train_calls picks the calls trained on: last, or a predicate module; the others stay in their rows with mask 0', () => {
+    const pick = join(dir, 'pick.mjs');
+    writeFileSync(pick, 'export default (call) => call.index === 0 && call.calls === 2;\n');
+    for (const [which, trained] of [['last', 1], [pick, 0]] as const) {
+      const out = join(dir, `calls-${trained}`);
+      const r = spawnSync(process.execPath, [bin, ...args(tasks(''), out, ['--param', 'max_steps=1', '--param', `train_calls=${which}`])], { encoding: 'utf8' });
+      expect(r.status, r.stderr).toBe(0);
+      for (const x of jsonl(join(out, 'agent_calls.jsonl'))) {
+        expect(x.calls).toHaveLength(2);
+        for (const [k, c] of (x.calls as { row: number | null; prompt_ids: number[]; completion_ids: number[] }[]).entries()) {
+          // A row holding no trained call is not kept.
+          if (c.row === null) {
+            expect(k).not.toBe(trained);
+            continue;
+          }
+          const row = x.rows[c.row];
+          const at = c.prompt_ids.length - row.prompt_ids.length;
+          const mask = row.loss_mask.slice(at, at + c.completion_ids.length);
+          expect(mask.every((v: number) => v === (k === trained ? 1 : 0)), `${which} call ${k}`).toBe(true);
+        }
+      }
+    }
   });
 
   it('--help lists --agent and its settings; its settings without --agent, and --tools beside it, are refused', () => {
