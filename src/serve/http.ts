@@ -91,6 +91,13 @@ export interface ServerOptions {
   /** Checked on every request (`Authorization: Bearer KEY`); 401 otherwise. */
   apiKey?: string;
   limits?: Partial<ServerLimits>;
+  /**
+   * Milliseconds an idle keep-alive connection is held before the server closes it (default: Node's
+   * 5,000); 0 never closes one, leaving it to the client. A server whose clients live in its own
+   * process wants 0: when that process's event loop is blocked past the timeout, the client sends
+   * its next request on a pooled connection just as the server's overdue timer closes it (ECONNRESET).
+   */
+  keepAliveTimeout?: number;
   routes?: {
     /** Serves /rollouts/{id}/v1/…: the rollout an id stands for, or null (404). */
     rollout?: (id: string) => Rollout | null;
@@ -119,6 +126,7 @@ export async function startServer(o: ServerOptions): Promise<RunningServer> {
   for (const [k, v] of Object.entries(limits)) {
     if (!(Number.isInteger(v) && v >= (k === 'maxQueue' ? 0 : 1))) throw new UserError(`serve: limit ${k} must be a ${k === 'maxQueue' ? 'non-negative' : 'positive'} integer, got ${v}`);
   }
+  if (o.keepAliveTimeout !== undefined && !(Number.isInteger(o.keepAliveTimeout) && o.keepAliveTimeout >= 0)) throw new UserError(`serve: keepAliveTimeout must be a non-negative integer of milliseconds, got ${o.keepAliveTimeout}`);
   const s = new Server(o, limits);
   const url = await s.listen(host, o.port ?? 8080);
   return { url, close: (c) => s.close(c?.cancel ?? false) };
@@ -136,7 +144,9 @@ class Server {
   constructor(
     private readonly o: ServerOptions,
     private readonly limits: ServerLimits,
-  ) {}
+  ) {
+    if (o.keepAliveTimeout !== undefined) this.http.keepAliveTimeout = o.keepAliveTimeout;
+  }
 
   listen(host: string, port: number): Promise<string> {
     return new Promise((resolve, reject) => {
