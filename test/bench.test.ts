@@ -122,3 +122,47 @@ describe('prefzoo bench --rollout', () => {
     }
   });
 });
+
+describe('prefzoo bench --serve', () => {
+  it('prints one JSON line: tokens/s one after another and all at once, latency and time-to-first-token percentiles, batch-1 decode beside bench --generate', async () => {
+    const r = await prefzoo('bench', '--serve', '--preset', 'tiny', '--clients', '3', '--max-tokens', '5', '--json');
+    expect(r.code, r.stderr).toBe(0);
+    const lines = r.stdout.trim().split('\n');
+    expect(lines).toHaveLength(1);
+    const j = JSON.parse(lines[0]);
+    expect(j).toMatchObject({ engine: 'prefzoo serve', clients: 3, max_tokens: 5, threads: 2, device: 'cpu', peer: null, same_tokens: true });
+    expect(j.prompt_tokens).toBeGreaterThan(0);
+    for (const pass of ['sequential', 'concurrent']) {
+      const p = j[pass];
+      // Tokens generated, at most the budget: each request's seed fixes its tokens, so both passes count the same.
+      expect(p.tokens, pass).toBeGreaterThanOrEqual(3);
+      expect(p.tokens, pass).toBeLessThanOrEqual(15);
+      expect(p.tokens_per_s, pass).toBeCloseTo(p.tokens / p.seconds, -1);
+      for (const k of ['latency_ms', 'ttft_ms']) {
+        expect(p[k].p50, `${pass}.${k}`).toBeGreaterThan(0);
+        expect(p[k].p50).toBeLessThanOrEqual(p[k].p90);
+        expect(p[k].p90).toBeLessThanOrEqual(p[k].p99);
+      }
+      expect(p.ttft_ms.p99).toBeLessThanOrEqual(p.latency_ms.p99);
+    }
+    expect(j.concurrent.tokens).toBe(j.sequential.tokens);
+    expect(j.speedup).toBeCloseTo(j.concurrent.tokens_per_s / j.sequential.tokens_per_s, 1);
+    for (const k of ['decode_batch1_tokens_per_s', 'generate_batch1_tokens_per_s', 'decode_ratio']) expect(j[k], k).toBeGreaterThan(0);
+  }, 120_000);
+
+  it('prints its fields as a table without --json', async () => {
+    const r = await prefzoo('bench', '--serve', '--preset', 'tiny', '--clients', '2', '--max-tokens', '3', '--threads', '1');
+    expect(r.code, r.stderr).toBe(0);
+    for (const k of ['sequential', 'concurrent', 'speedup', 'latency_concurrent', 'ttft_concurrent', 'decode_batch1']) expect(r.stdout).toMatch(new RegExp(`^${k} +\\S`, 'm'));
+    expect(r.stdout).toContain('2 streamed chat requests with a tool');
+  }, 120_000);
+
+  it('refuses flags it does not use, and its own flags without it, in one line', async () => {
+    for (const args of [['--serve', '--steps', '3'], ['--serve', '--generate'], ['--serve', '--peer', 'vllm'], ['--serve', '--clients', '0'], ['--clients', '4'], ['--generate', '--max-tokens', '8'], ['--serve', '--model', '/no/such/folder']]) {
+      const r = await prefzoo('bench', ...args);
+      expect(r.code, args.join(' ')).toBe(1);
+      expect(r.stderr.trim().split('\n'), args.join(' ')).toHaveLength(1);
+      expect(r.stderr).toMatch(/^prefzoo: --/);
+    }
+  });
+});

@@ -15,6 +15,7 @@ import { join } from 'node:path';
 import { writeTokenizer } from '../../src/tokenize/test-tokenizer.ts';
 import { type Arch, type ModelConfig, type Preset, countParameters, presetArch, presetConfig } from '../../src/models/config.ts';
 import { initWeights } from '../../src/models/init.ts';
+import type { FloatTensor } from '../../src/models/checkpoint.ts';
 import { Decoder, generateIds, setGenerateTimer, type GenerateRequest } from '../../src/models/generate.ts';
 import { sampleRandom } from '../../src/models/sampling.ts';
 import { familyFor } from '../../src/models/families.ts';
@@ -34,6 +35,8 @@ export interface GenerateBenchOptions {
   baked?: boolean;
   runtime?: RuntimeOptions;
   skipPeak?: boolean;
+  /** A model's config and weights instead of the preset's random ones (`bench --serve --model`); `preset` then names it. */
+  model?: { config: ModelConfig; weights: Map<string, FloatTensor> };
   log?: (line: string) => void;
 }
 
@@ -123,10 +126,10 @@ const sig = (x: number) => Number(x.toPrecision(4));
 
 export async function runGenerateBench(o: GenerateBenchOptions): Promise<GenerateBenchResult> {
   const log = o.log ?? (() => {});
-  const arch = o.arch ?? presetArch(o.preset) ?? 'llama';
+  const arch = o.model ? o.model.config.model_type : (o.arch ?? presetArch(o.preset) ?? 'llama');
   // tiny takes its vocabulary from the generated tokenizer, as init-model does.
-  const config = presetConfig(arch, o.preset, o.preset === 'tiny' ? { vocabSize: generatedVocabSize() } : {});
-  const weights = initWeights(config, 0);
+  const config = o.model?.config ?? presetConfig(arch, o.preset, o.preset === 'tiny' ? { vocabSize: generatedVocabSize() } : {});
+  const weights = o.model?.weights ?? initWeights(config, 0);
   const { batch: B, prompt: P, newTokens: N } = o;
   const runs = o.runs ?? 3;
   const dec = await Decoder.create(config, weights, { bake: o.baked ?? false, runtime: o.runtime });

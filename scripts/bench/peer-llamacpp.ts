@@ -5,7 +5,8 @@
  * sequences' tokens into one llama_decode), each with a `--prompt`-token prompt and `--new` sampled
  * tokens at temperature 1, `--threads` threads. Times the prompts' prefill (all but their last token)
  * and the decode (the last prompt token, then the new tokens), the median of `--runs`; prints one
- * JSON line with the fields compare reads (tokens_per_s = decode tokens/s).
+ * JSON line with the fields compare reads (tokens_per_s = decode tokens/s) and `total_ms`, prefill and
+ * decode of the batch end to end (bench --serve's peer).
  *
  *   node --import tsx scripts/bench/peer-llamacpp.ts --gguf model.gguf [--batch 8] [--prompt 32] [--new 64] [--threads 2] [--runs 3] [--vocab 32000]
  */
@@ -72,6 +73,8 @@ console.log(
     new_tokens: N,
     threads,
     prefill_ms: Math.round(median(got.map((g) => g.prefill)) * 10) / 10,
+    // Prefill and decode of the whole batch, end to end (what bench --serve compares with a server's wall).
+    total_ms: Math.round(median(got.map((g) => g.prefill + g.decode)) * 10) / 10,
     decode_tokens_per_s: tps,
     tokens_per_s: tps,
     ms_per_step: Math.round((decodeMs / N) * 100) / 100,

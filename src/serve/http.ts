@@ -94,10 +94,10 @@ export interface ServerOptions {
   apiKey?: string;
   limits?: Partial<ServerLimits>;
   /**
-   * Milliseconds an idle kept-alive connection stays open (node's default, 5000, when not given; 0:
-   * until the client closes it). The run's own endpoint (GRPO --agent) passes 0: its agents' fetch
-   * pools keep sockets across the optimizer step, and a socket the server closed just as a client
-   * reused it was an ECONNRESET the agent reported as a failed rollout.
+   * Milliseconds an idle keep-alive connection is held before the server closes it (default: Node's
+   * 5,000); 0 never closes one, leaving it to the client. A server whose clients live in its own
+   * process wants 0: when that process's event loop is blocked past the timeout, the client sends
+   * its next request on a pooled connection just as the server's overdue timer closes it (ECONNRESET).
    */
   keepAliveTimeout?: number;
   routes?: {
@@ -128,8 +128,8 @@ export async function startServer(o: ServerOptions): Promise<RunningServer> {
   for (const [k, v] of Object.entries(limits)) {
     if (!(Number.isInteger(v) && v >= (k === 'maxQueue' ? 0 : 1))) throw new UserError(`serve: limit ${k} must be a ${k === 'maxQueue' ? 'non-negative' : 'positive'} integer, got ${v}`);
   }
+  if (o.keepAliveTimeout !== undefined && !(Number.isInteger(o.keepAliveTimeout) && o.keepAliveTimeout >= 0)) throw new UserError(`serve: keepAliveTimeout must be a non-negative integer of milliseconds, got ${o.keepAliveTimeout}`);
   const s = new Server(o, limits);
-  if (o.keepAliveTimeout !== undefined) s.keepAlive(o.keepAliveTimeout);
   const url = await s.listen(host, o.port ?? 8080);
   return { url, close: (c) => s.close(c?.cancel ?? false) };
 }
@@ -146,10 +146,8 @@ class Server {
   constructor(
     private readonly o: ServerOptions,
     private readonly limits: ServerLimits,
-  ) {}
-
-  keepAlive(ms: number): void {
-    this.http.keepAliveTimeout = ms;
+  ) {
+    if (o.keepAliveTimeout !== undefined) this.http.keepAliveTimeout = o.keepAliveTimeout;
   }
 
   listen(host: string, port: number): Promise<string> {

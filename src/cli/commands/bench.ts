@@ -1,4 +1,5 @@
-/** `prefzoo bench`: flags and the printed table; the measuring code is scripts/bench/step.ts. */
+/** `prefzoo bench`: flags and the printed table; the measuring code is in scripts/bench/ (step.ts, decode-bench.ts, rollout-bench.ts, serve-bench.ts). */
+import { existsSync } from 'node:fs';
 import type { Command } from 'commander';
 import { UserError } from '../../errors.ts';
 import { Progress } from '../progress.ts';
@@ -12,7 +13,7 @@ import type { TrainConfig } from '../../train/config.ts';
 export function register(program: Command): void {
   program
     .command('bench')
-    .description('time DPO training steps (forward, backward, AdamW) of the init-model llama through the training artifacts, and the MatMul peak of this machine')
+    .description('time DPO training steps (forward, backward, AdamW) of the init-model llama through the training artifacts, and the MatMul peak of this machine; --generate, --rollout and --serve time generation, a GRPO round and the OpenAI-compatible server instead')
     .option('--preset <preset>', `model: tiny, small (the init-model llama; 56M parameters, vocabulary 32000) or a released shape with random weights: ${PRESETS.slice(2).join(', ')}`, 'small')
     .option('--lora [rank]', 'train LoRA adapters (alpha = 2·rank) on every projection instead of every weight (rank default 16)')
     .option('--gradient-checkpointing', "recompute each layer's activations in the backward (train's gradient_checkpointing=true)")
@@ -23,7 +24,7 @@ export function register(program: Command): void {
     .option('--seq <n>', 'tokens per sequence, half prompt and half completion (default 256)')
     .option('--device <device>', `${DEVICE_HELP}; on a device the JSON also says where each graph's nodes run`, 'cpu')
     .option('--compute-dtype <dtype>', `${TRAIN_SETTINGS.compute_dtype.choices.join(' or ')}: ${TRAIN_SETTINGS.compute_dtype.doc} (train's compute_dtype)`, TRAIN_SETTINGS.compute_dtype.default)
-    .option('--threads <n>', 'intra-op threads (default: ONNX Runtime picks one per core)')
+    .option('--threads <n>', 'intra-op threads (default: ONNX Runtime picks one per core; with --serve, 2)')
     .option('--opt-level <level>', 'graph optimisation level: disabled, basic, extended or all (default extended)')
     .option('--no-peak', 'skip the MatMul peak measurement')
     .option('--no-share-prompt', "one sequence per response, each computing its prompt (the trainer's share_prompt=false)")
@@ -33,18 +34,48 @@ export function register(program: Command): void {
     .option('--batch <n>', 'with --generate: sequences decoded together (default 8); with --rollout: rows decoded together at most (default 32)')
     .option('--prompt <n>', 'with --generate: prompt tokens per sequence (default 32; --rollout: 160)')
     .option('--new <n>', 'with --generate: new tokens per sequence (default 64); with --rollout: the largest token budget, each row\'s drawn between an eighth of it and it (default 128)')
-    .option('--runs <n>', 'with --generate: timed generations, the median counts (default 3); with --rollout: rounds each way (default 1)')
+    .option('--runs <n>', 'with --generate: timed generations, the median counts (default 3); with --rollout and --serve: rounds each way (default 1)')
     .option('--baked', 'with --generate: bake the weights into the graphs (as prefzoo generate) instead of feeding them')
     .option('--rollout', 'time a GRPO-shaped generation round instead, with and without shared prompts and continuous batching (scripts/bench/rollout-bench.ts)')
     .option('--prompts <n>', 'with --rollout: prompts in the round (default 8)')
     .option('--generations <n>', "with --rollout: samples per prompt (GRPO's num_generations; default 8)")
+    .option('--serve', 'time `prefzoo serve` instead: --clients streamed chat requests with a tool from the openai SDK, one after another and all at once (scripts/bench/serve-bench.ts)')
+    .option('--clients <n>', 'with --serve: requests, and clients at once (default 16)')
+    .option('--max-tokens <n>', "with --serve: each request's max_tokens (default 64)")
+    .option('--model <dir>', 'with --serve: a model folder instead of --preset (made with init-model, seed 0)')
+    .option('--peer <engine>', 'with --serve: also time llama.cpp (node-llama-cpp, a dev dependency) on the same model exported to GGUF: llama.cpp')
     .option('--json', 'print one JSON line')
-    .action(async (o: { rollout?: boolean; prompts?: string; generations?: string; generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
+    .action(async (o: { serve?: boolean; clients?: string; maxTokens?: string; model?: string; peer?: string; rollout?: boolean; prompts?: string; generations?: string; generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
       // The dtype flags are train's settings of the same names: checked against their rows of the table.
       const computeDtype = coerceSetting('compute_dtype', TRAIN_SETTINGS.compute_dtype, o.computeDtype, '--compute-dtype') as TrainConfig['compute_dtype'];
       const baseDtype = coerceSetting('base_dtype', TRAIN_SETTINGS.base_dtype, o.baseDtype, '--base-dtype') as TrainConfig['base_dtype'];
       if (o.computeDtype === 'float16' && o.device === 'cpu') throw new UserError('--compute-dtype float16 is for the GPU (--device webgpu or cuda)');
       if (!(PRESETS as readonly string[]).includes(o.preset)) throw new UserError(`--preset: "${o.preset}" is not one of ${PRESETS.join(', ')}`);
+      const serveOnly = { '--clients': o.clients, '--max-tokens': o.maxTokens, '--model': o.model, '--peer': o.peer };
+      if (o.serve) {
+        const other = { '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--prompts': o.prompts, '--generations': o.generations, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
+        const bad = Object.entries(other).find(([, v]) => v !== undefined);
+        if (bad) throw new UserError(`${bad[0]}: --serve does not use it`);
+        if (o.device !== 'cpu') throw new UserError('--device: --serve times the CPU server (prefzoo serve --device webgpu is not benchmarked here)');
+        if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --serve decodes in float32');
+        if (o.peer !== undefined && o.peer !== 'llama.cpp') throw new UserError(`--peer: "${o.peer}" is not llama.cpp (the one peer --serve runs)`);
+        if (o.model !== undefined && !existsSync(o.model)) throw new UserError(`--model ${o.model}: no such folder`);
+        const { formatServeBench, runServeBench } = await import('../../../scripts/bench/serve-bench.ts');
+        const r = await runServeBench({
+          model: o.model,
+          preset: o.preset as Preset,
+          clients: positiveInt('--clients', o.clients, 16),
+          maxTokens: positiveInt('--max-tokens', o.maxTokens, 64),
+          threads: positiveInt('--threads', o.threads, 2),
+          runs: positiveInt('--runs', o.runs, 1),
+          peer: o.peer as 'llama.cpp' | undefined,
+          log: (line) => process.stderr.write(`bench: ${line}\n`),
+        });
+        process.stdout.write(o.json ? JSON.stringify(r) + '\n' : formatServeBench(r));
+        return;
+      }
+      const serveFlag = Object.entries(serveOnly).find(([, v]) => v !== undefined);
+      if (serveFlag) throw new UserError(`${serveFlag[0]} is a --serve setting`);
       if (o.rollout) {
         if (o.generate) throw new UserError('--rollout and --generate are two benchmarks: choose one');
         const other = { '--arch': o.arch, '--baked': o.baked, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel };

@@ -36,7 +36,9 @@ export async function openAgentEndpoint(tok: LoadedTokenizer, decoder: Decoder, 
     port: 0,
     // The run's own agents: as many at once as a round has rollouts, none turned away.
     limits: { maxConcurrency: 1 << 16, maxQueue: 1 << 16 },
-    // Idle connections stay open: the agents' fetch pools reuse them across optimizer steps.
+    // The agents' connections stay open between rounds: the optimizer step between them blocks this
+    // process's event loop for seconds, and a server timing idle sockets out would reset the next
+    // round's first requests as the agents' client reuses them.
     keepAliveTimeout: 0,
     routes: {
       rollout: (id): Rollout | null => {
