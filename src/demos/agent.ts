@@ -27,6 +27,15 @@ import { loadAllRewards, releaseRewards, type RewardFunction } from '../online/r
 import { DEMO_THREADS, EVAL_SAMPLES, finishAgentDemo, type AgentDemoOptions, type AgentDemoResult, type AgentEval } from './agent-shared.ts';
 import { drawTable, GRPO_CONFIG, LOOKUP_GRPO_PARAMS, prepareToolsTask, ROLLOUT } from './tools.ts';
 
+/**
+ * Tokens per call at most (the run's max_completion_length caps each call of an --agent rollout). The
+ * tools demo caps a whole rollout at 48 (call, tool result, answer), so a call that rambles on is cut
+ * and, under mask_truncated_completions, left out of the loss; a right call is about 27 tokens, its
+ * answer 2. At 48 per call such a call ran on and stayed in the loss, and seed 4 of the first seed
+ * table never learnt the key (0.242; at 32: 0.955; docs/agents.md has both tables).
+ */
+const CALL_TOKENS = 32;
+
 /** The agent module: plain JavaScript, loaded by the run as `--agent` would load a user's. */
 export const LOOKUP_AGENT = fileURLToPath(new URL('./lookup-agent.mjs', import.meta.url));
 
@@ -48,7 +57,7 @@ export async function runAgentDemo(o: AgentDemoOptions): Promise<AgentDemoResult
   const run = join(dir, 'grpo');
   const r = await grpo({
     model: startDir, prompts: promptsFile, rewards: ['accuracy'], agent: LOOKUP_AGENT, out: run, overwrite: true,
-    base: { ...GRPO_CONFIG, seed: o.seed }, params: [...LOOKUP_GRPO_PARAMS, ...(o.params ?? [])], reporter: o.reporter,
+    base: { ...GRPO_CONFIG, seed: o.seed }, params: [...LOOKUP_GRPO_PARAMS, `max_completion_length=${CALL_TOKENS}`, ...(o.params ?? [])], reporter: o.reporter,
   });
   lap('grpo');
 
@@ -80,7 +89,7 @@ export async function runAgentDemo(o: AgentDemoOptions): Promise<AgentDemoResult
  */
 export async function evaluateAgentModel(dir: string, agent: LoadedAgent, rows: readonly PromptRow[], reward: RewardFunction, seed: number): Promise<AgentEval> {
   const policy = await ModelSampler.load(dir, { threads: DEMO_THREADS });
-  const s = { temperature: ROLLOUT.temperature, top_p: ROLLOUT.top_p, top_k: ROLLOUT.top_k, max_completion_length: ROLLOUT.max_completion_length } as GrpoSettings;
+  const s = { temperature: ROLLOUT.temperature, top_p: ROLLOUT.top_p, top_k: ROLLOUT.top_k, max_completion_length: CALL_TOKENS } as GrpoSettings;
   const endpoint = await openAgentEndpoint(policy.tok, policy.decoder, s);
   try {
     const ran = await runAgents(agent, endpoint, rows, {
