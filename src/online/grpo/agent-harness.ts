@@ -87,35 +87,39 @@ export interface LoadedAgent {
   fn: AgentFunction;
 }
 
-/** Loads `--agent FILE[:export]`: the default export (or the named one) must be a function. */
-export async function loadAgent(spec: string | AgentFunction): Promise<LoadedAgent> {
-  if (typeof spec === 'function') return { spec: spec.name || 'agent', fn: spec };
+/**
+ * The function a module `FILE[:export]` exports (its default export without `:export`), each
+ * mistake one line: `label` names the flag or setting, `bad` what the spec must look like, `what`
+ * the function it must be.
+ */
+async function importFunction(spec: string, o: { label: string; setting: string; bad: string; what: string }): Promise<unknown> {
   const m = /^(.*\.(?:mjs|cjs|js|ts|mts))(?::([A-Za-z_$][\w$]*))?$/.exec(spec);
-  if (!m) throw new UserError(`--agent ${spec}: an agent must be a .mjs, .js or .ts module, optionally FILE:export`, { setting: 'agent' });
+  if (!m) throw new UserError(o.bad, { setting: o.setting });
   const file = isAbsolute(m[1]) ? m[1] : resolve(m[1]);
-  if (!existsSync(file)) throw new UserError(`--agent ${spec}: ${file} does not exist`, { setting: 'agent' });
+  if (!existsSync(file)) throw new UserError(`${o.label} ${spec}: ${file} does not exist`, { setting: o.setting });
   let mod: Record<string, unknown>;
   try {
     mod = (await import(pathToFileURL(file).href)) as Record<string, unknown>;
   } catch (e) {
-    throw new UserError(`--agent ${spec}: cannot load the module (${firstLine(e)})`, { setting: 'agent' });
+    throw new UserError(`${o.label} ${spec}: cannot load the module (${firstLine(e)})`, { setting: o.setting });
   }
   const name = m[2] ?? 'default';
   const fn = mod[name];
-  if (typeof fn !== 'function') throw new UserError(`--agent ${spec}: the module's ${name === 'default' ? 'default export' : `export "${name}"`} is not a function (task, { baseURL, apiKey, model, seed, signal }) => reward`, { setting: 'agent' });
+  if (typeof fn !== 'function') throw new UserError(`${o.label} ${spec}: the module's ${name === 'default' ? 'default export' : `export "${name}"`} is not a function ${o.what}`, { setting: o.setting });
+  return fn;
+}
+
+/** Loads `--agent FILE[:export]`: the default export (or the named one) must be a function. */
+export async function loadAgent(spec: string | AgentFunction): Promise<LoadedAgent> {
+  if (typeof spec === 'function') return { spec: spec.name || 'agent', fn: spec };
+  const fn = await importFunction(spec, { label: '--agent', setting: 'agent', bad: `--agent ${spec}: an agent must be a .mjs, .js or .ts module, optionally FILE:export`, what: '(task, { baseURL, apiKey, model, seed, signal }) => reward' });
   return { spec, fn: fn as AgentFunction };
 }
 
 /** Loads `train_calls`: 'all', 'last' (the rollout's last call), or a predicate module FILE[:export]. */
 export async function loadCallPredicate(v: string): Promise<CallPredicate | 'all' | 'last'> {
   if (v === 'all' || v === 'last') return v;
-  const m = /^(.*\.(?:mjs|cjs|js|ts|mts))(?::([A-Za-z_$][\w$]*))?$/.exec(v);
-  if (!m) throw new UserError(`grpo: train_calls must be all, last or a predicate module FILE.mjs[:export], got "${v}"`, { setting: 'train_calls' });
-  const file = isAbsolute(m[1]) ? m[1] : resolve(m[1]);
-  if (!existsSync(file)) throw new UserError(`grpo: train_calls ${v}: ${file} does not exist`, { setting: 'train_calls' });
-  const mod = (await import(pathToFileURL(file).href)) as Record<string, unknown>;
-  const fn = mod[m[2] ?? 'default'];
-  if (typeof fn !== 'function') throw new UserError(`grpo: train_calls ${v}: the module exports no function (call) => boolean`, { setting: 'train_calls' });
+  const fn = await importFunction(v, { label: 'grpo: train_calls', setting: 'train_calls', bad: `grpo: train_calls must be all, last or a predicate module FILE.mjs[:export], got "${v}"`, what: '(call) => boolean' });
   return fn as CallPredicate;
 }
 

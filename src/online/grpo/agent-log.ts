@@ -5,9 +5,10 @@
  * What the model was trained on can be read back id for id; a resumed run rewrites the lines of the
  * steps after its checkpoint.
  */
-import { appendFileSync, existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { appendFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { AgentRollout } from './agent-harness.ts';
+import { truncateStepsAfter } from './completions-log.ts';
 
 export const AGENT_LOG = 'agent_calls.jsonl';
 
@@ -18,9 +19,7 @@ export class AgentLog {
   }
 
   truncateAfter(step: number): void {
-    if (!existsSync(this.file)) return;
-    const keep = readFileSync(this.file, 'utf8').split('\n').filter((l) => l.trim() && (JSON.parse(l) as { step: number }).step <= step);
-    writeFileSync(this.file, keep.map((l) => l + '\n').join(''));
+    truncateStepsAfter(this.file, step);
   }
 
   write(step: number, rollouts: readonly AgentRollout[], at: (task: number) => string, rewards: ArrayLike<number>, advantages: ArrayLike<number>): void {

@@ -21,9 +21,7 @@ export class CompletionsLog {
 
   /** A resumed run writes the lines of the steps after its checkpoint again: those already there go. */
   truncateAfter(step: number): void {
-    if (!existsSync(this.file)) return;
-    const keep = readFileSync(this.file, 'utf8').split('\n').filter((l) => l.trim() && (JSON.parse(l) as { step: number }).step <= step);
-    writeFileSync(this.file, keep.map((l) => l + '\n').join(''));
+    truncateStepsAfter(this.file, step);
   }
 
   /** The first `show` completions of a round (its first prompt's, when show ≤ the group size). */
@@ -44,4 +42,11 @@ export class CompletionsLog {
     );
     appendFileSync(this.file, lines.map((l) => l + '\n').join(''));
   }
+}
+
+/** Drops the lines of a per-step JSON-lines log (each with a `step`) after `step`: a resumed run writes them again. */
+export function truncateStepsAfter(file: string, step: number): void {
+  if (!existsSync(file)) return;
+  const keep = readFileSync(file, 'utf8').split('\n').filter((l) => l.trim() && (JSON.parse(l) as { step: number }).step <= step);
+  writeFileSync(file, keep.map((l) => l + '\n').join(''));
 }
