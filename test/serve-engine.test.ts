@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { initModelFolder } from '../src/models/init.ts';
 import { loadModel } from '../src/models/load.ts';
-import { Decoder, GenerationSession, type Segment } from '../src/models/generate.ts';
+import { Decoder, GenerationSession, PREFIX_MIN, type Segment } from '../src/models/generate.ts';
 import { sampleRandom } from '../src/models/sampling.ts';
 import { SeededRandom } from '../src/random.ts';
 import { loadTokenizer, type LoadedTokenizer } from '../src/tokenize/index.ts';
@@ -65,6 +65,68 @@ describe('generation session additions', () => {
     expect(seen.map((x) => x[0])).toEqual(got.ids);
     expect(seen.map((x) => x[1])).toEqual(Array.from(got.logps!));
     expect(got.ids.length).toBeLessThan(whole.ids.length);
+  });
+});
+
+describe('kept prompts (prefixCache)', () => {
+  const rnd = new SeededRandom(4);
+  const base = Array.from({ length: 40 }, () => 3 + Math.floor(rnd.next() * 100));
+  const p = (...tail: number[]) => [...base, ...tail];
+
+  it("a row starting with a kept prompt copies that part of its cache and feeds the rest: its logits are a whole prefill's to the bit, its draws the same", async () => {
+    const plain = GenerationSession.open(dec, { temperature: 1, logprobs: true });
+    const want = await plain.start(p(5, 6, 7), new SeededRandom(1)).logits();
+    const wantSeg = await plain.start(p(5, 6, 7), new SeededRandom(2)).generate({ maxNewTokens: 8 });
+    await plain.close();
+    const s = GenerationSession.open(dec, { temperature: 1, logprobs: true, prefixCache: 2 });
+    await s.start(p(9), new SeededRandom(1)).generate({ maxNewTokens: 2 });
+    expect(s.prefixHits).toBe(0);
+    const got = await s.start(p(5, 6, 7), new SeededRandom(1)).logits();
+    expect(s.prefixHits).toBe(40);
+    expect(Buffer.from(got.buffer, got.byteOffset, got.byteLength).equals(Buffer.from(want.buffer, want.byteOffset, want.byteLength))).toBe(true);
+    const seg = await s.start(p(5, 6, 7), new SeededRandom(2)).generate({ maxNewTokens: 8 });
+    expect(s.prefixHits).toBe(80);
+    expect(seg.ids).toEqual(wantSeg.ids);
+    expect(seg.logps![0]).toBe(wantSeg.logps![0]);
+    for (let i = 0; i < seg.ids.length; i++) expect(seg.logps![i]).toBeCloseTo(wantSeg.logps![i], 5);
+    await s.close();
+  });
+
+  it('the most recently used are kept; a match shorter than PREFIX_MIN copies nothing; rows sharing a prompt are prefilled once', async () => {
+    const s = GenerationSession.open(dec, { temperature: 1, prefixCache: 2 });
+    const other = (k: number) => Array.from({ length: 30 }, (_, i) => 3 + ((k * 37 + i * 11) % 100));
+    for (const k of [1, 2, 3]) await s.start(other(k), new SeededRandom(k)).generate({ maxNewTokens: 2 });
+    // other(1) was pushed out by other(3); other(2) and other(3) are kept.
+    await s.start([...other(1), 4], new SeededRandom(0)).generate({ maxNewTokens: 2 });
+    expect(s.prefixHits).toBe(0);
+    await s.start([...other(3), 4], new SeededRandom(0)).generate({ maxNewTokens: 2 });
+    expect(s.prefixHits).toBe(30);
+    // Fewer than PREFIX_MIN tokens in common: a prefill.
+    await s.start([...other(2).slice(0, PREFIX_MIN - 1), 1, 1, 1], new SeededRandom(0)).generate({ maxNewTokens: 2 });
+    expect(s.prefixHits).toBe(30);
+    // Two rows of one new prompt asked together: one prefill, copied, no kept prompt used.
+    const twin = [...other(3), 8, 8];
+    await Promise.all([0, 1].map((k) => s.start(twin, new SeededRandom(k)).generate({ maxNewTokens: 2 })));
+    expect(s.prefixHits).toBe(30);
+    await s.close();
+  });
+
+  it('the engine keeps prompts by default: requests sharing a prefix draw what an engine without kept prompts draws', async () => {
+    const sampling = { temperature: 1, topP: 1, topK: 0 };
+    const serve = async (prefixCache: number) => {
+      const engine = new ServeEngine(dec, tok, { prefixCache });
+      const out = [];
+      for (const tail of [[5], [6, 7], [8, 9, 10]]) out.push((await engine.run({ promptIds: p(...tail), sampling, maxTokens: 10, rngs: [sampleRandom(3, 0, tail.length)] }))[0]);
+      const hits = engine.prefixHits;
+      await engine.close();
+      return { out, hits };
+    };
+    const on = await serve(8);
+    const off = await serve(0);
+    expect(on.hits).toBe(80);
+    expect(off.hits).toBe(0);
+    expect(on.out.map((c) => c.ids)).toEqual(off.out.map((c) => c.ids));
+    on.out.forEach((c, k) => c.logprobs.forEach((l, i) => expect(l).toBeCloseTo(off.out[k].logprobs[i], 5)));
   });
 });
 

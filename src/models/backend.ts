@@ -49,8 +49,14 @@ export interface DecodeBackend {
   extend(row: number, tokens: readonly number[], pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut>;
   /** Prefills new rows into the batch (appended in the group's order). */
   prefill(group: PrefillGroup, pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut>;
-  /** Gives new row `to` a parked copy of row `from`'s cache (`from` in the batch or parked). */
-  copy(from: number, to: number): Promise<void>;
+  /** Whether `copy` can keep only the first slots of a cache (a kept prompt's prefix, see `SessionOptions.prefixCache`). */
+  readonly copiesPrefix: boolean;
+  /**
+   * Gives new row `to` a parked copy of row `from`'s cache (`from` in the batch or parked); with
+   * `slots`, only its first `slots` slots (rows with no left padding; `copiesPrefix` backends), and
+   * room for `room` slots.
+   */
+  copy(from: number, to: number, slots?: number, room?: number): Promise<void>;
   /** Appends new row `to` to the batch with a copy of row `from`'s cache (`from` in the batch or parked; one copy, not `copy` then `join`). */
   clone(from: number, to: number): Promise<void>;
   /** Frees a parked row's cache. */

@@ -483,10 +483,9 @@ export class SlotCache {
     this.cols[to] = n;
   }
 
-  /** Copies row `from` of `src` (its filled slots and mask) into row `to` of this cache. */
-  copyRow(src: SlotCache, from: number, to: number): void {
+  /** Copies row `from` of `src` (its filled slots and mask, or only the first `n`) into row `to` of this cache. */
+  copyRow(src: SlotCache, from: number, to: number, n = src.cols[from]): void {
     const { kvHeads: KV, headDim: hd } = this.geom;
-    const n = src.cols[from];
     this.reserve(n);
     const [cs, cd] = [src.capacity, this.capacity];
     for (const [name, buf] of this.buffers) {

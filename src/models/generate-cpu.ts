@@ -20,6 +20,7 @@ export interface CpuBackendOptions {
 
 export class CpuBackend implements DecodeBackend {
   readonly padPrefill = false;
+  readonly copiesPrefix = true;
   private batch: SlotCache[] | null = null;
   private order: number[] = [];
   private readonly parked = new Map<number, SlotCache[]>();
@@ -143,13 +144,17 @@ export class CpuBackend implements DecodeBackend {
     return this.answer(results);
   }
 
-  async copy(from: number, to: number): Promise<void> {
+  async copy(from: number, to: number, slots?: number, room = 0): Promise<void> {
     const src = this.parked.get(from);
     const b = src ? 0 : this.order.indexOf(from);
     if (b < 0) throw new Error(`generation: row ${from} has no cache`);
     const caches = src ?? this.batch!;
-    const own = this.rowCaches(caches[0].cols[b]);
-    own.forEach((c, k) => (c.addRows(1), c.copyRow(caches[k], b, 0)));
+    const n = slots ?? caches[0].cols[b];
+    if (n > caches[0].cols[b]) throw new Error(`generation: row ${from} has ${caches[0].cols[b]} slots, not ${n}`);
+    // A cut copy holds exactly its slots: an extend run after it then sees the prompt's positions at
+    // the columns a prefill of the whole prompt has, so its numbers are the prefill's to the bit.
+    const own = slots === undefined ? this.rowCaches(n) : this.decoders.map((d) => new SlotCache(cacheShape(d.config), 1, n, d.vocabSize, Math.max(n, room)));
+    own.forEach((c, k) => (c.addRows(1), c.copyRow(caches[k], b, 0, n)));
     this.parked.set(to, own);
   }
 

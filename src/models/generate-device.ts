@@ -351,6 +351,7 @@ interface DeviceRows {
  */
 export class DeviceBackend implements DecodeBackend {
   readonly padPrefill = true;
+  readonly copiesPrefix = false;
   private readonly devs: DeviceDecode[];
   private weights: Feeds[] | null = null;
   private batch: DeviceRows | null = null;
@@ -528,7 +529,8 @@ export class DeviceBackend implements DecodeBackend {
     return out;
   }
 
-  async copy(from: number, to: number): Promise<void> {
+  async copy(from: number, to: number, slots?: number): Promise<void> {
+    if (slots !== undefined) throw new Error('generation: the device backend copies whole caches only');
     const own = this.parked.get(from);
     const b = own ? 0 : this.order.indexOf(from);
     if (b < 0) throw new Error(`generation: row ${from} has no cache`);

@@ -67,7 +67,17 @@ export interface SessionOptions extends SamplingOptions {
   continuous?: boolean;
   /** Slots (prompt + new tokens) a row is expected to need at most: what a batch cache reserves. */
   slots?: number;
+  /**
+   * Prompts whose caches are kept for later rows (0: none, the default): a new row whose prompt
+   * starts with at least `PREFIX_MIN` tokens of a kept one copies that part of its cache and feeds
+   * only the rest in one run, where a server's requests share a system prompt and tools. The most
+   * recently used are kept. Backends that cannot cut a cache (the device) ignore it.
+   */
+  prefixCache?: number;
 }
+
+/** The fewest tokens of a kept prompt a new row must start with to copy them (`SessionOptions.prefixCache`). */
+export const PREFIX_MIN = 16;
 
 /** Why a segment ended. */
 export type StopReason = 'stop-id' | 'stop-string' | 'budget' | 'positions';
@@ -248,6 +258,11 @@ export class GenerationSession {
    * starts from a copy instead of a prefill.
    */
   private readonly prompts = new Map<string, { id: number; logits: Float32Array[] }>();
+  /** Kept prompts (`SessionOptions.prefixCache`): a parked copy of each one's cache, under an id of no row. */
+  private readonly prefixes: { id: number; ids: number[]; used: number }[] = [];
+  private prefixClock = 0;
+  /** Prompt tokens new rows copied from kept prompts instead of feeding them (`SessionOptions.prefixCache`). */
+  prefixHits = 0;
   private nextId = 0;
   private tickets = 0;
   private pump: Promise<void> | null = null;
@@ -399,6 +414,7 @@ export class GenerationSession {
         this.prompts.delete(key);
       }
     }
+    if (this.prefixes.length > 0) await this.fromPrefixes();
     const wanting = [...this.rows.values()].filter((r) => r.want).sort((x, y) => x.want!.order - y.want!.order);
     // Rows in the batch go on only if they ask for one token's step.
     const steps = (r: Row) => r.want?.kind === 'generate' && !r.ready && r.pending === 1;
@@ -491,6 +507,50 @@ export class GenerationSession {
     return [...this.rows.values()].some((r) => r.want);
   }
 
+  /**
+   * New rows that start with a kept prompt (at least PREFIX_MIN tokens of it) get a parked copy of
+   * that part of its cache: the rest of their prompt is fed by an extend run (or, one token left,
+   * as the batch's step). Rows whose prompt other new rows share are left to be prefilled once.
+   */
+  private async fromPrefixes(): Promise<void> {
+    const fresh = [...this.rows.values()].filter((r) => r.where === 'none' && r.want && !r.closed && !r.ready && !r.forkOf);
+    const count = new Map<string, number>();
+    for (const r of fresh) count.set(r.key, (count.get(r.key) ?? 0) + 1);
+    for (const r of fresh) {
+      if (count.get(r.key)! > 1 || this.prompts.has(r.key)) continue;
+      let best: (typeof this.prefixes)[number] | null = null;
+      let len = 0;
+      for (const p of this.prefixes) {
+        const n = Math.min(p.ids.length, r.seq.length - 1);
+        let i = 0;
+        while (i < n && p.ids[i] === r.seq[i]) i++;
+        if (i > len) [best, len] = [p, i];
+      }
+      if (!best || len < PREFIX_MIN) continue;
+      best.used = ++this.prefixClock;
+      await this.backend.copy(best.id, r.id, len, r.seq.length + (r.want!.budget || 1));
+      r.cached = len;
+      r.where = 'parked';
+      this.prefixHits += len;
+    }
+  }
+
+  /** Keeps a copy of a just-prefilled row's cache as a prompt later rows may start with. */
+  private async keepPrefix(r: Row): Promise<void> {
+    const limit = this.o.prefixCache ?? 0;
+    if (limit <= 0 || !this.backend.copiesPrefix || r.seq.length < PREFIX_MIN) return;
+    // Already kept (or a longer prompt starting with it is): nothing new to keep.
+    if (this.prefixes.some((p) => p.ids.length >= r.seq.length && r.seq.every((id, i) => p.ids[i] === id))) return;
+    const id = this.nextId++;
+    await this.backend.copy(r.id, id);
+    this.prefixes.push({ id, ids: r.seq.slice(), used: ++this.prefixClock });
+    if (this.prefixes.length > limit) {
+      const old = this.prefixes.reduce((a, p) => (p.used < a.used ? p : a));
+      this.backend.free(old.id);
+      this.prefixes.splice(this.prefixes.indexOf(old), 1);
+    }
+  }
+
   private async prefill(fresh: Row[], pick: PickSpec | null, uniform: (rows: Row[]) => Float64Array | null, answers: { row: Row; out: RunOut; i: number }[], free: number, waiting: Row[]): Promise<void> {
     const b = this.backend;
     const share = this.o.sharePrompts ?? true;
@@ -542,6 +602,8 @@ export class GenerationSession {
         r.where = 'batch';
         answers.push({ row: r, out, i });
       });
+      // Left-padded rows' caches start with padding: only rows prefilled at their own length are kept.
+      if (!run.pad) for (const r of run.rows) await this.keepPrefix(r);
       for (const r of run.rows) {
         if (kept(r) && !this.prompts.has(r.key)) {
           const id = this.nextId++;

@@ -95,6 +95,8 @@ const POOL = 4;
 export interface EngineOptions {
   /** Rows decoded together in one session at most (default 32). */
   maxBatch?: number;
+  /** Prompts whose caches each session keeps for later requests starting with them (default 8; see `SessionOptions.prefixCache`). */
+  prefixCache?: number;
 }
 
 interface Pooled {
@@ -116,9 +118,12 @@ export class ServeEngine {
   private readonly kept = new Map<string, { row: GenerationRow; pooled: Pooled }>();
   /** Requests that continued a kept row (no prefill of their prompt). */
   continued = 0;
+  /** Prompt tokens copied from kept prompts (`EngineOptions.prefixCache`) in sessions closed so far. */
+  private hitsClosed = 0;
   readonly stopIds: number[];
   readonly format: ToolCallFormat | null;
   readonly maxBatch: number;
+  private readonly prefixCache: number;
 
   constructor(
     private decoder: Decoder,
@@ -128,6 +133,7 @@ export class ServeEngine {
     this.stopIds = tok.stopIds.length ? tok.stopIds : tok.eosId !== null ? [tok.eosId] : [];
     this.format = templateToolSupport(tok.chatTemplate).format;
     this.maxBatch = o.maxBatch ?? 32;
+    this.prefixCache = o.prefixCache ?? 8;
     if (!(Number.isInteger(this.maxBatch) && this.maxBatch >= 1)) throw new UserError(`serve: maxBatch must be a positive integer, got ${o.maxBatch}`);
   }
 
@@ -174,8 +180,16 @@ export class ServeEngine {
     await this.closeSessions();
   }
 
+  /** Prompt tokens requests copied from kept prompts instead of prefilling them, since the engine was made. */
+  get prefixHits(): number {
+    let n = this.hitsClosed;
+    for (const p of this.pool.values()) n += p.session.prefixHits;
+    return n;
+  }
+
   private async closeSessions(): Promise<void> {
     const all = [...this.pool.values()];
+    for (const p of all) this.hitsClosed += p.session.prefixHits;
     this.pool.clear();
     for (const p of all) await p.session.close();
   }
@@ -190,6 +204,7 @@ export class ServeEngine {
         const idle = [...this.pool.entries()].filter(([, q]) => q.rows === 0).sort((a, b) => a[1].used - b[1].used)[0];
         if (idle) {
           this.pool.delete(idle[0]);
+          this.hitsClosed += idle[1].session.prefixHits;
           void idle[1].session.close();
         }
       }
@@ -204,6 +219,7 @@ export class ServeEngine {
         padId: tok.padId ?? tok.eosId ?? 0,
         vocabLimit: tok.vocabSize,
         maxBatch: this.maxBatch,
+        prefixCache: this.prefixCache,
       });
       p = { session, rows: 0, used: 0 };
       this.pool.set(key, p);

@@ -18,7 +18,10 @@ import type { GrpoSettings } from './settings.ts';
 export const AGENT_MODEL = 'policy';
 
 export async function openAgentEndpoint(tok: LoadedTokenizer, decoder: Decoder, s: GrpoSettings, o: { maxBatch?: number } = {}): Promise<AgentEndpoint> {
-  const engine = new ServeEngine(decoder, tok, { maxBatch: o.maxBatch ?? 128 });
+  // No kept prompts: whether a rollout's first call copies another's prompt would hang on which
+  // request arrived first, and a run must not depend on that (a rollout's own next call continues
+  // its kept row instead, see EngineRequest.keep).
+  const engine = new ServeEngine(decoder, tok, { maxBatch: o.maxBatch ?? 128, prefixCache: 0 });
   // A rollout's route gone (its agent ended): the row kept for its next call goes too.
   const routes = new (class extends Map<string, RolloutRoute> {
     override delete(id: string): boolean {
