@@ -3,6 +3,9 @@ import { defineConfig } from 'vitest/config';
 export default defineConfig({
   test: {
     include: ['test/**/*.test.ts'],
+    // The CLI runs from dist/, built before the tests when a source is newer (test/global-setup.ts).
+    globalSetup: ['test/global-setup.ts'],
+    env: { PREFZOO_DIST: '1' },
     testTimeout: 120_000,
     hookTimeout: 120_000,
     // ONNX Runtime sessions are CPU-heavy: two workers match the two cores CI has.
