@@ -19,10 +19,11 @@
  * Dense: T_τ = softmax(z_teacher/τ), S_τ = softmax(z/τ) over the V tokens.
  * Sparse: both over K + 1 outcomes, the K ids and a "rest" bucket: the teacher's K probabilities and
  * 1 − their sum, the student's temperature-1 probabilities of the K ids and its mass outside them;
- * each rest mass floored at REST_FLOOR (a sum past 1 by rounding, an empty rest when the ids cover the
- * vocabulary); then each (K + 1)-outcome distribution raised to 1/τ and renormalised (at τ = 1, the
- * floor's renormalisation only). The gradient reaches every student logit: the ids' own, the rest's
- * through its mass.
+ * each rest mass floored at REST_FLOOR ε (the teacher's sum past 1 by rounding, the student's mass
+ * underflowing); then each (K + 1)-outcome distribution raised to 1/τ and renormalised (at τ = 1,
+ * the floor's renormalisation only). Where the ids cover the vocabulary (K = V) there is no rest: both
+ * distributions are over the K ids, as the dense form. The gradient reaches every student logit: the
+ * ids' own, the rest's through its mass.
  *
  * `per_example[b]` is row b's share, B·Σ_t m·ℓ / max(Σ m, 1), so their mean is the loss; rows share
  * the token count, so the loss takes no row weights.
@@ -30,7 +31,7 @@
 import type { Graph, Tensor } from '../src/onnx/graph.ts';
 import { BadInputError } from '../src/errors.ts';
 import { rows } from './core/batch.ts';
-import { log1mexp as log1mexpGraph, logSumExpMasked } from './core/ops.ts';
+import { MASKED, log1mexp as log1mexpGraph, logSumExpMasked } from './core/ops.ts';
 import { log1mexp, logSumExp } from './core/math.ts';
 import type { BatchTensors, EmitResult, HostBatch, LossModule, Params, RefResult } from './core/types.ts';
 
@@ -40,8 +41,9 @@ export interface GkdParams extends Params {
 }
 
 /**
- * The least mass a rest bucket holds (before temperature). Above float32's rounding of 1 − Σ of a
- * top K (about 1e-7), so the graph in float32 and the float64 reference floor the same positions.
+ * The least mass a rest bucket holds, before temperature (so ε^(1/τ) of it after: about 1e-3 at
+ * τ = 2). Above float32's rounding of 1 − Σ of a top K (about 1e-7), so the graph in float32 and the
+ * float64 reference floor the same positions.
  */
 export const REST_FLOOR = 1e-6;
 const LOG_REST_FLOOR = Math.log(REST_FLOOR);
@@ -120,17 +122,22 @@ function sparsePosition(z: Float64Array, ids: Float64Array, tl: Float64Array, p:
   const lse = logSumExp(Array.from(z));
   const restZ: number[] = [];
   for (let v = 0; v < V; v++) if (!inTop[v]) restZ.push(z[v]);
-  const restLse = logSumExp(restZ); // −∞ when the ids cover the vocabulary
+  // No rest outcome when the ids cover the vocabulary; else its log-mass, floored.
+  const hasRest = restZ.length > 0;
+  const restLse = logSumExp(restZ);
   const floored = !(restLse - lse > LOG_REST_FLOOR);
-  const student = new Float64Array(K + 1);
+  const N = hasRest ? K + 1 : K;
+  const student = new Float64Array(N);
   for (let k = 0; k < K; k++) student[k] = z[ids[k]] - lse;
-  student[K] = floored ? LOG_REST_FLOOR : restLse - lse;
-  const teacher = new Float64Array(K + 1);
+  const teacher = new Float64Array(N);
   teacher.set(tl);
-  teacher[K] = log1mexp(Math.min(logSumExp(Array.from(tl)), Math.log1p(-REST_FLOOR)));
+  if (hasRest) {
+    student[K] = floored ? LOG_REST_FLOOR : restLse - lse;
+    teacher[K] = log1mexp(Math.min(logSumExp(Array.from(tl)), Math.log1p(-REST_FLOOR)));
+  }
   const r = gjsd(logSoftmaxScaled(teacher, 1 / p.temperature), logSoftmaxScaled(student, 1 / p.temperature), p.beta);
   const G = r.du.map((x) => x / p.temperature);
-  const gRest = floored ? 0 : G[K];
+  const gRest = !hasRest || floored ? 0 : G[K];
   let total = gRest;
   for (let k = 0; k < K; k++) total += G[k];
   const dz = new Float64Array(V);
@@ -191,7 +198,10 @@ function gjsdGraph(g: Graph, lt: Tensor, ls: Tensor, beta: number): Tensor {
   return g.add(g.mul(kl(g, lt, lm), beta), g.mul(kl(g, ls, lm), 1 - beta));
 }
 
-/** The (K + 1)-outcome log-masses [B, T, K + 1] of the sparse form, before temperature. */
+/**
+ * The (K + 1)-outcome log-masses [B, T, K + 1] of the sparse form, before temperature. Where the ids
+ * cover the vocabulary the rest reads MASKED for both: mass 0, no term, no gradient.
+ */
 function sparseOutcomes(g: Graph, t: BatchTensors): { teacher: Tensor; student: Tensor } {
   const z = t.student_logits;
   const f = z.dtype;
@@ -200,10 +210,11 @@ function sparseOutcomes(g: Graph, t: BatchTensors): { teacher: Tensor; student: 
   const top = g.gatherElements(logp, ids, 2);
   // 1 outside the ids, 0 at them: the rest's mass is a masked log-sum-exp, exact however small.
   const outside = g.scatterElements(g.constantOfShape(g.shapeOf(z), 1, f), ids, g.constantOfShape(g.shapeOf(ids), 0, f), 2);
-  const rest = g.max(logSumExpMasked(g, logp, outside, 2), LOG_REST_FLOOR);
+  const none = g.less(g.reduceMax(outside, [2], false), 0.5); // [B, T]
+  const rest = g.where(none, MASKED, g.max(logSumExpMasked(g, logp, outside, 2), LOG_REST_FLOOR));
   const tl = g.stopGradient(t.teacher_topk_logps);
   const ones = g.constantOfShape(g.shapeOf(tl), 1, f);
-  const tRest = log1mexpGraph(g, g.min(logSumExpMasked(g, tl, ones, 2), Math.log1p(-REST_FLOOR)));
+  const tRest = g.where(none, MASKED, log1mexpGraph(g, g.min(logSumExpMasked(g, tl, ones, 2), Math.log1p(-REST_FLOOR))));
   return {
     teacher: g.concat([tl, g.unsqueeze(tRest, [2])], 2),
     student: g.concat([top, g.unsqueeze(rest, [2])], 2),
