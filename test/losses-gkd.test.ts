@@ -443,15 +443,17 @@ describe('gkd: parameters and batches refused in one line', () => {
 });
 
 describe('prefzoo loss gkd', () => {
-  it('prints the loss and grad.student_logits [B][T][V] (dense and top-K); a bad file is refused in one line', async () => {
+  it('prints the loss and grad.student_logits [B][T][V] (dense and top-K); a bad file is refused in one line; artifacts refuse gkd', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'pz-gkd-'));
     const mismatched = join(dir, 'v.json');
     const dense = JSON.parse(readFileSync(join(FIX, 'distill.json'), 'utf8')) as Json;
     writeFileSync(mismatched, JSON.stringify({ ...dense, teacher_logits: dense.teacher_logits!.map((row) => row.map((pos) => pos.slice(0, 3))) }));
-    const [a, b, c] = await Promise.all([
+    const [a, b, c, art] = await Promise.all([
       prefzoo('loss', 'gkd', '--input', join(FIX, 'distill.json'), '--grad'),
       prefzoo('loss', 'gkd', '--input', join(FIX, 'distill-topk.json'), '--grad', '--param', 'beta=0', '--param', 'temperature=2'),
       prefzoo('loss', 'gkd', '--input', mismatched, '--grad'),
+      // Refused before the model is read: its training graph computes no teacher.
+      prefzoo('artifacts', '--model', dir, '--loss', 'gkd', '-o', join(dir, 'art')),
     ]);
     for (const [run, json, beta, tau] of [[a, dense, 0.5, 1], [b, JSON.parse(readFileSync(join(FIX, 'distill-topk.json'), 'utf8')) as Json, 0, 2]] as const) {
       expect(run.code, run.stderr).toBe(0);
@@ -472,5 +474,7 @@ describe('prefzoo loss gkd', () => {
     expect(c.code).toBe(1);
     expect(c.stderr.trim().split('\n')).toHaveLength(1);
     expect(c.stderr).toMatch(/^prefzoo: .*v\.json: key "teacher_logits" has 3 logits per position, expected 4 like "student_logits"/);
+    expect(art.code).toBe(1);
+    expect(art.stderr).toBe("prefzoo: loss gkd reads a teacher's distribution over the vocabulary, which the training graph of prefzoo artifacts does not compute\n");
   });
 });
