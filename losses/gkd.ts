@@ -52,7 +52,7 @@ const LOG_REST_FLOOR = Math.log(REST_FLOOR);
 function sparseTeacher(has: (key: string) => boolean): boolean {
   const sparse = has('teacher_topk_ids') || has('teacher_topk_logps');
   if (sparse && has('teacher_logits')) {
-    throw new BadInputError('loss gkd: give the teacher as teacher_logits or as teacher_topk_ids + teacher_topk_logps, not both', { setting: 'teacher_logits' });
+    throw new BadInputError('loss gkd: give the teacher as teacher_logits or as teacher_topk_ids + teacher_topk_logps, not both');
   }
   return sparse;
 }
