@@ -5,7 +5,9 @@
  *
  * Batch (kind `distill`): z = `student_logits` [B, T, V], m = `completion_mask` [B, T], and the
  * teacher either dense, `teacher_logits` [B, T, V], or sparse, `teacher_topk_ids` and
- * `teacher_topk_logps` [B, T, K] (its K most likely tokens and their log-probs at temperature 1).
+ * `teacher_topk_logps` [B, T, K] (its K most likely tokens and their log-probs at temperature 1),
+ * optionally with `teacher_rest_logps` [B, T]: the log of the teacher's mass outside those ids, as
+ * the teacher computed it (a cache's float16 log-probs know 1 − Σ of them only to about 1e-3).
  * At each position, with T_τ the teacher's and S_τ the student's distribution at temperature τ,
  *
  *   β = 0:      ℓ = KL(T_τ ‖ S_τ)                              (forward KL)
@@ -18,7 +20,7 @@
  *
  * Dense: T_τ = softmax(z_teacher/τ), S_τ = softmax(z/τ) over the V tokens.
  * Sparse: both over K + 1 outcomes, the K ids and a "rest" bucket: the teacher's K probabilities and
- * 1 − their sum, the student's temperature-1 probabilities of the K ids and its mass outside them;
+ * 1 − their sum (or e^teacher_rest_logps when given), the student's temperature-1 probabilities of the K ids and its mass outside them;
  * each rest mass floored at REST_FLOOR ε (the teacher's sum past 1 by rounding, the student's mass
  * underflowing); then each (K + 1)-outcome distribution raised to 1/τ and renormalised (at τ = 1,
  * the floor's renormalisation only). Where the ids cover the vocabulary (K = V) there is no rest: both
@@ -54,7 +56,13 @@ function sparseTeacher(has: (key: string) => boolean): boolean {
   if (sparse && has('teacher_logits')) {
     throw new BadInputError('loss gkd: give the teacher as teacher_logits or as teacher_topk_ids + teacher_topk_logps, not both');
   }
+  if (!sparse && has('teacher_rest_logps')) throw new BadInputError('loss gkd: teacher_rest_logps belongs to a top-K teacher (teacher_topk_ids + teacher_topk_logps)');
   return sparse;
+}
+
+/** The teacher's rest log-mass from its top-K log-probs: log(1 − Σ e^lp), the sum capped at 1 − ε (float64). */
+function teacherRest(tl: ArrayLike<number>): number {
+  return log1mexp(Math.min(logSumExp(Array.from(tl)), Math.log1p(-REST_FLOOR)));
 }
 
 // ---- float64 reference --------------------------------------------------------------------------
@@ -114,7 +122,7 @@ function densePosition(z: Float64Array, zt: Float64Array, p: GkdParams): { value
  * scores are u_k = log p(id_k)/τ and u_rest = h/τ, h = max(log p(rest), log ε), p = softmax(z):
  * d log p(id_k)/dz_v = [v = id_k] − p_v; dh/dz_v = [v ∉ ids]·p_v/p(rest) − p_v, or 0 when floored.
  */
-function sparsePosition(z: Float64Array, ids: Float64Array, tl: Float64Array, p: GkdParams): { value: number; dz: Float64Array } {
+function sparsePosition(z: Float64Array, ids: Float64Array, tl: Float64Array, rest: number | undefined, p: GkdParams): { value: number; dz: Float64Array } {
   const V = z.length;
   const K = ids.length;
   const inTop = new Uint8Array(V);
@@ -133,7 +141,8 @@ function sparsePosition(z: Float64Array, ids: Float64Array, tl: Float64Array, p:
   teacher.set(tl);
   if (hasRest) {
     student[K] = floored ? LOG_REST_FLOOR : restLse - lse;
-    teacher[K] = log1mexp(Math.min(logSumExp(Array.from(tl)), Math.log1p(-REST_FLOOR)));
+    // A given rest is floored as the student's is; one derived from the K log-probs is at least ε by its cap.
+    teacher[K] = rest === undefined ? teacherRest(tl) : Math.max(rest, LOG_REST_FLOOR);
   }
   const r = gjsd(logSoftmaxScaled(teacher, 1 / p.temperature), logSoftmaxScaled(student, 1 / p.temperature), p.beta);
   const G = r.du.map((x) => x / p.temperature);
@@ -167,7 +176,7 @@ function reference(batch: HostBatch, p: GkdParams, coef: Float64Array): RefResul
       if (m[i] === 0) continue;
       const zi = z.subarray(i * V, (i + 1) * V);
       const r = sparse
-        ? sparsePosition(zi, batch.teacher_topk_ids.data.subarray(i * K, (i + 1) * K), batch.teacher_topk_logps.data.subarray(i * K, (i + 1) * K), p)
+        ? sparsePosition(zi, batch.teacher_topk_ids.data.subarray(i * K, (i + 1) * K), batch.teacher_topk_logps.data.subarray(i * K, (i + 1) * K), batch.teacher_rest_logps?.data[i], p)
         : densePosition(zi, batch.teacher_logits.data.subarray(i * V, (i + 1) * V), p);
       per[b] += (B * m[i] * r.value) / norm;
       const scale = (coef[b] * B * m[i]) / norm;
@@ -214,7 +223,10 @@ function sparseOutcomes(g: Graph, t: BatchTensors): { teacher: Tensor; student: 
   const rest = g.where(none, MASKED, g.max(logSumExpMasked(g, logp, outside, 2), LOG_REST_FLOOR));
   const tl = g.stopGradient(t.teacher_topk_logps);
   const ones = g.constantOfShape(g.shapeOf(tl), 1, f);
-  const tRest = g.where(none, MASKED, log1mexpGraph(g, g.min(logSumExpMasked(g, tl, ones, 2), Math.log1p(-REST_FLOOR))));
+  const given = t.teacher_rest_logps;
+  const tRest = g.where(none, MASKED, given
+    ? g.max(g.stopGradient(given), LOG_REST_FLOOR)
+    : log1mexpGraph(g, g.min(logSumExpMasked(g, tl, ones, 2), Math.log1p(-REST_FLOOR))));
   return {
     teacher: g.concat([tl, g.unsqueeze(tRest, [2])], 2),
     student: g.concat([top, g.unsqueeze(rest, [2])], 2),
@@ -250,7 +262,7 @@ export const gkd: LossModule<GkdParams> = {
   rowwise: false,
   keys: () => ({
     required: ['student_logits', 'completion_mask'],
-    optional: ['teacher_logits', 'teacher_topk_ids', 'teacher_topk_logps'],
+    optional: ['teacher_logits', 'teacher_topk_ids', 'teacher_topk_logps', 'teacher_rest_logps'],
     oneOf: [['teacher_logits'], ['teacher_topk_ids', 'teacher_topk_logps']],
   }),
   grads: () => ['student_logits'],

@@ -23,7 +23,8 @@
  * distill [B, T, V]: student_logits, teacher_logits (logits over the vocabulary at each completion
  *                   position), or instead of teacher_logits [B, T, K]: teacher_topk_ids (the
  *                   teacher's K most likely token ids) and teacher_topk_logps (their log-probs at
- *                   temperature 1); [B, T]: completion_mask
+ *                   temperature 1), with optionally [B, T] teacher_rest_logps (the log of its mass
+ *                   outside those ids); [B, T]: completion_mask
  * every kind:       weight [B] (row weights of the batch mean)
  */
 import { UserError } from '../../src/errors.ts';
@@ -44,13 +45,13 @@ export const GRPO_KEYS = [
   'sampling_token_logps', 'entropy_coef', 'last_world_entropy',
 ] as const;
 export const REWARD_PAIR_KEYS = ['chosen_rewards', 'rejected_rewards', 'weight'] as const;
-export const DISTILL_KEYS = ['student_logits', 'teacher_logits', 'teacher_topk_ids', 'teacher_topk_logps', 'completion_mask'] as const;
+export const DISTILL_KEYS = ['student_logits', 'teacher_logits', 'teacher_topk_ids', 'teacher_topk_logps', 'teacher_rest_logps', 'completion_mask'] as const;
 /** Distributions over the vocabulary ([B, T, V]) or over the teacher's top K ([B, T, K]), per completion position. */
 export const DIST_KEYS: ReadonlySet<string> = new Set(['student_logits', 'teacher_logits', 'teacher_topk_ids', 'teacher_topk_logps']);
 /** Keys holding token ids: integers, fed to a graph as int64. */
 export const INDEX_KEYS: ReadonlySet<string> = new Set(['teacher_topk_ids']);
 /** GRPO's per-token columns ([B, T]: one entry per completion position). */
-export const TOKEN_KEYS: ReadonlySet<string> = new Set(['policy_token_logps', 'old_token_logps', 'ref_token_logps', 'completion_mask', 'token_entropies', 'sampling_token_logps']);
+export const TOKEN_KEYS: ReadonlySet<string> = new Set(['policy_token_logps', 'old_token_logps', 'ref_token_logps', 'completion_mask', 'token_entropies', 'sampling_token_logps', 'teacher_rest_logps']);
 /** Keys that are one number for the whole batch. */
 const SCALAR_KEYS: ReadonlySet<string> = new Set(['kl', 'num_items_in_batch', 'entropy_coef', 'last_world_entropy']);
 
@@ -74,7 +75,7 @@ const OWN_LENGTH = new Set(['policy_kl_logps', 'ref_kl_logps']);
 type Domain = 'real' | 'positive' | 'prob' | 'binary' | 'nonneg' | 'nonpos' | 'index';
 function domainOf(key: string): Domain {
   if (INDEX_KEYS.has(key)) return 'index';
-  if (key === 'teacher_topk_logps') return 'nonpos';
+  if (key === 'teacher_topk_logps' || key === 'teacher_rest_logps') return 'nonpos';
   if (key.endsWith('_tokens')) return 'positive';
   if (key.endsWith('_probs') || key === 'probs' || key === 'win_probs') return 'prob';
   if (key === 'mask' || key === 'labels' || key === 'rationale_mask' || key === 'completion_mask') return 'binary';
@@ -234,6 +235,8 @@ function checkDistill(b: HostBatch, source: string): void {
   if (b.teacher_logits && b.teacher_logits.dims[2] !== V) {
     throw new UserError(`${source}: key "teacher_logits" has ${b.teacher_logits.dims[2]} logits per position, expected ${V} like "student_logits" (one vocabulary)`);
   }
+  const rest = b.teacher_rest_logps;
+  if (rest && !(ids && logps)) throw new UserError(`${source}: key "teacher_rest_logps" belongs to a top-K teacher: give "teacher_topk_ids" and "teacher_topk_logps" with it`);
   if (!ids || !logps) return;
   const K = ids.dims[2];
   if (logps.dims[2] !== K) throw new UserError(`${source}: key "teacher_topk_logps" has ${logps.dims[2]} entries per position, expected ${K} like "teacher_topk_ids"`);
@@ -251,8 +254,9 @@ function checkDistill(b: HostBatch, source: string): void {
       seen.add(id);
       mass += Math.exp(logps.data[i * K + k]);
     }
+    if (rest && mask[i] !== 0) mass += Math.exp(rest.data[i]);
     if (mass > 1 + TOPK_MASS_TOLERANCE) {
-      throw new UserError(`${source}: key "teacher_topk_logps"${at(i)} gives probabilities summing to ${mass.toPrecision(4)}, more than 1: expected the teacher's log-probabilities at temperature 1`);
+      throw new UserError(`${source}: key "teacher_topk_logps"${rest ? ' (with "teacher_rest_logps")' : ''}${at(i)} gives probabilities summing to ${mass.toPrecision(4)}, more than 1: expected the teacher's log-probabilities at temperature 1`);
     }
   }
 }
