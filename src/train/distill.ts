@@ -206,8 +206,10 @@ class OfflineDistillation implements OnlineMethod<number, Round> {
       info(`teacher: top-${K} targets read from ${join(run, 'data', 'teacher.parquet')}`);
     } else {
       const teacher = loadModel(o.teacher);
-      // Ids past the tokenizer's vocabulary (padded embedding rows) are no tokens: left out of the teacher's distribution.
-      const limit = Math.min(this.tok.vocabSize, teacher.config.vocab_size, student.vocab_size);
+      // A teacher with more embedding rows than the student (padded past the shared tokenizer) has
+      // ids the student cannot score: its distribution is taken over the ids both have.
+      const limit = Math.min(teacher.config.vocab_size, student.vocab_size);
+      if (limit < teacher.config.vocab_size) info(`teacher: ${teacher.config.vocab_size} embedding rows, the student ${student.vocab_size}; its distribution is taken over the first ${limit} ids`);
       if (K > limit) throw new UserError(`distill_topk=${K}: more than the ${limit} token ids the teacher and student share`);
       const t0 = Date.now();
       const scorer = await TeacherTopK.create(teacher.config, teacher.weights, { K, limit, runtime: runtimeOf(config, teacher.config), padId: this.tok.padId ?? 0 });
@@ -216,7 +218,7 @@ class OfflineDistillation implements OnlineMethod<number, Round> {
       } finally {
         await scorer.release();
       }
-      await writeTeacherCache(run, rows, identity);
+      rows = await writeTeacherCache(run, rows, identity);
       info(`teacher: top-${K} targets of ${rows.length} rows computed in ${((Date.now() - t0) / 1000).toFixed(1)}s and cached in ${join(run, 'data', 'teacher.parquet')}`);
     }
     rows.forEach((r, i) => {

@@ -82,8 +82,12 @@ function concat<A extends Int32Array | Uint16Array>(make: (n: number) => A, part
   return out;
 }
 
-/** Writes the cache (temporary name, then rename) and then its record; a run stopped between the two has no record, so the cache is made again. */
-export async function writeTeacherCache(run: string, rows: readonly TeacherRow[], identity: TeacherCacheIdentity): Promise<void> {
+/**
+ * Writes the cache (temporary name, then rename) and then its record; a run stopped between the two
+ * has no record, so the cache is made again. Returns the rows as the cache holds them (float16
+ * log-masses), so a run trains on the same targets whether it computed them or a resumed run read them.
+ */
+export async function writeTeacherCache(run: string, rows: readonly TeacherRow[], identity: TeacherCacheIdentity): Promise<TeacherRow[]> {
   const { file, idFile } = teacherCacheFiles(run);
   rmSync(idFile, { force: true });
   const table = new arrow.Table({
@@ -94,6 +98,8 @@ export async function writeTeacherCache(run: string, rows: readonly TeacherRow[]
   const pw = await import('parquet-wasm');
   writeFileAtomic(file, pw.writeParquet(pw.Table.fromIPCStream(arrow.tableToIPC(table, 'stream'))));
   writeIdentity(idFile, identity);
+  const widen = (x: Float32Array) => Float32Array.from(halfLogs(x), f16BitsToFloat);
+  return rows.map((r) => ({ ids: r.ids, logps: widen(r.logps), rest: widen(r.rest) }));
 }
 
 /**
