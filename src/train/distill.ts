@@ -32,7 +32,7 @@ import { loadTokenizer, type LoadedTokenizer } from '../tokenize/index.ts';
 import { loadData, tokenizeExamples, type TokenizedExample } from '../../datasets/examples.ts';
 import { resolveLoss, type BoundLoss } from '../../losses/index.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
-import { runOnline, type OnlineContext, type OnlineMethod, type OnlineOptions, type RoundInfo, type SpecInput } from './loop.ts';
+import { runOnline, splitDraws, type OnlineContext, type OnlineMethod, type OnlineOptions, type RoundInfo, type SpecInput } from './loop.ts';
 import { modelParamSpecs, optimizerOf, runtimeOf, type MicroBatch } from './run.ts';
 import { declareCommand, defineSettings, ONLINE_LOOP_SETTINGS, type SettingsOf } from './settings.ts';
 import { readTeacherCache, teacherCacheIdentity, writeTeacherCache } from './teacher-cache.ts';
@@ -241,13 +241,7 @@ class OfflineDistillation implements OnlineMethod<number, Round> {
   }
 
   async collect(_ctx: OnlineContext, idx: readonly number[], info: RoundInfo): Promise<Round> {
-    const out: Round = [];
-    let k = 0;
-    for (const n of info.draws!) {
-      out.push(idx.slice(k, k + n));
-      k += n;
-    }
-    return out;
+    return splitDraws(idx, info);
   }
 
   async microBatches(_ctx: OnlineContext, round: Round): Promise<MicroBatch[]> {
