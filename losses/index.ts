@@ -28,6 +28,7 @@ import { simpo } from './simpo.ts';
 import { orpo } from './orpo.ts';
 import { kto } from './kto.ts';
 import { grpo } from './grpo.ts';
+import { gkd } from './gkd.ts';
 import { bradleyTerry } from './bradley_terry.ts';
 import type { BatchTensors, HostBatch, Kind, KeySet, LossModule, Params, Schedule } from './core/types.ts';
 
@@ -42,7 +43,7 @@ type AnyLoss = LossModule<any>;
 const REGISTRY: readonly AnyLoss[] = [
   dpo, ipo, rdpo, dro, mpo, lipo, sppo, sppoHard, nashMd,
   hinge, exoPair, ncaPair, bcoPair, aot, aotUnpaired, apoZero, apoDown, discopop, sigmoidNorm, sft, simpo, orpo, kto,
-  grpo, bradleyTerry,
+  grpo, gkd, bradleyTerry,
 ];
 
 export function listLosses(): readonly LossModule[] {

@@ -44,6 +44,7 @@ import { generateSampling, type GenerateSettings } from './online/sampling.ts';
 import type { Judge } from './online/judges.ts';
 import { runSppo, type SppoOptions as SppoLoopOptions, type SppoResult } from './online/sppo.ts';
 import { runNashMd, type NashMdOptions as NashMdLoopOptions, type NashMdResult } from './online/nash-md.ts';
+import { distill as runDistill, type DistillResult } from './train/distill.ts';
 import { rewardTrain as trainRewardModel, scorePairs as scoreWithRewardModel, type RewardTrainResult, type ScorePairsResult } from './online/reward-model.ts';
 import { initModelFolder, initModelFromConfig, type InitModelResult } from './models/init.ts';
 import { ARCHES, PRESETS, type Arch, type Preset, presetArch } from './models/config.ts';
@@ -62,7 +63,7 @@ import { resolveDataset, resolveModel, type HubSnapshot, type ModelWant } from '
 
 export { UserError, BadInputError, DamagedFileError, DeviceUnavailableError, AbortedError, type ErrorLocation, type UserErrorKind } from './errors.ts';
 export type { ProgressFactory, ProgressReporter, ProgressFields } from './progress.ts';
-export type { ConvertSummary, InspectReport, TokenReport, TokenizeSummary, TrainResult, TrainConfig, EvalSummary, ModelSource, Sample, SamplingOptions, Text, Judge, SppoResult, NashMdResult, RewardTrainResult, ScorePairsResult, InitModelResult, Arch, Preset, ExecutionProvider, RuntimeOptions, TruncationConfig };
+export type { ConvertSummary, InspectReport, TokenReport, TokenizeSummary, TrainResult, TrainConfig, EvalSummary, ModelSource, Sample, SamplingOptions, Text, Judge, SppoResult, NashMdResult, DistillResult, RewardTrainResult, ScorePairsResult, InitModelResult, Arch, Preset, ExecutionProvider, RuntimeOptions, TruncationConfig };
 export type { Comparison } from './online/judges.ts';
 export type { Message, Role } from '../datasets/names.ts';
 export type { InputFormat } from '../datasets/readers.ts';
@@ -464,6 +465,34 @@ export function nashMd(options: NashMdOptions): Promise<NashMdResult> {
     const names = new JobNames(options, reporter);
     const model = await names.model('model', options.model);
     return runNashMd({ ...options, model, hub: names.hub, prompts, params: options.params, settings: options.settings, reporter } satisfies NashMdLoopOptions);
+  });
+}
+
+/** Options of {@link distill}. */
+export interface DistillOptions extends Omit<LoopOptions, 'reporter' | 'base' | 'hub'>, JobOptions, HubNameOptions {
+  /** The teacher: a model folder or Hub name with the student's tokenizer. */
+  teacher: string;
+  /** Any data {@link train} reads: single rows, pairs (their chosen responses), conversations. */
+  data: string;
+  /** Continue the run in `out` from its newest checkpoint (the teacher cache is reused). */
+  resume?: boolean;
+  /** Replace the run already in `out`. */
+  overwrite?: boolean;
+  /** Settings, `distill_topk`, and gkd's `beta` / `temperature` by name; applied after `params`. */
+  settings?: Settings;
+}
+
+/**
+ * Offline distillation (`prefzoo distill`): the teacher's top-K log-probs on the data's responses,
+ * computed once and cached in `out`, then KD steps of the `gkd` loss on the student `model`.
+ */
+export function distill(options: DistillOptions): Promise<DistillResult> {
+  return guarded(options, async (reporter) => {
+    const names = new JobNames(options, reporter);
+    const model = await names.model('model', options.model);
+    const teacher = await names.model('teacher', options.teacher);
+    const data = await names.data(options.data);
+    return runDistill({ ...options, model, teacher, data, hub: names.hub, params: paramsOf(options), settings: undefined, reporter });
   });
 }
 

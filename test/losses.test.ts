@@ -82,6 +82,25 @@ function grpoJson(seed = 4): Json {
   };
 }
 
+/** GKD's batch: 2 completions of up to 3 positions over a vocabulary of 5, row 1 shorter (padding holds junk). */
+function distillJson(seed = 8): Json {
+  const r = rng(seed);
+  const mask = [[1, 1, 1], [1, 1, 0]];
+  const logits = (junk: number) => mask.map((row) => row.map((on) => Array.from({ length: 5 }, () => (on ? 6 * r() - 3 : junk))));
+  return { student_logits: logits(50), teacher_logits: logits(-50), completion_mask: mask };
+}
+
+/** The teacher of a dense distillation batch as its top K: ids by falling logit, log-probs at temperature 1. */
+function topkOf(json: Json, K: number): Json {
+  const teacher = json.teacher_logits as number[][][];
+  const ids = teacher.map((row) => row.map((pos) => pos.map((_, v) => v).sort((a, b) => pos[b] - pos[a]).slice(0, K)));
+  const logps = teacher.map((row, b) => row.map((pos, t) => {
+    const lse = Math.log(pos.reduce((a, x) => a + Math.exp(x), 0));
+    return ids[b][t].map((v) => pos[v] - lse);
+  }));
+  return { teacher_topk_ids: ids, teacher_topk_logps: logps };
+}
+
 /** Log-ratios at ±1e4 (and 0): policy/ref log-probs in {−1, −10001}, one token per response. */
 function extremeJson(kind: Kind): Json {
   const hi = -1;
@@ -107,6 +126,14 @@ function extremeJson(kind: Kind): Json {
       ref_token_logps: [[lo, hi, lo + 1], [hi, lo, hi]],
       completion_mask: [[1, 1, 1], [1, 1, 0]],
       advantages: [1, -1],
+    };
+  }
+  if (kind === 'distill') {
+    // Logits ±1e4 apart: one-hot distributions, a forward or reverse KL of 2e4 where they disagree.
+    return {
+      student_logits: [[[1e4, -1e4, 0, 1], [-1e4, -1e4, 1e4, 0]], [[0, 0, 0, 0], [1e4, 1e4, -1e4, 3]]],
+      teacher_logits: [[[-1e4, 1e4, 0, 1], [1e4, -1e4, 0, 0]], [[0, 1e4, 0, 0], [-1e4, 1e4, 1e4, 3]]],
+      completion_mask: [[1, 1], [1, 0]],
     };
   }
   if (kind === 'listwise') {
@@ -138,7 +165,7 @@ function rewardPairsJson(seed = 5, B = 6): Json {
   return { chosen_rewards: rw, rejected_rewards: rw.map((x, i) => (i === 2 ? x : x + u(-4, 4))) };
 }
 
-const JSON_OF: Record<Kind, () => Json> = { pairwise: pairJson, listwise: listJson, single: singleJson, nash_md: singleJson, grpo: grpoJson, reward_pairs: rewardPairsJson };
+const JSON_OF: Record<Kind, () => Json> = { pairwise: pairJson, listwise: listJson, single: singleJson, nash_md: singleJson, grpo: grpoJson, reward_pairs: rewardPairsJson, distill: distillJson };
 
 /** The subset of a JSON batch a bound loss reads, validated. */
 function batchFor(bound: BoundLoss, kind: Kind, json: Json, drop: string[] = []): HostBatch {
@@ -268,11 +295,17 @@ const CASES: Case[] = [
   { spec: 'grpo', params: { loss_type: 'cispo', importance_sampling_level: 'sequence', epsilon_high: 1.1 }, stopsGradient: true },
   { spec: 'bradley_terry' },
   { spec: 'bradley_terry', weighted: true },
+  // GKD's grid of β and τ (whose sharper cases need a float32 tolerance relative to the gradient's
+  // scale, not to each element), its identities and the sparse teacher's edges: test/losses-gkd.test.ts.
+  { spec: 'gkd' },
+  { spec: 'gkd', params: { beta: 0, temperature: 2 } },
+  { spec: 'gkd', params: { beta: 1, temperature: 2 } },
+  { spec: 'gkd', params: { beta: 0.1, temperature: 2 }, drop: ['teacher_logits'], extra: topkOf(distillJson(), 2) },
 ];
 
-/** A key holding one entry per row: the policy's log-probs, or a reward model's scores. */
+/** A key holding one entry per row: the policy's log-probs, a reward model's scores, or the student's logits. */
 function rowKey(b: HostBatch): string {
-  return Object.keys(b).find((k) => k.startsWith('policy') || k === 'chosen_rewards')!;
+  return Object.keys(b).find((k) => k.startsWith('policy') || k === 'chosen_rewards' || k === 'student_logits')!;
 }
 
 function caseName(c: Case, kind: Kind) {

@@ -127,7 +127,8 @@ describe('every offline loss of the registry trains a step on its kind of data',
     const lists = jsonl(join(dir, 'reg-lists.jsonl'), demoLists(7, 8, 0).train);
     const singles = jsonl(join(dir, 'reg-singles.jsonl'), demoSingles(7, 4, 0).train.map((s) => ({ prompt: s.prompt, completion: s.response, label: s.label })));
     const fileOf = { pairwise: pairsFile, listwise: lists, single: singles } as const;
-    const online = (k: string) => k === 'nash_md' || k === 'grpo' || k === 'reward_pairs';
+    // Losses whose data no data file holds: on-policy samples, a reward model's scores, a teacher's logits.
+    const online = (k: string) => k === 'nash_md' || k === 'grpo' || k === 'reward_pairs' || k === 'distill';
     const offline = listLosses().filter((l) => l.kinds.some((k) => !online(k)));
     expect(offline.length).toBeGreaterThanOrEqual(20);
     for (const l of offline) {

@@ -7,7 +7,8 @@ import { serializeModel } from '../../src/onnx/proto.ts';
 import { Session, toOrt } from '../../src/runtime/session.ts';
 import { gradients } from '../../src/autodiff/index.ts';
 import type { BoundLoss } from '../index.ts';
-import type { BatchTensors, HostBatch, Kind } from './types.ts';
+import { INDEX_KEYS } from './batch.ts';
+import type { BatchTensors, HostBatch, HostTensor, Kind } from './types.ts';
 
 export type FloatDType = 'float32' | 'float64';
 
@@ -23,7 +24,13 @@ export interface LossRun {
 function inputShape(key: string, dims: number[]): Shape {
   if (dims.length === 0) return [];
   if (key === 'policy_kl_logps' || key === 'ref_kl_logps') return ['kl_rows'];
+  if (dims.length === 3) return ['batch', 'list', key.startsWith('teacher_topk') ? 'topk' : 'vocab'];
   return dims.length === 2 ? ['batch', 'list'] : ['batch'];
+}
+
+/** The graph dtype of a batch key: token ids are int64, every other key the run's float dtype. */
+function inputDType(key: string, dtype: FloatDType): 'int64' | FloatDType {
+  return INDEX_KEYS.has(key) ? 'int64' : dtype;
 }
 
 export interface LossGraph {
@@ -44,7 +51,7 @@ export function buildLossGraph(bound: BoundLoss, batch: HostBatch, dtype: FloatD
   const g = new Graph(`loss_${bound.spec.replace(/[^a-z0-9_]/g, '_')}`);
   const kind = bound.kindOf(batch);
   const inputs: BatchTensors = {};
-  for (const [key, t] of Object.entries(batch)) inputs[key] = g.input(key, dtype, inputShape(key, t.dims));
+  for (const [key, t] of Object.entries(batch)) inputs[key] = g.input(key, inputDType(key, dtype), inputShape(key, t.dims));
   const out = bound.emit(g, inputs, kind);
   g.output(out.loss, 'loss');
   g.output(out.perExample, 'per_example');
@@ -66,8 +73,10 @@ export function buildLossGraph(bound: BoundLoss, batch: HostBatch, dtype: FloatD
   return { graph: g, kind, gradKeys, zeroGradKeys, metricNames };
 }
 
-function toFloat(dtype: FloatDType, data: Float64Array) {
-  return dtype === 'float64' ? data : Float32Array.from(data);
+/** A batch key's host data as ONNX Runtime takes it: float64, float32, or int64 for token ids. */
+function feed(key: string, dtype: FloatDType, t: HostTensor) {
+  if (INDEX_KEYS.has(key)) return toOrt('int64', BigInt64Array.from(t.data, (x) => BigInt(x)), t.dims);
+  return toOrt(dtype, dtype === 'float64' ? t.data : Float32Array.from(t.data), t.dims);
 }
 
 /** Evaluates the ONNX subgraph through ONNX Runtime (CPU). */
@@ -76,7 +85,7 @@ export async function runLossOnnx(bound: BoundLoss, batch: HostBatch, opts: { dt
   const lg = buildLossGraph(bound, batch, dtype, opts.grad ?? false);
   const session = await Session.create(serializeModel(lg.graph));
   try {
-    const feeds = Object.fromEntries(Object.entries(batch).map(([k, t]) => [k, toOrt(dtype, toFloat(dtype, t.data), t.dims)]));
+    const feeds = Object.fromEntries(Object.entries(batch).map(([k, t]) => [k, feed(k, dtype, t)]));
     const out = await session.run(feeds);
     const read = (name: string) => Float64Array.from(out[name].data as Float32Array | Float64Array);
     const grad: Record<string, Float64Array> = {};
@@ -101,9 +110,13 @@ export function runLossReference(bound: BoundLoss, batch: HostBatch, opts: { gra
   return { loss: r.loss, perExample: r.perExample, grad, metrics: r.metrics };
 }
 
+/** A JSON-ready nested array: flat row-major data shaped like `dims` ([B], [B][K] or [B][T][V]). */
+export type Nested = number | Nested[];
+
 /** A flat gradient as JSON-ready nested arrays shaped like its key. */
-export function shapeLike(data: Float64Array, dims: number[]): number[] | number[][] {
+export function shapeLike(data: Float64Array, dims: number[]): Nested[] {
   if (dims.length < 2) return Array.from(data);
-  const [B, K] = dims;
-  return Array.from({ length: B }, (_, b) => Array.from(data.subarray(b * K, (b + 1) * K)));
+  const [n, ...inner] = dims;
+  const size = inner.reduce((a, d) => a * d, 1);
+  return Array.from({ length: n }, (_, i) => shapeLike(data.subarray(i * size, (i + 1) * size), inner));
 }

@@ -1,7 +1,8 @@
 /**
  * Shared types of the loss zoo. Every loss works on per-sequence statistics (summed log-probs,
- * token counts, scores) or, for GRPO, per-token log-probs [B, T] — never on logits — so one module
- * serves training (ONNX subgraph) and evaluation (float64 TypeScript reference).
+ * token counts, scores), or, for GRPO, per-token log-probs [B, T]; only the distillation losses
+ * (GKD) read distributions, the student's and teacher's logits [B, T, V] or the teacher's top K
+ * [B, T, K]. One module serves training (ONNX subgraph) and evaluation (float64 TypeScript reference).
  */
 import type { Graph, Tensor } from '../../src/onnx/graph.ts';
 import type { Kind as DataKind } from '../../datasets/names.ts';
@@ -9,11 +10,12 @@ import type { Kind as DataKind } from '../../datasets/names.ts';
 /**
  * The data a loss consumes: pairs, ranked lists, single trajectories, Nash-MD's on-policy pairs, or
  * GRPO's groups of sampled completions with per-token log-probs, or the scalar rewards a reward
- * model gives the two responses of a pair (Bradley–Terry).
+ * model gives the two responses of a pair (Bradley–Terry), or a student's and a teacher's
+ * distributions over the vocabulary at each completion position (`distill`: GKD).
  */
-export type Kind = DataKind | 'nash_md' | 'grpo' | 'reward_pairs';
+export type Kind = DataKind | 'nash_md' | 'grpo' | 'reward_pairs' | 'distill';
 
-/** A float64 batch tensor on the host, row-major: dims [B], [B, K] or [B, T] ([] for a batch scalar such as `kl`). */
+/** A float64 batch tensor on the host, row-major: dims [B], [B, K], [B, T] or [B, T, V] ([] for a batch scalar such as `kl`); token ids are integers held as floats. */
 export interface HostTensor {
   dims: number[];
   data: Float64Array;
@@ -22,7 +24,7 @@ export interface HostTensor {
 /** Batch tensors by their snake_case key (`policy_chosen_logps`, `mask`, …). */
 export type HostBatch = Record<string, HostTensor>;
 
-/** Batch tensors of a graph by key: [B] or [B, K], all of one float dtype (counts and masks included). */
+/** Batch tensors of a graph by key: [B], [B, K], [B, T] or [B, T, V], all of one float dtype (counts and masks included) except token ids (int64). */
 export type BatchTensors = Record<string, Tensor>;
 
 export type ParamValue = number | boolean | string | null;

@@ -98,7 +98,7 @@ export class Names {
 }
 
 /** Options that take a model, by what the command reads of it. */
-const MODEL_OPTIONS: Readonly<Record<string, ModelWant>> = { model: 'model', ref: 'model', adapter: 'adapter', tokenizer: 'tokenizer' };
+const MODEL_OPTIONS: Readonly<Record<string, ModelWant>> = { model: 'model', ref: 'model', teacher: 'model', adapter: 'adapter', tokenizer: 'tokenizer' };
 
 /** Commands whose first argument may be a Hub dataset name. */
 const DATA_ARGUMENT = new Set(['convert', 'inspect']);

@@ -8,6 +8,7 @@ import './nash-md.ts';
 import './sppo.ts';
 import './grpo/settings.ts';
 import './reward-model.ts';
+import '../train/distill.ts';
 import { settingsMarkdown } from '../train/settings.ts';
 import { rewardMarkdown } from './rewards/index.ts';
 

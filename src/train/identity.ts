@@ -53,7 +53,8 @@ const FIELD_NAMES: Record<keyof RefCacheIdentity, string> = {
   kl: 'KL pairs',
 };
 
-function stamp(file: string): FileStamp {
+/** A file's stamp (size -1 when it does not exist). */
+export function stamp(file: string): FileStamp {
   const p = resolve(file);
   if (!existsSync(p)) return { path: p, size: -1, mtime_ms: -1 };
   const s = statSync(p);
@@ -110,20 +111,20 @@ export function refCacheIdentity(o: {
   };
 }
 
-/** The fields where two records differ (by their human names), empty when equal. */
-export function identityDiff(a: RefCacheIdentity, b: RefCacheIdentity): string[] {
-  const keys = new Set([...Object.keys(a), ...Object.keys(b)]) as Set<keyof RefCacheIdentity>;
-  return [...keys].filter((k) => JSON.stringify(a[k]) !== JSON.stringify(b[k])).map((k) => FIELD_NAMES[k] ?? k);
+/** The fields where two records differ (by their human names: the reference cache's, or `names`), empty when equal. */
+export function identityDiff<T extends object = RefCacheIdentity>(a: T, b: T, names: Partial<Record<keyof T, string>> = FIELD_NAMES as Partial<Record<keyof T, string>>): string[] {
+  const keys = new Set([...Object.keys(a), ...Object.keys(b)]) as Set<keyof T>;
+  return [...keys].filter((k) => JSON.stringify(a[k]) !== JSON.stringify(b[k])).map((k) => names[k] ?? String(k));
 }
 
-export function readIdentity(file: string): RefCacheIdentity | null {
+export function readIdentity<T extends object = RefCacheIdentity>(file: string): T | null {
   try {
-    return JSON.parse(readFileSync(file, 'utf8')) as RefCacheIdentity;
+    return JSON.parse(readFileSync(file, 'utf8')) as T;
   } catch {
     return null;
   }
 }
 
-export function writeIdentity(file: string, id: RefCacheIdentity): void {
+export function writeIdentity(file: string, id: object): void {
   writeJsonAtomic(file, id);
 }

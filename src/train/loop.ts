@@ -88,6 +88,17 @@ export interface RoundInfo {
   draws?: number[];
 }
 
+/** A round's items cut into its draws (`RoundInfo.draws`, in order): the micro-batches of a method whose draws are its micro-batches. */
+export function splitDraws<T>(items: readonly T[], info: RoundInfo): T[][] {
+  const out: T[][] = [];
+  let k = 0;
+  for (const n of info.draws!) {
+    out.push(items.slice(k, k + n));
+    k += n;
+  }
+  return out;
+}
+
 /** What the spec of the training graph is built from. */
 export interface SpecInput {
   model: ModelConfig;

@@ -10,6 +10,8 @@
  */
 import { BadInputError, UserError } from '../errors.ts';
 import { DEFAULT_TRUNCATION } from '../../datasets/examples.ts';
+import { getLoss } from '../../losses/index.ts';
+import { describeRange } from '../../losses/core/params.ts';
 
 interface Common {
   /** One line: what the setting does. */
@@ -380,6 +382,10 @@ export function settingsMarkdown(): string {
     out.push(`- \`${c.name}\`: ${n}; ${loss}.${defaults}${c.own ? ` Its own: ${Object.keys(c.own).map((k) => `\`${k}\``).join(', ')}.` : ''}`);
     if (c.own) {
       for (const [k, d] of Object.entries(c.own)) out.push(`  - \`${k}=${shown(d.default)}\` (${cell(describeAllowed(d))}): ${d.doc}${d.trl ? ` (TRL \`${d.trl}\`)` : ''}`);
+    }
+    // A command with one loss of its own lists that loss's parameters too (they are --param keys like its settings).
+    if (c.lossParams !== 'any' && c.lossParams !== 'none') {
+      for (const p of getLoss(c.lossParams).params) out.push(`  - \`${p.name}=${p.default === null ? 'unset' : shown(p.default)}\` (loss parameter, ${cell(describeRange(p))}): ${cell(p.doc)}${p.trl ? ` (TRL \`${p.trl}\`)` : ''}`);
     }
   }
   out.push(

@@ -47,7 +47,7 @@ import type { LoadedTokenizer } from '../tokenize/index.ts';
 import { describePlacement, placement } from '../runtime/placement.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
 import { currentWeights, loraOf, runtimeOf, type LoopOptions, type MicroBatch, type RunInput } from './run.ts';
-import { runOnline, type OnlineContext, type OnlineMethod, type RoundInfo, type SpecInput } from './loop.ts';
+import { runOnline, splitDraws, type OnlineContext, type OnlineMethod, type RoundInfo, type SpecInput } from './loop.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
 import { canPack, collate } from '../models/batch.ts';
 import { readManifest } from '../artifacts/manifest.ts';
@@ -406,13 +406,7 @@ class OfflineTraining implements OnlineMethod<number, Round> {
   }
 
   async collect(_ctx: OnlineContext, idx: readonly number[], info: RoundInfo): Promise<Round> {
-    const out: Round = [];
-    let k = 0;
-    for (const n of info.draws!) {
-      out.push(idx.slice(k, k + n));
-      k += n;
-    }
-    return out;
+    return splitDraws(idx, info);
   }
 
   async microBatches(_ctx: OnlineContext, round: Round): Promise<MicroBatch[]> {

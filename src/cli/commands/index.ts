@@ -28,6 +28,7 @@ export const COMMANDS: readonly CommandEntry[] = [
   { name: 'serve', summary: 'an OpenAI-compatible HTTP server (chat with tools, completions, streaming) on the generation session', load: () => import('./serve.ts') },
   { name: 'generate', summary: 'sample responses to prompts with a KV cache (seeded) and write them as Parquet', load: () => import('./generate.ts') },
   { name: 'sppo', summary: 'SPPO iterations: sample, judge win-rates against the current policy, train the sppo loss', load: () => import('./sppo.ts') },
+  { name: 'distill', summary: "offline distillation: a teacher's cached top-K log-probs, then KD steps (gkd) on the student", load: () => import('./distill.ts') },
   { name: 'nash-md', summary: 'on-policy Nash-MD: sample from the policy and its mixture with the reference, judge, step', load: () => import('./nash-md.ts') },
   { name: 'reward-train', summary: 'train a reward model (the LM plus a scalar head) on preference pairs (Bradley–Terry)', load: () => import('./reward-train.ts') },
   { name: 'reward-score', summary: 'add chosen_score/rejected_score from a reward model to pairwise data', load: () => import('./reward-train.ts') },

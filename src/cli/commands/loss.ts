@@ -1,6 +1,7 @@
 /**
  * `prefzoo loss NAME --input BATCH.json` — evaluates one loss (or a weighted mixture) of the loss
- * zoo on per-sequence statistics and prints one JSON line {"loss", "per_example", "grad"}.
+ * zoo on per-sequence statistics (per-token log-probs for grpo, logits for gkd) and prints one JSON
+ * line {"loss", "per_example", "grad"}.
  */
 import fs from 'node:fs';
 import type { Command } from 'commander';
@@ -38,6 +39,8 @@ function lossTable(): string {
     '            (top_entropy_quantile < 1, entropy bonus), sampling_token_logps (the sampler\'s own: its correction)',
     '            as [B][T] arrays; advantages [B]; numbers: num_items_in_batch (dapo/cispo/vespo), entropy_coef',
     '            (the bonus\'s coefficient this step), last_world_entropy (use_adaptive_entropy: the last step\'s entropy)',
+    '  distill:  student_logits [B][T][V], completion_mask [B][T], and the teacher as teacher_logits [B][T][V]',
+    '            or as its top K: teacher_topk_ids, teacher_topk_logps (log-probs at temperature 1) [B][T][K]',
     '',
     'Example: prefzoo loss dpo --input batch.json --param beta=0.1 --grad',
   );

@@ -1,0 +1,151 @@
+/**
+ * A teacher's top-K next-token log-probabilities (temperature 1) at the counted response positions
+ * of tokenized rows, for offline distillation (distill.ts): the teacher's forward over the batch,
+ * its head over the counted positions only (`score_index`), the log-softmax, ONNX TopK over it, and
+ * the log of the mass outside the K ids computed as a masked log-sum-exp (exact however small, where
+ * 1 − Σ of the K probabilities would cancel). Also the refusal of a teacher whose tokenizer is not
+ * the student's.
+ */
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { UserError } from '../errors.ts';
+import { attr, Graph, type Tensor } from '../onnx/graph.ts';
+import type { ModelConfig } from '../models/config.ts';
+import type { FloatTensor } from '../models/checkpoint.ts';
+import { buildCausalLM } from '../models/index.ts';
+import { lmHead } from '../models/layers.ts';
+import { declareParameters, modelParameterShapes } from '../models/params.ts';
+import { collate } from '../models/batch.ts';
+import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
+import { startProgress, type ProgressFactory } from '../progress.ts';
+import { loadTokenizer, type LoadedTokenizer } from '../tokenize/index.ts';
+import type { TokenizedExample } from '../../datasets/examples.ts';
+import { logSumExpMasked } from '../../losses/core/ops.ts';
+
+/** One row's teacher targets: for each of its n counted response tokens, in order, K ids and K + 1 log-masses. */
+export interface TeacherRow {
+  /** `[n·K]` the teacher's K most likely ids at each counted token, most likely first. */
+  ids: Int32Array;
+  /** `[n·K]` their log-probabilities at temperature 1. */
+  logps: Float32Array;
+  /** `[n]` the log of the teacher's mass outside those K ids. */
+  rest: Float32Array;
+}
+
+/**
+ * The positions whose next token is counted, as flat indices b·T + t into the `[B, T]` batch
+ * (position t predicts token t + 1, so a counted token at t + 1 names position t), in row-major
+ * order: the order the teacher's rows are cached in and the training graph reads them.
+ */
+export function scoreIndex(lossMask: Float32Array, B: number, T: number): BigInt64Array {
+  const out: bigint[] = [];
+  for (let b = 0; b < B; b++) for (let t = 1; t < T; t++) if (lossMask[b * T + t] !== 0) out.push(BigInt(b * T + t - 1));
+  return BigInt64Array.from(out);
+}
+
+/** The `[M, V]` logits of the hidden rows at `index` (flat b·T + t), ids ≥ `limit` left out (−1e9). */
+export function logitsAt(g: Graph, model: ReturnType<typeof buildCausalLM>, index: Tensor, limit: number): Tensor {
+  const logits = lmHead(g, g.gather(model.hidden, index, 0), model.headWeight);
+  const V = model.config.vocab_size;
+  if (limit >= V) return logits;
+  return g.add(logits, g.constant(Array.from({ length: V }, (_, v) => (v < limit ? 0 : -1e9)), logits.dtype, [V]));
+}
+
+/**
+ * The top-K graph: `input_ids`, `attention_mask` [batch, seq], `score_index` [scored] and the
+ * parameters → `topk_logps` [scored, K], `topk_ids` [scored, K] (int64) and `rest_logp` [scored].
+ * Ids ≥ `limit` (embedding rows past the shared vocabulary) are not part of the distribution.
+ */
+export function buildTopKGraph(config: ModelConfig, K: number, limit: number): Graph {
+  const g = new Graph('prefzoo_teacher_topk');
+  const inputIds = g.input('input_ids', 'int64', ['batch', 'seq']);
+  const attentionMask = g.input('attention_mask', 'int64', ['batch', 'seq']);
+  const index = g.input('score_index', 'int64', ['scored']);
+  const model = buildCausalLM(g, config, declareParameters(g, config), { inputIds, attentionMask });
+  const logp = g.logSoftmax(logitsAt(g, model, index, limit), -1); // [M, V]
+  const [vals, ids] = g.op('TopK', [logp, g.ints([K])], { axis: attr.int(1), largest: attr.int(1), sorted: attr.int(1) }, [
+    { dtype: 'float32', shape: ['scored', K] },
+    { dtype: 'int64', shape: ['scored', K] },
+  ]);
+  // 1 outside the K ids, 0 at them.
+  const outside = g.scatterElements(g.constantOfShape(g.shapeOf(logp), 1), ids, g.constantOfShape(g.shapeOf(ids), 0), 1);
+  g.output(vals, 'topk_logps');
+  g.output(ids, 'topk_ids');
+  g.output(logSumExpMasked(g, logp, outside, 1), 'rest_logp');
+  return g;
+}
+
+/** The teacher's top K over rows, batched on one session whose parameters are fed from the weight arrays. */
+export class TeacherTopK {
+  private constructor(
+    private readonly session: Session,
+    private readonly params: Feeds,
+    readonly K: number,
+    private readonly padId: number,
+  ) {}
+
+  static async create(config: ModelConfig, weights: Map<string, FloatTensor>, o: { K: number; limit: number; runtime: RuntimeOptions; padId: number }): Promise<TeacherTopK> {
+    const params: Feeds = {};
+    for (const [name, shape] of modelParameterShapes(config)) {
+      const w = weights.get(name);
+      if (!w) throw new Error(`teacher weights lack ${name}`);
+      params[name] = toOrt('float32', w.data, shape);
+    }
+    return new TeacherTopK(await Session.fromGraph(buildTopKGraph(config, o.K, o.limit), o.runtime), params, o.K, o.padId);
+  }
+
+  /** Every row's targets (rows of one response each), `batchSize` rows per forward, length-sorted batches. */
+  async score(rows: readonly TokenizedExample[], o: { batchSize: number; padTo: number; progress?: ProgressFactory }): Promise<TeacherRow[]> {
+    const K = this.K;
+    const out: TeacherRow[] = new Array(rows.length);
+    const len = (r: TokenizedExample) => r.promptIds.length + r.responseIds[0].length;
+    const order = rows.map((_, i) => i).sort((a, b) => len(rows[a]) - len(rows[b]));
+    const progress = startProgress(o.progress, 'teacher top-K', rows.length);
+    try {
+      for (let s = 0; s < order.length; s += o.batchSize) {
+        const idx = order.slice(s, s + o.batchSize);
+        const c = collate(idx.map((i) => rows[i]), { kind: 'single', padTo: o.padTo, padId: this.padId, dtype: 'float32' });
+        const T = c.length;
+        const index = scoreIndex(c.feeds.loss_mask.data as Float32Array, idx.length, T);
+        const r = await this.session.run({ ...this.params, input_ids: c.feeds.input_ids, attention_mask: c.feeds.attention_mask, score_index: toOrt('int64', index, [index.length]) });
+        const lp = r.topk_logps.data as Float32Array;
+        const ids = r.topk_ids.data as BigInt64Array;
+        const rest = r.rest_logp.data as Float32Array;
+        // The scored positions are row-major: each row's run of them, in order.
+        let m = 0;
+        idx.forEach((orig, b) => {
+          let n = 0;
+          while (m + n < index.length && Number(index[m + n]) < (b + 1) * T) n++;
+          out[orig] = { ids: Int32Array.from(ids.subarray(m * K, (m + n) * K), Number), logps: lp.slice(m * K, (m + n) * K), rest: rest.slice(m, m + n) };
+          m += n;
+        });
+        progress.update(Math.min(s + o.batchSize, rows.length));
+      }
+    } finally {
+      progress.stop();
+    }
+    return out;
+  }
+
+  async release(): Promise<void> {
+    await this.session.release();
+  }
+}
+
+/**
+ * Refuses, in one line naming both folders, a teacher whose tokenizer maps ids to other tokens than
+ * the student's: the cached top K are the teacher's ids, read as the student's. Equal tokenizer.json
+ * files pass at once; otherwise the vocabularies (every id's token) are compared.
+ */
+export function checkSameTokenizer(teacherDir: string, studentDir: string, student: LoadedTokenizer): void {
+  const a = join(teacherDir, 'tokenizer.json');
+  if (!existsSync(a)) throw new UserError(`--teacher ${teacherDir}: no tokenizer.json; distillation needs the teacher's tokenizer to check it is the student's (${studentDir})`);
+  const teacher = loadTokenizer(teacherDir);
+  const differ = (why: string) => new UserError(`--teacher ${teacherDir} and --model ${studentDir} have different tokenizers (${why}); offline distillation reads the teacher's token ids as the student's: use a teacher with the student's tokenizer`);
+  if (teacher.vocabSize !== student.vocabSize) throw differ(`${teacher.vocabSize} ids against ${student.vocabSize}`);
+  for (let id = 0; id < student.vocabSize; id++) {
+    const x = teacher.idToToken(id);
+    const y = student.idToToken(id);
+    if (x !== y) throw differ(`id ${id} is ${JSON.stringify(x)} in the teacher, ${JSON.stringify(y)} in the student`);
+  }
+}
