@@ -79,7 +79,14 @@ export class TrainingArtifacts {
   }
 
   /** Opens an artifacts folder and (by default) its checkpoint. */
-  static async load(dir: string, runtime: RuntimeOptions = {}, opts: LoadOptions = {}): Promise<TrainingArtifacts> {
+  static async load(dir: string, given: RuntimeOptions = {}, opts: LoadOptions = {}): Promise<TrainingArtifacts> {
+    // No memory pattern unless asked: ONNX Runtime plans one for each new set of input shapes on its
+    // second run and holds it as one more block, and a run's batches change shape as their lengths
+    // do (every GRPO round). With it, each new shape cost the `small` step about 7 s more twice
+    // (10 s against 3) and 1.8 GB more RSS; without it the steady step was no slower (2.77–2.82 s
+    // against 2.92–3.14 at a fixed shape) and peaked at 3.1 GB against 4.7 (docs/performance.md,
+    // "The endpoint").
+    const runtime: RuntimeOptions = { memPattern: false, ...given };
     const manifest = readManifest(dir);
     // On the GPU, parameters, optimizer state and gradients stay in GPU buffers from step to step.
     const transfer = runtime.ep === 'webgpu' ? new WebGpuTransfer(runtime) : null;

@@ -37,7 +37,8 @@ export interface RuntimeOptions {
   /** ONNX Runtime's CPU memory arena (default true): reuses freed activation memory across runs. */
   arena?: boolean;
   /**
-   * ONNX Runtime's memory pattern (default true): after the first run it plans every intermediate
+   * ONNX Runtime's memory pattern (ONNX Runtime's default true; training artifacts and decoders set
+   * false unless given): after the first run it plans every intermediate
    * tensor into one block sized for the run. For graphs whose intermediates dwarf their inputs (a
    * 0.5B model's step at 1,024 tokens) that block comes on top of what the arena already holds.
    */
