@@ -13,7 +13,7 @@ import { fileURLToPath } from 'node:url';
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const dist = join(root, 'dist');
 /** Loaded with `new URL('./x.mjs', import.meta.url)`, so tsc does not see them. */
-const ASSETS = ['datasets/parquet-reader.mjs', 'datasets/parquet-worker.mjs', 'src/runtime/placement-probe.mjs', 'src/demos/lookup-agent.mjs'];
+const ASSETS = ['datasets/parquet-reader.mjs', 'datasets/parquet-worker.mjs', 'src/runtime/placement-probe.mjs', 'src/demos/lookup-agent.mjs', 'scripts/bench/serve-client.mjs'];
 
 const out = `${dist}.building-${process.pid}`;
 const old = `${dist}.old-${process.pid}`;

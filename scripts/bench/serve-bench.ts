@@ -1,7 +1,8 @@
 /**
  * The endpoint's throughput and latency (`prefzoo bench --serve`): `prefzoo serve`'s server started
  * in this process (startServer over a ServeEngine, weights baked as `prefzoo serve` bakes them),
- * then `--clients` chat requests from the `openai` SDK, each offering a tool, streaming, with a fixed
+ * then `--clients` chat requests from the `openai` SDK (in a worker thread, serve-client.mjs: a real
+ * client is never in the server's thread), each offering a tool, streaming, with a fixed
  * seed and `max_tokens`: once one after another, then all at once. Each request asks
  * `return_token_ids`, so every drawn token arrives as its own chunk: time to first token is the
  * first chunk carrying an id, the tokens are counted as they arrive (a random model draws the stop
@@ -22,7 +23,8 @@ import { spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os, { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import OpenAI from 'openai';
+import { Worker } from 'node:worker_threads';
+import type OpenAI from 'openai';
 import { UserError } from '../../src/errors.ts';
 import { exportGguf } from '../../src/export/gguf.ts';
 import { readExportSource } from '../../src/export/source.ts';
@@ -126,39 +128,35 @@ interface Answer {
   last: number;
 }
 
-/** One streamed chat request: its token ids and when the first and last of them arrived. */
-async function ask(client: OpenAI, i: number, maxTokens: number): Promise<Answer> {
-  const sent = performance.now();
-  const body = {
-    model: 'bench',
-    messages: [{ role: 'user' as const, content: `Look up the key k${i} and tell me its value.` }],
-    tools: TOOLS,
-    max_tokens: maxTokens,
-    temperature: 1,
-    seed: 1000 + i,
-    stream: true as const,
-    stream_options: { include_usage: true },
-    return_token_ids: true, // vLLM's field, which prefzoo serve answers: one chunk per drawn token
+/**
+ * The clients (serve-client.mjs), in a worker thread: `ask(requests)` sends them together and
+ * resolves with their answers in order.
+ */
+function clientThread(baseURL: string): { ask: (requests: { i: number; maxTokens: number }[]) => Promise<Answer[]>; close: () => Promise<number> } {
+  const worker = new Worker(new URL('./serve-client.mjs', import.meta.url), { workerData: { baseURL, tools: TOOLS } });
+  const waiting = new Map<number, { resolve: (a: Answer[]) => void; reject: (e: Error) => void }>();
+  let next = 0;
+  const fail = (e: Error) => {
+    for (const w of waiting.values()) w.reject(e);
+    waiting.clear();
   };
-  const stream = await client.chat.completions.create(body);
-  const ids: number[] = [];
-  let first = 0;
-  let last = 0;
-  let prompt = 0;
-  for await (const chunk of stream) {
-    const c = chunk.choices[0] as (typeof chunk.choices)[number] & { token_ids?: number[] };
-    if (c?.token_ids?.length) {
-      if (!ids.length) first = performance.now();
-      last = performance.now();
-      ids.push(...c.token_ids);
-    }
-    if (chunk.usage) {
-      prompt = chunk.usage.prompt_tokens;
-      if (chunk.usage.completion_tokens !== ids.length) throw new Error(`bench --serve: request ${i} streamed ${ids.length} token ids, its usage says ${chunk.usage.completion_tokens}`);
-    }
-  }
-  if (!ids.length) throw new Error(`bench --serve: request ${i} streamed no token`);
-  return { ids, prompt, sent, first, last: Math.max(last, performance.now()) };
+  worker.on('message', (m: { id: number; answers?: Answer[]; error?: string }) => {
+    const w = waiting.get(m.id);
+    waiting.delete(m.id);
+    if (m.error !== undefined) w?.reject(new UserError(m.error));
+    else w?.resolve(m.answers!);
+  });
+  worker.on('error', fail);
+  worker.on('exit', (code) => fail(new Error(`bench --serve: the clients' thread exited (${code})`)));
+  return {
+    ask: (requests) =>
+      new Promise<Answer[]>((resolve, reject) => {
+        const id = next++;
+        waiting.set(id, { resolve, reject });
+        worker.postMessage({ id, requests });
+      }),
+    close: () => worker.terminate(),
+  };
 }
 
 function pass(answers: Answer[], ms: number, cpu: NodeJS.CpuUsage): Pass {
@@ -193,7 +191,9 @@ export async function runServeBench(o: ServeBenchOptions): Promise<ServeBenchRes
     const decoder = await Decoder.create(src.config, src.weights, { runtime, bake: true });
     const engine = new ServeEngine(decoder, tok, { maxBatch: Math.max(32, o.clients) });
     const server = await startServer({ engine, model: 'bench', port: 0, limits: { maxConcurrency: Math.max(64, o.clients) } });
-    const client = new OpenAI({ baseURL: server.url, apiKey: 'bench', maxRetries: 0 });
+    const clients = clientThread(server.url);
+    const ask = async (i: number, maxTokens: number) => (await clients.ask([{ i, maxTokens }]))[0];
+    const askAll = (maxTokens: number) => clients.ask(Array.from({ length: N }, (_, i) => ({ i, maxTokens })));
     const N = o.clients;
     const seq: Pass[] = [];
     const con: Pass[] = [];
@@ -203,18 +203,18 @@ export async function runServeBench(o: ServeBenchOptions): Promise<ServeBenchRes
     try {
       log(`${o.model ?? o.preset}, ${o.threads} threads, ${N} clients, max_tokens ${o.maxTokens}: warming up`);
       // Every graph both passes use, built before either is timed: one row, and N rows together.
-      await ask(client, 0, 2);
-      await Promise.all(Array.from({ length: N }, (_, i) => ask(client, i, 2)));
+      await ask(0, 2);
+      await askAll(2);
       for (let r = 0; r < o.runs; r++) {
         let c0 = process.cpuUsage();
         let t0 = performance.now();
         const one: Answer[] = [];
-        for (let i = 0; i < N; i++) one.push(await ask(client, i, o.maxTokens));
+        for (let i = 0; i < N; i++) one.push(await ask(i, o.maxTokens));
         seq.push(pass(one, performance.now() - t0, process.cpuUsage(c0)));
         log(`run ${r + 1}/${o.runs}: one after another ${seq[r].tokens_per_s} tokens/s`);
         c0 = process.cpuUsage();
         t0 = performance.now();
-        const all = await Promise.all(Array.from({ length: N }, (_, i) => ask(client, i, o.maxTokens)));
+        const all = await askAll(o.maxTokens);
         con.push(pass(all, performance.now() - t0, process.cpuUsage(c0)));
         log(`run ${r + 1}/${o.runs}: all at once ${con[r].tokens_per_s} tokens/s`);
         same &&= all.every((a, i) => JSON.stringify(a.ids) === JSON.stringify(one[i].ids));
@@ -222,6 +222,7 @@ export async function runServeBench(o: ServeBenchOptions): Promise<ServeBenchRes
         promptTokens = Math.round(one.reduce((s, a) => s + a.prompt, 0) / N);
       }
     } finally {
+      await clients.close();
       await server.close({ cancel: true });
       await engine.close();
       await decoder.release();

@@ -41,8 +41,8 @@ export interface DecodeBackend {
    * cache outside the batch, the others' caches are freed.
    */
   leave(rows: readonly number[], park: (row: number) => boolean): Promise<void>;
-  /** Appends parked rows to the batch (their caches move in). */
-  join(rows: readonly number[]): Promise<void>;
+  /** Appends parked rows to the batch (their caches move in); `room`: the slots they may need at most, for a batch made now. */
+  join(rows: readonly number[], room?: number): Promise<void>;
   /** One token per batch row (`tokens[i]` for `batchRows()[i]`), written into each row's cache. */
   step(tokens: readonly number[], pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut>;
   /** Feeds a parked row `tokens` in one run (any number of them); the row stays parked. */

@@ -83,11 +83,11 @@ export class CpuBackend implements DecodeBackend {
     if (end === 0) this.recycle();
   }
 
-  async join(rows: readonly number[]): Promise<void> {
+  async join(rows: readonly number[], room?: number): Promise<void> {
     for (const r of rows) {
       const own = this.parked.get(r);
       if (!own) throw new Error(`generation: row ${r} has no parked cache`);
-      const batch = this.batchCaches(own[0].cols[0]);
+      const batch = this.batchCaches(own[0].cols[0], room);
       batch.forEach((c, k) => c.copyRow(own[k], 0, c.addRows(1)));
       this.parked.delete(r);
       this.order.push(r);

@@ -445,7 +445,7 @@ export class GenerationSession {
         free--;
       }
     }
-    await b.join(joining.map((r) => r.id));
+    await b.join(joining.map((r) => r.id), this.room(joining));
     for (const r of joining) r.where = 'batch';
 
     let t0 = timer ? performance.now() : 0;
@@ -470,7 +470,7 @@ export class GenerationSession {
       r.cached = r.seq.length;
       answers.push({ row: r, out, i: 0 });
       if (!forLogits) {
-        await b.join([r.id]);
+        await b.join([r.id], this.room([r]));
         r.where = 'batch';
         free--;
       }
@@ -505,6 +505,12 @@ export class GenerationSession {
     this.take(answers, ready);
     timer?.('sample', performance.now() - t0);
     return [...this.rows.values()].some((r) => r.want);
+  }
+
+  /** The slots `rows` may need at most (their tokens and what is left of their segment's budget): a batch made for them reserves it, so it does not grow as they decode. */
+  private room(rows: readonly Row[]): number | undefined {
+    if (rows.length === 0) return undefined;
+    return Math.max(...rows.map((r) => r.seq.length + Math.max(1, (r.want?.budget ?? 1) - (r.want?.seg.length ?? 0))));
   }
 
   /**
