@@ -65,7 +65,7 @@ describe('prefzoo distill, on-policy (lmbda)', () => {
     const rec = recorder();
     const params = ['max_steps=1', 'batch_size=8', 'optimizer=sgd', 'momentum=0', 'max_grad_norm=0', 'lr_scheduler=constant', 'learning_rate=1', `distill_topk=${K}`, 'beta=1', 'lmbda=1', `max_completion_length=${NEW}`, `seed=${seed}`];
     const r = await distill({ teacher, model: student, data: pairs, out: join(dir, 'run-one'), params, onSamples: rec.onSamples });
-    expect(r.onPolicy).toEqual({ lmbda: 1, microBatches: 1, sampled: 1 });
+    expect(r.onPolicy).toMatchObject({ lmbda: 1, microBatches: 1, sampled: 1 });
     expect(r.cached).toBe(false);
     expect(rec.got.length).toBe(1);
     const [s] = rec.got;
@@ -159,7 +159,7 @@ describe('prefzoo distill, on-policy (lmbda)', () => {
     expect(total).toBeGreaterThan(0);
     expect(total).toBeLessThan(12);
     expect(rowsOf(join(dir, 'run-mix')).map((r) => r['distill/on_policy'])).toEqual(expected.map((n) => n / 2));
-    expect(s.onPolicy).toEqual({ lmbda: 0.5, microBatches: 12, sampled: total });
+    expect(s.onPolicy).toMatchObject({ lmbda: 0.5, microBatches: 12, sampled: total });
     expect(straight.got.map((x) => x.step)).toEqual(expected.flatMap((n, i) => Array(n).fill(i + 1)));
 
     const broken = join(dir, 'run-mix-broken');

@@ -110,8 +110,12 @@ export interface DistillResult {
   last: Record<string, number>;
   /** Whether the teacher's targets were read from the run's cache (else computed; false at lmbda = 1, which has none). */
   cached: boolean;
-  /** With lmbda > 0: the micro-batches this invocation trained, and how many of them were the student's own samples. */
-  onPolicy?: { lmbda: number; microBatches: number; sampled: number };
+  /**
+   * With lmbda > 0: the micro-batches this invocation trained, how many of them were the student's
+   * own samples, and the seconds spent sampling them and scoring them with the teacher (wall clock:
+   * kept out of metrics.jsonl, whose one clock field is tokens/s).
+   */
+  onPolicy?: { lmbda: number; microBatches: number; sampled: number; sampleSeconds: number; teacherSeconds: number };
 }
 
 export async function distill(o: DistillOptions): Promise<DistillResult> {
@@ -137,9 +141,11 @@ export async function distill(o: DistillOptions): Promise<DistillResult> {
   });
   return {
     finalDir: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last, cached: method.cached,
-    ...(sampling ? { onPolicy: { lmbda: sampling.lmbda, microBatches: method.microBatchCount, sampled: method.sampledCount } } : {}),
+    ...(sampling ? { onPolicy: { lmbda: sampling.lmbda, microBatches: method.microBatchCount, sampled: method.sampledCount, sampleSeconds: round2(method.sampleMs / 1000), teacherSeconds: round2(method.teacherMs / 1000) } } : {}),
   };
 }
+
+const round2 = (x: number) => Math.round(x * 100) / 100;
 
 /** What on-policy micro-batches sample with (lmbda > 0). */
 export interface OnPolicy {
@@ -267,6 +273,9 @@ class Distillation implements OnlineMethod<number, Round> {
   /** Micro-batches collected, and of them on-policy ones, by this invocation. */
   microBatchCount = 0;
   sampledCount = 0;
+  /** Milliseconds spent sampling on-policy micro-batches and scoring them with the teacher. */
+  sampleMs = 0;
+  teacherMs = 0;
   private rows: TokenizedExample[] = [];
   private targets: TeacherRow[] = [];
   private tok!: LoadedTokenizer;
@@ -390,7 +399,9 @@ class Distillation implements OnlineMethod<number, Round> {
     // Every on-policy micro-batch of the round sampled together from the live weights, row j of
     // micro-batch b from its own stream (seed_b, j): what it draws never depends on the others.
     const reqs = batches.flatMap((b, k) => (seeds[k] === null ? [] : b.rows.map((i, j) => ({ promptIds: this.rows[i].promptIds, rng: sampleRandom(seeds[k]!, j, 0) }))));
+    let t0 = performance.now();
     const samples = await sampleStudent(await ctx.policy(), this.tok, reqs, this.sampling);
+    this.sampleMs += performance.now() - t0;
     const sampledRows: TokenizedExample[] = [];
     let r = 0;
     for (const b of on) {
@@ -398,7 +409,9 @@ class Distillation implements OnlineMethod<number, Round> {
       b.sampled = { ids, targets: [] };
       b.rows.forEach((i, j) => sampledRows.push({ promptIds: this.rows[i].promptIds, responseIds: [ids[j]], src: this.rows[i].src }));
     }
+    t0 = performance.now();
     const targets = await this.scorer!.score(sampledRows, { batchSize: this.config.batch_size * 2, padTo: this.config.pad_to_multiple_of });
+    this.teacherMs += performance.now() - t0;
     r = 0;
     for (const b of on) {
       b.sampled!.targets = b.rows.map(() => {

@@ -42,9 +42,9 @@ export function register(program: Command): void {
       // Hub names are folders and files by now (src/cli/hub.ts).
       const r = await distill({ teacher: o.teacher, model: o.model, data: o.data, out: o.out, hub: hubRecord(), params: o.param, configFile: o.config, resume: o.resume, overwrite: o.overwrite, reporter: terminalReporter(o.quiet) });
       const p = r.onPolicy;
-      const summary = { steps: r.steps, seconds: r.seconds, final: r.finalDir, loss: r.last.loss, teacher_cached: r.cached, ...(p ? { lmbda: p.lmbda, micro_batches: p.microBatches, on_policy_micro_batches: p.sampled } : {}) };
+      const summary = { steps: r.steps, seconds: r.seconds, final: r.finalDir, loss: r.last.loss, teacher_cached: r.cached, ...(p ? { lmbda: p.lmbda, micro_batches: p.microBatches, on_policy_micro_batches: p.sampled, sample_seconds: p.sampleSeconds, teacher_seconds: p.teacherSeconds } : {}) };
       const offline = p && p.lmbda >= 1 ? '' : `teacher targets ${r.cached ? 'read from the cache' : 'computed and cached'}`;
-      const online = p ? `${p.sampled} of ${p.microBatches} micro-batches the student's own samples, scored by the teacher` : '';
+      const online = p ? `${p.sampled} of ${p.microBatches} micro-batches the student's own samples: sampled in ${p.sampleSeconds}s, scored by the teacher in ${p.teacherSeconds}s` : '';
       if (o.json) process.stdout.write(JSON.stringify(summary) + '\n');
       else process.stdout.write(`distilled ${r.steps} steps in ${r.seconds}s (${[offline, online].filter(Boolean).join('; ')}); final model in ${r.finalDir}; metrics in ${o.out}/metrics.jsonl\n`);
     });
