@@ -44,7 +44,7 @@ import { generateSampling, type GenerateSettings } from './online/sampling.ts';
 import type { Judge } from './online/judges.ts';
 import { runSppo, type SppoOptions as SppoLoopOptions, type SppoResult } from './online/sppo.ts';
 import { runNashMd, type NashMdOptions as NashMdLoopOptions, type NashMdResult } from './online/nash-md.ts';
-import { distill as runDistill, type DistillResult } from './train/distill.ts';
+import { distill as runDistill, type DistillOptions as RunDistillOptions, type DistillResult } from './train/distill.ts';
 import { rewardTrain as trainRewardModel, scorePairs as scoreWithRewardModel, type RewardTrainResult, type ScorePairsResult } from './online/reward-model.ts';
 import { initModelFolder, initModelFromConfig, type InitModelResult } from './models/init.ts';
 import { ARCHES, PRESETS, type Arch, type Preset, presetArch } from './models/config.ts';
@@ -478,13 +478,16 @@ export interface DistillOptions extends Omit<LoopOptions, 'reporter' | 'base' | 
   resume?: boolean;
   /** Replace the run already in `out`. */
   overwrite?: boolean;
-  /** Settings, `distill_topk`, and gkd's `beta` / `temperature` by name; applied after `params`. */
+  /** Settings, `distill_topk`, `lmbda` and the on-policy sampling settings, and gkd's `beta` / `temperature` by name; applied after `params`. */
   settings?: Settings;
+  /** With lmbda > 0: called with each on-policy micro-batch (the step, its data rows, their prompt ids, the student's sampled ids). */
+  onSamples?: RunDistillOptions['onSamples'];
 }
 
 /**
- * Offline distillation (`prefzoo distill`): the teacher's top-K log-probs on the data's responses,
- * computed once and cached in `out`, then KD steps of the `gkd` loss on the student `model`.
+ * Distillation (`prefzoo distill`): KD steps of the `gkd` loss on the student `model` against the
+ * teacher's top-K log-probs — on the data's responses (computed once and cached in `out`), and with
+ * `lmbda` > 0 on the student's own samples for the data's prompts (scored fresh each step; docs/distill.md).
  */
 export function distill(options: DistillOptions): Promise<DistillResult> {
   return guarded(options, async (reporter) => {

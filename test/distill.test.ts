@@ -12,7 +12,7 @@ import * as arrow from 'apache-arrow';
 import { initModelFolder } from '../src/models/init.ts';
 import { loadModel } from '../src/models/load.ts';
 import { saveCheckpoint } from '../src/models/checkpoint.ts';
-import { parseConfig, type ModelConfig } from '../src/models/config.ts';
+import type { ModelConfig } from '../src/models/config.ts';
 import { f16BitsToFloat, readSafetensors, tensorToFloat32 } from '../src/models/safetensors.ts';
 import { loadTokenizer } from '../src/tokenize/index.ts';
 import { loadData, tokenizeExamples, type TokenizedExample } from '../datasets/examples.ts';
@@ -23,6 +23,7 @@ import { runLossReference } from '../losses/core/engine.ts';
 import { referenceHidden, referenceLogits, type RefWeights } from './helpers/reference-forward.ts';
 import { randomWeights } from './helpers/model-fixtures.ts';
 import { prefzoo } from './helpers/cli.ts';
+import { distillModel, logSoftmax } from './helpers/distill-fixtures.ts';
 
 const K = 6;
 let dir: string;
@@ -31,14 +32,6 @@ let student: string;
 let chats: string;
 let pairs: string;
 
-/** A model folder with the generated tokenizer and spread-out random weights (peaked distributions), untied when asked. */
-function model(out: string, seed: number, o: { tied?: boolean; layers?: number } = {}): string {
-  initModelFolder(out, 'llama', 'tiny', seed, {}, o.layers ? { num_hidden_layers: o.layers } : {});
-  const raw = JSON.parse(readFileSync(join(out, 'config.json'), 'utf8'));
-  const config = parseConfig({ ...raw, tie_word_embeddings: o.tied ?? true });
-  saveCheckpoint(out, randomWeights(config, seed), { config });
-  return out;
-}
 
 function jsonl(file: string, rows: unknown[]): string {
   writeFileSync(file, rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
@@ -50,8 +43,8 @@ const ONE_SGD_STEP = ['max_steps=1', 'batch_size=16', 'optimizer=sgd', 'momentum
 
 beforeAll(() => {
   dir = mkdtempSync(join(tmpdir(), 'pz-distill-'));
-  teacher = model(join(dir, 'teacher'), 1);
-  student = model(join(dir, 'student'), 2, { tied: false, layers: 1 });
+  teacher = distillModel(join(dir, 'teacher'), 1);
+  student = distillModel(join(dir, 'student'), 2, { tied: false, layers: 1 });
   // SFT conversations: the second turn of a two-turn chat is trained, the user turns between are masked.
   chats = jsonl(join(dir, 'chats.jsonl'), [
     { messages: [{ role: 'user', content: 'What is two plus two?' }, { role: 'assistant', content: 'Four.' }] },
@@ -81,11 +74,6 @@ function positions(r: TokenizedExample): { ids: number[]; at: number[] } {
   return { ids, at };
 }
 
-function logSoftmax(x: Float64Array): Float64Array {
-  const m = Math.max(...x);
-  const lse = m + Math.log(x.reduce((a, v) => a + Math.exp(v - m), 0));
-  return x.map((v) => v - lse);
-}
 
 /** The cache as written (read here with Arrow, not with the code under test). */
 async function readCache(run: string): Promise<{ ids: Int32Array; logps: Float64Array; rest: Float64Array }[]> {
@@ -185,7 +173,7 @@ describe('prefzoo distill', () => {
   });
 
   it('refuses a cache made by another teacher, and a teacher with another tokenizer', async () => {
-    const other = model(join(dir, 'teacher-b'), 5);
+    const other = distillModel(join(dir, 'teacher-b'), 5);
     const run = join(dir, 'run-stale');
     await distill({ teacher: other, model: student, data: pairs, out: run, params: ONE_SGD_STEP });
     // The teacher's weights change under the run: its cache no longer says what the teacher says.

@@ -41,6 +41,8 @@ export interface ResolvedConfig {
   own: Record<string, string | number | boolean>;
   /** What a TRL YAML config said that the command's flags say in prefzoo (model, data, output folder, loss). */
   trl?: TrlFlags;
+  /** The names given by --config, --param or `settings` (settings, own settings, loss parameters), not the defaults. */
+  named: Set<string>;
 }
 
 export interface ResolveOptions {
@@ -93,10 +95,13 @@ export function resolveConfig(opts: ResolveOptions): ResolvedConfig {
   const own: Record<string, string | number | boolean> = Object.fromEntries(Object.entries(ownTable).map(([k, d]) => [k, d.default]));
   const lossParams: Record<string, string | number | boolean> = {};
   const given = new Set<string>();
+  const named = new Set<string>();
   const apply = (src: Record<string, unknown>, where: string, user: boolean) => {
     for (const [k, v] of Object.entries(src)) {
+      if (user && k !== 'loss_params') named.add(k);
       if (k === 'loss_params' && v && typeof v === 'object') {
         Object.assign(lossParams, v);
+        if (user) for (const p of Object.keys(v)) named.add(p);
       } else if (Object.prototype.hasOwnProperty.call(ownTable, k)) {
         own[k] = coerceSetting(k, ownTable[k], v, where);
       } else if (isConfigKey(k)) {
@@ -142,5 +147,5 @@ export function resolveConfig(opts: ResolveOptions): ResolvedConfig {
     throw new BadInputError('compute_dtype=float16 is for the GPU (device=webgpu or cuda); on the CPU float32 is faster and exact', { setting: 'compute_dtype' });
   }
   if (config.eval_generate > 0 && !config.eval_data) throw new BadInputError('eval_generate needs eval_data (its prompts are generated from)', { setting: 'eval_generate' });
-  return { config, lossParams, own, ...(trl ? { trl } : {}) };
+  return { config, lossParams, own, named, ...(trl ? { trl } : {}) };
 }

@@ -1,11 +1,18 @@
 /**
- * `prefzoo distill`: offline knowledge distillation of a student (`--model`) from a teacher
- * (`--teacher`) on any data `train` reads: the responses of single rows, the chosen side of pairs,
- * SFT conversations with their masks (only the assistant's own tokens). The teacher's top-K
- * log-probs at temperature 1 on every counted response token are computed once and cached beside
- * the reference cache (teacher-topk.ts, teacher-cache.ts); then the student takes KD steps with the
- * `gkd` loss (losses/gkd.ts) against that sparse teacher, on the training loop (loop.ts), so
- * checkpoints, --resume, metrics rows and the final save are train's.
+ * `prefzoo distill`: knowledge distillation of a student (`--model`) from a teacher (`--teacher`) on
+ * any data `train` reads: the responses of single rows, the chosen side of pairs, SFT conversations
+ * with their masks (only the assistant's own tokens). The teacher's top-K log-probs at temperature 1
+ * on every counted response token are computed once and cached beside the reference cache
+ * (teacher-topk.ts, teacher-cache.ts); then the student takes KD steps with the `gkd` loss
+ * (losses/gkd.ts) against that sparse teacher, on the training loop (loop.ts), so checkpoints,
+ * --resume, metrics rows and the final save are train's.
+ *
+ * On-policy (GKD's `lmbda`, TRL's semantics): each micro-batch is, with probability lmbda, the
+ * student's own samples for its rows' prompts — drawn from the live weights (`ctx.policy()`) on the
+ * generation engine, each row from its own stream seeded from the run's random stream — and the
+ * teacher's top K on those samples is computed then (the same scorer, never cached), the loss
+ * counting the sampled tokens only. lmbda = 1 with beta = 1 is on-policy distillation (reverse KL on
+ * the student's samples); lmbda = 0, the default, is the offline run, unchanged.
  *
  * The training graph runs the student's head over the counted positions only (`score_index`, as the
  * teacher's does): its `[M, V]` logits go to the gkd subgraph as one row of M positions
@@ -18,11 +25,14 @@
  * `data/teacher.parquet` and `data/teacher.json` (what made the cache: the teacher's files, the data,
  * the tokens, K); a cache made by anything else is refused.
  */
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { ArtifactSpec } from '../artifacts/build.ts';
 import { UserError } from '../errors.ts';
-import type { ModelConfig } from '../models/config.ts';
+import { maxPositions, parseConfig, type ModelConfig } from '../models/config.ts';
+import { generateIds, type Decoder, type GenerateRequest } from '../models/generate.ts';
+import { sampleRandom } from '../models/sampling.ts';
+import type { SeededRandom } from '../random.ts';
 import { collate } from '../models/batch.ts';
 import { buildCausalLM } from '../models/index.ts';
 import { loadModel } from '../models/load.ts';
@@ -40,12 +50,31 @@ import { checkSameTokenizer, logitsAt, scoreIndex, TeacherTopK, type TeacherRow 
 
 const GROUP = 'Distillation';
 
+const ON_POLICY = 'On-policy distillation (lmbda > 0)';
+
 export const DISTILL_SETTINGS = defineSettings({
   distill_topk: {
     type: 'int', default: 32, min: 1, max: 1 << 20, group: GROUP,
     doc: "K: the teacher's most likely tokens cached at each response token (log-probs at temperature 1, float16, and the log of the mass outside them)",
   },
+  lmbda: {
+    type: 'number', default: 0, min: 0, max: 1, group: ON_POLICY, trl: 'lmbda',
+    doc: "the chance that a micro-batch is the student's own samples for its rows' prompts, scored by the teacher's top K fresh (0: the data's responses only; 1 with beta=1: on-policy distillation)",
+  },
+  max_completion_length: {
+    type: 'int', default: 128, min: 1, max: 1 << 20, group: ON_POLICY, trl: 'max_new_tokens',
+    doc: "the most tokens the student samples for a prompt (its stop id ends a sample sooner); TRL GKD's default is 128",
+  },
+  sampling_temperature: {
+    type: 'number', default: 1, min: 0, max: 100, group: ON_POLICY, trl: 'temperature',
+    doc: "the student's sampling temperature (0: greedy): TRL GKD's `temperature`; here `temperature` is gkd's loss τ",
+  },
+  top_p: { type: 'number', default: 1, min: 0, minOpen: true, max: 1, group: ON_POLICY, trl: 'top_p', doc: "the student's samples drawn from the smallest set of tokens reaching probability p (1: all)" },
+  top_k: { type: 'int', default: 0, min: 0, max: 1 << 24, group: ON_POLICY, trl: 'top_k', doc: "the student's samples drawn among its k most likely tokens (0: all)" },
 });
+
+/** The settings read only when lmbda > 0 (refused at lmbda = 0, where nothing is sampled). */
+const SAMPLING_KEYS = ['max_completion_length', 'sampling_temperature', 'top_p', 'top_k'] as const;
 
 export type DistillSettings = SettingsOf<typeof DISTILL_SETTINGS>;
 
@@ -67,6 +96,11 @@ export interface DistillOptions extends OnlineOptions {
   data: string;
   /** Settings and gkd's parameters by name, typed (after `params`). */
   settings?: Readonly<Record<string, unknown>>;
+  /**
+   * Called with each on-policy micro-batch once it is sampled and scored (lmbda > 0): the step it
+   * feeds, its data rows (indices in data order), their prompts' ids and the ids the student sampled.
+   */
+  onSamples?: (s: { step: number; rows: readonly number[]; promptIds: readonly (readonly number[])[]; ids: readonly (readonly number[])[] }) => void;
 }
 
 export interface DistillResult {
@@ -74,27 +108,83 @@ export interface DistillResult {
   steps: number;
   seconds: number;
   last: Record<string, number>;
-  /** Whether the teacher's targets were read from the run's cache (else computed). */
+  /** Whether the teacher's targets were read from the run's cache (else computed; false at lmbda = 1, which has none). */
   cached: boolean;
+  /**
+   * With lmbda > 0: the micro-batches this invocation trained, how many of them were the student's
+   * own samples, and the seconds spent sampling them and scoring them with the teacher (wall clock:
+   * kept out of metrics.jsonl, whose one clock field is tokens/s).
+   */
+  onPolicy?: { lmbda: number; microBatches: number; sampled: number; sampleSeconds: number; teacherSeconds: number };
 }
 
 export async function distill(o: DistillOptions): Promise<DistillResult> {
-  const { config, lossParams, own } = resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'distill' });
+  const { config, lossParams, own, named } = resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'distill' });
   const loss = resolveLoss('gkd', lossParams);
-  const K = (own as unknown as DistillSettings).distill_topk;
+  const s = own as unknown as DistillSettings;
+  const K = s.distill_topk;
+  const sampling = onPolicySettings(s, named);
   // Refused before the run folder is made: a teacher that is no folder, or reads other token ids.
   if (!existsSync(join(o.teacher, 'config.json'))) throw new UserError(`--teacher ${o.teacher}: not a model folder (no config.json)`);
   checkSameTokenizer(o.teacher, o.model, loadTokenizer(o.model));
-  const method = new OfflineDistillation(o, config, loss, K);
-  const r = await runOnline(o, (s) => method.load(s), method, {
+  const method = new Distillation(o, config, loss, K, sampling);
+  const r = await runOnline(o, (x) => method.load(x), method, {
     config,
-    record: () => ({ teacher: o.teacher, data: o.data, kind: method.kind, loss: 'gkd', loss_params: loss.terms[0].params, distill_topk: K }),
+    record: () => ({
+      teacher: o.teacher, data: o.data, kind: method.kind, loss: 'gkd', loss_params: loss.terms[0].params, distill_topk: K,
+      ...(sampling ? { lmbda: s.lmbda, ...Object.fromEntries(SAMPLING_KEYS.map((k) => [k, s[k]])) } : {}),
+    }),
     inputs: [
       { key: 'teacher', now: o.teacher, flag: '--teacher' },
       { key: 'data', now: o.data, flag: '--data' },
     ],
   });
-  return { finalDir: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last, cached: method.cached };
+  return {
+    finalDir: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last, cached: method.cached,
+    ...(sampling ? { onPolicy: { lmbda: sampling.lmbda, microBatches: method.microBatchCount, sampled: method.sampledCount, sampleSeconds: round2(method.sampleMs / 1000), teacherSeconds: round2(method.teacherMs / 1000) } } : {}),
+  };
+}
+
+const round2 = (x: number) => Math.round(x * 100) / 100;
+
+/** What on-policy micro-batches sample with (lmbda > 0). */
+export interface OnPolicy {
+  lmbda: number;
+  maxNewTokens: number;
+  temperature: number;
+  topK: number;
+  topP: number;
+}
+
+/**
+ * The on-policy settings, or null at lmbda = 0 (offline: a sampling setting given then is refused,
+ * as it would be read by nothing). `temperature` is gkd's loss τ here; TRL's GKD `temperature` is the
+ * sampling one, so a run that samples and names `temperature` without `sampling_temperature` is
+ * refused as ambiguous.
+ */
+function onPolicySettings(s: DistillSettings, named: ReadonlySet<string>): OnPolicy | null {
+  if (s.lmbda === 0) {
+    const unread = SAMPLING_KEYS.filter((k) => named.has(k));
+    if (unread.length) throw new UserError(`${unread.join(', ')}: read by on-policy distillation only, and lmbda is 0 (nothing is sampled); set lmbda > 0 or leave ${unread.length > 1 ? 'them' : 'it'} out`);
+    return null;
+  }
+  if (named.has('temperature') && !named.has('sampling_temperature')) {
+    throw new UserError(`temperature with lmbda=${s.lmbda} is ambiguous: in distill it is gkd's loss τ, in TRL's GKD the sampling temperature; give sampling_temperature for the student's sampling (and temperature only for the loss τ)`);
+  }
+  return { lmbda: s.lmbda, maxNewTokens: s.max_completion_length, temperature: s.sampling_temperature, topK: s.top_k, topP: s.top_p };
+}
+
+/**
+ * Which micro-batches of a round are on-policy, and their sample seeds, drawn from the run's random
+ * stream `rng` (saved in every checkpoint): per micro-batch in order, a uniform u (only when
+ * 0 < lmbda < 1; the micro-batch is on-policy when u < lmbda) and, when on-policy, its seed
+ * `rng.int(2³¹)`; row j of the micro-batch then samples from `sampleRandom(seed, j, 0)`.
+ */
+export function onPolicyDraws(rng: SeededRandom, lmbda: number, microBatches: number): (number | null)[] {
+  return Array.from({ length: microBatches }, () => {
+    const on = lmbda >= 1 || (lmbda > 0 && rng.next() < lmbda);
+    return on ? rng.int(2 ** 31) : null;
+  });
 }
 
 /** Tokens of a one-response row that a position predicts (the first token of the sequence has none), under its mask. */
@@ -152,34 +242,59 @@ function distillSpec(s: SpecInput, loss: BoundLoss, K: number): ArtifactSpec {
   };
 }
 
-/** A round: the micro-batches' row indices. */
-type Round = number[][];
+/** The targets of an on-policy micro-batch as plain numbers (a round is JSON: the loop may save it). */
+interface PlainTargets {
+  ids: number[];
+  logps: number[];
+  rest: number[];
+}
+
+/** One micro-batch of a round: its data rows, and when on-policy the student's samples for their prompts and the teacher's top K on them. */
+interface Batch {
+  rows: number[];
+  sampled?: { ids: number[][]; targets: PlainTargets[] };
+}
+
+/** A round: its micro-batches. */
+type Round = Batch[];
 
 /**
  * Distillation as a method of the training loop: items are row indices; `load` reads the data and
- * the teacher's targets (cached, or computed and cached); a round is gradient_accumulation_steps
- * micro-batches of batch_size rows, as train's.
+ * the teacher's targets (cached, or computed and cached; not at lmbda = 1, where no data response is
+ * trained); a round is gradient_accumulation_steps micro-batches of batch_size rows, as train's. With
+ * lmbda > 0 a micro-batch may be on-policy (`onPolicyDraws`): the live student samples a response to
+ * each of its rows' prompts and the teacher's top K on those samples is computed then (never cached).
  */
-class OfflineDistillation implements OnlineMethod<number, Round> {
+class Distillation implements OnlineMethod<number, Round> {
   readonly name = 'distill';
   readonly partialRounds = true;
   kind = '';
   cached = false;
+  /** Micro-batches collected, and of them on-policy ones, by this invocation. */
+  microBatchCount = 0;
+  sampledCount = 0;
+  /** Milliseconds spent sampling on-policy micro-batches and scoring them with the teacher. */
+  sampleMs = 0;
+  teacherMs = 0;
   private rows: TokenizedExample[] = [];
   private targets: TeacherRow[] = [];
   private tok!: LoadedTokenizer;
+  private student!: ModelConfig;
+  private scorer: TeacherTopK | null = null;
 
   constructor(
     private readonly o: DistillOptions,
     private readonly config: TrainConfig,
     private readonly loss: BoundLoss,
     private readonly K: number,
+    private readonly sampling: OnPolicy | null,
   ) {}
 
   /** The data stage (train's reading and tokenization) and the teacher stage (its cache). */
   async load(x: { run: string; tok: LoadedTokenizer; info: (line: string) => void; model: ModelConfig }): Promise<number[]> {
-    const { config, o } = this;
+    const { config, o, sampling } = this;
     this.tok = x.tok;
+    this.student = x.model;
     const data = await loadData(o.data, join(x.run, 'data'), { seed: config.seed, maxRows: config.max_samples });
     if (data.kind === 'listwise') throw new UserError(`${o.data}: is listwise data; distill trains on one response per row (single rows, the chosen side of pairs, or conversations)`);
     this.kind = data.kind;
@@ -187,11 +302,29 @@ class OfflineDistillation implements OnlineMethod<number, Round> {
     this.rows = t.rows.map(oneResponse);
     const masked = this.rows.filter((r) => r.responseMasks).length;
     x.info(`data: ${this.rows.length} ${data.kind} rows from ${o.data}${data.kind === 'pairwise' ? ' (the chosen responses)' : ''}${masked ? `, ${masked} with tool calls or several turns (only the assistant's own tokens distilled)` : ''}${t.truncated ? `, ${t.truncated} truncated to max_length ${config.max_length} / max_prompt_length ${config.max_prompt_length}` : ''}`);
+    if (sampling) this.checkPrompts(sampling);
+    if (sampling && sampling.lmbda >= 1) {
+      x.info(`on-policy: lmbda=1, every micro-batch the student's samples (at most ${sampling.maxNewTokens} tokens, temperature ${sampling.temperature}) for its rows' prompts, scored by the teacher's top ${this.K}; the data's responses are not read`);
+      return this.rows.map((_, i) => i);
+    }
     if (this.rows.some((r) => r.responseIds[0].length === 0)) {
       throw new UserError(`${o.data}: a response is empty after tokenization and truncation (max_length ${config.max_length} leaves no room); raise max_length or lower max_prompt_length`);
     }
     this.targets = await this.teacherStage(x.run, x.model, x.info);
+    if (sampling) x.info(`on-policy: lmbda=${sampling.lmbda}, each micro-batch the student's samples (at most ${sampling.maxNewTokens} tokens, temperature ${sampling.temperature}) with probability ${sampling.lmbda}, else the data's responses`);
     return this.rows.map((_, i) => i);
+  }
+
+  /** Every row has a prompt to sample after, and prompt + max_completion_length fits both models' positions. */
+  private checkPrompts(s: OnPolicy): void {
+    const empty = this.rows.findIndex((r) => r.promptIds.length === 0);
+    if (empty >= 0) throw new UserError(`${this.o.data}: row ${empty} has no prompt; lmbda > 0 samples the student's response to each row's prompt`);
+    const longest = Math.max(...this.rows.map((r) => r.promptIds.length));
+    const teacher = JSON.parse(readFileSync(join(this.o.teacher, 'config.json'), 'utf8')) as Record<string, unknown>;
+    for (const [who, c] of [['the student', this.student], ['the teacher', parseConfig(teacher)]] as const) {
+      const n = maxPositions(c);
+      if (longest + s.maxNewTokens > n) throw new UserError(`max_completion_length=${s.maxNewTokens}: a prompt of ${longest} tokens plus it exceeds ${who}'s ${n} positions; lower max_completion_length or max_prompt_length`);
+    }
   }
 
   /** The teacher's top K of every row: the run's cache when it was made by this teacher on these rows, else computed and cached. */
@@ -205,14 +338,8 @@ class OfflineDistillation implements OnlineMethod<number, Round> {
       this.cached = true;
       info(`teacher: top-${K} targets read from ${join(run, 'data', 'teacher.parquet')}`);
     } else {
-      const teacher = loadModel(o.teacher);
-      // A teacher with more embedding rows than the student (padded past the shared tokenizer) has
-      // ids the student cannot score: its distribution is taken over the ids both have.
-      const limit = Math.min(teacher.config.vocab_size, student.vocab_size);
-      if (limit < teacher.config.vocab_size) info(`teacher: ${teacher.config.vocab_size} embedding rows, the student ${student.vocab_size}; its distribution is taken over the first ${limit} ids`);
-      if (K > limit) throw new UserError(`distill_topk=${K}: more than the ${limit} token ids the teacher and student share`);
       const t0 = Date.now();
-      const scorer = await TeacherTopK.create(teacher.config, teacher.weights, { K, limit, runtime: runtimeOf(config, teacher.config), padId: this.tok.padId ?? 0 });
+      const scorer = await this.openTeacher(student, info);
       try {
         rows = await scorer.score(this.rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, progress: o.reporter?.progress });
       } finally {
@@ -228,6 +355,18 @@ class OfflineDistillation implements OnlineMethod<number, Round> {
     return rows;
   }
 
+  /** The teacher's top-K scorer over the ids it shares with the student. */
+  private async openTeacher(student: ModelConfig, info: (line: string) => void): Promise<TeacherTopK> {
+    const { config, o, K } = this;
+    const teacher = loadModel(o.teacher);
+    // A teacher with more embedding rows than the student (padded past the shared tokenizer) has
+    // ids the student cannot score: its distribution is taken over the ids both have.
+    const limit = Math.min(teacher.config.vocab_size, student.vocab_size);
+    if (limit < teacher.config.vocab_size) info(`teacher: ${teacher.config.vocab_size} embedding rows, the student ${student.vocab_size}; its distribution is taken over the first ${limit} ids`);
+    if (K > limit) throw new UserError(`distill_topk=${K}: more than the ${limit} token ids the teacher and student share`);
+    return TeacherTopK.create(teacher.config, teacher.weights, { K, limit, runtime: runtimeOf(config, teacher.config), padId: this.tok.padId ?? 0 });
+  }
+
   draws(config: TrainConfig): { size: number; count: number } {
     return { size: config.batch_size, count: config.gradient_accumulation_steps };
   }
@@ -240,32 +379,87 @@ class OfflineDistillation implements OnlineMethod<number, Round> {
     return distillSpec(s, this.loss, this.K);
   }
 
-  async collect(_ctx: OnlineContext, idx: readonly number[], info: RoundInfo): Promise<Round> {
-    return splitDraws(idx, info);
+  async open(ctx: OnlineContext): Promise<void> {
+    if (this.sampling) this.scorer = await this.openTeacher(this.student, ctx.info);
+  }
+
+  async close(): Promise<void> {
+    await this.scorer?.release();
+    this.scorer = null;
+  }
+
+  async collect(ctx: OnlineContext, idx: readonly number[], info: RoundInfo): Promise<Round> {
+    const batches: Round = splitDraws(idx, info).map((rows) => ({ rows }));
+    if (!this.sampling) return batches;
+    const seeds = onPolicyDraws(ctx.rng, this.sampling.lmbda, batches.length);
+    const on = batches.filter((_, b) => seeds[b] !== null);
+    this.microBatchCount += batches.length;
+    this.sampledCount += on.length;
+    if (on.length === 0) return batches;
+    // Every on-policy micro-batch of the round sampled together from the live weights, row j of
+    // micro-batch b from its own stream (seed_b, j): what it draws never depends on the others.
+    const reqs = batches.flatMap((b, k) => (seeds[k] === null ? [] : b.rows.map((i, j) => ({ promptIds: this.rows[i].promptIds, rng: sampleRandom(seeds[k]!, j, 0) }))));
+    let t0 = performance.now();
+    const samples = await sampleStudent(await ctx.policy(), this.tok, reqs, this.sampling);
+    this.sampleMs += performance.now() - t0;
+    const sampledRows: TokenizedExample[] = [];
+    let r = 0;
+    for (const b of on) {
+      const ids = b.rows.map(() => samples[r++]);
+      b.sampled = { ids, targets: [] };
+      b.rows.forEach((i, j) => sampledRows.push({ promptIds: this.rows[i].promptIds, responseIds: [ids[j]], src: this.rows[i].src }));
+    }
+    t0 = performance.now();
+    const targets = await this.scorer!.score(sampledRows, { batchSize: this.config.batch_size * 2, padTo: this.config.pad_to_multiple_of });
+    this.teacherMs += performance.now() - t0;
+    r = 0;
+    for (const b of on) {
+      b.sampled!.targets = b.rows.map(() => {
+        const t = targets[r++];
+        return { ids: Array.from(t.ids), logps: Array.from(t.logps), rest: Array.from(t.rest) };
+      });
+      this.o.onSamples?.({ step: info.step, rows: b.rows, promptIds: b.rows.map((i) => this.rows[i].promptIds), ids: b.sampled!.ids });
+    }
+    return batches;
   }
 
   async microBatches(_ctx: OnlineContext, round: Round): Promise<MicroBatch[]> {
-    return round.map((idx) => this.microBatch(idx));
+    return round.map((b) => {
+      if (!b.sampled) return this.microBatch(b.rows.map((i) => this.rows[i]), b.rows.map((i) => this.targets[i]));
+      const rows = b.rows.map((i, j) => ({ promptIds: this.rows[i].promptIds, responseIds: [b.sampled!.ids[j]], src: this.rows[i].src }));
+      const targets = b.sampled.targets.map((t) => ({ ids: Int32Array.from(t.ids), logps: Float32Array.from(t.logps), rest: Float32Array.from(t.rest) }));
+      return this.microBatch(rows, targets);
+    });
+  }
+
+  /** The step's share of on-policy micro-batches and their mean sample length (lmbda > 0 only: an offline run's rows are as before). */
+  metrics(round: Round): Record<string, number> {
+    if (!this.sampling) return {};
+    const on = round.filter((b) => b.sampled);
+    const lengths = on.flatMap((b) => b.sampled!.ids.map((x) => x.length));
+    return {
+      'distill/on_policy': on.length / round.length,
+      ...(lengths.length ? { 'distill/completion_length': lengths.reduce((a, v) => a + v, 0) / lengths.length } : {}),
+    };
   }
 
   /** Rows collated as train's single rows, the counted positions listed, the teacher's targets at them in the same order. */
-  private microBatch(idx: readonly number[]): MicroBatch {
+  private microBatch(rows: readonly TokenizedExample[], targets: readonly TeacherRow[]): MicroBatch {
     const K = this.K;
-    const c = collate(idx.map((i) => this.rows[i]), { kind: 'single', padTo: this.config.pad_to_multiple_of, padId: this.tok.padId ?? 0, dtype: 'float32' });
-    const index = scoreIndex(c.feeds.loss_mask.data as Float32Array, idx.length, c.length);
+    const c = collate([...rows], { kind: 'single', padTo: this.config.pad_to_multiple_of, padId: this.tok.padId ?? 0, dtype: 'float32' });
+    const index = scoreIndex(c.feeds.loss_mask.data as Float32Array, rows.length, c.length);
     const M = index.length;
     const ids = new BigInt64Array(M * K);
     const logps = new Float32Array(M * K);
     const rest = new Float32Array(M);
     let m = 0;
-    for (const i of idx) {
-      const t = this.targets[i];
+    for (const t of targets) {
       t.ids.forEach((id, j) => (ids[m * K + j] = BigInt(id)));
       logps.set(t.logps, m * K);
       rest.set(t.rest, m);
       m += t.rest.length;
     }
-    if (m !== M) throw new Error(`distill: ${M} counted positions in the batch, ${m} cached`);
+    if (m !== M) throw new Error(`distill: ${M} counted positions in the batch, ${m} targets`);
     return {
       feeds: {
         input_ids: c.feeds.input_ids,
@@ -278,4 +472,18 @@ class OfflineDistillation implements OnlineMethod<number, Round> {
       tokens: c.tokens,
     };
   }
+}
+
+/**
+ * The student's samples (one per request, in order) from `decoder` (the live weights): stop at the
+ * tokenizer's stop ids (kept as the sample's last token, trained as GRPO trains them) or at
+ * max_completion_length tokens, ids below the tokenizer's vocabulary only.
+ */
+export async function sampleStudent(decoder: Decoder, tok: LoadedTokenizer, reqs: GenerateRequest[], s: Omit<OnPolicy, 'lmbda'>): Promise<number[][]> {
+  const stopIds = tok.stopIds.length ? tok.stopIds : tok.eosId !== null ? [tok.eosId] : [];
+  const out = await generateIds([{ decoder, weight: 1 }], reqs, {
+    temperature: s.temperature, topK: s.topK, topP: s.topP, maxNewTokens: s.maxNewTokens,
+    stopIds, padId: tok.padId ?? tok.eosId ?? 0, vocabLimit: tok.vocabSize,
+  });
+  return out.map((g) => g.ids);
 }

@@ -1,0 +1,186 @@
+/**
+ * `prefzoo distill` with lmbda > 0 (on-policy distillation): at lmbda = 1 the rows trained are the
+ * ids the student's generation session draws for the data's prompts from the run's seed
+ * (regenerated here), and the step's loss is gkd's float64 reference against a float64 top K of the
+ * teacher on those rows, counted on the sampled tokens only; lmbda = 0 trains as offline distillation
+ * does; lmbda = 0.5 mixes micro-batches by the documented rule and resumes to the same weights; the
+ * refusals. Tiny models made here; every run is one to six steps.
+ */
+import { describe, it, expect, beforeAll } from 'vitest';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { loadModel } from '../src/models/load.ts';
+import type { ModelConfig } from '../src/models/config.ts';
+import { Decoder, generateIds } from '../src/models/generate.ts';
+import { sampleRandom } from '../src/models/sampling.ts';
+import { SeededRandom } from '../src/random.ts';
+import { loadTokenizer } from '../src/tokenize/index.ts';
+import { loadData, tokenizeExamples, type TokenizedExample } from '../datasets/examples.ts';
+import { DEFAULT_CONFIG } from '../src/train/config.ts';
+import { distill } from '../src/train/distill.ts';
+import { resolveLoss } from '../losses/index.ts';
+import { runLossReference } from '../losses/core/engine.ts';
+import { referenceLogits, type RefWeights } from './helpers/reference-forward.ts';
+import { prefzoo } from './helpers/cli.ts';
+import { distillModel, logSoftmax } from './helpers/distill-fixtures.ts';
+
+const K = 6;
+const NEW = 8;
+let dir: string;
+let teacher: string;
+let student: string;
+let pairs: string;
+
+
+beforeAll(() => {
+  dir = mkdtempSync(join(tmpdir(), 'pz-distill-online-'));
+  teacher = distillModel(join(dir, 'teacher'), 1);
+  student = distillModel(join(dir, 'student'), 2, { tied: false, layers: 1 });
+  pairs = join(dir, 'pairs.jsonl');
+  writeFileSync(pairs, Array.from({ length: 8 }, (_, i) => JSON.stringify({ prompt: `What is ${i} plus ${i + 1}?`, chosen: `It is ${2 * i + 1}.`, rejected: 'No idea.' })).join('\n') + '\n');
+});
+
+const weightsOf = (d: string) => loadModel(d) as { config: ModelConfig; weights: RefWeights };
+
+async function tokenized(): Promise<TokenizedExample[]> {
+  const d = await loadData(pairs, join(dir, 'work'));
+  return tokenizeExamples(d.examples, loadTokenizer(student), DEFAULT_CONFIG).rows;
+}
+
+
+type Samples = { step: number; rows: number[]; promptIds: number[][]; ids: number[][] }[];
+const recorder = () => {
+  const got: Samples = [];
+  return { got, onSamples: (s: { step: number; rows: readonly number[]; promptIds: readonly (readonly number[])[]; ids: readonly (readonly number[])[] }) => got.push({ step: s.step, rows: [...s.rows], promptIds: s.promptIds.map((p) => [...p]), ids: s.ids.map((x) => [...x]) }) };
+};
+
+const rowsOf = (run: string) => readFileSync(join(run, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
+/** A metrics row without its clock. */
+const timeless = (r: Record<string, number>) => Object.fromEntries(Object.entries(r).filter(([k]) => k !== 'tokens/s'));
+
+describe('prefzoo distill, on-policy (lmbda)', () => {
+  it("lmbda = 1: trains the student's own samples of the run's seed, the loss gkd's float64 reference on the sampled tokens", async () => {
+    const seed = 3;
+    const rec = recorder();
+    const params = ['max_steps=1', 'batch_size=8', 'optimizer=sgd', 'momentum=0', 'max_grad_norm=0', 'lr_scheduler=constant', 'learning_rate=1', `distill_topk=${K}`, 'beta=1', 'lmbda=1', `max_completion_length=${NEW}`, `seed=${seed}`];
+    const r = await distill({ teacher, model: student, data: pairs, out: join(dir, 'run-one'), params, onSamples: rec.onSamples });
+    expect(r.onPolicy).toMatchObject({ lmbda: 1, microBatches: 1, sampled: 1 });
+    expect(r.cached).toBe(false);
+    expect(rec.got.length).toBe(1);
+    const [s] = rec.got;
+    expect(s.step).toBe(1);
+    expect([...s.rows].sort((a, b) => a - b)).toEqual([0, 1, 2, 3, 4, 5, 6, 7]);
+
+    // 1. The samples: the data's prompts, drawn afresh here from the student's starting weights,
+    // row j of the micro-batch from stream (seed₀, j, 0), seed₀ the run's first draw (lmbda = 1: no coin).
+    const rows = await tokenized();
+    s.rows.forEach((i, j) => expect(s.promptIds[j]).toEqual(rows[i].promptIds));
+    const S = weightsOf(student);
+    const tok = loadTokenizer(student);
+    const seed0 = new SeededRandom(seed).int(2 ** 31);
+    const decoder = await Decoder.create(S.config, S.weights as never);
+    const again = await generateIds([{ decoder, weight: 1 }], s.rows.map((i, j) => ({ promptIds: rows[i].promptIds, rng: sampleRandom(seed0, j, 0) })), {
+      maxNewTokens: NEW, temperature: 1, stopIds: tok.stopIds.length ? tok.stopIds : [tok.eosId!], padId: tok.padId ?? tok.eosId ?? 0, vocabLimit: tok.vocabSize,
+    });
+    await decoder.release();
+    expect(s.ids).toEqual(again.map((g) => g.ids));
+    expect(new Set(s.ids.map((x) => x.join(','))).size).toBeGreaterThan(1);
+
+    // 2. The loss: gkd (beta = 1) over the sampled tokens only, against the teacher's top K in float64.
+    const T = weightsOf(teacher);
+    const V = S.config.vocab_size;
+    const b = { logits: [] as number[], ids: [] as number[], logps: [] as number[], rest: [] as number[] };
+    s.rows.forEach((i, j) => {
+      const ids = [...rows[i].promptIds, ...s.ids[j]];
+      const tl = referenceLogits(T.config, T.weights, ids);
+      const sl = referenceLogits(S.config, S.weights, ids);
+      for (let k = 0; k < s.ids[j].length; k++) {
+        const p = rows[i].promptIds.length - 1 + k; // predicts sampled token k
+        const lp = logSoftmax(tl[p]);
+        const top = [...lp.keys()].sort((x, y) => lp[y] - lp[x]).slice(0, K);
+        const inTop = new Set(top);
+        b.logits.push(...sl[p]);
+        b.ids.push(...top);
+        b.logps.push(...top.map((id) => lp[id]));
+        b.rest.push(Math.log(lp.reduce((a, v, id) => a + (inTop.has(id) ? 0 : Math.exp(v)), 0)));
+      }
+    });
+    const M = b.rest.length;
+    expect(M).toBe(s.ids.reduce((a, x) => a + x.length, 0));
+    const ref = runLossReference(resolveLoss('gkd', { beta: 1 }), {
+      student_logits: { dims: [1, M, V], data: Float64Array.from(b.logits) },
+      teacher_topk_ids: { dims: [1, M, K], data: Float64Array.from(b.ids) },
+      teacher_topk_logps: { dims: [1, M, K], data: Float64Array.from(b.logps) },
+      teacher_rest_logps: { dims: [1, M], data: Float64Array.from(b.rest) },
+      completion_mask: { dims: [1, M], data: new Float64Array(M).fill(1) },
+    });
+    const row = rowsOf(join(dir, 'run-one'))[0];
+    expect(ref.loss).toBeGreaterThan(1e-3);
+    expect(Math.abs(row.loss - ref.loss)).toBeLessThanOrEqual(1e-4 * ref.loss);
+    expect(row['distill/on_policy']).toBe(1);
+    expect(row['distill/completion_length']).toBe(M / 8);
+  });
+
+  it('lmbda = 0 trains as offline distillation (the same weights and rows); sampling settings then, and an ambiguous temperature, are refused', async () => {
+    const params = ['max_steps=2', 'batch_size=4', 'learning_rate=1e-2', `distill_topk=${K}`, 'pad_to_multiple_of=16'];
+    const a = await distill({ teacher, model: student, data: pairs, out: join(dir, 'run-offline'), params });
+    const b = await distill({ teacher, model: student, data: pairs, out: join(dir, 'run-lmbda0'), params: [...params, 'lmbda=0'] });
+    expect(b.onPolicy).toBeUndefined();
+    expect(Buffer.compare(readFileSync(join(a.finalDir, 'model.safetensors')), readFileSync(join(b.finalDir, 'model.safetensors')))).toBe(0);
+    expect(rowsOf(join(dir, 'run-lmbda0')).map(timeless)).toEqual(rowsOf(join(dir, 'run-offline')).map(timeless));
+    expect(Object.keys(rowsOf(join(dir, 'run-lmbda0'))[0]).some((k) => k.startsWith('distill/on_policy'))).toBe(false);
+
+    await expect(distill({ teacher, model: student, data: pairs, out: join(dir, 'run-r1'), params: [...params, 'max_completion_length=9'] }))
+      .rejects.toThrow(/^max_completion_length: read by on-policy distillation only, and lmbda is 0/);
+    await expect(distill({ teacher, model: student, data: pairs, out: join(dir, 'run-r2'), params: [...params, 'lmbda=0.5', 'temperature=2'] }))
+      .rejects.toThrow(/^temperature with lmbda=0.5 is ambiguous: in distill it is gkd's loss τ/);
+  });
+
+  it('lmbda = 0.5 mixes micro-batches by the documented draws, and an interrupted run resumes to the same weights', async () => {
+    const seed = 11;
+    const params = ['max_steps=6', 'save_steps=3', 'batch_size=2', 'gradient_accumulation_steps=2', 'learning_rate=1e-2', `distill_topk=${K}`, 'lmbda=0.5', 'max_completion_length=5', 'beta=0.5', `seed=${seed}`];
+    const straight = recorder();
+    const s = await distill({ teacher, model: student, data: pairs, out: join(dir, 'run-mix'), params, onSamples: straight.onSamples });
+
+    // The rule: per micro-batch in order, u from the run's stream, on-policy when u < 0.5 (then its seed drawn).
+    const rng = new SeededRandom(seed);
+    const expected = Array.from({ length: 6 }, () => {
+      let on = 0;
+      for (let k = 0; k < 2; k++) {
+        if (rng.next() < 0.5) {
+          on++;
+          rng.int(2 ** 31);
+        }
+      }
+      return on;
+    });
+    const total = expected.reduce((a, v) => a + v, 0);
+    expect(total).toBeGreaterThan(0);
+    expect(total).toBeLessThan(12);
+    expect(rowsOf(join(dir, 'run-mix')).map((r) => r['distill/on_policy'])).toEqual(expected.map((n) => n / 2));
+    expect(s.onPolicy).toMatchObject({ lmbda: 0.5, microBatches: 12, sampled: total });
+    expect(straight.got.map((x) => x.step)).toEqual(expected.flatMap((n, i) => Array(n).fill(i + 1)));
+
+    const broken = join(dir, 'run-mix-broken');
+    const resumed = recorder();
+    process.env.PREFZOO_FAULT_NAN_AT_STEP = '5';
+    try {
+      await expect(distill({ teacher, model: student, data: pairs, out: broken, params })).rejects.toThrow(/loss is NaN at step 5/);
+    } finally {
+      delete process.env.PREFZOO_FAULT_NAN_AT_STEP;
+    }
+    const r = await distill({ teacher, model: student, data: pairs, out: broken, params, resume: true, onSamples: resumed.onSamples });
+    expect(Buffer.compare(readFileSync(join(s.finalDir, 'model.safetensors')), readFileSync(join(r.finalDir, 'model.safetensors')))).toBe(0);
+    expect(resumed.got).toEqual(straight.got.filter((x) => x.step > 3));
+    expect(rowsOf(broken).map((x) => x.step)).toEqual([1, 2, 3, 4, 5, 6]);
+  });
+
+  it('refuses --tools, --mcp and --env in one line', async () => {
+    const cli = await prefzoo('distill', '--teacher', teacher, '--model', student, '--data', pairs, '-o', join(dir, 'run-tools'), '--tools', 'x.json', '--param', 'lmbda=1');
+    expect(cli.code).toBe(1);
+    const lines = cli.stderr.trim().split('\n');
+    expect(lines.length).toBe(1);
+    expect(lines[0]).toMatch(/^prefzoo: --tools: distill samples one turn per prompt; multi-turn on-policy rollouts \(--tools, --mcp, --env\) are not built for distill yet/);
+  });
+});

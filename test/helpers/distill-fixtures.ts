@@ -1,0 +1,23 @@
+/** Models and helpers of the distillation tests (distill.test.ts, distill-online.test.ts). */
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { initModelFolder } from '../../src/models/init.ts';
+import { saveCheckpoint } from '../../src/models/checkpoint.ts';
+import { parseConfig } from '../../src/models/config.ts';
+import { randomWeights } from './model-fixtures.ts';
+
+/** A model folder with the generated tokenizer and spread-out random weights (peaked distributions), untied when asked. */
+export function distillModel(out: string, seed: number, o: { tied?: boolean; layers?: number } = {}): string {
+  initModelFolder(out, 'llama', 'tiny', seed, {}, o.layers ? { num_hidden_layers: o.layers } : {});
+  const raw = JSON.parse(readFileSync(join(out, 'config.json'), 'utf8'));
+  const config = parseConfig({ ...raw, tie_word_embeddings: o.tied ?? true });
+  saveCheckpoint(out, randomWeights(config, seed), { config });
+  return out;
+}
+
+/** log-softmax in float64. */
+export function logSoftmax(x: Float64Array): Float64Array {
+  const m = Math.max(...x);
+  const lse = m + Math.log(x.reduce((a, v) => a + Math.exp(v - m), 0));
+  return x.map((v) => v - lse);
+}
