@@ -22,6 +22,8 @@
  *   × the sampler–trainer correction sg(ρ): exp(o − s) per token or exp(Σ m(o − s)) per row,
  *     truncated to [C_min, C_max] or zeroed outside it (not for vespo, whose φ holds it)
  *   + β·(e^(r − p) − (r − p) − 1)·(w when use_bias_correction_kl)   (the k3 estimator of KL(π_θ ‖ π_ref))
+ *   + λ·(e^(q − p) − (q − p) − 1)·(w when use_bias_correction_kl)   (the same estimator of KL(π_θ ‖ π_teacher),
+ *     q = `teacher_token_logps`, λ = distill_coef: teacher-guided RL, DGPO)
  *
  * and the loss aggregates Σ_t m·ℓ by `loss_type`: grpo and sapo — per row over its own tokens, then
  * the mean of the rows; bnpo — over the batch's tokens; dr_grpo ("Understanding R1-Zero-Like
@@ -56,6 +58,8 @@ export interface GrpoParams extends Params {
   epsilon_high: number | null;
   delta: number | null;
   beta: number;
+  /** λ of the per-token KL to a teacher (null: unset, 0 — `prefzoo grpo --teacher` sets its own default). */
+  distill_coef: number | null;
   max_completion_length: number;
   top_entropy_quantile: number;
   sapo_temperature_pos: number;
@@ -82,6 +86,11 @@ const OVER_N: readonly GrpoLossType[] = ['dapo', 'cispo', 'vespo'];
 /** VESPO's lower clamp of log-weights, log 1e-8 (TRL's, from the paper's code). */
 const VESPO_LOG_MIN = Math.log(1e-8);
 const VESPO_LOG_MAX = 20;
+
+/** The teacher KL's coefficient λ in force: distill_coef, 0 when unset. */
+export function distillCoef(p: Pick<GrpoParams, 'distill_coef'>): number {
+  return p.distill_coef ?? 0;
+}
 
 /** ε_high: the given value, else ε (as TRL). */
 export function epsilonHigh(p: GrpoParams): number {
@@ -221,6 +230,7 @@ export const grpo: LossModule<GrpoParams> = {
     { name: 'epsilon_high', type: 'number', default: null, min: 0, ...TRL('epsilon_high'), doc: 'upper clipping ε_high (unset: ε; DAPO recommends 0.28); for cispo the cap of the IS weight (recommended 5)' },
     { name: 'delta', type: 'number', default: null, min: 1, minOpen: true, ...TRL('delta'), doc: 'two-sided clipping: the unclipped ratio is capped at δ (INTELLECT-2; use δ > 1 + ε_high)' },
     { name: 'beta', type: 'number', default: 0, min: 0, ...TRL('beta'), doc: 'weight β of the k3 estimate of KL(π_θ ‖ π_ref) per token (0: no reference model)' },
+    { name: 'distill_coef', type: 'number', default: null, min: 0, doc: 'weight λ of the same k3 estimate of KL(π_θ ‖ π_teacher) per token, the teacher\'s log-probs of the sampled tokens in teacher_token_logps (teacher-guided RL, DGPO; unset: 0, and prefzoo grpo --teacher takes 0.1)' },
     { name: 'max_completion_length', type: 'integer', default: 512, min: 1, ...TRL('max_completion_length'), doc: "dr_grpo's constant normaliser (the longest completion sampled)" },
     { name: 'top_entropy_quantile', type: 'number', default: 1, min: 0, max: 1, ...TRL('top_entropy_quantile'), doc: 'ρ: only tokens whose entropy is in the top ρ of the batch count in the policy term (1: all; needs token_entropies)' },
     { name: 'sapo_temperature_pos', type: 'number', default: 1, min: 0, minOpen: true, ...TRL('sapo_temperature_pos'), doc: "sapo: temperature τ of the soft gate for tokens with advantage > 0" },
@@ -248,6 +258,7 @@ export const grpo: LossModule<GrpoParams> = {
       // TRL's luspo averages its [B, T] terms over every position, padding included, whenever a term varies by token.
       if (p.importance_sampling_level !== 'sequence') throw bad('importance_sampling_level', 'loss_type=luspo needs importance_sampling_level=sequence (at token level its mean would run over padding)');
       if (p.beta > 0) throw bad('beta', 'loss_type=luspo takes no per-token KL term (beta must be 0: its mean would run over padding)');
+      if (distillCoef(p) > 0) throw bad('distill_coef', 'loss_type=luspo takes no per-token KL term (distill_coef must be 0: its mean would run over padding)');
       if (p.top_entropy_quantile < 1) throw bad('top_entropy_quantile', 'loss_type=luspo takes no per-token entropy mask (top_entropy_quantile must be 1: its mean would run over padding)');
       if (p.vllm_importance_sampling_correction && p.vllm_importance_sampling_mode.startsWith('token')) {
         throw bad('vllm_importance_sampling_mode', `loss_type=luspo takes the sampler correction per sequence (sequence_truncate or sequence_mask), not ${p.vllm_importance_sampling_mode} (its mean would run over padding)`);
@@ -255,12 +266,13 @@ export const grpo: LossModule<GrpoParams> = {
     }
     const lo = p.vllm_importance_sampling_clip_min;
     if (lo !== null && lo >= p.vllm_importance_sampling_clip_max) throw bad('vllm_importance_sampling_clip_min', `vllm_importance_sampling_clip_min (${lo}) must be less than vllm_importance_sampling_clip_max (${p.vllm_importance_sampling_clip_max})`);
-    if (p.use_bias_correction_kl && p.beta === 0) throw bad('use_bias_correction_kl', 'use_bias_correction_kl corrects the KL term, which needs beta > 0');
+    if (p.use_bias_correction_kl && p.beta === 0 && distillCoef(p) === 0) throw bad('use_bias_correction_kl', 'use_bias_correction_kl corrects the KL term, which needs beta > 0 (or distill_coef > 0: the teacher KL)');
   },
   keys(p) {
     const required = [...TOKEN_KEYS];
     const bonus = entropyBonusOn(p);
     if (p.beta > 0) required.push('ref_token_logps');
+    if (distillCoef(p) > 0) required.push('teacher_token_logps');
     if (p.top_entropy_quantile < 1 || bonus) required.push('token_entropies');
     const optional = ['num_items_in_batch', 'sampling_token_logps'];
     if (!required.includes('token_entropies')) optional.push('token_entropies');
@@ -277,6 +289,7 @@ export const grpo: LossModule<GrpoParams> = {
     const adv = col(batch, 'advantages');
     const m = col(batch, 'completion_mask');
     const ref = p.beta > 0 ? col(batch, 'ref_token_logps') : null;
+    const teacher = distillCoef(p) > 0 ? col(batch, 'teacher_token_logps') : null;
     const ent = batch.token_entropies ? col(batch, 'token_entropies') : null;
     const samp = batch.sampling_token_logps ? col(batch, 'sampling_token_logps') : null;
     checkBatch(p, samp !== null);
@@ -307,6 +320,7 @@ export const grpo: LossModule<GrpoParams> = {
     const flags = { low: 0, high: 0, region: 0 };
     let phiSum = 0;
     let klSum = 0;
+    let teacherKlSum = 0;
     let entSum = 0;
     for (let b = 0; b < B; b++) {
       const at = (t: number) => b * T + t;
@@ -396,23 +410,28 @@ export const grpo: LossModule<GrpoParams> = {
           }
         }
       }
-      if (ref) {
+      // The k3 KL terms: to the reference (β) and to the teacher (λ), the same estimator.
+      const klTerm = (target: Float64Array, c: number): number => {
         const bias = p.use_bias_correction_kl;
         let klRow = 0;
+        let sum = 0;
         for (let t = 0; t < T; t++) {
           if (m[at(t)] === 0) continue;
-          const x = ref[at(t)] - lp[at(t)];
+          const x = target[at(t)] - lp[at(t)];
           const kl = Math.exp(x) - x - 1;
           const W = bias ? wAt(t) : 1;
-          s += p.beta * kl * W;
-          d[t] += p.beta * (1 - Math.exp(x)) * W;
+          s += c * kl * W;
+          d[t] += c * (1 - Math.exp(x)) * W;
           // The ratio is not detached: d(k3·w)/dp_t also carries k3·dw/dp_t.
-          if (bias && !seqLevel) d[t] += p.beta * kl * W;
+          if (bias && !seqLevel) d[t] += c * kl * W;
           klRow += kl;
-          klSum += kl * W;
+          sum += kl * W;
         }
-        if (bias && seqLevel) for (let t = 0; t < T; t++) d[t] += (p.beta * klRow * wSeq * m[at(t)]) / cntC;
-      }
+        if (bias && seqLevel) for (let t = 0; t < T; t++) d[t] += (c * klRow * wSeq * m[at(t)]) / cntC;
+        return sum;
+      };
+      if (ref) klSum += klTerm(ref, p.beta);
+      if (teacher) teacherKlSum += klTerm(teacher, distillCoef(p));
       if (ent) for (let t = 0; t < T; t++) if (m[at(t)] !== 0) entSum += ent[at(t)];
       per.push(scale * s);
       for (let t = 0; t < T; t++) grad[at(t)] = coef[b] * scale * d[t];
@@ -443,6 +462,7 @@ export const grpo: LossModule<GrpoParams> = {
       metrics['clip_ratio/region_mean'] = flags.region;
     } else if (lt === 'vespo') metrics['vespo/phi_seq_mean'] = phiSum;
     if (ref) metrics.kl = klSum / Math.max(total, 1);
+    if (teacher) metrics['distill/kl'] = teacherKlSum / Math.max(total, 1);
     if (ent) metrics.entropy = entSum / Math.max(total, 1);
     if (samp) Object.assign(metrics, samplingMetrics(old, samp, m, corr ? rho : null, seqCorr, B, T));
     return { perExample: per, grad: out, metrics };
@@ -536,12 +556,22 @@ export const grpo: LossModule<GrpoParams> = {
       const emask = p.top_entropy_quantile < 1 ? entropyMaskGraph(g, t.token_entropies, m, p.top_entropy_quantile) : undefined;
       if (emask) term = g.mul(term, emask);
       if (rho && lt !== 'vespo') term = g.mul(term, rho);
+      // The k3 KL terms: to the reference (β) and to the teacher (λ), the same estimator.
+      const klOf = (target: Tensor) => {
+        const x = g.where(counted, g.sub(target, lp), zero);
+        const kl = g.sub(g.sub(g.exp(x), x), one);
+        return p.use_bias_correction_kl ? g.mul(kl, w) : kl;
+      };
+      const meanKl = (kl: Tensor) => g.div(g.reduceSum(g.mul(g.stopGradient(kl), m), undefined, false), g.max(total, one));
       if (p.beta > 0) {
-        const x = g.where(counted, g.sub(t.ref_token_logps, lp), zero);
-        let kl = g.sub(g.sub(g.exp(x), x), one);
-        if (p.use_bias_correction_kl) kl = g.mul(kl, w);
+        const kl = klOf(t.ref_token_logps);
         term = g.add(term, g.mul(kl, p.beta));
-        metrics.kl = g.div(g.reduceSum(g.mul(g.stopGradient(kl), m), undefined, false), g.max(total, one));
+        metrics.kl = meanKl(kl);
+      }
+      if (distillCoef(p) > 0) {
+        const kl = klOf(t.teacher_token_logps);
+        term = g.add(term, g.mul(kl, distillCoef(p)));
+        metrics['distill/kl'] = meanKl(kl);
       }
       const S = g.reduceSum(g.mul(term, m), [1], false); // [B]
       const N = g.max(t.num_items_in_batch ?? total, one);

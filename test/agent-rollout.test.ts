@@ -135,7 +135,7 @@ describe('the agent rollout, scripted', () => {
       masks: completions.map((x) => x.lossMask), advantages: [1, -1, 0.5, 2], old: completions.map((x) => x.ids.map((_, t) => -t - 1)), ref: null,
       sampling: completions.map((x) => x.logps!), metrics: {},
     };
-    const [mb] = microBatches(round, { old: true, ref: false, items: false, entropies: false, bonus: false, adaptive: false, sampling: true }, { batchSize: 4, padTo: 1, padId: 0 });
+    const [mb] = microBatches(round, { old: true, ref: false, teacher: false, items: false, entropies: false, bonus: false, adaptive: false, sampling: true }, { batchSize: 4, padTo: 1, padId: 0 });
     const samp = mb.feeds.sampling_token_logps.data as Float32Array;
     const [B, T] = mb.feeds.loss_mask.dims as number[];
     const lm = mb.feeds.loss_mask.data as Float32Array;

@@ -12,7 +12,7 @@
  * single    [B]:    policy_logps, ref_logps, rewards, values (DRO), labels (KTO: 1 desirable, 0 not),
  *                   kl (KTO, a number) or policy_kl_logps, ref_kl_logps [B'] (KTO's mismatched pairs)
  * nash_md   [B]:    policy_logps, ref_logps, probs (preference P(y ≻ y'))
- * grpo      [B, T]: policy_token_logps, old_token_logps, ref_token_logps (per-token log-probs),
+ * grpo      [B, T]: policy_token_logps, old_token_logps, ref_token_logps, teacher_token_logps (per-token log-probs),
  *                   completion_mask (1 = a completion token counted), token_entropies (nats, for
  *                   top_entropy_quantile and the entropy bonus), sampling_token_logps (the sampler's
  *                   own log-probs of the tokens it drew: the sampler–trainer correction); [B]:
@@ -41,7 +41,7 @@ export const SINGLE_KEYS = [
 ] as const;
 export const NASH_KEYS = ['policy_logps', 'ref_logps', 'probs', 'weight'] as const;
 export const GRPO_KEYS = [
-  'policy_token_logps', 'old_token_logps', 'ref_token_logps', 'advantages', 'completion_mask', 'token_entropies', 'num_items_in_batch',
+  'policy_token_logps', 'old_token_logps', 'ref_token_logps', 'teacher_token_logps', 'advantages', 'completion_mask', 'token_entropies', 'num_items_in_batch',
   'sampling_token_logps', 'entropy_coef', 'last_world_entropy',
 ] as const;
 export const REWARD_PAIR_KEYS = ['chosen_rewards', 'rejected_rewards', 'weight'] as const;
@@ -51,7 +51,7 @@ export const DIST_KEYS: ReadonlySet<string> = new Set(['student_logits', 'teache
 /** Keys holding token ids: integers, fed to a graph as int64. */
 export const INDEX_KEYS: ReadonlySet<string> = new Set(['teacher_topk_ids']);
 /** GRPO's per-token columns ([B, T]: one entry per completion position). */
-export const TOKEN_KEYS: ReadonlySet<string> = new Set(['policy_token_logps', 'old_token_logps', 'ref_token_logps', 'completion_mask', 'token_entropies', 'sampling_token_logps', 'teacher_rest_logps']);
+export const TOKEN_KEYS: ReadonlySet<string> = new Set(['policy_token_logps', 'old_token_logps', 'ref_token_logps', 'teacher_token_logps', 'completion_mask', 'token_entropies', 'sampling_token_logps', 'teacher_rest_logps']);
 /** Keys that are one number for the whole batch. */
 const SCALAR_KEYS: ReadonlySet<string> = new Set(['kl', 'num_items_in_batch', 'entropy_coef', 'last_world_entropy']);
 

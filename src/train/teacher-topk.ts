@@ -135,13 +135,14 @@ export class TeacherTopK {
 /**
  * Refuses, in one line naming both folders, a teacher whose tokenizer maps ids to other tokens than
  * the student's: the cached top K are the teacher's ids, read as the student's. Equal tokenizer.json
- * files pass at once; otherwise the vocabularies (every id's token) are compared.
+ * files pass at once; otherwise the vocabularies (every id's token) are compared. `use` says what
+ * reads the teacher's ids as the student's (offline distillation; grpo --teacher).
  */
-export function checkSameTokenizer(teacherDir: string, studentDir: string, student: LoadedTokenizer): void {
+export function checkSameTokenizer(teacherDir: string, studentDir: string, student: LoadedTokenizer, use = 'offline distillation reads'): void {
   const a = join(teacherDir, 'tokenizer.json');
-  if (!existsSync(a)) throw new UserError(`--teacher ${teacherDir}: no tokenizer.json; distillation needs the teacher's tokenizer to check it is the student's (${studentDir})`);
+  if (!existsSync(a)) throw new UserError(`--teacher ${teacherDir}: no tokenizer.json; distillation needs the teacher's tokenizer to check it is the student's (${studentDir})`, { setting: 'teacher' });
   const teacher = loadTokenizer(teacherDir);
-  const differ = (why: string) => new UserError(`--teacher ${teacherDir} and --model ${studentDir} have different tokenizers (${why}); offline distillation reads the teacher's token ids as the student's: use a teacher with the student's tokenizer`);
+  const differ = (why: string) => new UserError(`--teacher ${teacherDir} and --model ${studentDir} have different tokenizers (${why}); ${use} the teacher's token ids as the student's: use a teacher with the student's tokenizer`, { setting: 'teacher' });
   if (teacher.vocabSize !== student.vocabSize) throw differ(`${teacher.vocabSize} ids against ${student.vocabSize}`);
   for (let id = 0; id < student.vocabSize; id++) {
     const x = teacher.idToToken(id);

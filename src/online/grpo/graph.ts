@@ -14,7 +14,7 @@ import type { TrainConfig } from '../../train/config.ts';
 import { headChunksOf, modelSegment } from '../../train/graph.ts';
 import { modelParamSpecs, optimizerOf } from '../../train/run.ts';
 import type { BoundLoss } from '../../../losses/index.ts';
-import { entropyBonusOn, entropyMaskGraph, type GrpoParams } from '../../../losses/grpo.ts';
+import { distillCoef, entropyBonusOn, entropyMaskGraph, type GrpoParams } from '../../../losses/grpo.ts';
 import { tempered } from '../reference.ts';
 import type { GrpoSettings } from './settings.ts';
 
@@ -24,6 +24,8 @@ export interface Columns {
   old: boolean;
   /** ref_token_logps (beta > 0). */
   ref: boolean;
+  /** teacher_token_logps (distill_coef > 0: `--teacher`'s log-probs of the sampled tokens). */
+  teacher: boolean;
   /** num_items_in_batch (dapo, cispo, vespo: normalised by the round's completion tokens). */
   items: boolean;
   /** token_entropies reach the loss (top_entropy_quantile < 1, or the entropy bonus). */
@@ -41,6 +43,7 @@ export function columnsOf(p: GrpoParams, s: GrpoSettings): Columns {
   return {
     old: s.num_iterations > 1,
     ref: p.beta > 0,
+    teacher: distillCoef(p) > 0,
     items: p.loss_type === 'dapo' || p.loss_type === 'cispo' || p.loss_type === 'vespo',
     entropies: p.top_entropy_quantile < 1 || bonus,
     bonus,
@@ -82,6 +85,7 @@ export function grpoSpec(o: SpecOptions): ArtifactSpec {
       { name: 'advantages', dtype: F, shape: ['rows'] },
       ...(cols.old ? [{ name: 'old_token_logps', dtype: F, shape: ['rows', 'len'] }] : []),
       ...(cols.ref ? [{ name: 'ref_token_logps', dtype: F, shape: ['rows', 'len'] }] : []),
+      ...(cols.teacher ? [{ name: 'teacher_token_logps', dtype: F, shape: ['rows', 'len'] }] : []),
       ...(cols.items ? [{ name: 'num_items_in_batch', dtype: F, shape: [] }] : []),
       ...(cols.sampling ? [{ name: 'sampling_token_logps', dtype: F, shape: ['rows', 'len'] }] : []),
       ...(cols.adaptive ? [{ name: 'entropy_coef', dtype: F, shape: [] }, { name: 'last_world_entropy', dtype: F, shape: [] }] : []),
@@ -106,6 +110,7 @@ export function grpoSpec(o: SpecOptions): ArtifactSpec {
         completion_mask: batch.loss_mask,
       };
       if (cols.ref) ins.ref_token_logps = batch.ref_token_logps;
+      if (cols.teacher) ins.teacher_token_logps = batch.teacher_token_logps;
       if (cols.items) ins.num_items_in_batch = batch.num_items_in_batch;
       if (cols.entropies) ins.token_entropies = seq.tokenEntropies!;
       // Tokens the policy did not sample (masked: tool results, padding) read the old log-prob: ratio 1, drift 0.

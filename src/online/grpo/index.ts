@@ -12,6 +12,8 @@
  *                 unscorable completions get 0
  *   log-probs     (round.ts) old ones per token when num_iterations > 1 (the policy that sampled; else
  *                 the live one, detached); reference ones when beta > 0 (the starting weights, adapters off);
+ *                 the teacher's with `teacher` (distill_coef > 0: teacher-guided RL, DGPO — the k3 KL to
+ *                 the teacher on the policy's own rollouts, beside the reference's; teacher.ts);
  *                 the sampler's own (Completion.logps, what the decoder drew each token with) for the
  *                 sampler–trainer correction and the off-policy mask (vllm_importance_sampling_*, on by
  *                 default as in TRL; off_policy_mask_threshold)
@@ -27,7 +29,8 @@
  * importance ratio compares the distributions completions were drawn from.
  *
  * Metrics (TRL's names, metrics.ts): reward, reward_std, rewards/<name>/mean and /std,
- * frac_reward_zero_std, completions/…, and from the graph loss, kl (beta > 0), entropy,
+ * frac_reward_zero_std, completions/…, and from the graph loss, kl (beta > 0), distill/kl (the
+ * teacher's, distill_coef > 0), entropy,
  * clip_ratio/… (cispo: cispo_clip_ratio), sampling/sampling_logp_difference/mean|max and
  * sampling/importance_sampling_ratio/min|mean|max, policy_loss and entropy_coef (entropy bonus). Every logging_steps the round's first prompt's completions,
  * with their rewards and advantages, go to RUN/completions.jsonl (completions-log.ts). With eval_data
@@ -56,8 +59,10 @@ import { AGENT_REWARD, agentRoundMetrics, loadAgent, loadCallPredicate, rolloutC
 import { openAgentEndpoint } from './agent-endpoint.ts';
 import { AgentLog } from './agent-log.ts';
 import { GRPO_HONOURS, grpoLoss, rewardWeights, type GrpoSettings } from './settings.ts';
+import { checkTeacher, openTeacher, teacherParams } from './teacher.ts';
 
 export { GRPO_SETTINGS, GRPO_HONOURS, grpoLoss, rewardWeights, type GrpoSettings } from './settings.ts';
+export { DEFAULT_DISTILL_COEF } from './teacher.ts';
 export { combineRewards, computeAdvantages, nanMean, nanStd, type Advantages } from './advantages.ts';
 export { evaluateRewards, type RewardEval } from './evaluate.ts';
 export { samplingRollout, type Completion, type Rollout, type RolloutContext, type RolloutRequest } from './rollout.ts';
@@ -83,6 +88,11 @@ export interface GrpoOptions extends OnlineOptions, AgentOptions {
    * run's endpoint (agent-harness.ts). The prompts file's rows are its tasks (any columns).
    */
   agent?: string | AgentFunction;
+  /**
+   * Teacher-guided RL (`--teacher`, a model folder with the policy's tokenizer): the loss adds
+   * distill_coef × the per-token k3 KL of the policy to this model on the sampled tokens.
+   */
+  teacher?: string;
 }
 
 export type GrpoResult = OnlineResult;
@@ -90,13 +100,15 @@ export type GrpoResult = OnlineResult;
 export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   const { config, lossParams, own } = resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'grpo' });
   const s = own as unknown as GrpoSettings;
-  const loss = grpoLoss(lossParams, s);
+  const loss = grpoLoss(teacherParams(lossParams, o), s);
   const p = loss.terms[0].params as GrpoParams;
   const G = s.num_generations;
   const perRound = config.batch_size * config.gradient_accumulation_steps;
   if (perRound % G !== 0) {
     throw new UserError(`grpo: batch_size × gradient_accumulation_steps (${config.batch_size} × ${config.gradient_accumulation_steps} = ${perRound} completions) must be a multiple of num_generations (${G})`);
   }
+  // A teacher that is no model folder, or reads other token ids, is refused before anything opens.
+  if (o.teacher !== undefined) checkTeacher(o.teacher, o.model);
   const harness = await openHarness(o, s);
   // Tools or an environment make rollouts multi-turn (agent-run.ts); without them the agent settings are refused.
   const agent = await AgentRun.open(o, s);
@@ -146,6 +158,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   const log = new CompletionsLog(o.out, Math.min(s.log_completions, G), (step) => Array.from({ length: s.num_iterations }, (_, u) => step + u).some((t) => t % config.logging_steps === 0));
   const entropy = new EntropyController(p, s, cols);
   let ref: ReferenceScorer | null = null;
+  let teacher: ReferenceScorer | null = null;
   let endpoint: AgentEndpoint | null = null;
   const agentLog = harness ? new AgentLog(o.out) : null;
   // An --agent round: the agents run against the endpoint over the live weights; each rollout's reward
@@ -171,6 +184,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
     updatesPerRound: () => s.num_iterations,
     async open(ctx) {
       if (cols.ref) ref = await ReferenceScorer.create(ctx.model, ctx.baseWeights, ctx.runtime, { temperature: s.temperature, vocabLimit: ctx.tok.vocabSize });
+      if (cols.teacher) teacher = await openTeacher(o.teacher!, ctx, s.temperature);
       log.truncateAfter(ctx.art.step);
       await agent?.start(ctx, o.resume ? ctx.art.step + 1 : undefined);
       agentLog?.truncateAfter(ctx.art.step);
@@ -189,6 +203,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
           advantages: microBatchEven(trainRows.map((r) => r.advantage), config.batch_size, p.loss_type),
           old: null,
           ref: null,
+          teacher: null,
           sampling: cols.sampling ? trainRows.map((r) => r.row.logps) : null,
           metrics: {
             ...rewardMetrics(names, a.perFunction, a.rewards),
@@ -197,7 +212,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
             ...agentRoundMetrics(a.rollouts, a.agentSeconds, a.decodeSeconds),
           },
         };
-        await roundLogps(round, cols, batching(ctx), ctx.art, ref);
+        await roundLogps(round, cols, batching(ctx), ctx.art, ref, teacher);
         log.write(info.step, items[0].prompt ?? JSON.stringify(items[0].row), a.completions, names, a.perFunction, a.rewards, advantages);
         agentLog!.write(info.step, a.rollouts, (t) => items[t].at, a.rewards, advantages);
         return round;
@@ -215,6 +230,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
         advantages: Array.from(advantages),
         old: null,
         ref: null,
+        teacher: null,
         sampling,
         metrics: {
           ...rewardMetrics(names, perFunction, rewards),
@@ -223,7 +239,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
           ...agentMetrics(completions),
         },
       };
-      await roundLogps(round, cols, batching(ctx), ctx.art, ref);
+      await roundLogps(round, cols, batching(ctx), ctx.art, ref, teacher);
       // The round's first prompt as the rollout answered it: an environment's reset may have given it.
       log.write(info.step, (completions[0].info.prompt as Text | undefined) ?? rowPrompt(items[0]), completions, names, perFunction, rewards, advantages);
       return round;
@@ -247,16 +263,18 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
       : undefined,
     async close() {
       await ref?.release();
+      await (teacher as ReferenceScorer | null)?.release();
       await endpoint?.close();
     },
   };
   try {
     return await runOnline(o, rows, method, {
       config,
-      record: { prompts: o.prompts, rewards: o.rewards.join(' --reward '), loss: 'grpo', loss_params: p, grpo: s, ...(agent ? { agent: agent.record } : {}), ...(harness ? { agent_module: harness.agent.spec } : {}) },
+      record: { prompts: o.prompts, rewards: o.rewards.join(' --reward '), teacher: o.teacher ?? null, loss: 'grpo', loss_params: p, grpo: s, ...(agent ? { agent: agent.record } : {}), ...(harness ? { agent_module: harness.agent.spec } : {}) },
       inputs: [
         { key: 'prompts', now: o.prompts, flag: '--prompts' },
         { key: 'rewards', now: o.rewards.join(' --reward '), flag: '--reward' },
+        { key: 'teacher', now: o.teacher ?? null, flag: '--teacher', optional: true },
       ],
     });
   } finally {

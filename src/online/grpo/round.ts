@@ -1,9 +1,11 @@
 /**
  * A sampled, scored round and its micro-batches: each completion's tokens, whether it counts in the
  * loss, its advantage, and — when the loss reads them — its tokens' old log-probs (the sampling
- * policy's, through the artifacts' eval graph), reference log-probs (the reference scorer's) and
+ * policy's, through the artifacts' eval graph), reference log-probs (the reference scorer's), the
+ * teacher's log-probs (`--teacher`, a scorer of the same kind over the teacher's weights) and
  * sampler log-probs (what the decoder drew them with, for the sampler–trainer correction).
  */
+import { UserError } from '../../errors.ts';
 import type { TrainingArtifacts } from '../../artifacts/training.ts';
 import { toOrt, type Feeds } from '../../runtime/session.ts';
 import type { MicroBatch } from '../../train/run.ts';
@@ -19,9 +21,11 @@ export interface GrpoRound {
   /** Per completion, its tokens' loss mask when the rollout masked some out (else null: all count). */
   masks: number[][] | null;
   advantages: number[];
-  /** Per completion, its tokens' old / reference log-probs (only when used). */
+  /** Per completion, its tokens' old / reference / teacher log-probs (only when used). */
   old: number[][] | null;
   ref: number[][] | null;
+  /** Absent in rounds checkpointed before `--teacher` existed (read as null). */
+  teacher?: number[][] | null;
   /** Per completion, the log-probs its tokens were sampled with (`Completion.logps`; when the correction reads them). */
   sampling: number[][] | null;
   metrics: Record<string, number>;
@@ -34,11 +38,17 @@ export interface Batching {
   padId: number;
 }
 
-/** The round's old and reference log-probs per token, micro-batch by micro-batch, as the columns ask. */
-export async function roundLogps(r: GrpoRound, cols: Columns, b: Batching, art: TrainingArtifacts, ref: ReferenceScorer | null): Promise<void> {
-  if (!cols.old && !cols.ref) return;
+/**
+ * The round's old, reference and teacher log-probs per token, micro-batch by micro-batch, as the
+ * columns ask. Every completion token is scored (the full mask); tokens the rollout masked out (tool
+ * results, an environment's turns) leave the loss afterwards, in `microBatches`. `ref` scores the
+ * reference column (beta > 0), `teacher` the teacher's (distill_coef > 0).
+ */
+export async function roundLogps(r: GrpoRound, cols: Columns, b: Batching, art: TrainingArtifacts, ref: ReferenceScorer | null, teacher: ReferenceScorer | null = null): Promise<void> {
+  if (!cols.old && !cols.ref && !cols.teacher) return;
   const old: number[][] = [];
   const refs: number[][] = [];
+  const teachers: number[][] = [];
   const n = r.ids.length;
   for (let at = 0; at < n; at += b.batchSize) {
     const idx = Array.from({ length: Math.min(b.batchSize, n - at) }, (_, k) => at + k);
@@ -47,9 +57,11 @@ export async function roundLogps(r: GrpoRound, cols: Columns, b: Batching, art: 
     const mask = c.feeds.loss_mask.data as Float32Array;
     if (cols.old) old.push(...gatherTokens((await art.evaluate(c.feeds)).token_logps.data as Float32Array, mask, rows, T));
     if (cols.ref) refs.push(...gatherTokens((await ref!.run(c.feeds)).tokenLogps, mask, rows, T));
+    if (cols.teacher) teachers.push(...gatherTokens((await teacher!.run(c.feeds)).tokenLogps, mask, rows, T));
   }
   r.old = cols.old ? old : null;
   r.ref = cols.ref ? refs : null;
+  r.teacher = cols.teacher ? teachers : null;
 }
 
 /** The inverse of gatherTokens: each completion's token values placed at its loss_mask positions of [B, T]. */
@@ -82,11 +94,15 @@ export function microBatches(r: GrpoRound, cols: Columns, b: Batching): MicroBat
     };
     if (r.old) feeds.old_token_logps = toOrt('float32', scatterTokens(idx.map((i) => r.old![i]), mask, rows, T), [rows, T]);
     if (r.ref) feeds.ref_token_logps = toOrt('float32', scatterTokens(idx.map((i) => r.ref![i]), mask, rows, T), [rows, T]);
+    if (cols.teacher) {
+      if (!r.teacher) throw new UserError('grpo: this round was checkpointed without the teacher\'s log-probs (distill_coef > 0 needs them); resume it as it was started', { setting: 'distill_coef' });
+      feeds.teacher_token_logps = toOrt('float32', scatterTokens(idx.map((i) => r.teacher![i]), mask, rows, T), [rows, T]);
+    }
     if (cols.sampling) feeds.sampling_token_logps = toOrt('float32', scatterTokens(idx.map((i) => r.sampling![i]), mask, rows, T), [rows, T]);
     if (cols.items) feeds.num_items_in_batch = toOrt('float32', Float32Array.of(Math.max(items, 1)), []);
     // The loss mask: truncated completions under mask_truncated_completions leave the loss whole, and
     // tokens the rollout masked (not the policy's own) leave it one by one — after the old and
-    // reference log-probs were placed by the full mask.
+    // reference (and teacher) log-probs were placed by the full mask.
     const lossMask = r.masks ? scatterTokens(idx.map((i) => r.masks![i]), mask, rows, T) : Float32Array.from(mask);
     idx.forEach((i, k) => {
       if (!r.counted[i]) lossMask.fill(0, k * T, (k + 1) * T);
