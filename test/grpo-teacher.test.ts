@@ -18,7 +18,7 @@ import { loadModel } from '../src/models/load.ts';
 import { ReferenceScorer } from '../src/online/reference.ts';
 import { microBatches, roundLogps, type GrpoRound } from '../src/online/grpo/round.ts';
 import type { Columns } from '../src/online/grpo/graph.ts';
-import { DEFAULT_DISTILL_COEF } from '../src/online/grpo/index.ts';
+import { DEFAULT_DISTILL_COEF, grpo } from '../src/online/grpo/index.ts';
 import type { TrainingArtifacts } from '../src/artifacts/training.ts';
 import { resolveLoss } from '../losses/index.ts';
 import { runLossOnnx, runLossReference } from '../losses/core/engine.ts';
@@ -172,11 +172,15 @@ function rows(out: string): Record<string, number>[] {
 
 const weights = (out: string) => readFileSync(join(out, 'final', 'model.safetensors'));
 
+/** A run of `SETTINGS` and `params` in this process (no CLI start-up): the library's grpo(). */
+function run(out: string, o: { teacher?: string; params?: string[]; resume?: boolean } = {}) {
+  return grpo({ model: policy, prompts, rewards: [`${rewardsMjs}:short`], out, params: [...SETTINGS, ...(o.params ?? [])], teacher: o.teacher, resume: o.resume });
+}
+
 describe('prefzoo grpo --teacher', () => {
-  it('with the starting policy as teacher, distill/kl is 0 at step 1; distill_coef unset takes its documented default', () => {
+  it('with the starting policy as teacher, distill/kl is 0 at step 1; distill_coef unset takes its documented default', async () => {
     const out = join(dir, 'self');
-    const r = cli(args(out, ['--teacher', policy, '--param', 'beta=0']));
-    expect(r.status, r.stderr).toBe(0);
+    await run(out, { teacher: policy, params: ['beta=0'] });
     const m = rows(out);
     expect(m[0]['distill/kl']).toBeLessThan(1e-6);
     expect(m[0]['distill/kl']).toBeGreaterThanOrEqual(0);
@@ -190,38 +194,37 @@ describe('prefzoo grpo --teacher', () => {
     expect(docs).toContain(`distill_coef=${DEFAULT_DISTILL_COEF}`);
   });
 
-  it('distill_coef=0 trains the same weights as plain GRPO, to the bit', () => {
+  it('distill_coef=0 trains the same weights as plain GRPO, to the bit', async () => {
     const plain = join(dir, 'plain');
     const zero = join(dir, 'zero');
-    expect(cli(args(plain)).status).toBe(0);
-    const z = cli(args(zero, ['--teacher', teacher, '--param', 'distill_coef=0']));
-    expect(z.status, z.stderr).toBe(0);
+    await run(plain);
+    await run(zero, { teacher, params: ['distill_coef=0'] });
     expect(Buffer.compare(weights(plain), weights(zero))).toBe(0);
+    expect(rows(zero)[0]['distill/kl']).toBeUndefined();
   });
 
   it('killed inside a round and resumed, it ends as an uninterrupted run (the teacher and the reference both on)', async () => {
-    const extra = ['--teacher', teacher, '--param', 'distill_coef=0.5', '--param', 'beta=0.05'];
+    const params = ['distill_coef=0.5', 'beta=0.05'];
     const straight = join(dir, 'straight');
-    const a = cli(args(straight, extra));
-    expect(a.status, a.stderr).toBe(0);
+    await run(straight, { teacher, params });
     const want = rows(straight);
     expect(want.every((r) => r['distill/kl'] > 0 && Number.isFinite(r.kl))).toBe(true);
     const broken = join(dir, 'broken');
-    await killWhen(args(broken, extra), () => existsSync(join(broken, 'checkpoints', 'step-00000001', 'state.json')));
+    await killWhen([...args(broken, ['--teacher', teacher]), ...params.flatMap((p) => ['--param', p])], () => existsSync(join(broken, 'checkpoints', 'step-00000001', 'state.json')));
     expect(existsSync(join(broken, 'final'))).toBe(false);
-    const b = cli([...args(broken, extra), '--resume']);
-    expect(b.status, b.stderr).toBe(0);
+    // Resumed without the teacher it started with: refused.
+    await expect(run(broken, { params, resume: true })).rejects.toThrow(/^grpo: distill_coef=0\.5 weighs the KL to a teacher/);
+    await expect(run(broken, { resume: true })).rejects.toThrow(/^--resume: .* was started with --teacher /);
+    await run(broken, { teacher, params, resume: true });
     expect(rows(broken)).toEqual(want);
     expect(Buffer.compare(weights(straight), weights(broken))).toBe(0);
-    // Resumed without the teacher it started with: refused.
-    expectOneLineError(cli([...args(broken), '--resume']), /--resume: .* was started with --teacher /);
   });
 
-  it('refuses in one line: a teacher with another tokenizer, distill_coef without a teacher', () => {
+  it('refuses in one line: a teacher with another tokenizer; distill_coef without a teacher', async () => {
     const foreign = join(dir, 'foreign');
     initModelFolder(foreign, 'llama', 'tiny', 3, { merges: 60 });
     expectOneLineError(cli(args(join(dir, 'run-foreign'), ['--teacher', foreign])), new RegExp(`--teacher ${foreign} and --model ${policy} have different tokenizers \\(\\d+ ids against \\d+\\); grpo --teacher`));
     expect(existsSync(join(dir, 'run-foreign'))).toBe(false);
-    expectOneLineError(cli(args(join(dir, 'run-lonely'), ['--param', 'distill_coef=0.2'])), /^prefzoo: grpo: distill_coef=0\.2 weighs the KL to a teacher: give --teacher, or leave distill_coef out$/);
+    await expect(run(join(dir, 'run-lonely'), { params: ['distill_coef=0.2'] })).rejects.toThrow(/^grpo: distill_coef=0\.2 weighs the KL to a teacher: give --teacher, or leave distill_coef out$/);
   });
 });
