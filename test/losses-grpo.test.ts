@@ -22,6 +22,7 @@ interface Batch {
   policy_token_logps: Mat;
   old_token_logps: Mat;
   ref_token_logps: Mat;
+  teacher_token_logps: Mat;
   token_entropies: Mat;
   completion_mask: Mat;
   advantages: number[];
@@ -51,6 +52,8 @@ function makeBatch(seed: number): Batch & { sampling: Mat } {
     token_entropies: mask.map((row) => row.map(() => u(0, 3))),
     advantages: [1.2, -0.7, 0.4, -1.5, 0.9, -0.3],
     sampling: old.map((row, b) => row.map((o, t) => (mask[b][t] ? o + u(-0.45, 0.45) : 7))),
+    // The teacher's log-probs (distill_coef), drawn after all the others.
+    teacher_token_logps: old.map((row, b) => row.map((o, t) => (mask[b][t] ? o + u(-0.8, 0.6) : -70))),
   };
 }
 
@@ -68,6 +71,7 @@ interface P {
   epsilon_high: number | null;
   delta: number | null;
   beta: number;
+  distill_coef: number | null;
   max_completion_length: number;
   top_entropy_quantile: number;
   sapo_temperature_pos: number;
@@ -87,7 +91,7 @@ interface P {
   entropy_target: number;
 }
 const DEFAULTS: P = {
-  loss_type: 'dapo', importance_sampling_level: 'token', epsilon: 0.2, epsilon_high: null, delta: null, beta: 0, max_completion_length: 8, top_entropy_quantile: 1,
+  loss_type: 'dapo', importance_sampling_level: 'token', epsilon: 0.2, epsilon_high: null, delta: null, beta: 0, distill_coef: null, max_completion_length: 8, top_entropy_quantile: 1,
   sapo_temperature_pos: 1, sapo_temperature_neg: 1.05, vespo_k_pos: 2, vespo_lambda_pos: 3, vespo_k_neg: 3, vespo_lambda_neg: 2,
   off_policy_mask_threshold: null, use_bias_correction_kl: false,
   vllm_importance_sampling_correction: true, vllm_importance_sampling_mode: 'sequence_mask', vllm_importance_sampling_clip_max: 3, vllm_importance_sampling_clip_min: null,
@@ -207,6 +211,13 @@ function trlLoss(x: Batch, lp: Mat, p: P, frozen: Frozen = {}, ent: Mat = x.toke
   }
   if (isRatio && lt !== 'vespo') perToken = bmul(perToken, isRatio);
   if (perTokenKl) perToken = badd(perToken, map(perTokenKl, (v) => p.beta * v));
+  // The teacher's KL (distill_coef λ): the same k3 estimator against teacher_token_logps.
+  const lambda = p.distill_coef ?? 0;
+  if (lambda > 0) {
+    let teacherKl = map(lp, (v, b, t) => Math.exp(x.teacher_token_logps[b][t] - v) - (x.teacher_token_logps[b][t] - v) - 1);
+    if (p.use_bias_correction_kl) teacherKl = bmul(teacherKl, coef1);
+    perToken = badd(perToken, map(teacherKl, (v) => lambda * v));
+  }
   const masked = bmul(perToken, m);
   const N = Math.max(x.num_items_in_batch ?? total, 1);
   let loss: number;
@@ -322,6 +333,9 @@ for (const lt of GRPO_LOSS_TYPES) {
   }
 }
 VARIANTS.push({ name: 'dapo token top_entropy_quantile=0.4 beta=0.1', params: { top_entropy_quantile: 0.4, beta: 0.1 } });
+VARIANTS.push({ name: 'dapo token distill_coef=0.3 (the teacher KL)', params: { distill_coef: 0.3 }, f32: true });
+VARIANTS.push({ name: 'grpo sequence beta=0.04 distill_coef=0.2 (both KLs)', params: { loss_type: 'grpo', importance_sampling_level: 'sequence', beta: 0.04, distill_coef: 0.2 } });
+VARIANTS.push({ name: 'cispo token distill_coef=0.5 top_entropy_quantile=0.4 (the KL is never entropy-masked)', params: { loss_type: 'cispo', distill_coef: 0.5, top_entropy_quantile: 0.4 } });
 VARIANTS.push({ name: 'grpo sequence top_entropy_quantile=0.2', params: { loss_type: 'grpo', importance_sampling_level: 'sequence', top_entropy_quantile: 0.2 } });
 // Row 1 (A < 0) has Σ log w ≈ 0.78: e^(1000·0.78) overflows, and TRL's nan_to_num counts that row's φ as 0
 // (row 3 is given A > 0 here, so no other row's φ is astronomically large).
@@ -366,6 +380,8 @@ const BIAS_CASES: Variant[] = [
   { name: 'cispo token', params: { beta: 0.1, use_bias_correction_kl: true, loss_type: 'cispo' } },
   { name: 'vespo sequence', params: { beta: 0.1, use_bias_correction_kl: true, loss_type: 'vespo', importance_sampling_level: 'sequence' } },
   { name: 'sapo token with off-policy masking', params: { beta: 0.1, use_bias_correction_kl: true, loss_type: 'sapo', off_policy_mask_threshold: 0.001 }, batch: { advantages: SIGNED } },
+  { name: 'dapo token, the teacher KL only (beta 0, distill_coef 0.3)', params: { distill_coef: 0.3, use_bias_correction_kl: true } },
+  { name: 'grpo sequence, both KLs', params: { beta: 0.1, distill_coef: 0.3, use_bias_correction_kl: true, loss_type: 'grpo', importance_sampling_level: 'sequence' } },
 ];
 
 // The entropy bonus, per loss type (its normaliser: N for dapo, cispo, vespo; the counted tokens else).
