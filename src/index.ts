@@ -578,13 +578,16 @@ export interface GrpoOptions extends Omit<GrpoLoopOptions, 'reporter' | 'base' |
 /**
  * GRPO and its descendants (`prefzoo grpo`): DAPO, Dr. GRPO, GSPO, CISPO and RLOO by `loss_type`,
  * `importance_sampling_level` and `advantage`; groups of `num_generations` completions per prompt,
- * scored by `rewards` (the reward registry's kinds: {@link RewardSpec}).
+ * scored by `rewards` (the reward registry's kinds: {@link RewardSpec}). With `teacher` (a model
+ * folder or Hub name with the policy's tokenizer), teacher-guided RL: the loss adds
+ * `distill_coef` × the per-token KL to the teacher (docs/distill.md).
  */
 export function grpo(options: GrpoOptions): Promise<GrpoResult> {
   return guarded(options, async (reporter) => {
     const names = new JobNames(options, reporter);
     const model = await names.model('model', options.model);
-    return runGrpo({ ...options, model, hub: names.hub, params: options.params, settings: options.settings, reporter });
+    const teacher = await names.model('teacher', options.teacher);
+    return runGrpo({ ...options, model, teacher, hub: names.hub, params: options.params, settings: options.settings, reporter });
   });
 }
 
