@@ -160,6 +160,7 @@ function panelsOf(rows: MetricRow[]): Panel[] {
     one('entropy', 'entropy (nats per token)'),
     one('entropy_coef', 'entropy_coef'),
     one('kl', 'KL to the reference (k3)'),
+    one('distill/kl', 'KL to the teacher (k3; grpo --teacher)'),
     {
       title: 'clip ratios',
       series: [
