@@ -8,11 +8,15 @@
  *             a row-major shape) · u32 ggml type · u64 offset in the data section
  *
  * then zero padding to `general.alignment` (32), then the tensor data, each tensor starting at a
- * multiple of the alignment. Tensor types written here: F32, F16 and Q8_0 (blocks of 32 values
- * along a row: an f16 scale d = max|x|/127, then 32 int8 q = round(x/d); 34 bytes a block).
+ * multiple of the alignment. Tensor types written here: F32, F16, and two block types whose blocks
+ * hold 32 consecutive values of a row behind an f16 scale d:
+ *   Q8_0: d = max|x|/127, then 32 int8 q = round(x/d); 34 bytes a block.
+ *   Q4_0: d = m/−8 for m the block's value of largest magnitude (sign kept), then 16 bytes of 4-bit
+ *         q = min(15, ⌊x/d + 8.5⌋) holding x ≈ (q − 8)·d: byte j's low nibble is value j, its high
+ *         nibble value 16 + j; 18 bytes a block.
  */
 import type { GgufValue } from '../models/family.ts';
-import { float32ToF16 } from '../models/safetensors.ts';
+import { float32ToF16, floatToF16Bits } from '../models/safetensors.ts';
 
 export const GGUF_VERSION = 3;
 export const GGUF_ALIGNMENT = 32;
@@ -21,13 +25,16 @@ export const GGUF_ALIGNMENT = 32;
 export const GT = { u8: 0, i8: 1, u16: 2, i16: 3, u32: 4, i32: 5, f32: 6, bool: 7, string: 8, array: 9, u64: 10, i64: 11, f64: 12 } as const;
 
 /** Tensor element types (ggml.h `ggml_type`) this writer produces. */
-export const GGML_TYPE = { F32: 0, F16: 1, Q8_0: 8 } as const;
+export const GGML_TYPE = { F32: 0, F16: 1, Q4_0: 2, Q8_0: 8 } as const;
 export type GgmlType = keyof typeof GGML_TYPE;
 
 /** `general.file_type` (llama.h `llama_ftype`) of a file whose matrices are of one type. */
-export const FILE_TYPE: Record<GgmlType, number> = { F32: 0, F16: 1, Q8_0: 7 };
+export const FILE_TYPE: Record<GgmlType, number> = { F32: 0, F16: 1, Q4_0: 2, Q8_0: 7 };
 
-export const Q8_0_BLOCK = 32;
+/** Values per block of Q4_0 and Q8_0: a row of a matrix in either type is whole blocks. */
+export const QUANT_BLOCK = 32;
+/** Bytes per block: the f16 scale, then the block's 32 quants (8 or 4 bits each). */
+export const BLOCK_BYTES = { Q4_0: 2 + QUANT_BLOCK / 2, Q8_0: 2 + QUANT_BLOCK } as const;
 
 export interface GgufTensor {
   name: string;
@@ -37,34 +44,73 @@ export interface GgufTensor {
   data: Float32Array;
 }
 
-/** Bytes of a tensor of `n` values in `type` (Q8_0 needs rows that are whole blocks). */
+/** Bytes of a tensor of `n` values in `type` (Q4_0 and Q8_0 need rows that are whole blocks). */
 export function tensorBytes(type: GgmlType, n: number): number {
   if (type === 'F32') return 4 * n;
   if (type === 'F16') return 2 * n;
-  return (n / Q8_0_BLOCK) * (2 + Q8_0_BLOCK);
+  return (n / QUANT_BLOCK) * BLOCK_BYTES[type];
+}
+
+/** The number of blocks in `data`, or a one-line refusal when it is not whole blocks. */
+function wholeBlocks(type: keyof typeof BLOCK_BYTES, data: Float32Array): number {
+  if (data.length % QUANT_BLOCK !== 0) throw new Error(`${type}: ${data.length} values are not whole blocks of ${QUANT_BLOCK}`);
+  return data.length / QUANT_BLOCK;
 }
 
 /** Q8_0 blocks of `data` (its length a multiple of 32; blocks run along rows). */
 export function quantizeQ8_0(data: Float32Array): Uint8Array {
-  if (data.length % Q8_0_BLOCK !== 0) throw new Error(`quantizeQ8_0: ${data.length} values are not whole blocks of ${Q8_0_BLOCK}`);
-  const blocks = data.length / Q8_0_BLOCK;
-  const out = new Uint8Array(blocks * (2 + Q8_0_BLOCK));
+  const blocks = wholeBlocks('Q8_0', data);
+  const out = new Uint8Array(blocks * BLOCK_BYTES.Q8_0);
   const view = new DataView(out.buffer);
   const scale = new Float32Array(1);
   for (let b = 0; b < blocks; b++) {
-    const at = b * Q8_0_BLOCK;
+    const at = b * QUANT_BLOCK;
     let amax = 0;
-    for (let i = 0; i < Q8_0_BLOCK; i++) amax = Math.max(amax, Math.abs(data[at + i]));
+    for (let i = 0; i < QUANT_BLOCK; i++) amax = Math.max(amax, Math.abs(data[at + i]));
     const d = amax / 127;
     scale[0] = d;
-    const o = b * (2 + Q8_0_BLOCK);
+    const o = b * BLOCK_BYTES.Q8_0;
     view.setUint16(o, float32ToF16(scale)[0], true);
     const inv = d === 0 ? 0 : 1 / d;
     // round half away from zero, as llama.cpp's reference quantizer (roundf) does
-    for (let i = 0; i < Q8_0_BLOCK; i++) {
+    for (let i = 0; i < QUANT_BLOCK; i++) {
       const x = data[at + i] * inv;
       view.setInt8(o + 2 + i, Math.sign(x) * Math.round(Math.abs(x)));
     }
+  }
+  return out;
+}
+
+/**
+ * Q4_0 blocks of `data` (its length a multiple of 32; blocks run along rows), by ggml's reference
+ * rule and in its float32 arithmetic, so that the bytes are those llama.cpp's quantizer writes: m is
+ * the first value of largest magnitude in the block, d = m/−8 (stored as f16; an all-zero block has
+ * d = −0 and every q 8), and q = min(15, ⌊x·(1/d) + 8.5⌋): nearest, halves rounded up, the value m
+ * itself at q = 0 and values of m's opposite sign beyond 7.5·|d| clipped to q = 15.
+ */
+export function quantizeQ4_0(data: Float32Array): Uint8Array {
+  const blocks = wholeBlocks('Q4_0', data);
+  const f = Math.fround;
+  const half = QUANT_BLOCK / 2;
+  const out = new Uint8Array(blocks * BLOCK_BYTES.Q4_0);
+  const view = new DataView(out.buffer);
+  for (let b = 0; b < blocks; b++) {
+    const at = b * QUANT_BLOCK;
+    let amax = 0;
+    let m = 0;
+    for (let i = 0; i < QUANT_BLOCK; i++) {
+      const a = Math.abs(data[at + i]);
+      if (a > amax) {
+        amax = a;
+        m = data[at + i];
+      }
+    }
+    const d = f(m / -8);
+    const inv = d === 0 ? 0 : f(1 / d);
+    const o = b * BLOCK_BYTES.Q4_0;
+    view.setUint16(o, floatToF16Bits(d), true);
+    const q = (x: number): number => Math.min(15, Math.floor(f(f(x * inv) + 8.5)));
+    for (let j = 0; j < half; j++) out[o + 2 + j] = q(data[at + j]) | (q(data[at + half + j]) << 4);
   }
   return out;
 }
@@ -75,7 +121,7 @@ function encodeTensor(t: GgufTensor): Uint8Array {
     const h = float32ToF16(t.data);
     return new Uint8Array(h.buffer, h.byteOffset, h.byteLength);
   }
-  return quantizeQ8_0(t.data);
+  return t.type === 'Q4_0' ? quantizeQ4_0(t.data) : quantizeQ8_0(t.data);
 }
 
 /** A growable little-endian byte buffer. */

@@ -1,9 +1,11 @@
 /**
  * Export to one GGUF v3 file that llama.cpp (node-llama-cpp, Ollama, LM Studio) loads: the family's
  * architecture metadata and tensor names (src/export/families.ts), the tokenizer and chat template
- * (gguf-tokenizer.ts), the weights as F32, F16 or Q8_0. As llama.cpp's converter does, vectors
- * (norms, biases) stay F32 in every file, and a matrix whose rows are not whole Q8_0 blocks is
- * written F16 in a Q8_0 file.
+ * (gguf-tokenizer.ts), the weights as F32, F16, Q8_0 or Q4_0. As llama.cpp's converter does, vectors
+ * (norms, biases) stay F32 in every file, and a matrix whose rows are not whole blocks of 32 is
+ * written F16 in a Q8_0 or Q4_0 file. A Q4_0 file is pure, as `llama-quantize --pure` writes it:
+ * every other matrix is Q4_0, the token embedding and the output head included (llama.cpp's own Q4_0
+ * mix keeps the head, or a tied embedding, at Q6_K, a type this writer does not produce).
  */
 import path from 'node:path';
 import { UserError } from '../errors.ts';
@@ -11,13 +13,14 @@ import { checkOutputFolder, fileError, writeFileAtomic } from '../io/atomic.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { type GgufNames, type GgufValue, type ModelConfig, ggufValue as meta } from '../models/family.ts';
 import { ARCHES, familyFor, familyOf } from '../models/families.ts';
-import { FILE_TYPE, type GgmlType, type GgufTensor, Q8_0_BLOCK, encodeGguf } from './gguf-file.ts';
+import { FILE_TYPE, type GgmlType, type GgufTensor, QUANT_BLOCK, encodeGguf } from './gguf-file.ts';
 import { ggufTokenizer } from './gguf-tokenizer.ts';
 import { type ExportSource, readJsonIfAny } from './source.ts';
 
-export const GGUF_DTYPES = ['f32', 'f16', 'q8_0'] as const;
+export const GGUF_DTYPES = ['f32', 'f16', 'q8_0', 'q4_0'] as const;
 export type GgufDtype = (typeof GGUF_DTYPES)[number];
-const TYPE_OF: Record<GgufDtype, GgmlType> = { f32: 'F32', f16: 'F16', q8_0: 'Q8_0' };
+const TYPE_OF: Record<GgufDtype, GgmlType> = { f32: 'F32', f16: 'F16', q8_0: 'Q8_0', q4_0: 'Q4_0' };
+const QUANTIZED: readonly GgufDtype[] = ['q8_0', 'q4_0'];
 
 /** The family's GGUF names (its file's `gguf` slot), or a one-line refusal of the model. */
 export function ggufNames(c: ModelConfig): GgufNames {
@@ -35,7 +38,7 @@ export function ggufTensors(c: ModelConfig, weights: Map<string, FloatTensor>, n
   const out: GgufTensor[] = [];
   const typeFor = (shape: number[]): GgmlType => {
     if (shape.length < 2 || dtype === 'f32') return 'F32';
-    if (dtype === 'q8_0' && shape[shape.length - 1] % Q8_0_BLOCK !== 0) return 'F16';
+    if (QUANTIZED.includes(dtype) && shape[shape.length - 1] % QUANT_BLOCK !== 0) return 'F16';
     return TYPE_OF[dtype];
   };
   for (const [hf, shape] of familyFor(c).parameterShapes(c)) {
@@ -72,7 +75,7 @@ export function ggufMetadata(src: ExportSource, names: GgufNames, dtype: GgufDty
   m.set('general.name', meta.str(modelName(src)));
   for (const [k, v] of Object.entries(names.metadata(src.config))) m.set(`${names.arch}.${k}`, v);
   m.set('general.file_type', meta.u32(FILE_TYPE[TYPE_OF[dtype]]));
-  if (dtype === 'q8_0') m.set('general.quantization_version', meta.u32(2));
+  if (QUANTIZED.includes(dtype)) m.set('general.quantization_version', meta.u32(2));
   for (const [k, v] of ggufTokenizer(src.dir, src.config)) m.set(k, v);
   return m;
 }
