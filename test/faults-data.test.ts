@@ -8,14 +8,15 @@ import { describe, it, expect, beforeAll, afterAll } from 'vitest';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { openAsBlob } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import * as pw from 'parquet-wasm';
 import * as arrow from 'apache-arrow';
 import { initModelFolder } from '../src/models/init.ts';
 import { readCanonical, writeCanonical } from '../datasets/parquet.ts';
 import { cli, expectOneLineError, holds, killWhen, signalWhen, smallDisk, temporaries, type SmallDisk } from './helpers/faults.ts';
 
-const SHAREGPT = '/work/shared/data/dpo_en_demo.json';
+// ../shared beside the clone, as CI has it.
+const SHAREGPT = resolve(__dirname, '../../shared/data/dpo_en_demo.json');
 let dir: string;
 let model: string;
 let canonical: string;

@@ -6,7 +6,7 @@
 import { describe, it, expect, beforeAll, afterAll } from 'vitest';
 import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { initModelFolder } from '../src/models/init.ts';
 import { loadModel } from '../src/models/load.ts';
 import { saveCheckpoint } from '../src/models/checkpoint.ts';
@@ -103,7 +103,7 @@ describe('the reference log-prob cache and the run folder', () => {
 describe('numbers that must not mislead', () => {
   it('step 1 (policy = reference): rewards/accuracies is 0, not rounding noise', () => {
     const sg = join(dir, 'sg32.json');
-    writeFileSync(sg, JSON.stringify((JSON.parse(readFileSync('/work/shared/data/dpo_en_demo.json', 'utf8')) as unknown[]).slice(0, 32)));
+    writeFileSync(sg, JSON.stringify((JSON.parse(readFileSync(resolve(__dirname, '../../shared/data/dpo_en_demo.json'), 'utf8')) as unknown[]).slice(0, 32)));
     for (const loss of ['dpo', 'ipo']) {
       const run = join(dir, `step1-${loss}`);
       const r = cli(['train', '--model', m1, '--data', sg, '--loss', loss, '-o', run, '--quiet', ...['batch_size=32', 'max_steps=1', 'max_length=128', 'max_prompt_length=64', 'pad_to_multiple_of=16'].flatMap((s) => ['--param', s])]);
