@@ -534,7 +534,7 @@ export class GenerationSession {
       }
       if (!best || len < PREFIX_MIN) continue;
       best.used = ++this.prefixClock;
-      await this.backend.copy(best.id, r.id, len, r.seq.length + (r.want!.budget || 1));
+      await this.backend.copy(best.id, r.id, len, this.room([r]));
       r.cached = len;
       r.where = 'parked';
       this.prefixHits += len;
