@@ -23,6 +23,10 @@ export interface TeacherCacheIdentity {
   teacher: string;
   /** Files of the teacher's folder: config, weights, tokenizer. */
   teacher_files: FileStamp[];
+  /** An AlignDistil teacher's reference (`model:DIR`), its files and the weight (absent for one model). */
+  teacher_ref?: string;
+  teacher_ref_files?: FileStamp[];
+  teacher_weight?: number;
   /** The data file(s) as given. */
   data: FileStamp[];
   tokenization: TruncationConfig;
@@ -35,19 +39,23 @@ export interface TeacherCacheIdentity {
 const FIELD_NAMES: Record<keyof TeacherCacheIdentity, string> = {
   teacher: 'teacher',
   teacher_files: 'teacher files',
+  teacher_ref: 'teacher reference',
+  teacher_ref_files: 'teacher reference files',
+  teacher_weight: 'teacher_weight',
   data: 'data file',
   tokenization: 'tokenization settings',
   tokens: 'token ids',
   topk: 'distill_topk',
 };
 
-export function teacherCacheIdentity(o: { teacher: string; dataFiles: readonly string[]; truncation: TruncationConfig; rows: readonly TokenizedExample[]; topk: number }): TeacherCacheIdentity {
+export function teacherCacheIdentity(o: { teacher: string; pair?: { ref: string; weight: number }; dataFiles: readonly string[]; truncation: TruncationConfig; rows: readonly TokenizedExample[]; topk: number }): TeacherCacheIdentity {
   const h = createHash('sha256').update(tokenDigest(o.rows));
   // Which tokens count (tool results and other turns masked out) decides which positions are cached.
   for (const r of o.rows) h.update(r.responseMasks ? Uint8Array.from(r.responseMasks[0]) : Uint8Array.of(2));
   return {
     teacher: `model:${resolve(o.teacher)}`,
     teacher_files: modelStamps(o.teacher),
+    ...(o.pair ? { teacher_ref: `model:${resolve(o.pair.ref)}`, teacher_ref_files: modelStamps(o.pair.ref), teacher_weight: o.pair.weight } : {}),
     data: o.dataFiles.map(stamp),
     tokenization: { max_length: o.truncation.max_length, max_prompt_length: o.truncation.max_prompt_length, truncation: o.truncation.truncation },
     tokens: h.digest('hex'),
@@ -65,7 +73,8 @@ function halfLogs(x: Float32Array): Uint16Array {
   return float32ToF16(Float32Array.from(x, (v) => Math.max(v, -65504)));
 }
 
-function listData<T extends arrow.Int32 | arrow.Float16>(type: T, lengths: readonly number[], values: Int32Array | Uint16Array): arrow.Data<arrow.List<T>> {
+/** An Arrow List<T> column of `lengths.length` rows over the flat `values` (the caches' list columns). */
+export function listData<T extends arrow.Int32 | arrow.Float16>(type: T, lengths: readonly number[], values: Int32Array | Uint16Array): arrow.Data<arrow.List<T>> {
   const offsets = new Int32Array(lengths.length + 1);
   lengths.forEach((n, i) => (offsets[i + 1] = offsets[i] + n));
   const child = arrow.makeData({ type, length: values.length, nullCount: 0, data: values } as never) as unknown as arrow.Data<T>;
