@@ -590,7 +590,8 @@ export function grpo(options: GrpoOptions): Promise<GrpoResult> {
     const names = new JobNames(options, reporter);
     const model = await names.model('model', options.model);
     const teacher = await names.model('teacher', options.teacher);
-    return runGrpo({ ...options, model, teacher, hub: names.hub, params: options.params, settings: options.settings, reporter });
+    const teacherRef = await names.model('teacherRef', options.teacherRef);
+    return runGrpo({ ...options, model, teacher, teacherRef, hub: names.hub, params: options.params, settings: options.settings, reporter });
   });
 }
 
