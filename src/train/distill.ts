@@ -51,7 +51,7 @@ import { seqKdFiles, seqKdIdentity, teacherGenerations } from './seq-kd.ts';
 
 const GROUP = 'Distillation';
 
-const ON_POLICY = 'On-policy distillation (lmbda > 0)';
+const ON_POLICY = 'Sampling: on-policy distillation (lmbda > 0) and seq_kd';
 
 export const DISTILL_SETTINGS = defineSettings({
   distill_topk: {
@@ -69,14 +69,14 @@ export const DISTILL_SETTINGS = defineSettings({
   },
   max_completion_length: {
     type: 'int', default: 128, min: 1, max: 1 << 20, group: ON_POLICY, trl: 'max_new_tokens',
-    doc: "the most tokens the student samples for a prompt (its stop id ends a sample sooner); TRL GKD's default is 128",
+    doc: "the most tokens sampled for a prompt (the student's at lmbda > 0, the teacher's with seq_kd; a stop id ends it sooner); TRL GKD's default is 128",
   },
   sampling_temperature: {
     type: 'number', default: 1, min: 0, max: 100, group: ON_POLICY, trl: 'temperature',
-    doc: "the student's sampling temperature (0: greedy): TRL GKD's `temperature`; here `temperature` is gkd's loss τ",
+    doc: "the sampling temperature of the student (lmbda > 0) and of the teacher (seq_kd) (0: greedy): TRL GKD's `temperature`; here `temperature` is gkd's loss τ",
   },
-  top_p: { type: 'number', default: 1, min: 0, minOpen: true, max: 1, group: ON_POLICY, trl: 'top_p', doc: "the student's samples drawn from the smallest set of tokens reaching probability p (1: all)" },
-  top_k: { type: 'int', default: 0, min: 0, max: 1 << 24, group: ON_POLICY, trl: 'top_k', doc: "the student's samples drawn among its k most likely tokens (0: all)" },
+  top_p: { type: 'number', default: 1, min: 0, minOpen: true, max: 1, group: ON_POLICY, trl: 'top_p', doc: "samples (the student's, the teacher's with seq_kd) drawn from the smallest set of tokens reaching probability p (1: all)" },
+  top_k: { type: 'int', default: 0, min: 0, max: 1 << 24, group: ON_POLICY, trl: 'top_k', doc: "samples (the student's, the teacher's with seq_kd) drawn among the k most likely tokens (0: all)" },
 });
 
 /** The settings read only when something is sampled: lmbda > 0 or seq_kd (refused otherwise). */
