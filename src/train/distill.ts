@@ -336,7 +336,7 @@ class Distillation implements OnlineMethod<number, Round> {
       throw new UserError(`${o.data}: a response is empty after tokenization and truncation (max_length ${config.max_length} leaves no room); raise max_length or lower max_prompt_length`);
     }
     this.targets = await this.teacherStage(x.run, x.model, x.info);
-    if (sampling) x.info(`on-policy: lmbda=${sampling.lmbda}, each micro-batch the student's samples (at most ${sampling.maxNewTokens} tokens, temperature ${sampling.temperature}) with probability ${sampling.lmbda}, else the data's responses`);
+    if (sampling) x.info(`on-policy: lmbda=${sampling.lmbda}, each micro-batch the student's samples (at most ${sampling.maxNewTokens} tokens, temperature ${sampling.temperature}) with probability ${sampling.lmbda}, else ${this.teacherGen ? "the teacher's generations" : "the data's responses"}`);
     return this.rows.map((_, i) => i);
   }
 
