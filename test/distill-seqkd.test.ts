@@ -23,7 +23,7 @@ import { distill } from '../src/train/distill.ts';
 import { resolveLoss } from '../losses/index.ts';
 import { runLossReference } from '../losses/core/engine.ts';
 import { referenceLogits, type RefWeights } from './helpers/reference-forward.ts';
-import { distillModel, logSoftmax } from './helpers/distill-fixtures.ts';
+import { distillModel, logSoftmax, withNanAt } from './helpers/distill-fixtures.ts';
 
 const K = 6;
 const NEW = 7;
@@ -126,12 +126,7 @@ describe('prefzoo distill, seq_kd', () => {
     expect(straight.onPolicy!.sampled).toBeGreaterThan(0);
     expect(straight.onPolicy!.sampled).toBeLessThan(straight.onPolicy!.microBatches);
     const broken = join(dir, 'run-mix-broken');
-    process.env.PREFZOO_FAULT_NAN_AT_STEP = '5';
-    try {
-      await expect(distill({ teacher, model: student, data: pairs, out: broken, params })).rejects.toThrow(/loss is NaN at step 5/);
-    } finally {
-      delete process.env.PREFZOO_FAULT_NAN_AT_STEP;
-    }
+    await withNanAt(5, () => expect(distill({ teacher, model: student, data: pairs, out: broken, params })).rejects.toThrow(/loss is NaN at step 5/));
     const r = await distill({ teacher, model: student, data: pairs, out: broken, params, resume: true });
     expect(r.seqKd?.cached).toBe(true);
     expect(r.cached).toBe(true);

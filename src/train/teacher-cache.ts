@@ -92,21 +92,48 @@ function concat<A extends Int32Array | Uint16Array>(make: (n: number) => A, part
 }
 
 /**
- * Writes the cache (temporary name, then rename) and then its record; a run stopped between the two
- * has no record, so the cache is made again. Returns the rows as the cache holds them (float16
- * log-masses), so a run trains on the same targets whether it computed them or a resumed run read them.
+ * Writes a cache's table as Parquet (temporary name, then rename) and then its record `idFile`; a run
+ * stopped between the two has no record, so the cache is made again. Shared with seq-kd.ts.
+ */
+export async function writeRecordedParquet(file: string, idFile: string, table: arrow.Table, identity: object): Promise<void> {
+  rmSync(idFile, { force: true });
+  const pw = await import('parquet-wasm');
+  writeFileAtomic(file, pw.writeParquet(pw.Table.fromIPCStream(arrow.tableToIPC(table, 'stream'))));
+  writeIdentity(idFile, identity);
+}
+
+/**
+ * A cache's table when `file` exists with a record equal to `identity`; null when there is none (or
+ * no record: the run stopped before writing it). A record that differs is refused in one line,
+ * `refusal` given the human names of the fields that differ.
+ */
+export async function readRecordedParquet<T extends object>(file: string, idFile: string, identity: T, names: Record<keyof T, string>, refusal: (diff: string[]) => string): Promise<arrow.Table | null> {
+  if (!existsSync(file)) return null;
+  const cached = readIdentity<T>(idFile);
+  if (!cached) return null;
+  const diff = identityDiff(cached, identity, names);
+  if (diff.length) throw new UserError(`${file}: ${refusal(diff)}`);
+  const pw = await import('parquet-wasm');
+  try {
+    return arrow.tableFromIPC(pw.readParquet(readFileSync(file)).intoIPCStream());
+  } catch (e) {
+    throw new UserError(`${file}: not a readable Parquet file (${String((e as Error).message ?? e).split('\n')[0]}); start again with --overwrite`);
+  }
+}
+
+/**
+ * Writes the cache and then its record (writeRecordedParquet). Returns the rows as the cache holds
+ * them (float16 log-masses), so a run trains on the same targets whether it computed them or a
+ * resumed run read them.
  */
 export async function writeTeacherCache(run: string, rows: readonly TeacherRow[], identity: TeacherCacheIdentity): Promise<TeacherRow[]> {
   const { file, idFile } = teacherCacheFiles(run);
-  rmSync(idFile, { force: true });
   const table = new arrow.Table({
     topk_ids: arrow.makeVector(listData(new arrow.Int32(), rows.map((r) => r.ids.length), concat((n) => new Int32Array(n), rows.map((r) => r.ids)))),
     topk_logps: arrow.makeVector(listData(new arrow.Float16(), rows.map((r) => r.logps.length), concat((n) => new Uint16Array(n), rows.map((r) => halfLogs(r.logps))))),
     rest_logp: arrow.makeVector(listData(new arrow.Float16(), rows.map((r) => r.rest.length), concat((n) => new Uint16Array(n), rows.map((r) => halfLogs(r.rest))))),
   });
-  const pw = await import('parquet-wasm');
-  writeFileAtomic(file, pw.writeParquet(pw.Table.fromIPCStream(arrow.tableToIPC(table, 'stream'))));
-  writeIdentity(idFile, identity);
+  await writeRecordedParquet(file, idFile, table, identity);
   const widen = (x: Float32Array) => Float32Array.from(halfLogs(x), f16BitsToFloat);
   return rows.map((r) => ({ ids: r.ids, logps: widen(r.logps), rest: widen(r.rest) }));
 }
@@ -117,18 +144,8 @@ export async function writeTeacherCache(run: string, rows: readonly TeacherRow[]
  */
 export async function readTeacherCache(run: string, identity: TeacherCacheIdentity): Promise<TeacherRow[] | null> {
   const { file, idFile } = teacherCacheFiles(run);
-  if (!existsSync(file)) return null;
-  const cached = readIdentity<TeacherCacheIdentity>(idFile);
-  if (!cached) return null;
-  const diff = identityDiff(cached, identity, FIELD_NAMES);
-  if (diff.length) throw new UserError(`${file}: cached by a run with different ${diff.join(', ')}; a run keeps its teacher's targets: resume with the inputs it was started with, or start again with --overwrite`);
-  const pw = await import('parquet-wasm');
-  let t: arrow.Table;
-  try {
-    t = arrow.tableFromIPC(pw.readParquet(readFileSync(file)).intoIPCStream());
-  } catch (e) {
-    throw new UserError(`${file}: not a readable Parquet file (${String((e as Error).message ?? e).split('\n')[0]}); start again with --overwrite`);
-  }
+  const t = await readRecordedParquet(file, idFile, identity, FIELD_NAMES, (diff) => `cached by a run with different ${diff.join(', ')}; a run keeps its teacher's targets: resume with the inputs it was started with, or start again with --overwrite`);
+  if (!t) return null;
   const [ids, logps, rest] = ['topk_ids', 'topk_logps', 'rest_logp'].map((n) => t.getChild(n));
   if (!ids || !logps || !rest) throw new UserError(`${file}: lacks the columns topk_ids, topk_logps, rest_logp; start again with --overwrite`);
   const out: TeacherRow[] = [];
