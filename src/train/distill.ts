@@ -324,7 +324,7 @@ class Distillation implements OnlineMethod<number, Round> {
     const t = tokenizeExamples(data.examples, x.tok, config, data.tokens);
     this.rows = t.rows.map(oneResponse);
     const masked = this.rows.filter((r) => r.responseMasks).length;
-    x.info(`data: ${this.rows.length} ${data.kind} rows from ${o.data}${data.kind === 'pairwise' ? ' (the chosen responses)' : ''}${masked ? `, ${masked} with tool calls or several turns (only the assistant's own tokens distilled)` : ''}${t.truncated ? `, ${t.truncated} truncated to max_length ${config.max_length} / max_prompt_length ${config.max_prompt_length}` : ''}`);
+    x.info(`data: ${this.rows.length} ${data.kind} rows from ${o.data}${this.teacherGen ? " (their prompts: seq_kd trains on the teacher's responses)" : data.kind === 'pairwise' ? ' (the chosen responses)' : ''}${masked ? `, ${masked} with tool calls or several turns (only the assistant's own tokens distilled)` : ''}${t.truncated ? `, ${t.truncated} truncated to max_length ${config.max_length} / max_prompt_length ${config.max_prompt_length}` : ''}`);
     const generation = sampling ?? this.teacherGen;
     if (generation) this.checkPrompts(generation.maxNewTokens);
     if (sampling && sampling.lmbda >= 1) {

@@ -9,7 +9,7 @@ import { terminalReporter } from '../progress.ts';
 export function register(program: Command): void {
   const cmd = program
     .command('distill')
-    .description("distillation: KD steps of the gkd loss on the student against the teacher's top-K log-probs — on the data's responses (computed once, cached in the run) or, with lmbda > 0, on the student's own samples for the data's prompts (scored fresh)")
+    .description("distillation: KD steps of the gkd loss on the student against the teacher's top-K log-probs — on the data's responses (computed once, cached in the run) or, with lmbda > 0, on the student's own samples for the data's prompts (scored fresh), or with seq_kd on the teacher's own generations (made once, cached); the teacher one model or, with --teacher-ref, AlignDistil's combination of a DPO model and its reference")
     .requiredOption('--teacher <dir>', 'teacher model folder or Hub name: any supported architecture with the student\'s tokenizer')
     .option('--teacher-ref <dir>', "AlignDistil: --teacher is a DPO model and this its reference; the teacher's logits are z_ref + teacher_weight·(z_dpo − z_ref) (docs/distill.md)")
     .requiredOption('--model <dir>', 'student model folder or Hub name (the starting weights)')
