@@ -472,6 +472,8 @@ export function nashMd(options: NashMdOptions): Promise<NashMdResult> {
 export interface DistillOptions extends Omit<LoopOptions, 'reporter' | 'base' | 'hub'>, JobOptions, HubNameOptions {
   /** The teacher: a model folder or Hub name with the student's tokenizer. */
   teacher: string;
+  /** AlignDistil: the DPO model `teacher`'s reference (folder or Hub name); the teacher's logits are z_ref + teacher_weight·(z_dpo − z_ref). */
+  teacherRef?: string;
   /** Any data {@link train} reads: single rows, pairs (their chosen responses), conversations. */
   data: string;
   /** Continue the run in `out` from its newest checkpoint (the teacher cache is reused). */
@@ -494,8 +496,9 @@ export function distill(options: DistillOptions): Promise<DistillResult> {
     const names = new JobNames(options, reporter);
     const model = await names.model('model', options.model);
     const teacher = await names.model('teacher', options.teacher);
+    const teacherRef = await names.model('teacherRef', options.teacherRef);
     const data = await names.data(options.data);
-    return runDistill({ ...options, model, teacher, data, hub: names.hub, params: paramsOf(options), settings: undefined, reporter });
+    return runDistill({ ...options, model, teacher, teacherRef, data, hub: names.hub, params: paramsOf(options), settings: undefined, reporter });
   });
 }
 
@@ -587,7 +590,8 @@ export function grpo(options: GrpoOptions): Promise<GrpoResult> {
     const names = new JobNames(options, reporter);
     const model = await names.model('model', options.model);
     const teacher = await names.model('teacher', options.teacher);
-    return runGrpo({ ...options, model, teacher, hub: names.hub, params: options.params, settings: options.settings, reporter });
+    const teacherRef = await names.model('teacherRef', options.teacherRef);
+    return runGrpo({ ...options, model, teacher, teacherRef, hub: names.hub, params: options.params, settings: options.settings, reporter });
   });
 }
 

@@ -8,6 +8,7 @@ import { resolveLoss, type BoundLoss } from '../../../losses/index.ts';
 import { declareCommand, defineSettings, ONLINE_LOOP_SETTINGS, type SettingsOf } from '../../train/settings.ts';
 import { SAMPLING_SETTINGS } from '../sampling.ts';
 import { AGENT_HARNESS_SETTINGS, AGENT_SETTINGS } from './agent-settings.ts';
+import { TEACHER_SETTINGS } from '../../train/teacher-model.ts';
 
 const GROUP = 'GRPO';
 
@@ -28,6 +29,7 @@ export const GRPO_SETTINGS = defineSettings({
   entropy_coef_max: { type: 'number', default: 1, min: -1e6, max: 1e6, group: GROUP, trl: 'entropy_coef_max', paper: 'Skywork-OR1 (2025)', doc: 'use_adaptive_entropy: the highest entropy_coef' },
   ...AGENT_SETTINGS,
   ...AGENT_HARNESS_SETTINGS,
+  ...TEACHER_SETTINGS,
 });
 
 export type GrpoSettings = SettingsOf<typeof GRPO_SETTINGS>;
