@@ -130,3 +130,57 @@ export function matmulNBits(g: Graph, x: Tensor, w: { packed: Tensor; scales: Te
   const attrs = { K: attr.int(o.K), N: attr.int(o.N), bits: attr.int(o.bits), block_size: attr.int(o.block), accuracy_level: attr.int(o.accuracy ?? 0) };
   return g.op('MatMulNBits', [x, w.packed, w.scales], attrs, [{ dtype: 'float32', shape }], undefined, 'com.microsoft')[0];
 }
+
+/** How a decode graph's products read quantized weights (see {@link quantizeProducts}). */
+export interface ProductQuant {
+  bits: QuantBits;
+  block: number;
+  /** MatMulNBits' `accuracy_level` (default 4: int8 activations, the CPU's fast prepacked kernel at both widths). */
+  accuracy?: number;
+}
+
+/**
+ * Rewrites every product `Gemm(x, W)` of `g` whose W is a fed weight that `quantized` answers for as
+ * a `MatMulNBits` over that weight's quantized blocks, baked in as initializers (`<W>.q`,
+ * `<W>.scales`): the CPU provider prepacks those when the session is made, where a fed quantized
+ * weight takes a slow unpacked path (scripts/bench/matmul-nbits.ts). W is `[N, K]` under `transB`
+ * (nn.Linear) or `[K, N]` without (GPT-2's Conv1D; `quantized` is then asked for its transpose). A
+ * Gemm's C (the bias) is added after. Fed weights no node reads any more leave the graph's inputs (a
+ * tied embedding stays: its Gather still reads the float32 table). Returns the names quantized.
+ */
+export function quantizeProducts(g: Graph, o: ProductQuant, quantized: (name: string, transposed: boolean) => QuantizedWeight | null): string[] {
+  const fed = new Map(g.inputs.map((i) => [i.name, i]));
+  const done: string[] = [];
+  const nodes = [...g.nodes];
+  g.nodes.length = 0;
+  for (const node of nodes) {
+    const [x, w, c] = node.inputs;
+    const transB = node.attrs.transB?.kind === 'int' && node.attrs.transB.value === 1;
+    const plain = node.op === 'Gemm' && node.domain === '' && !node.attrs.transA?.value && node.attrs.alpha === undefined && node.attrs.beta === undefined;
+    const q = plain && fed.get(w)?.shape?.length === 2 ? quantized(w, !transB) : null;
+    if (!q) {
+      g.nodes.push(node);
+      continue;
+    }
+    const packed = g.values.has(`${w}.q`) ? g.tensor(`${w}.q`) : g.initializer(`${w}.q`, { dtype: 'uint8', dims: q.packedShape, data: q.packed });
+    const scales = g.values.has(`${w}.scales`) ? g.tensor(`${w}.scales`) : g.initializer(`${w}.scales`, { dtype: 'float32', dims: [q.scales.length], data: q.scales });
+    const out = node.outputs[0];
+    const y = matmulNBits(g, g.tensor(x), { packed, scales }, { N: q.N, K: q.K, bits: o.bits, block: o.block, accuracy: o.accuracy ?? 4 });
+    const last = g.nodes[g.nodes.length - 1];
+    if (c) {
+      const add = g.add(y, g.tensor(c));
+      g.nodes[g.nodes.length - 1].outputs = [out];
+      g.producer.set(out, g.nodes[g.nodes.length - 1]);
+      g.values.delete(add.name);
+    } else {
+      last.outputs = [out];
+      g.producer.set(out, last);
+      g.values.delete(y.name);
+    }
+    done.push(w);
+  }
+  const read = new Set(g.nodes.flatMap((n) => n.inputs));
+  const outputs = new Set(g.outputs.map((v) => v.name));
+  for (let i = g.inputs.length - 1; i >= 0; i--) if (!read.has(g.inputs[i].name) && !outputs.has(g.inputs[i].name) && done.includes(g.inputs[i].name)) g.inputs.splice(i, 1);
+  return [...new Set(done)];
+}
