@@ -14,7 +14,6 @@ import { Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from 
 import { buildDecodeGraph, cacheShape, pastName, presentName, type DecodeHead } from './decode.ts';
 import { DeviceDecode } from './generate-device.ts';
 import { allocQuantized, quantizeInto, quantizeProducts, type ProductQuant, type QuantizedWeight } from './quantize.ts';
-import { UserError } from '../errors.ts';
 
 export interface DecoderOptions {
   runtime?: RuntimeOptions;
@@ -77,9 +76,7 @@ export class Decoder {
     readonly baked: boolean,
     private readonly build: { weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; runtime?: RuntimeOptions; prefillTokens: number; quant?: ProductQuant | null },
   ) {
-    if (build.quant && (build.runtime?.ep ?? 'cpu') !== 'cpu') {
-      throw new UserError(`q${build.quant.bits} generation: MatMulNBits runs prepacked on the CPU provider only; on ${build.runtime!.ep} generate in f32`, { setting: 'rollout_dtype' });
-    }
+    if (build.quant && (build.runtime?.ep ?? 'cpu') !== 'cpu') throw new Error(`decoder: q${build.quant.bits} products run on the CPU provider only, not ${build.runtime!.ep}`);
     this.device = build.runtime?.ep === 'webgpu' ? new DeviceDecode(config, shapes, { ...build, runtime: build.runtime }) : null;
   }
 

@@ -16,6 +16,7 @@
  * Padding values are the zero point (they read as 0).
  */
 import { attr, type Graph, type Tensor } from '../onnx/graph.ts';
+import { UserError } from '../errors.ts';
 
 export type QuantBits = 4 | 8;
 
@@ -183,4 +184,22 @@ export function quantizeProducts(g: Graph, o: ProductQuant, quantized: (name: st
   const outputs = new Set(g.outputs.map((v) => v.name));
   for (let i = g.inputs.length - 1; i >= 0; i--) if (!read.has(g.inputs[i].name) && !outputs.has(g.inputs[i].name) && done.includes(g.inputs[i].name)) g.inputs.splice(i, 1);
   return [...new Set(done)];
+}
+
+/** The precisions generation takes: f32, f16 (refused on the CPU), q8, q4. */
+export const GENERATION_DTYPES = ['f32', 'f16', 'q8', 'q4'] as const;
+
+/**
+ * The products of generation graphs in `dtype` with blocks of `block` on device `ep`: null for f32,
+ * q8/q4's blocks; f16 (ONNX Runtime's CPU provider has no fast float16 product), a block that is no
+ * power of two in 16–256, and a device other than the CPU (MatMulNBits prepacks on the CPU provider
+ * only) refused in one line naming `names`' setting.
+ */
+export function productQuant(dtype: string, block: number, ep: string, names: { dtype: string; block: string }): ProductQuant | null {
+  if (!(GENERATION_DTYPES as readonly string[]).includes(dtype)) throw new UserError(`${names.dtype}: "${dtype}" is not one of ${GENERATION_DTYPES.join(', ')}`, { setting: names.dtype });
+  if (dtype === 'f32') return null;
+  if (dtype === 'f16') throw new UserError(`${names.dtype}=f16: ONNX Runtime's CPU provider has no fast float16 product; use q8 or q4, or f32`, { setting: names.dtype });
+  if (!Number.isInteger(block) || block < 16 || block > 256 || (block & (block - 1)) !== 0) throw new UserError(`${names.block}=${block}: MatMulNBits takes a power of two from 16 to 256`, { setting: names.block });
+  if (ep !== 'cpu') throw new UserError(`${names.dtype}=${dtype}: the quantized products (MatMulNBits) run prepacked on the CPU provider only; on ${ep} use f32`, { setting: names.dtype });
+  return { bits: dtype === 'q8' ? 8 : 4, block };
 }

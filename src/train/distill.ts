@@ -44,7 +44,7 @@ import { resolveLoss, type BoundLoss } from '../../losses/index.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
 import { runOnline, splitDraws, type OnlineContext, type OnlineMethod, type OnlineOptions, type RoundInfo, type SpecInput } from './loop.ts';
 import { modelParamSpecs, optimizerOf, runtimeOf, type MicroBatch } from './run.ts';
-import { declareCommand, defineSettings, ONLINE_LOOP_SETTINGS, type SettingsOf } from './settings.ts';
+import { declareCommand, defineSettings, ONLINE_LOOP_SETTINGS, ROLLOUT, type SettingsOf } from './settings.ts';
 import { readTeacherCache, teacherCacheIdentity, writeTeacherCache } from './teacher-cache.ts';
 import { checkSameTokenizer, logitsAt, scoreIndex, TeacherTopK, type TeacherRow } from './teacher-topk.ts';
 
@@ -84,6 +84,7 @@ export type DistillSettings = SettingsOf<typeof DISTILL_SETTINGS>;
  */
 export const DISTILL_HONOURS = [
   ...ONLINE_LOOP_SETTINGS.filter((k) => k !== 'device' && k !== 'compute_dtype'),
+  ...ROLLOUT,
   'max_length', 'max_prompt_length', 'truncation', 'max_samples',
 ] as const;
 
@@ -164,7 +165,7 @@ export interface OnPolicy {
  */
 function onPolicySettings(s: DistillSettings, named: ReadonlySet<string>): OnPolicy | null {
   if (s.lmbda === 0) {
-    const unread = SAMPLING_KEYS.filter((k) => named.has(k));
+    const unread = [...SAMPLING_KEYS, ...ROLLOUT].filter((k) => named.has(k));
     if (unread.length) throw new UserError(`${unread.join(', ')}: read by on-policy distillation only, and lmbda is 0 (nothing is sampled); set lmbda > 0 or leave ${unread.length > 1 ? 'them' : 'it'} out`);
     return null;
   }
