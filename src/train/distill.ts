@@ -43,7 +43,7 @@ import { resolveLoss, type BoundLoss } from '../../losses/index.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
 import { runOnline, splitDraws, type OnlineContext, type OnlineMethod, type OnlineOptions, type RoundInfo, type SpecInput } from './loop.ts';
 import { modelParamSpecs, optimizerOf, runtimeOf, type MicroBatch } from './run.ts';
-import { declareCommand, defineSettings, ONLINE_LOOP_SETTINGS, type SettingsOf } from './settings.ts';
+import { declareCommand, defineSettings, ONLINE_LOOP_SETTINGS, ROLLOUT, type SettingsOf } from './settings.ts';
 import { readTeacherCache, teacherCacheIdentity, writeTeacherCache } from './teacher-cache.ts';
 import { logitsAt, scoreIndex, TeacherTopK, type TeacherRow } from './teacher-topk.ts';
 import { TEACHER_SETTINGS, TeacherSpec } from './teacher-model.ts';
@@ -90,6 +90,7 @@ export type DistillSettings = SettingsOf<typeof DISTILL_SETTINGS>;
  */
 export const DISTILL_HONOURS = [
   ...ONLINE_LOOP_SETTINGS.filter((k) => k !== 'device' && k !== 'compute_dtype'),
+  ...ROLLOUT,
   'max_length', 'max_prompt_length', 'truncation', 'max_samples',
 ] as const;
 
@@ -178,6 +179,10 @@ export interface OnPolicy {
  * lmbda = 1 is refused: every micro-batch is then the student's, the teacher's generations unread.
  */
 function samplingSettings(s: DistillSettings, named: ReadonlySet<string>): { sampling: OnPolicy | null; generation: Omit<OnPolicy, 'lmbda'> | null } {
+  if (s.lmbda === 0) {
+    const rollout = ROLLOUT.filter((k) => named.has(k));
+    if (rollout.length) throw new UserError(`${rollout.join(', ')}: read by on-policy distillation only (the student's own samples), and lmbda is 0 (the student samples nothing); set lmbda > 0 or leave ${rollout.length > 1 ? 'them' : 'it'} out`);
+  }
   if (s.seq_kd && s.lmbda >= 1) throw new UserError("seq_kd with lmbda=1: every micro-batch is the student's own samples, so the teacher's generations would never be trained on; lower lmbda or leave seq_kd out", { setting: 'seq_kd' });
   if (s.lmbda === 0 && !s.seq_kd) {
     const unread = SAMPLING_KEYS.filter((k) => named.has(k));

@@ -41,6 +41,7 @@ import type { LoraConfig } from '../models/index.ts';
 import { Decoder } from '../models/generate.ts';
 import { lrAt } from '../optim/schedule.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
+import { productQuant, type ProductQuant } from '../models/quantize.ts';
 import { collectGarbage } from '../runtime/gc.ts';
 import type { LoadedTokenizer } from '../tokenize/index.ts';
 import { SeededRandom } from '../random.ts';
@@ -256,6 +257,15 @@ export interface OnlineResult {
   eval?: Record<string, number>;
 }
 
+/**
+ * The products of the policy's generation graphs under rollout_dtype: null (f32), or q8/q4 blocks of
+ * rollout_block_size; f16, a block size that is no power of two, and a device other than the CPU
+ * are refused in one line.
+ */
+export function rolloutQuant(config: Pick<TrainConfig, 'rollout_dtype' | 'rollout_block_size'>, runtime: RuntimeOptions): ProductQuant | null {
+  return productQuant(config.rollout_dtype ?? 'f32', config.rollout_block_size ?? 32, runtime.ep ?? 'cpu', { dtype: 'rollout_dtype', block: 'rollout_block_size' });
+}
+
 /** Settings every online method honours through the loop itself (declared in train/settings.ts). */
 export const LOOP_HONOURS: readonly (keyof TrainConfig)[] = ONLINE_LOOP_SETTINGS;
 
@@ -337,6 +347,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
     base.weights.clear();
     if (lowMemoryFor(config.gradient_checkpointing, countParameters(base.config))) collectGarbage();
   }
+  const quant = rolloutQuant(config, runtime);
   const art = await TrainingArtifacts.load(artDir, runtime);
   let decoder: Decoder | null = null;
   const liveWeights = () => new Map(art.manifest.params.map((p) => [p.name, { shape: p.shape, data: art.param(p.name) as Float32Array }]));
@@ -386,7 +397,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
         return decoder;
       }
       await art.toHost();
-      if (!decoder) decoder = await Decoder.create(base.config, liveWeights(), { runtime, lora });
+      if (!decoder) decoder = await Decoder.create(base.config, liveWeights(), { runtime, lora, quant });
       else decoder.setWeights((name) => art.param(name) as Float32Array);
       return decoder;
     },

@@ -1,6 +1,7 @@
 /** `prefzoo bench`: flags and the printed table; the measuring code is in scripts/bench/ (step.ts, decode-bench.ts, rollout-bench.ts, serve-bench.ts). */
 import { existsSync } from 'node:fs';
 import type { Command } from 'commander';
+import { productQuant } from '../../models/quantize.ts';
 import { UserError } from '../../errors.ts';
 import { Progress } from '../progress.ts';
 import type { OptLevel } from '../../runtime/session.ts';
@@ -36,6 +37,8 @@ export function register(program: Command): void {
     .option('--new <n>', 'with --generate: new tokens per sequence (default 64); with --rollout: the largest token budget, each row\'s drawn between an eighth of it and it (default 128)')
     .option('--runs <n>', 'with --generate: timed generations, the median counts (default 3); with --rollout and --serve: rounds each way (default 1)')
     .option('--baked', 'with --generate: bake the weights into the graphs (as prefzoo generate) instead of feeding them')
+    .option('--dtype <dtype>', 'with --generate and --rollout: precision of the products, f32 or q8/q4 (the fed weights block-quantized, MatMulNBits; CPU only) (default f32)')
+    .option('--block-size <n>', 'with --generate --dtype q8/q4: values per quantization block (default 32)')
     .option('--rollout', 'time a GRPO-shaped generation round instead, with and without shared prompts and continuous batching (scripts/bench/rollout-bench.ts)')
     .option('--prompts <n>', 'with --rollout: prompts in the round (default 8)')
     .option('--generations <n>', "with --rollout: samples per prompt (GRPO's num_generations; default 8)")
@@ -45,7 +48,7 @@ export function register(program: Command): void {
     .option('--model <dir>', 'with --serve: a model folder instead of --preset (made with init-model, seed 0)')
     .option('--peer <engine>', 'with --serve: also time llama.cpp (node-llama-cpp, a dev dependency) on the same model exported to GGUF: llama.cpp')
     .option('--json', 'print one JSON line')
-    .action(async (o: { serve?: boolean; clients?: string; maxTokens?: string; model?: string; peer?: string; rollout?: boolean; prompts?: string; generations?: string; generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
+    .action(async (o: { serve?: boolean; clients?: string; maxTokens?: string; model?: string; peer?: string; rollout?: boolean; prompts?: string; generations?: string; generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; dtype?: string; blockSize?: string; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
       // The dtype flags are train's settings of the same names: checked against their rows of the table.
       const computeDtype = coerceSetting('compute_dtype', TRAIN_SETTINGS.compute_dtype, o.computeDtype, '--compute-dtype') as TrainConfig['compute_dtype'];
       const baseDtype = coerceSetting('base_dtype', TRAIN_SETTINGS.base_dtype, o.baseDtype, '--base-dtype') as TrainConfig['base_dtype'];
@@ -53,7 +56,7 @@ export function register(program: Command): void {
       if (!(PRESETS as readonly string[]).includes(o.preset)) throw new UserError(`--preset: "${o.preset}" is not one of ${PRESETS.join(', ')}`);
       const serveOnly = { '--clients': o.clients, '--max-tokens': o.maxTokens, '--model': o.model, '--peer': o.peer };
       if (o.serve) {
-        const other = { '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--prompts': o.prompts, '--generations': o.generations, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
+        const other = { '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--dtype': o.dtype, '--block-size': o.blockSize, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--prompts': o.prompts, '--generations': o.generations, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
         const bad = Object.entries(other).find(([, v]) => v !== undefined);
         if (bad) throw new UserError(`${bad[0]}: --serve does not use it`);
         if (o.device !== 'cpu') throw new UserError('--device: --serve times the CPU server (prefzoo serve --device webgpu is not benchmarked here)');
@@ -81,7 +84,8 @@ export function register(program: Command): void {
         const other = { '--arch': o.arch, '--baked': o.baked, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel };
         const bad = Object.entries(other).find(([, v]) => v !== undefined);
         if (bad) throw new UserError(`${bad[0]}: --rollout does not use it`);
-        if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --rollout decodes in float32');
+        if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --rollout decodes in float32 (--dtype q8/q4 quantizes its weights)');
+        const quant = productQuant(o.dtype ?? 'f32', positiveInt('--block-size', o.blockSize, 32), device(o.device), { dtype: '--dtype', block: '--block-size' });
         const { formatRolloutBench, runRolloutBench } = await import('../../../scripts/bench/rollout-bench.ts');
         const r = await runRolloutBench({
           preset: o.preset as Preset,
@@ -91,6 +95,7 @@ export function register(program: Command): void {
           newTokens: positiveInt('--new', o.new, 128),
           batch: positiveInt('--batch', o.batch, 32),
           runs: positiveInt('--runs', o.runs, 1),
+          quant,
           runtime: { ep: device(o.device), threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1) },
           log: (line) => process.stderr.write(`bench: ${line}\n`),
         });
@@ -98,7 +103,7 @@ export function register(program: Command): void {
         return;
       }
       for (const [flag, v] of [['--prompts', o.prompts], ['--generations', o.generations]] as const) if (v !== undefined) throw new UserError(`${flag} is a --rollout setting`);
-      const generateOnly = { '--arch': o.arch, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--runs': o.runs, '--baked': o.baked };
+      const generateOnly = { '--arch': o.arch, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--runs': o.runs, '--baked': o.baked, '--dtype': o.dtype, '--block-size': o.blockSize };
       if (!o.generate) {
         const bad = Object.entries(generateOnly).find(([, v]) => v !== undefined);
         if (bad) throw new UserError(`${bad[0]} is a --generate setting`);
@@ -109,6 +114,8 @@ export function register(program: Command): void {
         if (bad) throw new UserError(`${bad[0]} is a training-step setting; --generate does not use it`);
         if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --generate decodes in float32');
         if (o.optLevel !== undefined) throw new UserError('--opt-level: --generate uses the decode sessions\' own level');
+        const quant = productQuant(o.dtype ?? 'f32', positiveInt('--block-size', o.blockSize, 32), device(o.device), { dtype: '--dtype', block: '--block-size' });
+        if (quant && o.baked) throw new UserError('--baked: --dtype q8/q4 bakes its quantized weights itself; leave --baked out');
         // Imported here, as the training bench below: a process that times generation does not hold the training code (its peak RSS is compared with PyTorch's).
         const { formatGenerateBench, runGenerateBench } = await import('../../../scripts/bench/decode-bench.ts');
         const r = await runGenerateBench({
@@ -119,6 +126,7 @@ export function register(program: Command): void {
           newTokens: positiveInt('--new', o.new, 64),
           runs: positiveInt('--runs', o.runs, 3),
           baked: o.baked ?? false,
+          quant,
           runtime: { ep: device(o.device), threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1) },
           skipPeak: !o.peak,
           log: (line) => process.stderr.write(`bench: ${line}\n`),

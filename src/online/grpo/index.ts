@@ -102,7 +102,7 @@ export type GrpoResult = OnlineResult;
 export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   const { config, lossParams, own, named } = resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'grpo' });
   const s = own as unknown as GrpoSettings;
-  const loss = grpoLoss(teacherParams(lossParams, o), s);
+  const loss = grpoLoss(teacherParams(lossParams, o), s, config.rollout_dtype);
   const p = loss.terms[0].params as GrpoParams;
   const G = s.num_generations;
   const perRound = config.batch_size * config.gradient_accumulation_steps;
