@@ -46,6 +46,8 @@ export interface DistillDemoOptions extends GrpoDemoOptions {
   distillBudget?: number;
   grpoBudget?: number;
   evalEvery?: number;
+  /** The target as a share of the teacher's accuracy (default 0.9). */
+  targetShare?: number;
 }
 
 export interface DistillDemoResult {
@@ -57,7 +59,8 @@ export interface DistillDemoResult {
   teacher_accuracy: number;
   student_accuracy_start: number;
   student_accuracy_final: number;
-  /** 0.9 × teacher_accuracy: what both methods run to. */
+  /** What both methods run to: target_share (0.9) × teacher_accuracy. */
+  target_share: number;
   target_accuracy: number;
   /** Optimizer steps on-policy distillation took to reach the target (null: not within distill_budget). */
   distill_steps: number | null;
@@ -137,8 +140,9 @@ export async function runDistillDemo(o: DistillDemoOptions): Promise<DistillDemo
     });
     const teacherAcc = await accuracyOfFolder(task, teacher.finalDir);
     const startAcc = await accuracyOfFolder(task, task.startDir);
-    const target = TARGET_SHARE * teacherAcc;
-    info(`demo: teacher trained in ${teacher.seconds.toFixed(1)}s; held-out accuracy: teacher ${teacherAcc.toFixed(3)}, student ${startAcc.toFixed(3)}; target ${target.toFixed(3)} (${TARGET_SHARE} × the teacher's)`);
+    const share = o.targetShare ?? TARGET_SHARE;
+    const target = share * teacherAcc;
+    info(`demo: teacher trained in ${teacher.seconds.toFixed(1)}s; held-out accuracy: teacher ${teacherAcc.toFixed(3)}, student ${startAcc.toFixed(3)}; target ${target.toFixed(3)} (${share} × the teacher's)`);
     const tok = loadTokenizer(task.startDir);
 
     /** Evaluates every evalEvery steps and stops at the first evaluation reaching the target; keeps the evaluations. */
@@ -182,6 +186,7 @@ export async function runDistillDemo(o: DistillDemoOptions): Promise<DistillDemo
       teacher_accuracy: teacherAcc,
       student_accuracy_start: startAcc,
       student_accuracy_final: finalAcc,
+      target_share: share,
       target_accuracy: target,
       distill_steps: distillSteps,
       grpo_steps: grpoSteps,

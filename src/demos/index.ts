@@ -31,7 +31,7 @@ export interface MethodDemo {
 
 const f3 = (x: number) => x.toFixed(3);
 /** A step count, or that the budget ran out first. */
-const stepsOf = (n: number | null, budget: number) => (n === null ? `not within ${budget} steps` : `${n} steps`);
+const stepsOf = (n: number | null, budget: number) => (n === null ? `not within ${budget} step${budget === 1 ? '' : 's'}` : `${n} steps`);
 
 function onlineDemo(method: OnlineDemoMethod): MethodDemo {
   return {
@@ -77,7 +77,7 @@ export const METHOD_DEMOS: Record<string, MethodDemo> = {
     lines: (r: DistillDemoResult) => [
       `method distill (on-policy, lmbda=1, beta=${r.beta}) against grpo (reward: accuracy) from the same start, in ${r.seconds}s`,
       `right answers among ${r.samples_per_prompt} samples per held-out prompt (${r.heldout_prompts} prompts): teacher ${f3(r.teacher_accuracy)} (${r.teacher_parameters.toLocaleString('en-US')} parameters); student (${r.student_parameters.toLocaleString('en-US')} parameters) ${f3(r.student_accuracy_start)} → ${f3(r.student_accuracy_final)}`,
-      `steps to ${f3(r.target_accuracy)} (0.9 × the teacher's; evaluated every ${r.eval_every} steps): distill ${stepsOf(r.distill_steps, r.distill_budget)}, grpo ${stepsOf(r.grpo_steps, r.grpo_budget)}${r.distill_steps !== null && r.grpo_steps !== null ? ` (${(r.grpo_steps / r.distill_steps).toFixed(1)}× fewer)` : ''}`,
+      `steps to ${f3(r.target_accuracy)} (${r.target_share} × the teacher's; evaluated every ${r.eval_every} steps): distill ${stepsOf(r.distill_steps, r.distill_budget)}, grpo ${stepsOf(r.grpo_steps, r.grpo_budget)}${r.distill_steps !== null && r.grpo_steps !== null ? ` (GRPO ${(r.grpo_steps / r.distill_steps).toFixed(1)}× as many)` : ''}`,
       `run folder: ${r.run} (try: npx prefzoo report ${r.run}); the GRPO run beside it`,
     ],
   },
