@@ -72,7 +72,7 @@ export const METHOD_DEMOS: Record<string, MethodDemo> = {
     ],
   },
   distill: {
-    summary: 'on-policy distillation (distill, lmbda=1, beta=0) of a trained teacher into a smaller student, against GRPO from the same start: steps each takes to 0.9 × the teacher\'s held-out accuracy (reports teacher_accuracy, student_accuracy_start/final, distill_steps, grpo_steps)',
+    summary: 'on-policy distillation (distill, lmbda=1, beta=0) of a trained teacher into a smaller student, against GRPO from the same start: steps each takes to 0.9 × the teacher\'s held-out accuracy (reports teacher_accuracy, student_accuracy_start/final, distill_steps, grpo_steps; --param settings go to the distill run)',
     run: runDistillDemo,
     lines: (r: DistillDemoResult) => [
       `method distill (on-policy, lmbda=1, beta=${r.beta}) against grpo (reward: accuracy) from the same start, in ${r.seconds}s`,
