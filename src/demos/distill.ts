@@ -20,7 +20,7 @@
  * teacher: teacher/final), distill/ and grpo/ (the two runs, each metrics.jsonl with the demo's
  * evaluations as eval rows), and distill/demo_eval.json, what the demo printed.
  */
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync } from 'node:fs';
 import { writeFileAtomic } from '../io/atomic.ts';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -30,8 +30,7 @@ import { UserError } from '../errors.ts';
 import { initModelFolder, type ShapeField } from '../models/init.ts';
 import type { Decoder } from '../models/generate.ts';
 import { loadTokenizer } from '../tokenize/index.ts';
-import type { TrainConfig } from '../train/config.ts';
-import { resolveConfig } from '../train/config.ts';
+import { resolveConfig, type TrainConfig } from '../train/config.ts';
 import { writeDemoEval } from '../train/demo-eval.ts';
 import { distill } from '../train/distill.ts';
 import { train } from '../train/trainer.ts';
@@ -131,7 +130,7 @@ export async function runDistillDemo(o: DistillDemoOptions): Promise<DistillDemo
   });
   try {
     // The teacher: a bigger llama with the student's tokenizer, taught the task by SFT.
-    const init = initModelFolder(join(dir, 'teacher-model'), 'llama', 'tiny', o.seed + 1000, {}, TEACHER_SHAPE);
+    const init = initModelFolder(join(dir, 'teacher-model'), 'llama', 'tiny', o.seed + 1000, {}, TEACHER_SHAPE); // weights of its own, not π_0's seed
     info(`demo: teacher a llama of hidden ${TEACHER_SHAPE.hidden_size}, ${TEACHER_SHAPE.num_hidden_layers} layers (${init.parameters.toLocaleString('en-US')} parameters), SFT on the task's answers`);
     const rows: Example[] = task.trainPrompts.map((p) => ({ prompt: p, responses: [lastDigit(p), lastDigit(p)] }));
     const teacher = await train({
@@ -155,7 +154,7 @@ export async function runDistillDemo(o: DistillDemoOptions): Promise<DistillDemo
 
     // On-policy distillation: the prompts only (KTO-shaped rows: completion and label are placeholders lmbda=1 never reads).
     const promptsOnly = join(dir, 'distill-prompts.jsonl');
-    writeFileSync(promptsOnly, task.trainPrompts.map((p) => JSON.stringify({ prompt: p, completion: '-', label: true }) + '\n').join(''));
+    writeFileAtomic(promptsOnly, task.trainPrompts.map((p) => JSON.stringify({ prompt: p, completion: '-', label: true }) + '\n').join(''));
     const distillCurve: { step: number; accuracy: number }[] = [];
     const run = join(dir, 'distill');
     const d = await distill({

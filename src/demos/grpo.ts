@@ -24,6 +24,7 @@ import type { Example } from '../../datasets/examples.ts';
 import { initModelFolder } from '../models/init.ts';
 import { SeededRandom } from '../random.ts';
 import { writeDemoEval } from '../train/demo-eval.ts';
+import { writeFileAtomic } from '../io/atomic.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
 import { recallPrompts, type OnlineDemoOptions } from './online.ts';
@@ -136,7 +137,7 @@ export async function recallLastTask(dir: string, seed: number, o: { reporter?: 
   });
 
   const jsonl = (file: string, prompts: string[]) => {
-    writeFileSync(file, prompts.map((p) => JSON.stringify({ prompt: p, answer: lastDigit(p) }) + '\n').join(''));
+    writeFileAtomic(file, prompts.map((p) => JSON.stringify({ prompt: p, answer: lastDigit(p) }) + '\n').join(''));
     return file;
   };
   const promptsFile = jsonl(join(dir, 'prompts.jsonl'), trainPrompts);
