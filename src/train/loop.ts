@@ -220,6 +220,13 @@ export interface OnlineOptions extends LoopOptions {
   resume?: boolean;
   /** Replace the contents of a non-empty run folder. */
   overwrite?: boolean;
+  /**
+   * Asked after each update (its metrics row, afterUpdate and evaluation done) with the step and a
+   * decoder over the live weights: true ends the run at that step, which is then saved as a last step
+   * is (checkpoint, final model, final evaluation); `steps` in the result is that step. The demos'
+   * run-until-an-accuracy (src/demos/distill.ts). A --resume continues toward the planned total.
+   */
+  until?: (step: number, policy: () => Promise<Decoder>) => Promise<boolean>;
 }
 
 /**
@@ -438,6 +445,8 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
   const progress = reporter.progress(method.name, total);
   let last: Record<string, number> = {};
   const stepRows = new StepRows(numTokens);
+  /** The step `o.until` ended the run at, if it did. */
+  let stoppedAt: number | null = null;
   const release = async () => {
     await art.release();
     await decoder?.release();
@@ -465,14 +474,17 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
       for (const k of Object.keys(up.metrics)) if (k.startsWith('_')) delete up.metrics[k];
       const row = stepRows.row(step, order.epochs, up, lr, { ...(method.metrics ? method.metrics(round, u) : {}), ...own });
       last = row;
-      if (step % config.logging_steps === 0 || step === total) metrics.row(row);
+      const logged = step % config.logging_steps === 0 || step === total;
+      if (logged) metrics.row(row);
       progress.update(step, method.progressFields ? method.progressFields(row) : { loss: row.loss });
       await method.afterUpdate?.(ctx, step);
       // The last step is evaluated after the final model is saved, unless the best checkpoint is
       // being kept: then it is a candidate like any other evaluation.
       const evalNow = evalEvery > 0 && step % evalEvery === 0 && (step !== total || keepBest);
       if (evalNow) await evaluateAt(step);
-      if ((config.save_steps > 0 && step % config.save_steps === 0) || step === total || (evalNow && keepBest)) {
+      const stop = step < total && !!o.until && (await o.until(step, () => ctx.policy()));
+      if (stop && !logged) metrics.row(row);
+      if ((config.save_steps > 0 && step % config.save_steps === 0) || step === total || stop || (evalNow && keepBest)) {
         const online: LoopState = { rounds, rng: ctx.rng.state, pending, ...(method.state ? { method: method.state() } : {}) };
         await saveCheckpointAt(
           run,
@@ -481,8 +493,13 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
           { limit: config.save_total_limit, best, files: method.checkpointFiles?.() },
         );
       }
+      if (stop) {
+        stoppedAt = step;
+        break;
+      }
     }
     progress.stop();
+    const ended = stoppedAt ?? total;
     await art.toHost();
     const chosen = keepBest ? best : null;
     if (chosen && chosen.step !== art.step) {
@@ -499,11 +516,11 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
       writeJsonAtomic(join(run, 'eval.json'), { ...evalSummary, ...(chosen ? { best_step: chosen.step } : {}) });
       // With the best checkpoint kept, the last step was evaluated in the loop.
       if (!keepBest) {
-        metrics.row({ step: total, split: 'eval', ...evalSummary });
-        await method.evaluated?.(ctx, total);
+        metrics.row({ step: ended, split: 'eval', ...evalSummary });
+        await method.evaluated?.(ctx, ended);
       }
     }
-    return { finalDir, steps: total, seconds: Math.round((Date.now() - t0) / 100) / 10, last, eval: evalSummary };
+    return { finalDir, steps: ended, seconds: Math.round((Date.now() - t0) / 100) / 10, last, eval: evalSummary };
   } finally {
     progress.stop();
     await release();
