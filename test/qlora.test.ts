@@ -9,6 +9,11 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { buildArtifacts } from '../src/artifacts/build.ts';
+import { readCheckpoint } from '../src/artifacts/checkpoint.ts';
+import { initModel, train } from '../src/index.ts';
+import { loadModel as loadHfModel } from '../src/models/load.ts';
+import { loadAdapter } from '../src/models/peft.ts';
+import { mergeLora } from '../src/models/lora.ts';
 import { TrainingArtifacts } from '../src/artifacts/training.ts';
 import { collate } from '../src/models/batch.ts';
 import type { FloatTensor } from '../src/models/checkpoint.ts';
@@ -184,6 +189,32 @@ it('the backward dequantizes again: no layer keeps its float32 weights from the 
   expect(profilePeak('sched-f-prof')).toBeGreaterThan(0);
   console.log(`4-bit base: ${(extra / 1e6).toFixed(2)} MB more at the peak, one layer's float32 weights ${(layerBytes / 1e6).toFixed(2)} MB`);
   expect(extra / layerBytes).toBeLessThan(1.5);
+});
+
+it('train: the reference is the dequantized base, the final model that base plus the adapters, the checkpoint 4-bit', async () => {
+  const model = path.join(dir, 'model');
+  initModel({ output: model, config: { model_type: 'qwen2', vocab_size: 600, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 256, tie_word_embeddings: true } });
+  const data = path.join(dir, 'pairs.jsonl');
+  fs.writeFileSync(data, Array.from({ length: 4 }, (_, i) => JSON.stringify({ prompt: `question ${i}?`, chosen: ` yes ${i} good`, rejected: ` no ${i} bad` })).join('\n') + '\n');
+  const out = path.join(dir, 'run');
+  const settings = { lora_r: 4, lora_target_modules: 'all-linear', load_in_4bit: true, quant_block_size: 32, max_steps: 2, batch_size: 2, learning_rate: 0.05, save_adapter: true, save_steps: 2 };
+  await train({ model, data, loss: 'dpo', out, settings });
+  // Step 1: the policy (fresh adapters: B = 0) scores as the reference does, within float32 rounding
+  // of log-probs near −40 (β = 0.1); the float32 base as reference would differ by the quantization's effect.
+  const first = JSON.parse(fs.readFileSync(path.join(out, 'metrics.jsonl'), 'utf8').split('\n')[0]);
+  expect(Math.abs(first['rewards/chosen'])).toBeLessThan(1e-5);
+  expect(Math.abs(first['rewards/rejected'])).toBeLessThan(1e-5);
+  const base = loadHfModel(model);
+  const adapter = loadAdapter(path.join(out, 'adapter'), base.config);
+  const expected = mergeLora(new Map([...dequantizedBase(base.config, base.weights, 32), ...adapter.weights]), base.config, adapter.lora);
+  const saved = loadHfModel(path.join(out, 'final')).weights;
+  const name = 'model.layers.1.mlp.down_proj.weight';
+  expect(maxRelDiff(saved.get(name)!.data, expected.get(name)!.data)).toBeLessThan(1e-6);
+  // The adapters moved, so the comparison says something about the merge.
+  expect(maxRelDiff(expected.get(name)!.data, dequantizedBase(base.config, base.weights, 32).get(name)!.data)).toBeGreaterThan(1e-5);
+  const ckpt = readCheckpoint(path.join(out, 'checkpoints', 'step-00000002'));
+  expect(ckpt.params.get(`${name}_q4`)?.dtype).toBe('U8');
+  expect(ckpt.params.has(name)).toBe(false);
 });
 
 describe('settings', () => {
