@@ -131,6 +131,7 @@ export function register(program: Command): void {
       if (o.baseDtype === 'float16' && !loraRank) throw new UserError('--base-dtype float16 needs --lora (only frozen weights can be held in float16)');
       const quantBlock = o.loadIn4bit === undefined || o.loadIn4bit === false ? 0 : o.loadIn4bit === true ? TRAIN_SETTINGS.quant_block_size.default : positiveInt('--load-in-4bit', o.loadIn4bit, 64);
       if (quantBlock && !loraRank) throw new UserError('--load-in-4bit needs --lora (only frozen weights can be held in 4 bits)');
+      if (quantBlock && o.device !== 'cpu') throw new UserError(`--load-in-4bit runs on the CPU only (as train's load_in_4bit); leave --device ${o.device} out`);
       const levels = ['disabled', 'basic', 'extended', 'all'];
       if (o.optLevel !== undefined && !levels.includes(o.optLevel)) throw new UserError(`--opt-level: "${o.optLevel}" is not one of ${levels.join(', ')}`);
       if (o.update !== undefined && !['auto', 'graph', 'host'].includes(o.update)) throw new UserError(`--update: "${o.update}" is not one of auto, graph, host`);
