@@ -12,9 +12,10 @@ import os from 'node:os';
 import path from 'node:path';
 import { buildArtifacts } from '../../src/artifacts/build.ts';
 import { TrainingArtifacts } from '../../src/artifacts/training.ts';
-import { type LlamaConfig, type Preset, countParameters, presetArch, presetConfig } from '../../src/models/config.ts';
+import { type LlamaConfig, type Preset, countParameters, parameterShapes, presetArch, presetConfig } from '../../src/models/config.ts';
 import { initLora } from '../../src/models/lora.ts';
-import { initWeights } from '../../src/models/init.ts';
+import { initTensors } from '../../src/models/init.ts';
+import { type BaseTensor, checkBlock, quantizedWeights, quantizeQ4 } from '../../src/models/quantize-base.ts';
 import { measureMatmulPeak } from '../../src/runtime/peak.ts';
 import { checkDevice, type RuntimeOptions } from '../../src/runtime/session.ts';
 import { describePlacement, placement } from '../../src/runtime/placement.ts';
@@ -40,6 +41,8 @@ export interface BenchOptions {
   gradientCheckpointing?: boolean;
   /** LoRA's frozen base weights in float16 (TrainConfig.base_dtype). */
   baseDtype?: 'float32' | 'float16';
+  /** QLoRA: the frozen projection weights in 4-bit blocks of this many values (TrainConfig.load_in_4bit, quant_block_size). */
+  quantBlock?: number;
   /** Timed training steps (after `warmup` untimed ones). */
   steps: number;
   warmup: number;
@@ -73,6 +76,8 @@ export interface BenchResult {
   /** glibc's fixed mmap threshold from MALLOC_MMAP_THRESHOLD_ (65536 advised under recomputation), or null: adaptive (src/runtime/malloc.ts). */
   malloc_mmap_threshold: number | null;
   base_dtype: 'float32' | 'float16';
+  /** QLoRA's block size (load_in_4bit), or null: a float base. */
+  quant_block: number | null;
   /** Parameters the optimizer updates (all, or the adapters). */
   trainable_params: number;
   /** Execution provider the steps ran on. */
@@ -207,6 +212,7 @@ export interface BenchModelOptions {
   loraRank?: number;
   gradientCheckpointing?: boolean;
   baseDtype?: 'float32' | 'float16';
+  quantBlock?: number;
 }
 
 /**
@@ -222,6 +228,8 @@ export function benchSettings(m: BenchModelOptions & { sharePrompt?: boolean; ta
     lora_target_modules: 'all-linear',
     gradient_checkpointing: m.gradientCheckpointing ?? false,
     base_dtype: m.baseDtype ?? 'float32',
+    load_in_4bit: !!m.quantBlock,
+    quant_block_size: m.quantBlock ?? DEFAULT_CONFIG.quant_block_size,
     share_prompt: m.sharePrompt ?? true,
     device: m.target === 'webgpu' ? 'webgpu' : 'cpu',
     compute_dtype: m.computeDtype ?? 'float32',
@@ -234,8 +242,12 @@ export function prepareBench(dir: string, preset: Preset, pairs: number, seqLen:
   const tok = writeTokenizer(path.join(dir, 'tokenizer'));
   const arch = presetArch(preset) ?? 'llama';
   const config = presetConfig(arch, preset, { vocabSize: preset === 'tiny' ? tok.vocabSize : undefined, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId }) as LlamaConfig;
-  const weights = initWeights(config, 0);
   const settings = benchSettings({ ...m, sharePrompt, target, computeDtype });
+  // A 4-bit base is quantized tensor by tensor as it is made, so no float32 copy of the model is ever whole.
+  if (settings.load_in_4bit) checkBlock(config, parameterShapes(config), settings.quant_block_size);
+  const quantized = new Set(settings.load_in_4bit ? quantizedWeights(config) : []);
+  const weights = new Map<string, BaseTensor>();
+  for (const [k, t] of initTensors(config, 0)) weights.set(k, quantized.has(k) ? quantizeQ4(t, settings.quant_block_size) : t);
   const lora = loraOf(settings);
   if (lora) for (const [k, v] of initLora(config, lora, 0)) weights.set(k, v);
   // The problem train and artifacts build from the same settings (src/train/problem.ts).
@@ -340,6 +352,7 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
     low_memory_runtime: lowMemory,
     malloc_mmap_threshold: mmapThreshold(),
     base_dtype: o.baseDtype ?? 'float32',
+    quant_block: o.quantBlock ?? null,
     trainable_params: trainableParams,
     device,
     compute_dtype: computeDtype,

@@ -16,8 +16,12 @@ export const INIT_STD = 0.02;
 
 /** Fresh weights of a config, by HF name (tied heads are not separate tensors). */
 export function initWeights(c: ModelConfig, seed: number, std = INIT_STD): Map<string, FloatTensor> {
+  return new Map(initTensors(c, seed, std));
+}
+
+/** The same tensors one at a time, in the same order and values, for a caller that converts each as it comes (a 4-bit base). */
+export function* initTensors(c: ModelConfig, seed: number, std = INIT_STD): Generator<[string, FloatTensor]> {
   const rng = new Normal(seed);
-  const out = new Map<string, FloatTensor>();
   const family = familyFor(c);
   for (const [name, shape] of parameterShapes(c)) {
     const n = shape.reduce((a, b) => a * b, 1);
@@ -25,9 +29,8 @@ export function initWeights(c: ModelConfig, seed: number, std = INIT_STD): Map<s
     if (/(norm|ln_\d|ln_f)\.weight$/.test(name)) data = new Float32Array(n).fill(family.normInit ?? 1);
     else if (name.endsWith('.bias')) data = new Float32Array(n);
     else data = rng.fill(n, family.initStd?.(c, name, std) ?? std);
-    out.set(name, { shape, data });
+    yield [name, { shape, data }];
   }
-  return out;
 }
 
 /** A scalar head `value_head.weight [hidden]`, `value_head.bias [1]`: weight N(0, 0.02), bias 0. */

@@ -9,6 +9,7 @@ import type { FloatTensor } from './checkpoint.ts';
 import { type ModelConfig, hiddenSize, parameterShapes } from './config.ts';
 import type { Adapter, FloatDType, ModelParams } from './family.ts';
 import { type LoraConfig, loraModules, loraParameterShapes, loraScale } from './lora.ts';
+import { dequantizeNode, q4Names } from './quantize-base.ts';
 
 export interface ParameterOptions {
   /** Adds LoRA adapter tensors for these targets. */
@@ -68,8 +69,15 @@ export class Params implements ModelParams {
    * The parameter as the forward computes with it: a float16 one (frozen base weights under LoRA,
    * `base_dtype`) is widened to float32 here, where it is used, so that recomputation
    * (src/autodiff/recompute.ts) can widen it again in the backward instead of keeping the copy.
+   * A 4-bit one (QLoRA's `load_in_4bit`: declared as `<name>_q4` and `<name>_q4_scale`, see
+   * quantize-base.ts) is dequantized here for the same reason.
    */
   get(name: string): Tensor {
+    const q = q4Names(name);
+    if (!this.tensors.has(name) && this.tensors.has(q.packed)) {
+      const g = this.raw(q.packed).graph;
+      return g.scope('dequant', () => dequantizeNode(g, this.raw(q.packed), this.raw(q.scales)));
+    }
     const t = this.raw(name);
     return t.dtype === 'float16' ? t.graph.scope(`widen`, () => t.graph.cast(t, 'float32')) : t;
   }

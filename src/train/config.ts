@@ -134,6 +134,15 @@ export function resolveConfig(opts: ResolveOptions): ResolvedConfig {
   if (config.base_dtype !== 'float32' && config.lora_r === 0) {
     throw new BadInputError(`base_dtype=${config.base_dtype} needs LoRA (lora_r > 0): without adapters every weight is trained and stays float32`, { setting: 'base_dtype' });
   }
+  if (config.load_in_4bit && config.lora_r === 0) {
+    throw new BadInputError('load_in_4bit=true needs LoRA (lora_r > 0): without adapters every weight is trained and stays float32', { setting: 'load_in_4bit' });
+  }
+  if (config.load_in_4bit && config.device !== 'cpu') {
+    throw new BadInputError(`load_in_4bit=true runs on the CPU only (its dequantization kernel, GatherBlockQuantized, is not verified on ${config.device}); leave device out or set device=cpu`, { setting: 'load_in_4bit' });
+  }
+  for (const k of ['quant_block_size', 'bnb_4bit_quant_type'] as const) {
+    if (!config.load_in_4bit && named.has(k)) throw new BadInputError(`${k} is a setting of the 4-bit base; it needs load_in_4bit=true`, { setting: k });
+  }
   if (!config.save_merged && !config.save_adapter) {
     throw new BadInputError('save_merged=false needs save_adapter=true (otherwise the run would save no model)', { setting: 'save_merged' });
   }

@@ -10,7 +10,7 @@ import type { ArtifactSpec, BatchInputSpec } from '../artifacts/build.ts';
 import type { OptimizerConfig } from '../optim/config.ts';
 import { attr, type Graph, type Node, type Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from '../models/config.ts';
-import type { FloatTensor } from '../models/checkpoint.ts';
+import type { BaseTensor } from '../models/quantize-base.ts';
 import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
 import { scoredLogps, sequenceLogps, type SequenceLogps } from '../models/logps.ts';
 import { modelParamSpecs } from './run.ts';
@@ -34,6 +34,8 @@ export interface TrainProblem {
   recompute?: boolean;
   /** LoRA: frozen base weights held in float16 (TrainConfig.base_dtype); default float32. */
   baseDtype?: 'float32' | 'float16';
+  /** QLoRA (TrainConfig.load_in_4bit): the frozen projection weights held in 4 bits, blocks of `block` values (src/models/quantize-base.ts). */
+  base4bit?: { block: number };
   /** Unpacked batches: the head over every position, no data-dependent ops (for WebGPU; see sequenceLogps). */
   dense?: boolean;
   /** LD-DPO: the log-prob sums are token-weighted, so the batch carries the token counts (`sequence_tokens`). */
@@ -142,9 +144,14 @@ export function headChunksOf(c: ModelConfig): number {
   return Math.max(1, Math.ceil(c.vocab_size / 8192));
 }
 
-/** A float16 weight's widening to float32 (Params.get) is its own segment: widened again in the backward, not kept. */
+/**
+ * A float16 weight's widening to float32, or a 4-bit weight's dequantization (Params.get), is its own
+ * segment: redone in the backward, not kept from the forward.
+ */
 export function widenSegment(n: Node): string | null {
-  return n.op === 'Cast' && /(^|\/)widen\//.test(n.name) ? n.outputs[0] : null;
+  const widen = n.op === 'Cast' && /(^|\/)widen\//.test(n.name);
+  const dequant = n.op === 'GatherBlockQuantized' && /(^|\/)dequant\//.test(n.name);
+  return widen || dequant ? n.outputs[0] : null;
 }
 
 /**
@@ -168,15 +175,15 @@ function tokenStatMetrics(g: Graph, p: TrainProblem, seq: SequenceLogps): Record
   });
 }
 
-export function buildSpec(p: TrainProblem, weights: Map<string, FloatTensor>, optimizer: OptimizerConfig): ArtifactSpec {
+export function buildSpec(p: TrainProblem, weights: ReadonlyMap<string, BaseTensor>, optimizer: OptimizerConfig): ArtifactSpec {
   if (p.packed && (!canPack(p.kind, p.kl) || p.valueHead)) throw new Error(`buildSpec: ${p.kind} batches${p.kl ? ' with KL pairs' : ''}${p.valueHead ? ' with a value head' : ''} cannot share prompts`);
   return {
-    params: modelParamSpecs(p.config, weights, p.lora, p.valueHead, p.baseDtype),
+    params: modelParamSpecs(p.config, weights, p.lora, p.valueHead, p.baseDtype, p.base4bit),
     batchInputs: batchInputSpecs(p),
     optimizer,
     loss: { name: p.loss.spec, params: Object.fromEntries(p.loss.terms.map((t) => [t.loss.name, t.params])) },
     modelConfig: p.config,
-    recompute: p.recompute || p.baseDtype === 'float16' ? (n) => (p.recompute ? modelSegment(n) : null) ?? widenSegment(n) : undefined,
+    recompute: p.recompute || p.baseDtype === 'float16' || p.base4bit ? (n) => (p.recompute ? modelSegment(n) : null) ?? widenSegment(n) : undefined,
     buildForward(g, params, batch, mode) {
       const paramMap = new Map(Object.entries(params));
       const inputs = p.packed

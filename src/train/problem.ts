@@ -10,8 +10,8 @@ import type { BoundLoss } from '../../losses/index.ts';
 import type { ArtifactSpec } from '../artifacts/build.ts';
 import { UserError } from '../errors.ts';
 import { canPack } from '../models/batch.ts';
-import type { FloatTensor } from '../models/checkpoint.ts';
-import type { ModelConfig } from '../models/config.ts';
+import { parameterShapes, type ModelConfig } from '../models/config.ts';
+import { checkBlock, type BaseTensor } from '../models/quantize-base.ts';
 import type { LoraConfig } from '../models/index.ts';
 import type { TrainConfig } from './config.ts';
 import { buildSpec, PROVIDED_KEYS, type TrainProblem } from './graph.ts';
@@ -46,6 +46,12 @@ export function rationaleWeightOf(loss: BoundLoss): number {
   return Math.max(0, ...loss.terms.map((t) => Number(t.params.rationale_weight ?? 0)));
 }
 
+/** load_in_4bit's blocks, checked against the model's widths (one line naming quant_block_size). */
+function base4bitOf(c: TrainConfig, model: ModelConfig): { block: number } {
+  checkBlock(model, parameterShapes(model), c.quant_block_size);
+  return { block: c.quant_block_size };
+}
+
 /** The training problem the settings describe. */
 export function problemOf(c: TrainConfig, i: ProblemInputs): TrainProblem {
   const valueHead = i.loss.keys(i.kind).required.includes('values');
@@ -67,12 +73,13 @@ export function problemOf(c: TrainConfig, i: ProblemInputs): TrainProblem {
     dense: c.device === 'webgpu',
     recompute: c.gradient_checkpointing,
     baseDtype: c.base_dtype,
+    ...(c.load_in_4bit ? { base4bit: base4bitOf(c, i.model) } : {}),
     ...(readsReference(i.loss, i.kind) ? {} : { noReference: true }),
   };
 }
 
 /** The problem's artifact spec under the settings' optimizer (running gradient sums only when micro-batches are accumulated). */
-export function problemSpec(p: TrainProblem, init: Map<string, FloatTensor>, c: TrainConfig): ArtifactSpec {
+export function problemSpec(p: TrainProblem, init: ReadonlyMap<string, BaseTensor>, c: TrainConfig): ArtifactSpec {
   // Running sums only when micro-batches are accumulated: otherwise every step would feed
   // parameter-sized zeros (545 MB for Qwen's embedding alone) into them.
   return { ...buildSpec(p, init, optimizerOf(c)), gradientAccumulation: c.gradient_accumulation_steps > 1 };

@@ -30,6 +30,7 @@ import type { ParamSpec } from '../artifacts/build.ts';
 import type { Reporter } from '../progress.ts';
 import { modelParameterShapes, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT } from '../models/params.ts';
 import { f16BitsToFloat, float32ToF16 } from '../models/safetensors.ts';
+import { type BaseTensor, dequantizeQ4, isQ4, q4Names, quantizeQ4, quantizedWeights } from '../models/quantize-base.ts';
 
 /** What every command on the training loop takes besides its own inputs: the trainer, SPPO, Nash-MD, GRPO, reward training. */
 export interface LoopOptions {
@@ -110,11 +111,20 @@ export function loraOf(c: TrainConfig): LoraConfig | null {
   return { rank: c.lora_r, alpha: c.lora_alpha, targets: c.lora_target_modules.split(',').map((s) => s.trim()).filter(Boolean) };
 }
 
-/** Current parameter values of a training run as float tensors (copies). */
+/** Current parameter values of a training run as float tensors (copies); a 4-bit weight dequantized under its own name. */
 export function currentWeights(art: TrainingArtifacts): Map<string, FloatTensor> {
   const out = new Map<string, FloatTensor>();
+  const params = new Map(art.manifest.params.map((p) => [p.name, p]));
   for (const p of art.manifest.params) {
     const v = art.param(p.name);
+    if (p.dtype === 'uint8' && p.name.endsWith('_q4')) {
+      const name = p.name.slice(0, -'_q4'.length);
+      const scales = params.get(q4Names(name).scales)!;
+      const q = { shape: [p.shape[0], 2 * p.shape[1]], block: (2 * p.shape[1]) / scales.shape[1], packed: v as Uint8Array, scales: art.param(scales.name) as Float32Array };
+      out.set(name, dequantizeQ4(q));
+      continue;
+    }
+    if (p.name.endsWith('_q4_scale') && params.get(p.name.slice(0, -'_scale'.length))?.dtype === 'uint8') continue;
     // float16 parameters (frozen base weights under base_dtype) are held as bit patterns.
     out.set(p.name, { shape: p.shape, data: p.dtype === 'float16' ? Float32Array.from(v as Uint16Array, f16BitsToFloat) : Float32Array.from(v as Float32Array) });
   }
@@ -166,16 +176,28 @@ export function startingParams(config: ModelConfig, weights: Map<string, FloatTe
 
 /**
  * Artifact parameters of a model: every weight trainable, or only LoRA adapters (and a value head)
- * under LoRA; weight decay on matrices only.
+ * under LoRA; weight decay on matrices only. Under LoRA the frozen base may be held in float16
+ * (`baseDtype`) and its projection weights in 4 bits (`base4bit`, QLoRA: each as `<name>_q4` and
+ * `<name>_q4_scale`, src/models/quantize-base.ts; `init` may hold them quantized already).
  */
-export function modelParamSpecs(config: ModelConfig, init: Map<string, FloatTensor>, lora: LoraConfig | null, valueHead: boolean, baseDtype: 'float32' | 'float16' = 'float32'): ParamSpec[] {
+export function modelParamSpecs(config: ModelConfig, init: ReadonlyMap<string, BaseTensor>, lora: LoraConfig | null, valueHead: boolean, baseDtype: 'float32' | 'float16' = 'float32', base4bit?: { block: number }): ParamSpec[] {
   const out: ParamSpec[] = [];
+  const quantized = new Set(base4bit ? quantizedWeights(config) : []);
   for (const [name, shape] of modelParameterShapes(config, { lora, valueHead })) {
     const isHead = name === VALUE_HEAD_WEIGHT || name === VALUE_HEAD_BIAS;
     const isAdapter = name.includes('.lora_A.') || name.includes('.lora_B.');
     const w = init.get(name);
     if (!w) throw new Error(`no initial value for parameter ${name}`);
     const trainable = lora ? isAdapter || isHead : true;
+    if (quantized.has(name) && !trainable) {
+      const q = isQ4(w) ? w : quantizeQ4(w, base4bit!.block);
+      if (q.block !== base4bit!.block) throw new Error(`${name}: quantized in blocks of ${q.block}, the artifacts want ${base4bit!.block}`);
+      const n = q4Names(name);
+      out.push({ name: n.packed, dtype: 'uint8', shape: [shape[0], shape[1] / 2], trainable: false, data: q.packed });
+      out.push({ name: n.scales, dtype: 'float32', shape: [shape[0], shape[1] / q.block], trainable: false, data: q.scales });
+      continue;
+    }
+    if (isQ4(w)) throw new Error(`${name}: a 4-bit weight where the artifacts want a float one`);
     // Frozen base weights may be held in float16 (base_dtype): half the memory, widened where used.
     const half = !trainable && baseDtype === 'float16';
     out.push({ name, dtype: half ? 'float16' : 'float32', shape, trainable, decay: shape.length >= 2, data: half ? float32ToF16(w.data) : w.data });

@@ -55,6 +55,7 @@ import { readRefColumns, writeRefColumns } from '../../datasets/tokenized.ts';
 import { PROVIDED_KEYS, type TrainProblem } from './graph.ts';
 import { problemOf, problemSpec } from './problem.ts';
 import { f16BitsToFloat, float32ToF16 } from '../models/safetensors.ts';
+import { dequantizedBase, quantizedWeights } from '../models/quantize-base.ts';
 import { resolveLoss } from '../../losses/index.ts';
 import { Scorer } from '../models/scorer.ts';
 import { Evaluator, type EvalSummary } from '../eval/evaluate.ts';
@@ -240,9 +241,9 @@ async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming
     ? loadReferenceModel(o.refModel, o.model, base.config)
     : adapter
       ? { config: base.config, weights: mergeLora(new Map([...base.weights, ...adapter.weights]), base.config, adapter.lora), identity: `model:${resolve(o.model)}+adapter:${resolve(o.adapter!)}` }
-      : config.base_dtype === 'float16'
-        ? // With float16 base weights the reference is that same rounded base (adapters off), as PEFT's is.
-          { config: base.config, weights: roundedToF16(base.weights), identity: `model:${resolve(o.model)}+float16` }
+      : config.load_in_4bit || config.base_dtype === 'float16'
+        ? // The reference is the base as the artifacts hold it (adapters off), as PEFT's is: rounded to float16, 4-bit weights dequantized.
+          { config: base.config, weights: heldBase(base.config, base.weights, config), identity: `model:${resolve(o.model)}${config.load_in_4bit ? `+int4/${config.quant_block_size}` : ''}${config.base_dtype === 'float16' ? '+float16' : ''}` }
         : { config: base.config, weights: base.weights, identity: `model:${resolve(o.model)}` };
   if (d.problem.noReference) {
     // SFT, SimPO, ORPO: nothing in the loss reads the reference, so no pass over the data scores it,
@@ -498,7 +499,15 @@ function builtInputs(dir: string): Set<string> | null {
   return new Set(readManifest(dir).batchInputs.map((b) => b.name));
 }
 
-/** Weights rounded to float16 precision (and back to float32). */
-function roundedToF16(w: Map<string, FloatTensor>): Map<string, FloatTensor> {
-  return new Map([...w].map(([k, t]) => [k, { shape: t.shape, data: Float32Array.from(float32ToF16(t.data), f16BitsToFloat) }]));
+/**
+ * The base weights as the artifacts hold them, in float32: under base_dtype=float16 rounded to float16
+ * precision, under load_in_4bit its projection weights quantized and dequantized (quantize-base.ts).
+ */
+function heldBase(c: ModelConfig, w: Map<string, FloatTensor>, config: TrainConfig): Map<string, FloatTensor> {
+  const quantized = new Set(config.load_in_4bit ? quantizedWeights(c) : []);
+  const out = config.load_in_4bit ? dequantizedBase(c, w, config.quant_block_size) : new Map(w);
+  if (config.base_dtype === 'float16') {
+    for (const [k, t] of out) if (!quantized.has(k)) out.set(k, { shape: t.shape, data: Float32Array.from(float32ToF16(t.data), f16BitsToFloat) });
+  }
+  return out;
 }

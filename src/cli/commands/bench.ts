@@ -19,6 +19,7 @@ export function register(program: Command): void {
     .option('--lora [rank]', 'train LoRA adapters (alpha = 2·rank) on every projection instead of every weight (rank default 16)')
     .option('--gradient-checkpointing', "recompute each layer's activations in the backward (train's gradient_checkpointing=true)")
     .option('--base-dtype <dtype>', `with --lora: hold the frozen base weights in ${TRAIN_SETTINGS.base_dtype.choices.join(' or ')} (train's base_dtype)`, TRAIN_SETTINGS.base_dtype.default)
+    .option('--load-in-4bit [block]', "with --lora: hold the frozen projection weights in 4-bit blocks of this many values (train's load_in_4bit=true, quant_block_size; default 64)")
     .option('--steps <n>', 'timed steps, after the warm-up (default 5)')
     .option('--warmup <n>', "untimed steps first (default 5: ONNX Runtime's memory arena and the allocator settle over the first runs)")
     .option('--pairs <n>', 'preference pairs per batch (default 4)')
@@ -48,7 +49,7 @@ export function register(program: Command): void {
     .option('--model <dir>', 'with --serve: a model folder instead of --preset (made with init-model, seed 0)')
     .option('--peer <engine>', 'with --serve: also time llama.cpp (node-llama-cpp, a dev dependency) on the same model exported to GGUF: llama.cpp')
     .option('--json', 'print one JSON line')
-    .action(async (o: { serve?: boolean; clients?: string; maxTokens?: string; model?: string; peer?: string; rollout?: boolean; prompts?: string; generations?: string; generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; dtype?: string; blockSize?: string; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
+    .action(async (o: { serve?: boolean; clients?: string; maxTokens?: string; model?: string; peer?: string; rollout?: boolean; prompts?: string; generations?: string; generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; dtype?: string; blockSize?: string; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; loadIn4bit?: string | boolean; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
       // The dtype flags are train's settings of the same names: checked against their rows of the table.
       const computeDtype = coerceSetting('compute_dtype', TRAIN_SETTINGS.compute_dtype, o.computeDtype, '--compute-dtype') as TrainConfig['compute_dtype'];
       const baseDtype = coerceSetting('base_dtype', TRAIN_SETTINGS.base_dtype, o.baseDtype, '--base-dtype') as TrainConfig['base_dtype'];
@@ -136,6 +137,9 @@ export function register(program: Command): void {
       }
       const loraRank = o.lora === undefined || o.lora === false ? 0 : o.lora === true ? 16 : positiveInt('--lora', o.lora, 16);
       if (o.baseDtype === 'float16' && !loraRank) throw new UserError('--base-dtype float16 needs --lora (only frozen weights can be held in float16)');
+      const quantBlock = o.loadIn4bit === undefined || o.loadIn4bit === false ? 0 : o.loadIn4bit === true ? TRAIN_SETTINGS.quant_block_size.default : positiveInt('--load-in-4bit', o.loadIn4bit, 64);
+      if (quantBlock && !loraRank) throw new UserError('--load-in-4bit needs --lora (only frozen weights can be held in 4 bits)');
+      if (quantBlock && o.device !== 'cpu') throw new UserError(`--load-in-4bit runs on the CPU only (as train's load_in_4bit); leave --device ${o.device} out`);
       const levels = ['disabled', 'basic', 'extended', 'all'];
       if (o.optLevel !== undefined && !levels.includes(o.optLevel)) throw new UserError(`--opt-level: "${o.optLevel}" is not one of ${levels.join(', ')}`);
       if (o.update !== undefined && !['auto', 'graph', 'host'].includes(o.update)) throw new UserError(`--update: "${o.update}" is not one of auto, graph, host`);
@@ -147,6 +151,7 @@ export function register(program: Command): void {
         loraRank,
         gradientCheckpointing: o.gradientCheckpointing ?? false,
         baseDtype,
+        quantBlock: quantBlock || undefined,
         steps: positiveInt('--steps', o.steps, 5),
         warmup: o.warmup === '0' ? 0 : positiveInt('--warmup', o.warmup, 5),
         pairs: positiveInt('--pairs', o.pairs, 4),
@@ -166,7 +171,7 @@ export function register(program: Command): void {
       const lines: [string, string][] = [
         ['device', r.placement ? `${r.device}: ${Object.entries(r.placement).map(([g, p]) => `${g} ${p.cpu_fallbacks} CPU fallbacks`).join(', ')}` : r.device],
         ['model', `${r.arch} ${r.preset}, ${r.params.toLocaleString('en-US')} parameters (${r.matmul_params.toLocaleString('en-US')} in matmuls)`],
-        ['training', `${r.lora_rank ? `LoRA r=${r.lora_rank} on every projection, base ${r.base_dtype}` : 'every weight'} (${r.trainable_params.toLocaleString('en-US')} trainable)${r.gradient_checkpointing ? ', activations recomputed' : ''}`],
+        ['training', `${r.lora_rank ? `LoRA r=${r.lora_rank} on every projection, base ${r.base_dtype}${r.quant_block ? `, projections in 4 bits (blocks of ${r.quant_block})` : ''}` : 'every weight'} (${r.trainable_params.toLocaleString('en-US')} trainable)${r.gradient_checkpointing ? ', activations recomputed' : ''}`],
         ['batch', `${r.tokens_per_step} tokens per step (${r.share_prompt ? `prompts shared: ${r.computed_tokens_per_step} computed` : 'one sequence per response'})`],
         ['optimizer_update', r.optimizer_update === 'host' ? 'host (AdamW in place, in this process)' : 'graph (AdamW inside the step graph)'],
         ['tokens_per_s', String(r.tokens_per_s)],
