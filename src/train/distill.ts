@@ -276,6 +276,11 @@ class Distillation implements OnlineMethod<number, Round> {
   /** Milliseconds spent sampling on-policy micro-batches and scoring them with the teacher. */
   sampleMs = 0;
   teacherMs = 0;
+  /**
+   * Each sampled round's wall-clock seconds of sampling and of the teacher's scoring, for its metrics
+   * row: kept beside the round, never in it (a round may be saved in a checkpoint, which repeats to the bit).
+   */
+  private readonly clocks = new WeakMap<Round, { sample: number; teacher: number }>();
   private rows: TokenizedExample[] = [];
   private targets: TeacherRow[] = [];
   private tok!: LoadedTokenizer;
@@ -401,7 +406,8 @@ class Distillation implements OnlineMethod<number, Round> {
     const reqs = batches.flatMap((b, k) => (seeds[k] === null ? [] : b.rows.map((i, j) => ({ promptIds: this.rows[i].promptIds, rng: sampleRandom(seeds[k]!, j, 0) }))));
     let t0 = performance.now();
     const samples = await sampleStudent(await ctx.policy(), this.tok, reqs, this.sampling);
-    this.sampleMs += performance.now() - t0;
+    const sampleMs = performance.now() - t0;
+    this.sampleMs += sampleMs;
     const sampledRows: TokenizedExample[] = [];
     let r = 0;
     for (const b of on) {
@@ -411,7 +417,9 @@ class Distillation implements OnlineMethod<number, Round> {
     }
     t0 = performance.now();
     const targets = await this.scorer!.score(sampledRows, { batchSize: this.config.batch_size * 2, padTo: this.config.pad_to_multiple_of });
-    this.teacherMs += performance.now() - t0;
+    const teacherMs = performance.now() - t0;
+    this.teacherMs += teacherMs;
+    this.clocks.set(batches, { sample: sampleMs / 1000, teacher: teacherMs / 1000 });
     r = 0;
     for (const b of on) {
       b.sampled!.targets = b.rows.map(() => {
@@ -432,14 +440,20 @@ class Distillation implements OnlineMethod<number, Round> {
     });
   }
 
-  /** The step's share of on-policy micro-batches and their mean sample length (lmbda > 0 only: an offline run's rows are as before). */
+  /**
+   * The step's share of on-policy micro-batches and their mean sample length (lmbda > 0 only: an
+   * offline run's rows are as before); on a step that sampled, the wall-clock seconds of sampling and
+   * of the teacher's scoring (clock fields, as tokens/s: not repeated by a rerun, not in checkpoints).
+   */
   metrics(round: Round): Record<string, number> {
     if (!this.sampling) return {};
     const on = round.filter((b) => b.sampled);
     const lengths = on.flatMap((b) => b.sampled!.ids.map((x) => x.length));
+    const clock = this.clocks.get(round);
     return {
       'distill/on_policy': on.length / round.length,
       ...(lengths.length ? { 'distill/completion_length': lengths.reduce((a, v) => a + v, 0) / lengths.length } : {}),
+      ...(clock ? { 'distill/sample_seconds': clock.sample, 'distill/teacher_seconds': clock.teacher } : {}),
     };
   }
 
