@@ -145,6 +145,8 @@ describe('prefzoo distill, on-policy (lmbda)', () => {
 
     await expect(distill({ teacher, model: student, data: pairs, out: join(dir, 'run-r1'), params: [...params, 'max_completion_length=9'] }))
       .rejects.toThrow(/^max_completion_length: read by on-policy distillation only, and lmbda is 0/);
+    await expect(distill({ teacher, model: student, data: pairs, out: join(dir, 'run-r3'), params: [...params, 'lmbda=1', 'max_new_tokens=9'] }))
+      .rejects.toThrow(/^distill: unknown setting 'max_new_tokens'; TRL's max_new_tokens is 'max_completion_length' here/);
     await expect(distill({ teacher, model: student, data: pairs, out: join(dir, 'run-r2'), params: [...params, 'lmbda=0.5', 'temperature=2'] }))
       .rejects.toThrow(/^temperature with lmbda=0.5 is ambiguous: in distill it is gkd's loss τ/);
   });
