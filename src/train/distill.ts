@@ -46,7 +46,7 @@ import { runOnline, splitDraws, type OnlineContext, type OnlineMethod, type Onli
 import { modelParamSpecs, optimizerOf, runtimeOf, type MicroBatch } from './run.ts';
 import { declareCommand, defineSettings, ONLINE_LOOP_SETTINGS, type SettingsOf } from './settings.ts';
 import { readTeacherCache, teacherCacheIdentity, writeTeacherCache } from './teacher-cache.ts';
-import { checkSameTokenizer, logitsAt, scoreIndex, TeacherTopK, type TeacherRow } from './teacher-topk.ts';
+import { checkSameTokenizer, logitsAt, scoreIndex, scoringRuntime, TeacherTopK, type TeacherRow } from './teacher-topk.ts';
 
 const GROUP = 'Distillation';
 
@@ -369,7 +369,7 @@ class Distillation implements OnlineMethod<number, Round> {
     const limit = Math.min(teacher.config.vocab_size, student.vocab_size);
     if (limit < teacher.config.vocab_size) info(`teacher: ${teacher.config.vocab_size} embedding rows, the student ${student.vocab_size}; its distribution is taken over the first ${limit} ids`);
     if (K > limit) throw new UserError(`distill_topk=${K}: more than the ${limit} token ids the teacher and student share`);
-    return TeacherTopK.create(teacher.config, teacher.weights, { K, limit, runtime: runtimeOf(config, teacher.config), padId: this.tok.padId ?? 0 });
+    return TeacherTopK.create(teacher.config, teacher.weights, { K, limit, runtime: scoringRuntime(runtimeOf(config)), padId: this.tok.padId ?? 0 });
   }
 
   draws(config: TrainConfig): { size: number; count: number } {
