@@ -10,6 +10,12 @@ import { DEVICE_HELP, device, positiveInt } from '../flags.ts';
 import { coerceSetting, TRAIN_SETTINGS } from '../../train/settings.ts';
 import type { TrainConfig } from '../../train/config.ts';
 
+/** Refuses, in one line, the first of `flags` given that the `mode` benchmark does not use. */
+function refuseUnused(mode: string, flags: Record<string, unknown>): void {
+  const bad = Object.entries(flags).find(([, v]) => v !== undefined);
+  if (bad) throw new UserError(`${bad[0]}: ${mode} does not use it`);
+}
+
 export function register(program: Command): void {
   program
     .command('bench')
@@ -56,8 +62,7 @@ export function register(program: Command): void {
       if (!(PRESETS as readonly string[]).includes(o.preset)) throw new UserError(`--preset: "${o.preset}" is not one of ${PRESETS.join(', ')}`);
       if (o.distill) {
         const other = { '--serve': o.serve, '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--batch': o.batch, '--runs': o.runs, '--prompts': o.prompts, '--generations': o.generations, '--clients': o.clients, '--max-tokens': o.maxTokens, '--model': o.model, '--peer': o.peer, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
-        const bad = Object.entries(other).find(([, v]) => v !== undefined);
-        if (bad) throw new UserError(`${bad[0]}: --distill does not use it`);
+        refuseUnused('--distill', other);
         if (o.device !== 'cpu') throw new UserError('--device: --distill times the CPU (distill runs on the CPU only)');
         if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --distill trains in float32');
         const { formatDistillBench, runDistillBench } = await import('../../../scripts/bench/distill-bench.ts');
@@ -79,8 +84,7 @@ export function register(program: Command): void {
       const serveOnly = { '--clients': o.clients, '--max-tokens': o.maxTokens, '--model': o.model, '--peer': o.peer };
       if (o.serve) {
         const other = { '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--prompts': o.prompts, '--generations': o.generations, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
-        const bad = Object.entries(other).find(([, v]) => v !== undefined);
-        if (bad) throw new UserError(`${bad[0]}: --serve does not use it`);
+        refuseUnused('--serve', other);
         if (o.device !== 'cpu') throw new UserError('--device: --serve times the CPU server (prefzoo serve --device webgpu is not benchmarked here)');
         if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --serve decodes in float32');
         if (o.peer !== undefined && o.peer !== 'llama.cpp') throw new UserError(`--peer: "${o.peer}" is not llama.cpp (the one peer --serve runs)`);
@@ -104,8 +108,7 @@ export function register(program: Command): void {
       if (o.rollout) {
         if (o.generate) throw new UserError('--rollout and --generate are two benchmarks: choose one');
         const other = { '--arch': o.arch, '--baked': o.baked, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel };
-        const bad = Object.entries(other).find(([, v]) => v !== undefined);
-        if (bad) throw new UserError(`${bad[0]}: --rollout does not use it`);
+        refuseUnused('--rollout', other);
         if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --rollout decodes in float32');
         const { formatRolloutBench, runRolloutBench } = await import('../../../scripts/bench/rollout-bench.ts');
         const r = await runRolloutBench({
