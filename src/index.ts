@@ -57,6 +57,7 @@ import { readExportSource } from './export/source.ts';
 import { ServeEngine } from './serve/engine.ts';
 import { startServer, type RunningServer, type ServerLimits } from './serve/http.ts';
 import { Decoder } from './models/generate.ts';
+import { productQuant } from './models/quantize.ts';
 import { loadTokenizer } from './tokenize/index.ts';
 import { grpo as runGrpo, type GrpoOptions as GrpoLoopOptions, type GrpoResult, type GrpoSettings } from './online/grpo/index.ts';
 import { resolveDataset, resolveModel, type HubSnapshot, type ModelWant } from './hub/index.ts';
@@ -406,6 +407,10 @@ export interface GenerateOptions extends SamplingOptions, Pick<JobOptions, 'sign
   runtime?: RuntimeOptions;
   /** A Jinja chat-template file used instead of the model's own. */
   chatTemplateFile?: string;
+  /** Precision of the products (`--dtype`, default f32): q8/q4 block-quantize the weights (MatMulNBits, CPU only); f16 is refused. */
+  dtype?: 'f32' | 'f16' | 'q8' | 'q4';
+  /** Values per quantization block of q8/q4 (`--block-size`, default 32). */
+  blockSize?: number;
 }
 
 /** Samples responses to prompts with a KV cache (`prefzoo generate`); prompt-major order. */
@@ -415,7 +420,8 @@ export async function generate(options: GenerateOptions): Promise<Sample[]> {
     const prompts = typeof options.prompts === 'string' ? await readPrompts(options.prompts) : options.prompts;
     options.signal?.throwIfAborted();
     const model = await new JobNames(options, SILENT).model('model', options.model);
-    const policy = await ModelSampler.load(model, options.runtime, options.chatTemplateFile);
+    const quant = productQuant(options.dtype ?? 'f32', options.blockSize ?? 32, options.runtime?.ep ?? 'cpu', { dtype: 'dtype', block: 'blockSize' });
+    const policy = await ModelSampler.load(model, options.runtime, options.chatTemplateFile, quant);
     try {
       options.signal?.throwIfAborted();
       const samples = await policy.sample(prompts, { ...sampling, n: options.n ?? 1, seed: options.seed ?? 0, batchSize: options.batchSize ?? 32 });
@@ -472,6 +478,8 @@ export function nashMd(options: NashMdOptions): Promise<NashMdResult> {
 export interface DistillOptions extends Omit<LoopOptions, 'reporter' | 'base' | 'hub'>, JobOptions, HubNameOptions {
   /** The teacher: a model folder or Hub name with the student's tokenizer. */
   teacher: string;
+  /** AlignDistil: the DPO model `teacher`'s reference (folder or Hub name); the teacher's logits are z_ref + teacher_weight·(z_dpo − z_ref). */
+  teacherRef?: string;
   /** Any data {@link train} reads: single rows, pairs (their chosen responses), conversations. */
   data: string;
   /** Continue the run in `out` from its newest checkpoint (the teacher cache is reused). */
@@ -494,8 +502,9 @@ export function distill(options: DistillOptions): Promise<DistillResult> {
     const names = new JobNames(options, reporter);
     const model = await names.model('model', options.model);
     const teacher = await names.model('teacher', options.teacher);
+    const teacherRef = await names.model('teacherRef', options.teacherRef);
     const data = await names.data(options.data);
-    return runDistill({ ...options, model, teacher, data, hub: names.hub, params: paramsOf(options), settings: undefined, reporter });
+    return runDistill({ ...options, model, teacher, teacherRef, data, hub: names.hub, params: paramsOf(options), settings: undefined, reporter });
   });
 }
 
@@ -587,7 +596,8 @@ export function grpo(options: GrpoOptions): Promise<GrpoResult> {
     const names = new JobNames(options, reporter);
     const model = await names.model('model', options.model);
     const teacher = await names.model('teacher', options.teacher);
-    return runGrpo({ ...options, model, teacher, hub: names.hub, params: options.params, settings: options.settings, reporter });
+    const teacherRef = await names.model('teacherRef', options.teacherRef);
+    return runGrpo({ ...options, model, teacher, teacherRef, hub: names.hub, params: options.params, settings: options.settings, reporter });
   });
 }
 

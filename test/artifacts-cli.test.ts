@@ -55,10 +55,11 @@ describe('prefzoo artifacts', () => {
   });
 
   it('--help names the flags; bad input is one line and a non-zero exit, and leaves no folder', async () => {
-    const [help, bad, kind] = await Promise.all([
+    const [help, bad, kind, grpo] = await Promise.all([
       prefzoo('artifacts', '--help'),
       prefzoo('artifacts', '--model', model, '--loss', 'nope', '-o', join(dir, 'x')),
       prefzoo('artifacts', '--model', model, '--loss', 'kto', '--kind', 'pairwise', '-o', join(dir, 'y')),
+      prefzoo('artifacts', '--model', model, '--loss', 'grpo', '-o', join(dir, 'z')),
     ]);
     expect(help.code).toBe(0);
     for (const flag of ['--model', '--loss', '--out', '--kind', '--param']) expect(help.stdout).toContain(flag);
@@ -66,6 +67,9 @@ describe('prefzoo artifacts', () => {
     expect(bad.stderr.trim().split('\n')).toEqual([expect.stringMatching(/unknown loss "nope"/)]);
     expect(kind.code).not.toBe(0);
     expect(kind.stderr.trim().split('\n')).toEqual([expect.stringMatching(/--kind: loss kto takes single data/)]);
+    // GRPO's loss reads per-token log-probs of rollouts, which only grpo's own graph computes.
+    expect(grpo.code).not.toBe(0);
+    expect(grpo.stderr.trim().split('\n')).toEqual([expect.stringMatching(/loss grpo trains on its own rollouts; prefzoo grpo builds its artifacts/)]);
     expect(readdirSync(dir).sort()).toEqual(['dpo', 'kto', 'model']);
   });
 });

@@ -144,7 +144,7 @@ describe('prefzoo distill, on-policy (lmbda)', () => {
     expect(Object.keys(rowsOf(join(dir, 'run-lmbda0'))[0]).some((k) => k.startsWith('distill/on_policy'))).toBe(false);
 
     await expect(distill({ teacher, model: student, data: pairs, out: join(dir, 'run-r1'), params: [...params, 'max_completion_length=9'] }))
-      .rejects.toThrow(/^max_completion_length: read by on-policy distillation only, and lmbda is 0/);
+      .rejects.toThrow(/^max_completion_length: read only when something is sampled \(lmbda > 0: the student; seq_kd: the teacher\), and lmbda is 0 without seq_kd/);
     await expect(distill({ teacher, model: student, data: pairs, out: join(dir, 'run-r3'), params: [...params, 'lmbda=1', 'max_new_tokens=9'] }))
       .rejects.toThrow(/^distill: unknown setting 'max_new_tokens'; TRL's max_new_tokens is 'max_completion_length' here/);
     await expect(distill({ teacher, model: student, data: pairs, out: join(dir, 'run-r2'), params: [...params, 'lmbda=0.5', 'temperature=2'] }))

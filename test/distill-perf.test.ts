@@ -8,7 +8,7 @@ import { describe, it, expect, beforeAll, afterAll } from 'vitest';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { loadModel } from '../src/models/load.ts';
+import { TeacherSpec } from '../src/train/teacher-model.ts';
 import { LOW_MEMORY_RUNTIME } from '../src/train/run.ts';
 import { scoringRuntime, TeacherTopK, type TeacherRow } from '../src/train/teacher-topk.ts';
 import type { TokenizedExample } from '../datasets/examples.ts';
@@ -27,7 +27,7 @@ describe("the teacher's scoring runtime", () => {
   });
 
   it('gives the top K of the low-memory runtime: ids equal, log-probs and rest within float32 rounding', async () => {
-    const teacher = loadModel(distillModel(join(dir, 'teacher'), 1));
+    const teacher = TeacherSpec.of(distillModel(join(dir, 'teacher'), 1), undefined, undefined).load();
     const V = teacher.config.vocab_size;
     const rows = [3, 9, 5, 12, 1].map((n, r) => ({
       promptIds: Array.from({ length: 2 + r }, (_, t) => 3 + ((r * 17 + t * 5) % (V - 3))),
@@ -35,7 +35,7 @@ describe("the teacher's scoring runtime", () => {
       src: r,
     }) as unknown as TokenizedExample);
     const score = async (runtime: object): Promise<TeacherRow[]> => {
-      const t = await TeacherTopK.create(teacher.config, teacher.weights, { K: 6, limit: V, runtime, padId: 0 });
+      const t = await TeacherTopK.create(teacher, { K: 6, limit: V, runtime, padId: 0 });
       try {
         return await t.score(rows, { batchSize: 2, padTo: 1 });
       } finally {

@@ -22,6 +22,7 @@ import { familyFor } from '../../src/models/families.ts';
 import { measureMatmulPeak } from '../../src/runtime/peak.ts';
 import type { RuntimeOptions } from '../../src/runtime/session.ts';
 import { deviceTraffic, resetDeviceTraffic } from '../../src/models/generate-device.ts';
+import type { ProductQuant } from '../../src/models/quantize.ts';
 
 export interface GenerateBenchOptions {
   arch?: Arch;
@@ -33,6 +34,8 @@ export interface GenerateBenchOptions {
   runs?: number;
   /** Bake the weights into the graphs instead of feeding them. */
   baked?: boolean;
+  /** Products over block-quantized weights (q8/q4, MatMulNBits; `prefzoo bench --generate --dtype`); default f32. */
+  quant?: ProductQuant | null;
   runtime?: RuntimeOptions;
   skipPeak?: boolean;
   /** A model's config and weights instead of the preset's random ones (`bench --serve --model`); `preset` then names it. */
@@ -46,6 +49,15 @@ export interface GenerateBenchResult {
   preset: string;
   params: number;
   weights: 'fed' | 'baked';
+  /** f32, or q8/q4 with its block size. */
+  dtype: string;
+  /**
+   * q8/q4: the milliseconds a weight update adds to the next generation (quantizing the weights and
+   * making its sessions, measured as a two-token generation after `setWeights` less one without),
+   * and of those, quantizing.
+   */
+  update_ms?: number;
+  quantize_ms?: number;
   device: string;
   batch: number;
   prompt_tokens: number;
@@ -132,7 +144,7 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
   const weights = o.model?.weights ?? initWeights(config, 0);
   const { batch: B, prompt: P, newTokens: N } = o;
   const runs = o.runs ?? 3;
-  const dec = await Decoder.create(config, weights, { bake: o.baked ?? false, runtime: o.runtime });
+  const dec = await Decoder.create(config, weights, o.quant ? { quant: o.quant, runtime: o.runtime } : { bake: o.baked ?? false, runtime: o.runtime });
   const V = config.vocab_size;
   const reqs = (seed: number): GenerateRequest[] =>
     Array.from({ length: B }, (_, i) => ({ promptIds: Array.from({ length: P }, (_, t) => 16 + ((i * 7919 + t * 104729) % (Math.min(V, 4096) - 16))), rng: sampleRandom(seed, i, 0) }));
@@ -163,6 +175,17 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
     log(`run ${r + 1}/${runs}: prefill ${prefill.toFixed(1)} ms, ${steps[r].toFixed(2)} ms/step`);
   }
   const t = deviceTraffic();
+  let update: { update_ms: number; quantize_ms: number } | null = null;
+  if (o.quant) {
+    const q0 = dec.quantizeMs;
+    const t0 = performance.now();
+    dec.setWeights((name) => weights.get(name)?.data);
+    await gen(30, 2);
+    const t1 = performance.now();
+    await gen(31, 2);
+    update = { update_ms: round(t1 - t0 - (performance.now() - t1)), quantize_ms: round(dec.quantizeMs - q0) };
+    log(`a weight update: ${update.update_ms} ms on the next generation, ${update.quantize_ms} ms of it quantizing`);
+  }
   await dec.release();
   // Before the MatMul peak and bandwidth probes, which allocate their own buffers.
   const rss = Math.round(process.resourceUsage().maxRSS / 1024);
@@ -177,6 +200,8 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
     preset: o.preset,
     params: countParameters(config),
     weights: o.baked ? 'baked' : 'fed',
+    dtype: o.quant ? `q${o.quant.bits} (block ${o.quant.block})` : 'f32',
+    ...(update ?? {}),
     device: o.runtime?.ep ?? 'cpu',
     batch: B,
     prompt_tokens: P,
@@ -211,7 +236,8 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
 /** One line per figure, for the terminal. */
 export function formatGenerateBench(r: GenerateBenchResult): string {
   const lines: [string, string][] = [
-    ['model', `${r.arch} ${r.preset}, ${r.params.toLocaleString('en-US')} parameters, weights ${r.weights}, ${r.device}`],
+    ['model', `${r.arch} ${r.preset}, ${r.params.toLocaleString('en-US')} parameters, weights ${r.weights}, ${r.dtype}, ${r.device}`],
+    ...(r.update_ms !== undefined ? ([['update_ms', `${r.update_ms} (a weight update's cost to the next generation; quantizing ${r.quantize_ms})`]] as [string, string][]) : []),
     ['shape', `batch ${r.batch}, prompt ${r.prompt_tokens}, ${r.new_tokens} new tokens, multinomial sampling`],
     ['prefill_ms', String(r.prefill_ms)],
     ['decode_tokens_per_s', String(r.decode_tokens_per_s)],

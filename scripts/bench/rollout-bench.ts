@@ -19,6 +19,7 @@ import { Decoder, GenerationSession, setGenerateTimer } from '../../src/models/g
 import { sampleRandom } from '../../src/models/sampling.ts';
 import { SeededRandom } from '../../src/random.ts';
 import type { RuntimeOptions } from '../../src/runtime/session.ts';
+import type { ProductQuant } from '../../src/models/quantize.ts';
 import { generatedVocabSize } from './decode-bench.ts';
 
 export interface RolloutBenchOptions {
@@ -31,6 +32,8 @@ export interface RolloutBenchOptions {
   runs: number;
   seed?: number;
   runtime?: RuntimeOptions;
+  /** The rollout's products over block-quantized weights (rollout_dtype q8/q4; `--dtype`); default f32. */
+  quant?: ProductQuant | null;
   log?: (line: string) => void;
 }
 
@@ -46,6 +49,8 @@ export interface RolloutBenchResult {
   engine: 'prefzoo';
   preset: string;
   device: string;
+  /** f32, or q8/q4 with its block size. */
+  dtype: string;
   prompts: number;
   generations: number;
   rows: number;
@@ -67,7 +72,7 @@ const r3 = (x: number) => Math.round(x * 1000) / 1000;
 export async function runRolloutBench(o: RolloutBenchOptions): Promise<RolloutBenchResult> {
   const log = o.log ?? (() => {});
   const config = presetConfig(presetArch(o.preset) ?? 'llama', o.preset, o.preset === 'tiny' ? { vocabSize: generatedVocabSize() } : {});
-  const dec = await Decoder.create(config, initWeights(config, 0), { runtime: o.runtime });
+  const dec = await Decoder.create(config, initWeights(config, 0), { runtime: o.runtime, quant: o.quant });
   const seed = o.seed ?? 0;
   const V = Math.min(config.vocab_size, 4096);
   const draw = new SeededRandom(seed);
@@ -124,6 +129,7 @@ export async function runRolloutBench(o: RolloutBenchOptions): Promise<RolloutBe
     engine: 'prefzoo',
     preset: o.preset,
     device: o.runtime?.ep ?? 'cpu',
+    dtype: o.quant ? `q${o.quant.bits} (block ${o.quant.block})` : 'f32',
     prompts: o.prompts,
     generations: o.generations,
     rows: budgets.length,
@@ -141,7 +147,7 @@ export async function runRolloutBench(o: RolloutBenchOptions): Promise<RolloutBe
 export function formatRolloutBench(r: RolloutBenchResult): string {
   const t = (x: Timing) => `prefill ${x.prefill_s} s, decode ${x.decode_s} s, total ${x.total_s} s (process CPU ${x.cpu_s} s)`;
   const lines: [string, string][] = [
-    ['model', `${r.preset} (random weights), ${r.device}`],
+    ['model', `${r.preset} (random weights), ${r.dtype}, ${r.device}`],
     ['round', `${r.prompts} prompts × ${r.generations} generations = ${r.rows} rows, prompts of ${r.prompt_tokens} tokens, budgets up to ${r.max_new_tokens} (${r.new_tokens} new tokens in all), batch ${r.batch}`],
     ['padded_batches', t(r.padded_batches)],
     ['session', `${t(r.session)} (shared prompts, continuous batching)`],

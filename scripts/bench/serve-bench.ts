@@ -12,7 +12,8 @@
  * Prints tokens/s of both passes and their ratio, latency and time-to-first-token percentiles, the
  * batch-1 decode rate seen by a client (tokens after the first over the time between the first and
  * the last) next to `bench --generate`'s on the same model in the same process (batch 1, the same
- * prompt length and budget, baked weights), and with `--peer llama.cpp` the same model exported to
+ * prompt length and budget, baked weights; taken after each run's passes, the ratio the median of
+ * the runs' ratios), and with `--peer llama.cpp` the same model exported to
  * GGUF under node-llama-cpp (peer-llamacpp.ts in a child process: `--clients` sequences of one
  * context decoding together, and one sequence; node-llama-cpp has no HTTP server, so the peer is
  * in-process sequences, without HTTP or JSON).
@@ -98,9 +99,9 @@ export interface ServeBenchResult {
   same_tokens: boolean;
   /** A client's decode rate at batch 1: median over the one-after-another requests. */
   decode_batch1_tokens_per_s: number;
-  /** `bench --generate --batch 1 --baked` on the same model, prompt length and budget, in this process. */
+  /** `bench --generate --batch 1 --baked` on the same model, prompt length and budget, in this process: median over the runs, each taken right after that run's passes. */
   generate_batch1_tokens_per_s: number;
-  /** decode_batch1 / generate_batch1. */
+  /** Median over the runs of that run's server batch-1 rate over its bench --generate rate. */
   decode_ratio: number;
   peer: PeerResult | null;
   load_average: number;
@@ -199,6 +200,11 @@ export async function runServeBench(o: ServeBenchOptions): Promise<ServeBenchRes
     const con: Pass[] = [];
     let same = true;
     let batch1: number[] = [];
+    // Per run: the server's batch-1 decode rate (median over its one-after-another requests) and
+    // bench --generate's, measured right after it (the server idle), so each ratio compares two
+    // figures taken minutes apart at most, not the server's runs against one reference at the end.
+    const gens: number[] = [];
+    const ratios: number[] = [];
     let promptTokens = 0;
     try {
       log(`${o.model ?? o.preset}, ${o.threads} threads, ${N} clients, max_tokens ${o.maxTokens}: warming up`);
@@ -218,8 +224,24 @@ export async function runServeBench(o: ServeBenchOptions): Promise<ServeBenchRes
         con.push(pass(all, performance.now() - t0, process.cpuUsage(c0)));
         log(`run ${r + 1}/${o.runs}: all at once ${con[r].tokens_per_s} tokens/s`);
         same &&= all.every((a, i) => JSON.stringify(a.ids) === JSON.stringify(one[i].ids));
-        batch1 = batch1.concat(one.filter((a) => a.ids.length > 1).map((a) => (a.ids.length - 1) / ((a.last - a.first) / 1000)));
+        const rates = one.filter((a) => a.ids.length > 1).map((a) => (a.ids.length - 1) / ((a.last - a.first) / 1000));
+        batch1 = batch1.concat(rates);
         promptTokens = Math.round(one.reduce((s, a) => s + a.prompt, 0) / N);
+        log(`run ${r + 1}/${o.runs}: bench --generate --batch 1 --baked --prompt ${promptTokens} --new ${o.maxTokens} on the same model`);
+        const gen = await runGenerateBench({
+          preset: o.model ?? o.preset,
+          model: { config: src.config, weights: src.weights },
+          batch: 1,
+          prompt: promptTokens,
+          newTokens: o.maxTokens,
+          runs: 1,
+          baked: true,
+          runtime,
+          skipPeak: true,
+        });
+        gens.push(gen.decode_tokens_per_s);
+        ratios.push(median(rates) / gen.decode_tokens_per_s);
+        log(`run ${r + 1}/${o.runs}: batch-1 decode ${r1(median(rates))} tokens/s through the server, ${gen.decode_tokens_per_s} in bench --generate`);
       }
     } finally {
       await clients.close();
@@ -228,18 +250,6 @@ export async function runServeBench(o: ServeBenchOptions): Promise<ServeBenchRes
       await decoder.release();
     }
     if (!same) log('note: the two passes drew different tokens (a float rounding near a draw boundary, or a fault)');
-    log(`bench --generate --batch 1 --baked --prompt ${promptTokens} --new ${o.maxTokens} on the same model`);
-    const gen = await runGenerateBench({
-      preset: o.model ?? o.preset,
-      model: { config: src.config, weights: src.weights },
-      batch: 1,
-      prompt: promptTokens,
-      newTokens: o.maxTokens,
-      runs: 3,
-      baked: true,
-      runtime,
-      skipPeak: true,
-    });
     const peer = o.peer ? runPeer(src, tmp, { clients: N, prompt: promptTokens, newTokens: o.maxTokens, threads: o.threads, runs: Math.max(1, o.runs), vocab: tok.vocabSize, log }) : null;
     const sequential = medianPass(seq);
     const concurrent = medianPass(con);
@@ -258,8 +268,8 @@ export async function runServeBench(o: ServeBenchOptions): Promise<ServeBenchRes
       speedup: r2(concurrent.tokens_per_s / sequential.tokens_per_s),
       same_tokens: same,
       decode_batch1_tokens_per_s: r1(decode),
-      generate_batch1_tokens_per_s: gen.decode_tokens_per_s,
-      decode_ratio: r2(decode / gen.decode_tokens_per_s),
+      generate_batch1_tokens_per_s: r1(median(gens)),
+      decode_ratio: r2(median(ratios)),
       peer,
       load_average: r2(os.loadavg()[0]),
     };

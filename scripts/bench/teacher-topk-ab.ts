@@ -12,6 +12,7 @@ import type { FloatTensor } from '../../src/models/checkpoint.ts';
 import { modelParameterShapes } from '../../src/models/params.ts';
 import { LOW_MEMORY_RUNTIME } from '../../src/train/run.ts';
 import { scoringRuntime, TeacherTopK, type TeacherRow } from '../../src/train/teacher-topk.ts';
+import { LoadedTeacher } from '../../src/train/teacher-model.ts';
 import type { TokenizedExample } from '../../datasets/examples.ts';
 import type { RuntimeOptions } from '../../src/runtime/session.ts';
 import { teacherShape } from './distill-bench.ts';
@@ -47,7 +48,7 @@ const variants: { name: string; runtime: RuntimeOptions }[] = [
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
 let first: TeacherRow[] | null = null;
 for (const v of variants) {
-  const t = await TeacherTopK.create(config, weights, { K: 32, limit: config.vocab_size, runtime: v.runtime, padId: 0 });
+  const t = await TeacherTopK.create(new LoadedTeacher({ config, weights }, null, 1), { K: 32, limit: config.vocab_size, runtime: v.runtime, padId: 0 });
   const run = () => t.score(examples, { batchSize: 2 * R, padTo: 1 });
   await run();
   const wall: number[] = [];

@@ -98,7 +98,10 @@ export class Names {
 }
 
 /** Options that take a model, by what the command reads of it. */
-const MODEL_OPTIONS: Readonly<Record<string, ModelWant>> = { model: 'model', ref: 'model', teacher: 'model', adapter: 'adapter', tokenizer: 'tokenizer' };
+const MODEL_OPTIONS: Readonly<Record<string, ModelWant>> = { model: 'model', ref: 'model', teacher: 'model', 'teacher-ref': 'model', adapter: 'adapter', tokenizer: 'tokenizer' };
+
+/** An option's key in commander's values: `--teacher-ref` is `teacherRef`. */
+const optionKey = (flag: string) => flag.replace(/-(\w)/g, (_, c: string) => c.toUpperCase());
 
 /** Commands whose first argument may be a Hub dataset name. */
 const DATA_ARGUMENT = new Set(['convert', 'inspect']);
@@ -138,9 +141,10 @@ async function resolveNames(cmd: Command, names: Names, o: HubFlags & Record<str
   // --revision is the model's where the command takes one, else the dataset's.
   const dataRevision = has(cmd, '--model') || name === 'init-model' ? undefined : o.revision;
   if (name === 'export' && typeof o.model === 'string') return exportNames(cmd, names, o);
-  for (const [key, want] of Object.entries(MODEL_OPTIONS)) {
+  for (const [flag, want] of Object.entries(MODEL_OPTIONS)) {
+    const key = optionKey(flag);
     const v = o[key];
-    if (typeof v === 'string') cmd.setOptionValue(key, await names.model(key, `--${key}`, v, want));
+    if (typeof v === 'string') cmd.setOptionValue(key, await names.model(key, `--${flag}`, v, want));
   }
   if (name === 'init-model' && typeof o.config === 'string') {
     const dir = await names.model('config', '--config', o.config, 'config');

@@ -24,10 +24,14 @@ import type { Example } from '../../datasets/examples.ts';
 import { initModelFolder } from '../models/init.ts';
 import { SeededRandom } from '../random.ts';
 import { writeDemoEval } from '../train/demo-eval.ts';
+import { writeFileAtomic } from '../io/atomic.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
 import { recallPrompts, type OnlineDemoOptions } from './online.ts';
-import { evaluateRewards, grpo, samplingRollout } from '../online/grpo/index.ts';
+import { evaluateRewards, grpo, samplingRollout, type RewardEval } from '../online/grpo/index.ts';
+import type { Decoder } from '../models/generate.ts';
+import type { LoadedTokenizer } from '../tokenize/index.ts';
+import type { Reporter } from '../progress.ts';
 import { ModelSampler } from '../online/policy.ts';
 import { readPromptRows } from '../online/prompts.ts';
 import { loadAllRewards, releaseRewards } from '../online/rewards/index.ts';
@@ -87,51 +91,90 @@ export function maskedPrompt(p: string, k: number): string {
 const HELDOUT_PROMPTS = 100;
 const EVAL_SAMPLES = 8;
 
-export async function runGrpoDemo(o: GrpoDemoOptions): Promise<GrpoDemoResult> {
-  const t0 = Date.now();
-  const dir = o.out ?? mkdtempSync(join(tmpdir(), 'prefzoo-demo-grpo-'));
+/** The recall-the-last-digit task as the GRPO demo sets it up: its prompt files, π_0 and the held-out evaluation. */
+export interface RecallLastTask {
+  /** π_0's parameters. */
+  parameters: number;
+  /** The warm-started π_0 (the SFT run's final/). */
+  startDir: string;
+  /** prompts.jsonl and heldout.jsonl (prompt and answer columns) in the demo folder. */
+  promptsFile: string;
+  heldoutFile: string;
+  trainPrompts: string[];
+  heldout: string[];
+  /** The held-out accuracy of a decoder: the share of right answers among EVAL_SAMPLES samples (temperature 1) per held-out prompt, with the evaluation's fixed seed. */
+  accuracy(tok: LoadedTokenizer, decoder: Decoder): Promise<RewardEval>;
+  /** Lets go of the reward functions the evaluation holds. */
+  release(): Promise<void>;
+}
+
+/** The task's answer: the prompt's last digit ("4719:" → "9"). */
+export const lastDigit = (p: string): string => p[p.length - 2];
+
+/**
+ * The task in `dir`: a tiny llama initialised in dir/model and warm-started by SFT on masked prompts
+ * (dir/start), prompts.jsonl (3,000) and heldout.jsonl (100 others), and the evaluation.
+ */
+export async function recallLastTask(dir: string, seed: number, o: { reporter?: Reporter; intro: (parameters: number) => string; warmStartSteps?: number }): Promise<RecallLastTask> {
+  const { reporter } = o;
   mkdirSync(dir, { recursive: true });
-  const init = initModelFolder(join(dir, 'model'), 'llama', 'tiny', o.seed);
-  o.reporter?.info(`demo: tiny llama (${init.parameters.toLocaleString('en-US')} parameters); method grpo, reward accuracy`);
+  const init = initModelFolder(join(dir, 'model'), 'llama', 'tiny', seed);
+  reporter?.info(o.intro(init.parameters));
   // Prompts of four distinct digits and a colon; the held-out ones never occur in training.
-  const split = new SeededRandom(o.seed + 17);
+  const split = new SeededRandom(seed + 17);
   const trainPrompts = recallPrompts(split, TRAIN_PROMPTS);
   const heldout = recallPrompts(split, HELDOUT_PROMPTS, new Set(trainPrompts));
-  const answer = (p: string) => p[p.length - 2];
 
   // π_0 knows the answer format (one digit of the prompt, then the end) and nothing of which digit.
-  const rand = new SeededRandom(o.seed * 13 + 1);
+  const rand = new SeededRandom(seed * 13 + 1);
   const formatRows: Example[] = trainPrompts.slice(0, WARM_PROMPTS).map((p) => {
     const k = rand.int(DIGITS);
     return { prompt: maskedPrompt(p, k), responses: [p[k], p[k]] };
   });
   const start = await train({
     model: join(dir, 'model'), data: 'format.jsonl', rows: { kind: 'pairwise', meta: makeMeta('pairwise', 'plain', 'demo'), examples: formatRows, files: [] },
-    loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed: o.seed }, reporter: o.reporter, overwrite: true,
+    loss: 'sft', out: join(dir, 'start'), base: { ...WARM_START, seed, ...(o.warmStartSteps ? { max_steps: o.warmStartSteps } : {}) }, reporter, overwrite: true,
   });
 
   const jsonl = (file: string, prompts: string[]) => {
-    writeFileSync(file, prompts.map((p) => JSON.stringify({ prompt: p, answer: answer(p) }) + '\n').join(''));
+    writeFileAtomic(file, prompts.map((p) => JSON.stringify({ prompt: p, answer: lastDigit(p) }) + '\n').join(''));
     return file;
   };
   const promptsFile = jsonl(join(dir, 'prompts.jsonl'), trainPrompts);
   const heldoutFile = jsonl(join(dir, 'heldout.jsonl'), heldout);
-  const evalSeed = o.seed * 31 + 7;
-
-  // The starting policy on the held-out prompts, sampled as the run's own evaluation samples.
+  const evalSeed = seed * 31 + 7;
   const heldRows = await readPromptRows(heldoutFile);
   const fns = await loadAllRewards(['accuracy']);
-  const pi0 = await ModelSampler.load(start.finalDir);
   const rollout = samplingRollout({ max_completion_length: 2, temperature: 1, top_k: 0, top_p: 1 });
-  const before = await evaluateRewards(pi0.tok, pi0.decoder, heldRows, fns, [1], { rollout, n: EVAL_SAMPLES, seed: evalSeed, maxCompletionLength: 2, timeout: 60 });
+  return {
+    parameters: init.parameters, startDir: start.finalDir, promptsFile, heldoutFile, trainPrompts, heldout,
+    accuracy: (tok, decoder) => evaluateRewards(tok, decoder, heldRows, fns, [1], { rollout, n: EVAL_SAMPLES, seed: evalSeed, maxCompletionLength: 2, timeout: 60 }),
+    release: () => releaseRewards(fns),
+  };
+}
+
+/** GRPO's settings on the task (the demo's; `params` after them). */
+export function grpoOnRecallLast(seed: number, heldoutFile?: string): { base: Partial<TrainConfig>; params: string[] } {
+  return { base: { ...GRPO_BASE, seed, ...(heldoutFile ? { eval_data: heldoutFile } : {}) }, params: GRPO_PARAMS };
+}
+
+export async function runGrpoDemo(o: GrpoDemoOptions): Promise<GrpoDemoResult> {
+  const t0 = Date.now();
+  const dir = o.out ?? mkdtempSync(join(tmpdir(), 'prefzoo-demo-grpo-'));
+  const task = await recallLastTask(dir, o.seed, { reporter: o.reporter, intro: (n) => `demo: tiny llama (${n.toLocaleString('en-US')} parameters); method grpo, reward accuracy` });
+  const { heldout } = task;
+
+  // The starting policy on the held-out prompts, sampled as the run's own evaluation samples.
+  const pi0 = await ModelSampler.load(task.startDir);
+  const before = await task.accuracy(pi0.tok, pi0.decoder);
   await pi0.release();
-  await releaseRewards(fns);
+  await task.release();
 
   const run = join(dir, 'grpo');
+  const g = grpoOnRecallLast(o.seed, task.heldoutFile);
   const r = await grpo({
-    model: start.finalDir, prompts: promptsFile, rewards: ['accuracy'], out: run, overwrite: true,
-    base: { ...GRPO_BASE, seed: o.seed, eval_data: heldoutFile },
-    params: [...GRPO_PARAMS, ...(o.params ?? [])], reporter: o.reporter,
+    model: task.startDir, prompts: task.promptsFile, rewards: ['accuracy'], out: run, overwrite: true,
+    base: g.base, params: [...g.params, ...(o.params ?? [])], reporter: o.reporter,
   });
 
   const rows = readFileSync(join(run, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);

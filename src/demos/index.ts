@@ -9,6 +9,7 @@ import type { AgentDemoResult } from './agent-shared.ts';
 import { runToolsDemo } from './tools.ts';
 import { runEnvDemo } from './env.ts';
 import { runAgentDemo } from './agent.ts';
+import { runDistillDemo, type DistillDemoResult } from './distill.ts';
 
 /** What every online demo takes. */
 export interface MethodDemoOptions {
@@ -29,6 +30,8 @@ export interface MethodDemo {
 }
 
 const f3 = (x: number) => x.toFixed(3);
+/** A step count, or that the budget ran out first. */
+const stepsOf = (n: number | null, budget: number) => (n === null ? `not within ${budget} step${budget === 1 ? '' : 's'}` : `${n} steps`);
 
 function onlineDemo(method: OnlineDemoMethod): MethodDemo {
   return {
@@ -66,6 +69,16 @@ export const METHOD_DEMOS: Record<string, MethodDemo> = {
       `right answers among ${r.samples_per_prompt} samples per held-out prompt (${r.heldout_prompts} prompts): ${f3(r.heldout_accuracy_start)} → ${f3(r.heldout_accuracy_final)}`,
       `mean training reward, first → last five logged steps: ${f3(r.reward_mean_start)} → ${f3(r.reward_mean_final)}`,
       `run folder: ${r.run} (try: npx prefzoo report ${r.run})`,
+    ],
+  },
+  distill: {
+    summary: 'on-policy distillation (distill, lmbda=1, beta=0) of a trained teacher into a smaller student, against GRPO from the same start: steps each takes to 0.9 × the teacher\'s held-out accuracy (reports teacher_accuracy, student_accuracy_start/final, distill_steps, grpo_steps; --param settings go to the distill run)',
+    run: runDistillDemo,
+    lines: (r: DistillDemoResult) => [
+      `method distill (on-policy, lmbda=1, beta=${r.beta}) against grpo (reward: accuracy) from the same start, in ${r.seconds}s`,
+      `right answers among ${r.samples_per_prompt} samples per held-out prompt (${r.heldout_prompts} prompts): teacher ${f3(r.teacher_accuracy)} (${r.teacher_parameters.toLocaleString('en-US')} parameters); student (${r.student_parameters.toLocaleString('en-US')} parameters) ${f3(r.student_accuracy_start)} → ${f3(r.student_accuracy_final)}`,
+      `steps to ${f3(r.target_accuracy)} (${r.target_share} × the teacher's; evaluated every ${r.eval_every} steps): distill ${stepsOf(r.distill_steps, r.distill_budget)}, grpo ${stepsOf(r.grpo_steps, r.grpo_budget)}${r.distill_steps !== null && r.grpo_steps !== null ? ` (GRPO ${(r.grpo_steps / r.distill_steps).toFixed(1)}× as many)` : ''}`,
+      `run folder: ${r.run} (try: npx prefzoo report ${r.run}); the GRPO run beside it`,
     ],
   },
   tools: {

@@ -13,6 +13,7 @@ import { modelParameterShapes } from './params.ts';
 import { Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
 import { buildDecodeGraph, cacheShape, pastName, presentName, type DecodeHead } from './decode.ts';
 import { DeviceDecode } from './generate-device.ts';
+import { allocQuantized, quantizeInto, quantizeProducts, type ProductQuant, type QuantizedWeight } from './quantize.ts';
 
 export interface DecoderOptions {
   runtime?: RuntimeOptions;
@@ -28,6 +29,13 @@ export interface DecoderOptions {
    * those of this many tokens, not of the whole batch.
    */
   prefillTokens?: number;
+  /**
+   * Products over block-quantized weights (MatMulNBits, see quantize.ts): the decoder is fed as
+   * without `bake` (`setWeights` each update), and quantizes the linear weights of the values fed
+   * when a graph is next needed, baking them into new sessions (the CPU provider prepacks them);
+   * embeddings, norms and biases stay float32 and fed. CPU only.
+   */
+  quant?: ProductQuant | null;
 }
 
 /**
@@ -54,13 +62,21 @@ export class Decoder {
   private spare: Float32Array[] = [];
   /** On WebGPU: the sessions and weights of generation on the device (generate-device.ts). */
   readonly device: DeviceDecode | null;
+  /** With `quant`: the values last fed, each weight's quantized buffers (kept for the next update), those made from the current values, and the parameters no graph reads as floats. */
+  private readonly floats = new Map<string, Float32Array>();
+  private readonly blocks = new Map<string, QuantizedWeight>();
+  private readonly current = new Set<string>();
+  private readonly unfed = new Set<string>();
+  /** Milliseconds spent quantizing weights so far (with `quant`). */
+  quantizeMs = 0;
 
   private constructor(
     readonly config: ModelConfig,
     private readonly shapes: Map<string, number[]>,
     readonly baked: boolean,
-    private readonly build: { weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; runtime?: RuntimeOptions; prefillTokens: number },
+    private readonly build: { weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; runtime?: RuntimeOptions; prefillTokens: number; quant?: ProductQuant | null },
   ) {
+    if (build.quant && (build.runtime?.ep ?? 'cpu') !== 'cpu') throw new Error(`decoder: q${build.quant.bits} products run on the CPU provider only, not ${build.runtime!.ep}`);
     this.device = build.runtime?.ep === 'webgpu' ? new DeviceDecode(config, shapes, { ...build, runtime: build.runtime }) : null;
   }
 
@@ -69,7 +85,8 @@ export class Decoder {
     // Without ONNX Runtime's memory pattern unless asked for: the planned block of every intermediate
     // of a run comes on top of the arena (measured: ~75 MB less peak RSS at batch 32, no slower).
     const runtime: RuntimeOptions = { memPattern: false, ...o.runtime };
-    const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime, prefillTokens: o.prefillTokens ?? 256 });
+    if (bake && o.quant) throw new Error('decoder: quant feeds its weights; it cannot also bake them');
+    const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime, prefillTokens: o.prefillTokens ?? 256, quant: o.quant });
     if (!bake) d.setWeights((name) => weights.get(name)?.data);
     return d;
   }
@@ -78,8 +95,15 @@ export class Decoder {
     const key = `${kind}/${head}`;
     let s = this.sessions.get(key);
     if (!s) {
-      const weightFirst = kind !== 'stepSmall' && (this.build.runtime?.ep ?? 'cpu') === 'cpu';
+      const quant = this.build.quant;
+      const weightFirst = !quant && kind !== 'stepSmall' && (this.build.runtime?.ep ?? 'cpu') === 'cpu';
       const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst });
+      if (quant) {
+        quantizeProducts(g, quant, (name, transposed) => this.quantized(name, transposed));
+        const inputs = new Set(g.inputs.map((i) => i.name));
+        for (const name of this.shapes.keys()) if (!inputs.has(name)) this.unfed.add(name);
+        for (const name of this.unfed) delete this.params[name];
+      }
       s = Session.fromGraph(g, this.build.runtime);
       this.sessions.set(key, s);
     }
@@ -96,14 +120,41 @@ export class Decoder {
     return this.build.prefillTokens;
   }
 
-  /** Feeds these parameter values from now on (graph-input decoders only); arrays are not copied. */
+  /**
+   * Feeds these parameter values from now on (graph-input decoders only); arrays are not copied.
+   * With `quant` the sessions go: the next run quantizes these values into new ones.
+   */
   setWeights(get: (name: string) => Float32Array | undefined): void {
     if (this.baked) throw new Error('setWeights: this decoder has its weights baked in');
     for (const [name, shape] of this.shapes) {
       const data = get(name);
       if (!data) throw new Error(`decoder: no values for parameter ${name}`);
-      this.params[name] = toOrt('float32', data, shape);
+      this.floats.set(name, data);
+      if (!this.unfed.has(name)) this.params[name] = toOrt('float32', data, shape);
     }
+    if (this.build.quant) {
+      this.current.clear();
+      const old = [...this.sessions.values()];
+      this.sessions.clear();
+      for (const s of old) void s.then((x) => x.release(), () => undefined);
+    }
+  }
+
+  /** The quantized blocks of parameter `name` (of its transpose), from the values last fed; made once per `setWeights`. */
+  private quantized(name: string, transposed: boolean): QuantizedWeight | null {
+    const quant = this.build.quant!;
+    const shape = this.shapes.get(name);
+    const data = this.floats.get(name);
+    if (!shape || !data || shape.length !== 2 || name.includes('lora_')) return null;
+    if (this.current.has(name)) return this.blocks.get(name)!;
+    const t0 = performance.now();
+    const [N, K] = transposed ? [shape[1], shape[0]] : [shape[0], shape[1]];
+    let q = this.blocks.get(name);
+    if (!q) this.blocks.set(name, (q = allocQuantized(N, K, quant.bits, quant.block)));
+    quantizeInto(transposed ? transpose(data, shape[0], shape[1]) : data, q);
+    this.current.add(name);
+    this.quantizeMs += performance.now() - t0;
+    return q;
   }
 
   /**
@@ -180,7 +231,7 @@ export class Decoder {
     // Only a cache made for at most two rows takes it: a larger batch that shrinks to two rows at its
     // tail keeps its own graph, as a second session for those last steps would raise the run's peak
     // memory (measured +10 MB on a rollout: its arena and plan, beside the batch's) for a few steps.
-    const kind = cache.maxRows <= 2 && !this.baked ? 'stepSmall' : 'step';
+    const kind = cache.maxRows <= 2 && !this.baked && !this.build.quant ? 'stepSmall' : 'step';
     await (await this.session(kind, headOf(pick))).run(feeds, cache.outputs(pick?.head));
     cache.writeStep((name) => cache.newSlot(name));
     return pick ? (pick.head === 'sample' ? { tokens: cache.tokens(), logps: cache.logps() } : { tokens: cache.tokens() }) : { logits: cache.logits() };
@@ -222,6 +273,13 @@ export class Decoder {
     for (const r of all) if (r.status === 'fulfilled') await r.value.release();
     await this.device?.release();
   }
+}
+
+/** `[cols, rows]` from row-major `[rows, cols]`. */
+function transpose(a: Float32Array, rows: number, cols: number): Float32Array {
+  const out = new Float32Array(a.length);
+  for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) out[c * rows + r] = a[r * cols + c];
+  return out;
 }
 
 export function headOf(pick: Pick | undefined): DecodeHead {

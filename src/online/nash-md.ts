@@ -31,12 +31,12 @@ import { withJudge, type Judge } from './judges.ts';
 import { ReferenceScorer } from './reference.ts';
 import { sampleWith } from './policy.ts';
 import { modelParamSpecs, optimizerOf, runtimeOf } from '../train/run.ts';
-import { declareCommand, ONLINE_LOOP_SETTINGS, type SettingsOf } from '../train/settings.ts';
+import { declareCommand, ONLINE_LOOP_SETTINGS, ROLLOUT, type SettingsOf } from '../train/settings.ts';
 import { fromAliases, samplerOptions, samplingSettings, type SamplingAliases } from './sampling.ts';
 
 /** Nash-MD's own settings: sampling one completion per prompt (and its mixture), 64 tokens at most unless told. */
 export const NASH_MD_SETTINGS = samplingSettings(['max_completion_length', 'temperature', 'top_p', 'top_k'], { max_completion_length: 64 });
-declareCommand('nash-md', { honours: ONLINE_LOOP_SETTINGS, own: NASH_MD_SETTINGS, lossParams: 'nash_md' });
+declareCommand('nash-md', { honours: [...ONLINE_LOOP_SETTINGS, ...ROLLOUT], own: NASH_MD_SETTINGS, lossParams: 'nash_md' });
 import { runOnline, type OnlineMethod, type OnlineOptions } from '../train/loop.ts';
 
 /** `params`: trainer settings and the loss's `beta`, `mixture_coef`, as `key=value`. */

@@ -10,6 +10,7 @@ import { loadModel } from '../models/load.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
 import type { Text } from '../../datasets/schema.ts';
+import type { ProductQuant } from '../models/quantize.ts';
 import { Decoder, generateIds, responseText, type MixturePart } from '../models/generate.ts';
 import { promptIds } from './prompts.ts';
 import { sampleRandom, type SamplingOptions } from '../models/sampling.ts';
@@ -48,11 +49,11 @@ export class ModelSampler {
     readonly decoder: Decoder,
   ) {}
 
-  /** Loads a model folder; weights are baked into the decode graphs (a fixed model). */
-  static async load(dir: string, runtime?: RuntimeOptions, chatTemplateFile?: string): Promise<ModelSampler> {
+  /** Loads a model folder; weights are baked into the decode graphs (a fixed model), with `quant` as quantized blocks. */
+  static async load(dir: string, runtime?: RuntimeOptions, chatTemplateFile?: string, quant?: ProductQuant | null): Promise<ModelSampler> {
     const m = loadModel(dir);
     const tok = loadTokenizer(dir, { chatTemplateFile });
-    return new ModelSampler(dir, m.config, tok, await Decoder.create(m.config, m.weights, { runtime, bake: true }));
+    return new ModelSampler(dir, m.config, tok, await Decoder.create(m.config, m.weights, quant ? { runtime, quant } : { runtime, bake: true }));
   }
 
   async sample(prompts: readonly Text[], o: SampleOptions): Promise<Sample[]> {

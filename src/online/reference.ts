@@ -8,13 +8,14 @@
  */
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
-import { buildCausalLM, type CausalLM } from '../models/index.ts';
+import { buildCausalLM, type CausalLM, type CausalLMInputs } from '../models/index.ts';
 import { sequenceLogps } from '../models/logps.ts';
 import { declareParameters, modelParameterShapes } from '../models/params.ts';
 import { collate } from '../models/batch.ts';
 import { Graph } from '../onnx/graph.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import type { TokenizedExample } from '../../datasets/examples.ts';
+import type { TeacherForward } from '../train/teacher-topk.ts';
 
 /** The model's hidden rows scaled by 1/temperature: the head then gives logits / temperature. */
 export function tempered(g: Graph, model: CausalLM, temperature: number): CausalLM {
@@ -53,21 +54,33 @@ export class ReferenceScorer {
    * 1); `vocabLimit`: ids from it on are left out of the distribution, as the sampler leaves them.
    */
   static async create(config: ModelConfig, weights: Map<string, FloatTensor>, runtime: RuntimeOptions, o: { temperature?: number; vocabLimit?: number } = {}): Promise<ReferenceScorer> {
+    const model = {
+      config,
+      forward: (g: Graph, inputs: CausalLMInputs) => buildCausalLM(g, config, declareParameters(g, config), inputs),
+      feeds: () => {
+        const params: Feeds = {};
+        for (const [name, shape] of modelParameterShapes(config)) {
+          const w = weights.get(name);
+          if (!w) throw new Error(`reference weights lack ${name}`);
+          params[name] = toOrt('float32', w.data, shape);
+        }
+        return params;
+      },
+    };
+    return ReferenceScorer.forModel(model, runtime, o);
+  }
+
+  /** The scorer over any forward and its parameter feeds: a teacher of train/teacher-model.ts (one model or an AlignDistil pair). */
+  static async forModel(m: TeacherForward, runtime: RuntimeOptions, o: { temperature?: number; vocabLimit?: number } = {}): Promise<ReferenceScorer> {
     const g = new Graph('prefzoo_reference_logps');
     const inputIds = g.input('input_ids', 'int64', ['batch', 'seq']);
     const attentionMask = g.input('attention_mask', 'int64', ['batch', 'seq']);
     const lossMask = g.input('loss_mask', 'float32', ['batch', 'seq']);
-    const model = buildCausalLM(g, config, declareParameters(g, config), { inputIds, attentionMask });
+    const model = m.forward(g, { inputIds, attentionMask });
     const seq = sequenceLogps(g, tempered(g, model, o.temperature ?? 1), lossMask, { perToken: true, dense: runtime.ep === 'webgpu', vocabLimit: o.vocabLimit });
     g.output(seq.tokenLogps!, 'token_logps');
     g.output(seq.logp, 'logp');
-    const params: Feeds = {};
-    for (const [name, shape] of modelParameterShapes(config)) {
-      const w = weights.get(name);
-      if (!w) throw new Error(`reference weights lack ${name}`);
-      params[name] = toOrt('float32', w.data, shape);
-    }
-    return new ReferenceScorer(await Session.fromGraph(g, runtime), params);
+    return new ReferenceScorer(await Session.fromGraph(g, runtime), m.feeds());
   }
 
   /** Both outputs of one collated batch (input_ids, attention_mask, loss_mask): [B, T] per token and [B] sums. */

@@ -37,7 +37,7 @@ import { resolveLoss } from '../../losses/index.ts';
 import { collate, sequenceIndex } from '../models/batch.ts';
 import { lrAt } from '../optim/schedule.ts';
 import { loraOf, runtimeOf, stepPlan } from '../train/run.ts';
-import { declareCommand, ONLINE_LOOP_SETTINGS, type SettingsOf } from '../train/settings.ts';
+import { declareCommand, ONLINE_LOOP_SETTINGS, ROLLOUT, type SettingsOf } from '../train/settings.ts';
 import { fromAliases, samplerOptions, samplingSettings, type SamplingAliases } from './sampling.ts';
 
 /** SPPO's own settings: K = num_generations samples per prompt (4 unless told), 64 tokens at most unless told. */
@@ -47,7 +47,7 @@ export const SPPO_SETTINGS = samplingSettings(['num_generations', 'max_completio
  * float16 base weights); its reference is π_t by definition (no ref_on_the_fly, sync_ref_model) and it
  * trains on the sampled token ids (no max_length truncation), without held-out evaluation.
  */
-declareCommand('sppo', { honours: [...ONLINE_LOOP_SETTINGS, 'share_prompt', 'gradient_checkpointing', 'base_dtype'], own: SPPO_SETTINGS, lossParams: 'sppo' });
+declareCommand('sppo', { honours: [...ONLINE_LOOP_SETTINGS, ...ROLLOUT, 'share_prompt', 'gradient_checkpointing', 'base_dtype'], own: SPPO_SETTINGS, lossParams: 'sppo' });
 import { problemOf, problemSpec } from '../train/problem.ts';
 import { winRates, withJudge, type Judge } from './judges.ts';
 import { sampleWith } from './policy.ts';

@@ -46,6 +46,7 @@ export function exportArtifacts(o: ExportOptions): ExportResult {
   const loss = resolveLoss(o.loss, lossParams);
   const asked = o.kind ?? loss.kinds[0];
   if (asked === 'nash_md') throw new UserError(`loss ${o.loss} trains on its own samples; prefzoo nash-md builds its artifacts`);
+  if (asked === 'grpo') throw new UserError(`loss ${o.loss} trains on its own rollouts; prefzoo grpo builds its artifacts (in its run folder's artifacts/)`);
   if (asked === 'distill') throw new UserError(`loss ${o.loss} reads a teacher's distribution over the vocabulary, which the training graph of prefzoo artifacts does not compute`);
   if (!(loss.kinds as readonly string[]).includes(asked)) throw new UserError(`--kind: loss ${o.loss} takes ${loss.kinds.join(' or ')} data, not "${asked}"`);
   const kind = asked as Kind;

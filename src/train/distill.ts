@@ -25,17 +25,16 @@
  * `data/teacher.parquet` and `data/teacher.json` (what made the cache: the teacher's files, the data,
  * the tokens, K); a cache made by anything else is refused.
  */
-import { existsSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { ArtifactSpec } from '../artifacts/build.ts';
 import { UserError } from '../errors.ts';
 import { maxPositions, parseConfig, type ModelConfig } from '../models/config.ts';
-import { generateIds, type Decoder, type GenerateRequest } from '../models/generate.ts';
+import { generateIds, type Decoder, type GenerateRequest, type MixturePart } from '../models/generate.ts';
 import { sampleRandom } from '../models/sampling.ts';
 import type { SeededRandom } from '../random.ts';
 import { collate } from '../models/batch.ts';
 import { buildCausalLM } from '../models/index.ts';
-import { loadModel } from '../models/load.ts';
 import type { Tensor } from '../onnx/graph.ts';
 import { toOrt } from '../runtime/session.ts';
 import { loadTokenizer, type LoadedTokenizer } from '../tokenize/index.ts';
@@ -44,36 +43,43 @@ import { resolveLoss, type BoundLoss } from '../../losses/index.ts';
 import { resolveConfig, type TrainConfig } from './config.ts';
 import { runOnline, splitDraws, type OnlineContext, type OnlineMethod, type OnlineOptions, type RoundInfo, type SpecInput } from './loop.ts';
 import { modelParamSpecs, optimizerOf, runtimeOf, type MicroBatch } from './run.ts';
-import { declareCommand, defineSettings, ONLINE_LOOP_SETTINGS, type SettingsOf } from './settings.ts';
+import { declareCommand, defineSettings, ONLINE_LOOP_SETTINGS, ROLLOUT, type SettingsOf } from './settings.ts';
 import { readTeacherCache, teacherCacheIdentity, writeTeacherCache } from './teacher-cache.ts';
-import { checkSameTokenizer, logitsAt, scoreIndex, scoringRuntime, TeacherTopK, type TeacherRow } from './teacher-topk.ts';
+import { logitsAt, scoreIndex, scoringRuntime, TeacherTopK, type TeacherRow } from './teacher-topk.ts';
+import { TEACHER_SETTINGS, TeacherSpec } from './teacher-model.ts';
+import { seqKdFiles, seqKdIdentity, teacherGenerations } from './seq-kd.ts';
 
 const GROUP = 'Distillation';
 
-const ON_POLICY = 'On-policy distillation (lmbda > 0)';
+const ON_POLICY = 'Sampling: on-policy distillation (lmbda > 0) and seq_kd';
 
 export const DISTILL_SETTINGS = defineSettings({
   distill_topk: {
     type: 'int', default: 32, min: 1, max: 1 << 20, group: GROUP,
     doc: "K: the teacher's most likely tokens cached at each response token (log-probs at temperature 1, float16, and the log of the mass outside them)",
   },
+  seq_kd: {
+    type: 'boolean', default: false, group: GROUP, trl: 'seq_kd', paper: 'Kim & Rush (2016), sequence-level KD',
+    doc: "train on the teacher's own generations for the data's prompts (made once with the sampling settings, cached in RUN/data) instead of the data's responses; with lmbda, the micro-batches that are not on-policy",
+  },
+  ...TEACHER_SETTINGS,
   lmbda: {
     type: 'number', default: 0, min: 0, max: 1, group: ON_POLICY, trl: 'lmbda',
     doc: "the chance that a micro-batch is the student's own samples for its rows' prompts, scored by the teacher's top K fresh (0: the data's responses only; 1 with beta=1: on-policy distillation)",
   },
   max_completion_length: {
     type: 'int', default: 128, min: 1, max: 1 << 20, group: ON_POLICY, trl: 'max_new_tokens',
-    doc: "the most tokens the student samples for a prompt (its stop id ends a sample sooner); TRL GKD's default is 128",
+    doc: "the most tokens sampled for a prompt (the student's at lmbda > 0, the teacher's with seq_kd; a stop id ends it sooner); TRL GKD's default is 128",
   },
   sampling_temperature: {
     type: 'number', default: 1, min: 0, max: 100, group: ON_POLICY, trl: 'temperature',
-    doc: "the student's sampling temperature (0: greedy): TRL GKD's `temperature`; here `temperature` is gkd's loss τ",
+    doc: "the sampling temperature of the student (lmbda > 0) and of the teacher (seq_kd) (0: greedy): TRL GKD's `temperature`; here `temperature` is gkd's loss τ",
   },
-  top_p: { type: 'number', default: 1, min: 0, minOpen: true, max: 1, group: ON_POLICY, trl: 'top_p', doc: "the student's samples drawn from the smallest set of tokens reaching probability p (1: all)" },
-  top_k: { type: 'int', default: 0, min: 0, max: 1 << 24, group: ON_POLICY, trl: 'top_k', doc: "the student's samples drawn among its k most likely tokens (0: all)" },
+  top_p: { type: 'number', default: 1, min: 0, minOpen: true, max: 1, group: ON_POLICY, trl: 'top_p', doc: "samples (the student's, the teacher's with seq_kd) drawn from the smallest set of tokens reaching probability p (1: all)" },
+  top_k: { type: 'int', default: 0, min: 0, max: 1 << 24, group: ON_POLICY, trl: 'top_k', doc: "samples (the student's, the teacher's with seq_kd) drawn among the k most likely tokens (0: all)" },
 });
 
-/** The settings read only when lmbda > 0 (refused at lmbda = 0, where nothing is sampled). */
+/** The settings read only when something is sampled: lmbda > 0 or seq_kd (refused otherwise). */
 const SAMPLING_KEYS = ['max_completion_length', 'sampling_temperature', 'top_p', 'top_k'] as const;
 
 export type DistillSettings = SettingsOf<typeof DISTILL_SETTINGS>;
@@ -84,6 +90,7 @@ export type DistillSettings = SettingsOf<typeof DISTILL_SETTINGS>;
  */
 export const DISTILL_HONOURS = [
   ...ONLINE_LOOP_SETTINGS.filter((k) => k !== 'device' && k !== 'compute_dtype'),
+  ...ROLLOUT,
   'max_length', 'max_prompt_length', 'truncation', 'max_samples',
 ] as const;
 
@@ -92,6 +99,8 @@ declareCommand('distill', { honours: DISTILL_HONOURS, own: DISTILL_SETTINGS, los
 export interface DistillOptions extends OnlineOptions {
   /** The teacher's model folder: any architecture with the student's tokenizer. */
   teacher: string;
+  /** AlignDistil: the DPO model `teacher`'s reference; the teacher's logits are z_ref + teacher_weight·(z_dpo − z_ref). */
+  teacherRef?: string;
   /** Any data `train` reads. */
   data: string;
   /** Settings and gkd's parameters by name, typed (after `params`). */
@@ -116,6 +125,8 @@ export interface DistillResult {
    * kept out of metrics.jsonl, whose one clock field is tokens/s).
    */
   onPolicy?: { lmbda: number; microBatches: number; sampled: number; sampleSeconds: number; teacherSeconds: number };
+  /** With seq_kd: whether the teacher's generations were read from the run's cache, the seconds they took (or their reading), their mean length in tokens. */
+  seqKd?: { cached: boolean; seconds: number; meanLength: number };
 }
 
 export async function distill(o: DistillOptions): Promise<DistillResult> {
@@ -123,25 +134,28 @@ export async function distill(o: DistillOptions): Promise<DistillResult> {
   const loss = resolveLoss('gkd', lossParams);
   const s = own as unknown as DistillSettings;
   const K = s.distill_topk;
-  const sampling = onPolicySettings(s, named);
+  const { sampling, generation } = samplingSettings(s, named);
   // Refused before the run folder is made: a teacher that is no folder, or reads other token ids.
-  if (!existsSync(join(o.teacher, 'config.json'))) throw new UserError(`--teacher ${o.teacher}: not a model folder (no config.json)`);
-  checkSameTokenizer(o.teacher, o.model, loadTokenizer(o.model));
-  const method = new Distillation(o, config, loss, K, sampling);
+  const teacher = TeacherSpec.of(o.teacher, o.teacherRef, named.has('teacher_weight') ? s.teacher_weight : undefined);
+  teacher.checkTokenizer(o.model, loadTokenizer(o.model));
+  const method = new Distillation(o, config, loss, K, sampling, s.seq_kd ? generation : null, teacher);
   const r = await runOnline(o, (x) => method.load(x), method, {
     config,
     record: () => ({
       teacher: o.teacher, data: o.data, kind: method.kind, loss: 'gkd', loss_params: loss.terms[0].params, distill_topk: K,
-      ...(sampling ? { lmbda: s.lmbda, ...Object.fromEntries(SAMPLING_KEYS.map((k) => [k, s[k]])) } : {}),
+      ...(o.teacherRef !== undefined ? { teacher_ref: o.teacherRef, teacher_weight: teacher.weight } : {}),
+      ...(generation ? { seq_kd: s.seq_kd, lmbda: s.lmbda, ...Object.fromEntries(SAMPLING_KEYS.map((k) => [k, s[k]])) } : {}),
     }),
     inputs: [
       { key: 'teacher', now: o.teacher, flag: '--teacher' },
+      { key: 'teacher_ref', now: o.teacherRef ?? null, flag: '--teacher-ref', optional: true },
       { key: 'data', now: o.data, flag: '--data' },
     ],
   });
   return {
     finalDir: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last, cached: method.cached,
     ...(sampling ? { onPolicy: { lmbda: sampling.lmbda, microBatches: method.microBatchCount, sampled: method.sampledCount, sampleSeconds: round2(method.sampleMs / 1000), teacherSeconds: round2(method.teacherMs / 1000) } } : {}),
+    ...(method.seqKd ? { seqKd: method.seqKd } : {}),
   };
 }
 
@@ -157,21 +171,30 @@ export interface OnPolicy {
 }
 
 /**
- * The on-policy settings, or null at lmbda = 0 (offline: a sampling setting given then is refused,
- * as it would be read by nothing). `temperature` is gkd's loss τ here; TRL's GKD `temperature` is the
- * sampling one, so a run that samples and names `temperature` without `sampling_temperature` is
- * refused as ambiguous.
+ * The sampling settings: `sampling`, the student's on-policy ones (null at lmbda = 0), and
+ * `generation`, what anything samples with (the student at lmbda > 0, the teacher with seq_kd; null
+ * when neither, and a sampling setting given then is refused, as it would be read by nothing).
+ * `temperature` is gkd's loss τ here; TRL's GKD `temperature` is the sampling one, so a run that
+ * samples and names `temperature` without `sampling_temperature` is refused as ambiguous. seq_kd with
+ * lmbda = 1 is refused: every micro-batch is then the student's, the teacher's generations unread.
  */
-function onPolicySettings(s: DistillSettings, named: ReadonlySet<string>): OnPolicy | null {
+function samplingSettings(s: DistillSettings, named: ReadonlySet<string>): { sampling: OnPolicy | null; generation: Omit<OnPolicy, 'lmbda'> | null } {
   if (s.lmbda === 0) {
+    const rollout = ROLLOUT.filter((k) => named.has(k));
+    if (rollout.length) throw new UserError(`${rollout.join(', ')}: read by on-policy distillation only (the student's own samples), and lmbda is 0 (the student samples nothing); set lmbda > 0 or leave ${rollout.length > 1 ? 'them' : 'it'} out`);
+  }
+  if (s.seq_kd && s.lmbda >= 1) throw new UserError("seq_kd with lmbda=1: every micro-batch is the student's own samples, so the teacher's generations would never be trained on; lower lmbda or leave seq_kd out", { setting: 'seq_kd' });
+  if (s.lmbda === 0 && !s.seq_kd) {
     const unread = SAMPLING_KEYS.filter((k) => named.has(k));
-    if (unread.length) throw new UserError(`${unread.join(', ')}: read by on-policy distillation only, and lmbda is 0 (nothing is sampled); set lmbda > 0 or leave ${unread.length > 1 ? 'them' : 'it'} out`);
-    return null;
+    if (unread.length) throw new UserError(`${unread.join(', ')}: read only when something is sampled (lmbda > 0: the student; seq_kd: the teacher), and lmbda is 0 without seq_kd; set lmbda > 0 or seq_kd=true, or leave ${unread.length > 1 ? 'them' : 'it'} out`);
+    return { sampling: null, generation: null };
   }
   if (named.has('temperature') && !named.has('sampling_temperature')) {
-    throw new UserError(`temperature with lmbda=${s.lmbda} is ambiguous: in distill it is gkd's loss τ, in TRL's GKD the sampling temperature; give sampling_temperature for the student's sampling (and temperature only for the loss τ)`);
+    const what = s.lmbda > 0 ? `lmbda=${s.lmbda}` : 'seq_kd';
+    throw new UserError(`temperature with ${what} is ambiguous: in distill it is gkd's loss τ, in TRL's GKD the sampling temperature; give sampling_temperature for the sampling (and temperature only for the loss τ)`);
   }
-  return { lmbda: s.lmbda, maxNewTokens: s.max_completion_length, temperature: s.sampling_temperature, topK: s.top_k, topP: s.top_p };
+  const generation = { maxNewTokens: s.max_completion_length, temperature: s.sampling_temperature, topK: s.top_k, topP: s.top_p };
+  return { sampling: s.lmbda > 0 ? { lmbda: s.lmbda, ...generation } : null, generation };
 }
 
 /**
@@ -281,6 +304,8 @@ class Distillation implements OnlineMethod<number, Round> {
    * row: kept beside the round, never in it (a round may be saved in a checkpoint, which repeats to the bit).
    */
   private readonly clocks = new WeakMap<Round, { sample: number; teacher: number }>();
+  /** With seq_kd: how the teacher's generations were had. */
+  seqKd: DistillResult['seqKd'] | null = null;
   private rows: TokenizedExample[] = [];
   private targets: TeacherRow[] = [];
   private tok!: LoadedTokenizer;
@@ -293,6 +318,9 @@ class Distillation implements OnlineMethod<number, Round> {
     private readonly loss: BoundLoss,
     private readonly K: number,
     private readonly sampling: OnPolicy | null,
+    /** seq_kd's sampling settings (null without seq_kd). */
+    private readonly teacherGen: Omit<OnPolicy, 'lmbda'> | null,
+    private readonly teacher: TeacherSpec,
   ) {}
 
   /** The data stage (train's reading and tokenization) and the teacher stage (its cache). */
@@ -306,36 +334,39 @@ class Distillation implements OnlineMethod<number, Round> {
     const t = tokenizeExamples(data.examples, x.tok, config, data.tokens);
     this.rows = t.rows.map(oneResponse);
     const masked = this.rows.filter((r) => r.responseMasks).length;
-    x.info(`data: ${this.rows.length} ${data.kind} rows from ${o.data}${data.kind === 'pairwise' ? ' (the chosen responses)' : ''}${masked ? `, ${masked} with tool calls or several turns (only the assistant's own tokens distilled)` : ''}${t.truncated ? `, ${t.truncated} truncated to max_length ${config.max_length} / max_prompt_length ${config.max_prompt_length}` : ''}`);
-    if (sampling) this.checkPrompts(sampling);
+    x.info(`data: ${this.rows.length} ${data.kind} rows from ${o.data}${this.teacherGen ? " (their prompts: seq_kd trains on the teacher's responses)" : data.kind === 'pairwise' ? ' (the chosen responses)' : ''}${masked ? `, ${masked} with tool calls or several turns (only the assistant's own tokens distilled)` : ''}${t.truncated ? `, ${t.truncated} truncated to max_length ${config.max_length} / max_prompt_length ${config.max_prompt_length}` : ''}`);
+    const generation = sampling ?? this.teacherGen;
+    if (generation) this.checkPrompts(generation.maxNewTokens);
     if (sampling && sampling.lmbda >= 1) {
       x.info(`on-policy: lmbda=1, every micro-batch the student's samples (at most ${sampling.maxNewTokens} tokens, temperature ${sampling.temperature}) for its rows' prompts, scored by the teacher's top ${this.K}; the data's responses are not read`);
       return this.rows.map((_, i) => i);
     }
+    if (this.teacherGen) this.rows = await this.teacherResponses(x.run, x.info, this.teacherGen);
     if (this.rows.some((r) => r.responseIds[0].length === 0)) {
       throw new UserError(`${o.data}: a response is empty after tokenization and truncation (max_length ${config.max_length} leaves no room); raise max_length or lower max_prompt_length`);
     }
     this.targets = await this.teacherStage(x.run, x.model, x.info);
-    if (sampling) x.info(`on-policy: lmbda=${sampling.lmbda}, each micro-batch the student's samples (at most ${sampling.maxNewTokens} tokens, temperature ${sampling.temperature}) with probability ${sampling.lmbda}, else the data's responses`);
+    if (sampling) x.info(`on-policy: lmbda=${sampling.lmbda}, each micro-batch the student's samples (at most ${sampling.maxNewTokens} tokens, temperature ${sampling.temperature}) with probability ${sampling.lmbda}, else ${this.teacherGen ? "the teacher's generations" : "the data's responses"}`);
     return this.rows.map((_, i) => i);
   }
 
   /** Every row has a prompt to sample after, and prompt + max_completion_length fits both models' positions. */
-  private checkPrompts(s: OnPolicy): void {
+  private checkPrompts(maxNewTokens: number): void {
     const empty = this.rows.findIndex((r) => r.promptIds.length === 0);
-    if (empty >= 0) throw new UserError(`${this.o.data}: row ${empty} has no prompt; lmbda > 0 samples the student's response to each row's prompt`);
+    if (empty >= 0) throw new UserError(`${this.o.data}: row ${empty} has no prompt; ${this.teacherGen ? "seq_kd samples the teacher's" : "lmbda > 0 samples the student's"} response to each row's prompt`);
     const longest = Math.max(...this.rows.map((r) => r.promptIds.length));
-    const teacher = JSON.parse(readFileSync(join(this.o.teacher, 'config.json'), 'utf8')) as Record<string, unknown>;
-    for (const [who, c] of [['the student', this.student], ['the teacher', parseConfig(teacher)]] as const) {
+    const configOf = (dir: string) => parseConfig(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')) as Record<string, unknown>);
+    const models = [['the student', this.student], ['the teacher', configOf(this.teacher.dir)], ...(this.teacher.ref !== null ? [['the teacher\'s reference', configOf(this.teacher.ref)] as const] : [])] as const;
+    for (const [who, c] of models) {
       const n = maxPositions(c);
-      if (longest + s.maxNewTokens > n) throw new UserError(`max_completion_length=${s.maxNewTokens}: a prompt of ${longest} tokens plus it exceeds ${who}'s ${n} positions; lower max_completion_length or max_prompt_length`);
+      if (longest + maxNewTokens > n) throw new UserError(`max_completion_length=${maxNewTokens}: a prompt of ${longest} tokens plus it exceeds ${who}'s ${n} positions; lower max_completion_length or max_prompt_length`);
     }
   }
 
   /** The teacher's top K of every row: the run's cache when it was made by this teacher on these rows, else computed and cached. */
   private async teacherStage(run: string, student: ModelConfig, info: (line: string) => void): Promise<TeacherRow[]> {
     const { config, o, K } = this;
-    const identity = teacherCacheIdentity({ teacher: o.teacher, dataFiles: [o.data], truncation: config, rows: this.rows, topk: K });
+    const identity = teacherCacheIdentity({ teacher: o.teacher, pair: this.teacher.ref !== null ? { ref: this.teacher.ref, weight: this.teacher.weight } : undefined, dataFiles: [o.data], truncation: config, rows: this.rows, topk: K });
     const cached = await readTeacherCache(run, identity);
     let rows: TeacherRow[];
     if (cached) {
@@ -360,16 +391,34 @@ class Distillation implements OnlineMethod<number, Round> {
     return rows;
   }
 
+  /**
+   * seq_kd: the rows with the teacher's generations for their prompts as their responses (the data's
+   * are not read; a conversation's later turns and masks go with them), read from the run's cache or
+   * generated and cached (seq-kd.ts).
+   */
+  private async teacherResponses(run: string, info: (line: string) => void, s: Omit<OnPolicy, 'lmbda'>): Promise<TokenizedExample[]> {
+    const { config, o } = this;
+    const identity = seqKdIdentity({ teacher: this.teacher, dataFiles: [o.data], truncation: config, rows: this.rows, seed: config.seed, sampling: s });
+    const g = await teacherGenerations({ run, rows: this.rows, identity, tok: this.tok, sample: sampleStudent, open: () => this.teacher.load().decoders(runtimeOf(config, this.student)) });
+    const meanLength = g.ids.reduce((a, x) => a + x.length, 0) / Math.max(1, g.ids.length);
+    this.seqKd = { cached: g.cached, seconds: round2(g.seconds), meanLength: round2(meanLength) };
+    const file = seqKdFiles(run).file;
+    info(g.cached
+      ? `seq_kd: the teacher's generations of ${g.ids.length} rows read from ${file}`
+      : `seq_kd: the teacher generated ${g.ids.length} responses (at most ${s.maxNewTokens} tokens, temperature ${s.temperature}; mean ${this.seqKd.meanLength} tokens) in ${g.seconds.toFixed(1)}s, cached in ${file}; the data's responses are not read`);
+    return this.rows.map((r, i) => ({ promptIds: r.promptIds, responseIds: [g.ids[i]], src: r.src }));
+  }
+
   /** The teacher's top-K scorer over the ids it shares with the student. */
   private async openTeacher(student: ModelConfig, info: (line: string) => void): Promise<TeacherTopK> {
-    const { config, o, K } = this;
-    const teacher = loadModel(o.teacher);
+    const { config, K } = this;
+    const teacher = this.teacher.load();
     // A teacher with more embedding rows than the student (padded past the shared tokenizer) has
     // ids the student cannot score: its distribution is taken over the ids both have.
     const limit = Math.min(teacher.config.vocab_size, student.vocab_size);
     if (limit < teacher.config.vocab_size) info(`teacher: ${teacher.config.vocab_size} embedding rows, the student ${student.vocab_size}; its distribution is taken over the first ${limit} ids`);
     if (K > limit) throw new UserError(`distill_topk=${K}: more than the ${limit} token ids the teacher and student share`);
-    return TeacherTopK.create(teacher.config, teacher.weights, { K, limit, runtime: scoringRuntime(runtimeOf(config)), padId: this.tok.padId ?? 0 });
+    return TeacherTopK.create(teacher, { K, limit, runtime: scoringRuntime(runtimeOf(config)), padId: this.tok.padId ?? 0 });
   }
 
   draws(config: TrainConfig): { size: number; count: number } {
@@ -489,13 +538,14 @@ class Distillation implements OnlineMethod<number, Round> {
 }
 
 /**
- * The student's samples (one per request, in order) from `decoder` (the live weights): stop at the
+ * The student's samples (one per request, in order) from `decoder` (the live weights; or a mixture's
+ * parts: seq_kd's teacher, seq-kd.ts): stop at the
  * tokenizer's stop ids (kept as the sample's last token, trained as GRPO trains them) or at
  * max_completion_length tokens, ids below the tokenizer's vocabulary only.
  */
-export async function sampleStudent(decoder: Decoder, tok: LoadedTokenizer, reqs: GenerateRequest[], s: Omit<OnPolicy, 'lmbda'>): Promise<number[][]> {
+export async function sampleStudent(decoder: Decoder | MixturePart[], tok: LoadedTokenizer, reqs: GenerateRequest[], s: Omit<OnPolicy, 'lmbda'>): Promise<number[][]> {
   const stopIds = tok.stopIds.length ? tok.stopIds : tok.eosId !== null ? [tok.eosId] : [];
-  const out = await generateIds([{ decoder, weight: 1 }], reqs, {
+  const out = await generateIds(Array.isArray(decoder) ? decoder : [{ decoder, weight: 1 }], reqs, {
     temperature: s.temperature, topK: s.topK, topP: s.topP, maxNewTokens: s.maxNewTokens,
     stopIds, padId: tok.padId ?? tok.eosId ?? 0, vocabLimit: tok.vocabSize,
   });

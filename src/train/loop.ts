@@ -41,6 +41,7 @@ import type { LoraConfig } from '../models/index.ts';
 import { Decoder } from '../models/generate.ts';
 import { lrAt } from '../optim/schedule.ts';
 import type { RuntimeOptions } from '../runtime/session.ts';
+import { productQuant, type ProductQuant } from '../models/quantize.ts';
 import { collectGarbage } from '../runtime/gc.ts';
 import type { LoadedTokenizer } from '../tokenize/index.ts';
 import { SeededRandom } from '../random.ts';
@@ -219,6 +220,13 @@ export interface OnlineOptions extends LoopOptions {
   resume?: boolean;
   /** Replace the contents of a non-empty run folder. */
   overwrite?: boolean;
+  /**
+   * Asked after each update (its metrics row, afterUpdate and evaluation done) with the step and a
+   * decoder over the live weights: true ends the run at that step, which is then saved as a last step
+   * is (checkpoint, final model, final evaluation); `steps` in the result is that step. The demos'
+   * run-until-an-accuracy (src/demos/distill.ts). A --resume continues toward the planned total.
+   */
+  until?: (step: number, policy: () => Promise<Decoder>) => Promise<boolean>;
 }
 
 /**
@@ -254,6 +262,15 @@ export interface OnlineResult {
   last: Record<string, number>;
   /** The final evaluation, when the method has one and eval_data is set. */
   eval?: Record<string, number>;
+}
+
+/**
+ * The products of the policy's generation graphs under rollout_dtype: null (f32), or q8/q4 blocks of
+ * rollout_block_size; f16, a block size that is no power of two, and a device other than the CPU
+ * are refused in one line.
+ */
+export function rolloutQuant(config: Pick<TrainConfig, 'rollout_dtype' | 'rollout_block_size'>, runtime: RuntimeOptions): ProductQuant | null {
+  return productQuant(config.rollout_dtype ?? 'f32', config.rollout_block_size ?? 32, runtime.ep ?? 'cpu', { dtype: 'rollout_dtype', block: 'rollout_block_size' });
 }
 
 /** Settings every online method honours through the loop itself (declared in train/settings.ts). */
@@ -337,6 +354,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
     base.weights.clear();
     if (lowMemoryFor(config.gradient_checkpointing, countParameters(base.config))) collectGarbage();
   }
+  const quant = rolloutQuant(config, runtime);
   const art = await TrainingArtifacts.load(artDir, runtime);
   let decoder: Decoder | null = null;
   const liveWeights = () => new Map(art.manifest.params.map((p) => [p.name, { shape: p.shape, data: art.param(p.name) as Float32Array }]));
@@ -386,7 +404,7 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
         return decoder;
       }
       await art.toHost();
-      if (!decoder) decoder = await Decoder.create(base.config, liveWeights(), { runtime, lora });
+      if (!decoder) decoder = await Decoder.create(base.config, liveWeights(), { runtime, lora, quant });
       else decoder.setWeights((name) => art.param(name) as Float32Array);
       return decoder;
     },
@@ -427,6 +445,8 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
   const progress = reporter.progress(method.name, total);
   let last: Record<string, number> = {};
   const stepRows = new StepRows(numTokens);
+  /** The step `o.until` ended the run at, if it did. */
+  let stoppedAt: number | null = null;
   const release = async () => {
     await art.release();
     await decoder?.release();
@@ -454,14 +474,17 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
       for (const k of Object.keys(up.metrics)) if (k.startsWith('_')) delete up.metrics[k];
       const row = stepRows.row(step, order.epochs, up, lr, { ...(method.metrics ? method.metrics(round, u) : {}), ...own });
       last = row;
-      if (step % config.logging_steps === 0 || step === total) metrics.row(row);
+      const logged = step % config.logging_steps === 0 || step === total;
+      if (logged) metrics.row(row);
       progress.update(step, method.progressFields ? method.progressFields(row) : { loss: row.loss });
       await method.afterUpdate?.(ctx, step);
       // The last step is evaluated after the final model is saved, unless the best checkpoint is
       // being kept: then it is a candidate like any other evaluation.
       const evalNow = evalEvery > 0 && step % evalEvery === 0 && (step !== total || keepBest);
       if (evalNow) await evaluateAt(step);
-      if ((config.save_steps > 0 && step % config.save_steps === 0) || step === total || (evalNow && keepBest)) {
+      const stop = step < total && !!o.until && (await o.until(step, () => ctx.policy()));
+      if (stop && !logged) metrics.row(row);
+      if ((config.save_steps > 0 && step % config.save_steps === 0) || step === total || stop || (evalNow && keepBest)) {
         const online: LoopState = { rounds, rng: ctx.rng.state, pending, ...(method.state ? { method: method.state() } : {}) };
         await saveCheckpointAt(
           run,
@@ -470,8 +493,13 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
           { limit: config.save_total_limit, best, files: method.checkpointFiles?.() },
         );
       }
+      if (stop) {
+        stoppedAt = step;
+        break;
+      }
     }
     progress.stop();
+    const ended = stoppedAt ?? total;
     await art.toHost();
     const chosen = keepBest ? best : null;
     if (chosen && chosen.step !== art.step) {
@@ -488,11 +516,11 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
       writeJsonAtomic(join(run, 'eval.json'), { ...evalSummary, ...(chosen ? { best_step: chosen.step } : {}) });
       // With the best checkpoint kept, the last step was evaluated in the loop.
       if (!keepBest) {
-        metrics.row({ step: total, split: 'eval', ...evalSummary });
-        await method.evaluated?.(ctx, total);
+        metrics.row({ step: ended, split: 'eval', ...evalSummary });
+        await method.evaluated?.(ctx, ended);
       }
     }
-    return { finalDir, steps: total, seconds: Math.round((Date.now() - t0) / 100) / 10, last, eval: evalSummary };
+    return { finalDir, steps: ended, seconds: Math.round((Date.now() - t0) / 100) / 10, last, eval: evalSummary };
   } finally {
     progress.stop();
     await release();

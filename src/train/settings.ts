@@ -133,6 +133,8 @@ export const TRAIN_SETTINGS = defineSettings({
   device: { type: 'enum', choices: ['cpu', 'webgpu', 'cuda'], default: 'cpu', group: G.device, doc: 'where the model runs (webgpu: any Vulkan GPU, bundled; cuda: CUDA build of onnxruntime-node)', more: "webgpu runs on any Vulkan GPU through the WebGPU provider bundled with onnxruntime-node, nothing to install; cuda needs onnxruntime-node's CUDA binaries." },
   compute_dtype: { type: 'enum', choices: ['float32', 'float16'], default: 'float32', group: G.device, doc: 'GPU only: float16 matrix products, float32 weights, reductions and loss', more: "float16 runs every MatMul/Gemm (forward and backward) on float16 copies and widens the result at once; master weights, optimizer state, norms, softmax, reductions, log-prob sums and the loss stay float32 (src/onnx/half.ts)." },
   threads: { type: 'int', default: 0, min: 0, max: 1024, group: G.device, doc: 'ONNX Runtime intra-op threads; 0 lets the runtime choose' },
+  rollout_dtype: { type: 'enum', choices: ['f32', 'f16', 'q8', 'q4'], default: 'f32', group: G.device, doc: "online methods: the precision the rollouts decode in (q8/q4: the live weights block-quantized each step; CPU only)", more: "q8 and q4 quantize every linear weight of the live policy (the output head included) into blocks of rollout_block_size values when the policy is next sampled, as ggml's Q8_0 / Q4_0 do, and the generation graphs multiply through ONNX Runtime's MatMulNBits with int8 activations (src/models/quantize.ts); embeddings, norms and biases stay float32. Training, scoring and reference log-probs stay float32. In grpo the sampler's log-probs of the drawn tokens feed the importance-sampling correction (vllm_importance_sampling_correction, on by default) and, unless it is given, off_policy_mask_threshold defaults to 0.5 under q8/q4: TRL's use_vllm=True semantics. f16 is refused: ONNX Runtime's CPU provider has no fast float16 product. WebGPU is refused (the op runs prepacked on the CPU provider only)." },
+  rollout_block_size: { type: 'int', default: 32, min: 16, max: 256, group: G.device, doc: 'values per quantization block of rollout_dtype q8/q4 (a power of two, 16–256)' },
   gradient_checkpointing: { type: 'boolean', default: false, group: G.device, trl: 'gradient_checkpointing', doc: "recompute each layer's activations in the backward (less memory, same gradients)", more: "The backward recomputes each layer's activations from the layer's input (about a third more forward work). It also switches on the rest of the memory-saving mode: attention in pieces over the key/value heads, sessions without ONNX Runtime's memory arena, gradients let go of after each update (docs/performance.md, \"Real sizes\"); models of 200M parameters or more get the arena-free sessions whatever this says (train/run.ts LOW_MEMORY_PARAMS)." },
 });
 
@@ -289,6 +291,8 @@ const OPTIMIZER = ['learning_rate', 'optimizer', 'adam_beta1', 'adam_beta2', 'ad
 const SCHEDULE = ['max_steps', 'num_epochs', 'warmup_ratio', 'warmup_steps', 'lr_scheduler', 'seed', 'logging_steps'] as const;
 const LORA = ['lora_r', 'lora_alpha', 'lora_target_modules'] as const;
 const RUNTIME = ['device', 'compute_dtype', 'threads'] as const;
+/** The rollouts' precision: the commands that sample from the live policy (ctx.policy()) honour these. */
+export const ROLLOUT = ['rollout_dtype', 'rollout_block_size'] as const;
 
 declareCommand('train', { honours: 'all' });
 /** The artifacts are the training problem and its optimizer: what the graphs are built from, nothing that runs steps. */

@@ -11,10 +11,8 @@ import { join } from 'node:path';
 import { UserError } from '../errors.ts';
 import { attr, Graph, type Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from '../models/config.ts';
-import type { FloatTensor } from '../models/checkpoint.ts';
-import { buildCausalLM } from '../models/index.ts';
+import type { CausalLM, CausalLMInputs } from '../models/index.ts';
 import { lmHead } from '../models/layers.ts';
-import { declareParameters, modelParameterShapes } from '../models/params.ts';
 import { collate } from '../models/batch.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import { startProgress, type ProgressFactory } from '../progress.ts';
@@ -43,8 +41,18 @@ export function scoreIndex(lossMask: Float32Array, B: number, T: number): BigInt
   return BigInt64Array.from(out);
 }
 
+/**
+ * A teacher's forward in a graph and the feeds of its parameters (train/teacher-model.ts: one model, or
+ * an AlignDistil pair whose hidden rows and head give the combined logits).
+ */
+export interface TeacherForward {
+  readonly config: ModelConfig;
+  forward(g: Graph, inputs: CausalLMInputs): CausalLM;
+  feeds(): Feeds;
+}
+
 /** The `[M, V]` logits of the hidden rows at `index` (flat b·T + t), ids ≥ `limit` left out (−1e9). */
-export function logitsAt(g: Graph, model: ReturnType<typeof buildCausalLM>, index: Tensor, limit: number): Tensor {
+export function logitsAt(g: Graph, model: CausalLM, index: Tensor, limit: number): Tensor {
   const logits = lmHead(g, g.gather(model.hidden, index, 0), model.headWeight);
   const V = model.config.vocab_size;
   if (limit >= V) return logits;
@@ -56,12 +64,12 @@ export function logitsAt(g: Graph, model: ReturnType<typeof buildCausalLM>, inde
  * parameters → `topk_logps` [scored, K], `topk_ids` [scored, K] (int64) and `rest_logp` [scored].
  * Ids ≥ `limit` (embedding rows past the shared vocabulary) are not part of the distribution.
  */
-export function buildTopKGraph(config: ModelConfig, K: number, limit: number): Graph {
+export function buildTopKGraph(teacher: TeacherForward, K: number, limit: number): Graph {
   const g = new Graph('prefzoo_teacher_topk');
   const inputIds = g.input('input_ids', 'int64', ['batch', 'seq']);
   const attentionMask = g.input('attention_mask', 'int64', ['batch', 'seq']);
   const index = g.input('score_index', 'int64', ['scored']);
-  const model = buildCausalLM(g, config, declareParameters(g, config), { inputIds, attentionMask });
+  const model = teacher.forward(g, { inputIds, attentionMask });
   const logp = g.logSoftmax(logitsAt(g, model, index, limit), -1); // [M, V]
   const [vals, ids] = g.op('TopK', [logp, g.ints([K])], { axis: attr.int(1), largest: attr.int(1), sorted: attr.int(1) }, [
     { dtype: 'float32', shape: ['scored', K] },
@@ -94,14 +102,8 @@ export class TeacherTopK {
     private readonly padId: number,
   ) {}
 
-  static async create(config: ModelConfig, weights: Map<string, FloatTensor>, o: { K: number; limit: number; runtime: RuntimeOptions; padId: number }): Promise<TeacherTopK> {
-    const params: Feeds = {};
-    for (const [name, shape] of modelParameterShapes(config)) {
-      const w = weights.get(name);
-      if (!w) throw new Error(`teacher weights lack ${name}`);
-      params[name] = toOrt('float32', w.data, shape);
-    }
-    return new TeacherTopK(await Session.fromGraph(buildTopKGraph(config, o.K, o.limit), o.runtime), params, o.K, o.padId);
+  static async create(teacher: TeacherForward, o: { K: number; limit: number; runtime: RuntimeOptions; padId: number }): Promise<TeacherTopK> {
+    return new TeacherTopK(await Session.fromGraph(buildTopKGraph(teacher, o.K, o.limit), o.runtime), teacher.feeds(), o.K, o.padId);
   }
 
   /** Every row's targets (rows of one response each), `batchSize` rows per forward, length-sorted batches. */

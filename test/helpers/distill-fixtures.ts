@@ -15,6 +15,16 @@ export function distillModel(out: string, seed: number, o: { tied?: boolean; lay
   return out;
 }
 
+/** Runs `run` with the fault hook that makes the loss NaN at `step` (the run stops there, its last checkpoint kept). */
+export async function withNanAt<T>(step: number, run: () => Promise<T>): Promise<T> {
+  process.env.PREFZOO_FAULT_NAN_AT_STEP = String(step);
+  try {
+    return await run();
+  } finally {
+    delete process.env.PREFZOO_FAULT_NAN_AT_STEP;
+  }
+}
+
 /** log-softmax in float64. */
 export function logSoftmax(x: Float64Array): Float64Array {
   const m = Math.max(...x);

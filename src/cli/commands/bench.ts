@@ -1,6 +1,7 @@
 /** `prefzoo bench`: flags and the printed table; the measuring code is in scripts/bench/ (step.ts, decode-bench.ts, rollout-bench.ts, serve-bench.ts, distill-bench.ts). */
 import { existsSync } from 'node:fs';
 import type { Command } from 'commander';
+import { productQuant } from '../../models/quantize.ts';
 import { UserError } from '../../errors.ts';
 import { Progress } from '../progress.ts';
 import type { OptLevel } from '../../runtime/session.ts';
@@ -42,6 +43,8 @@ export function register(program: Command): void {
     .option('--new <n>', 'with --generate: new tokens per sequence (default 64); with --rollout: the largest token budget, each row\'s drawn between an eighth of it and it (default 128)')
     .option('--runs <n>', 'with --generate: timed generations, the median counts (default 3); with --rollout and --serve: rounds each way (default 1)')
     .option('--baked', 'with --generate: bake the weights into the graphs (as prefzoo generate) instead of feeding them')
+    .option('--dtype <dtype>', 'with --generate and --rollout: precision of the products, f32 or q8/q4 (the fed weights block-quantized, MatMulNBits; CPU only) (default f32)')
+    .option('--block-size <n>', 'with --generate --dtype q8/q4: values per quantization block (default 32)')
     .option('--rollout', 'time a GRPO-shaped generation round instead, with and without shared prompts and continuous batching (scripts/bench/rollout-bench.ts)')
     .option('--prompts <n>', 'with --rollout: prompts in the round (default 8)')
     .option('--generations <n>', "with --rollout: samples per prompt (GRPO's num_generations; default 8)")
@@ -54,14 +57,14 @@ export function register(program: Command): void {
     .option('--rows <n>', 'with --distill: prompts per step (batch_size; default 8)')
     .option('--topk <n>', 'with --distill: K of the teacher\'s top K (distill_topk; default 32)')
     .option('--json', 'print one JSON line')
-    .action(async (o: { distill?: boolean; rows?: string; topk?: string; serve?: boolean; clients?: string; maxTokens?: string; model?: string; peer?: string; rollout?: boolean; prompts?: string; generations?: string; generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
+    .action(async (o: { distill?: boolean; rows?: string; topk?: string; serve?: boolean; clients?: string; maxTokens?: string; model?: string; peer?: string; rollout?: boolean; prompts?: string; generations?: string; generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; dtype?: string; blockSize?: string; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
       // The dtype flags are train's settings of the same names: checked against their rows of the table.
       const computeDtype = coerceSetting('compute_dtype', TRAIN_SETTINGS.compute_dtype, o.computeDtype, '--compute-dtype') as TrainConfig['compute_dtype'];
       const baseDtype = coerceSetting('base_dtype', TRAIN_SETTINGS.base_dtype, o.baseDtype, '--base-dtype') as TrainConfig['base_dtype'];
       if (o.computeDtype === 'float16' && o.device === 'cpu') throw new UserError('--compute-dtype float16 is for the GPU (--device webgpu or cuda)');
       if (!(PRESETS as readonly string[]).includes(o.preset)) throw new UserError(`--preset: "${o.preset}" is not one of ${PRESETS.join(', ')}`);
       if (o.distill) {
-        const other = { '--serve': o.serve, '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--batch': o.batch, '--runs': o.runs, '--prompts': o.prompts, '--generations': o.generations, '--clients': o.clients, '--max-tokens': o.maxTokens, '--model': o.model, '--peer': o.peer, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
+        const other = { '--serve': o.serve, '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--dtype': o.dtype, '--block-size': o.blockSize, '--batch': o.batch, '--runs': o.runs, '--prompts': o.prompts, '--generations': o.generations, '--clients': o.clients, '--max-tokens': o.maxTokens, '--model': o.model, '--peer': o.peer, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
         refuseUnused('--distill', other);
         if (o.device !== 'cpu') throw new UserError('--device: --distill times the CPU (distill runs on the CPU only)');
         if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --distill trains in float32');
@@ -83,7 +86,7 @@ export function register(program: Command): void {
       for (const [flag, v] of [['--rows', o.rows], ['--topk', o.topk]] as const) if (v !== undefined) throw new UserError(`${flag} is a --distill setting`);
       const serveOnly = { '--clients': o.clients, '--max-tokens': o.maxTokens, '--model': o.model, '--peer': o.peer };
       if (o.serve) {
-        const other = { '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--prompts': o.prompts, '--generations': o.generations, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
+        const other = { '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--dtype': o.dtype, '--block-size': o.blockSize, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--prompts': o.prompts, '--generations': o.generations, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
         refuseUnused('--serve', other);
         if (o.device !== 'cpu') throw new UserError('--device: --serve times the CPU server (prefzoo serve --device webgpu is not benchmarked here)');
         if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --serve decodes in float32');
@@ -109,7 +112,8 @@ export function register(program: Command): void {
         if (o.generate) throw new UserError('--rollout and --generate are two benchmarks: choose one');
         const other = { '--arch': o.arch, '--baked': o.baked, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel };
         refuseUnused('--rollout', other);
-        if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --rollout decodes in float32');
+        if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --rollout decodes in float32 (--dtype q8/q4 quantizes its weights)');
+        const quant = productQuant(o.dtype ?? 'f32', positiveInt('--block-size', o.blockSize, 32), device(o.device), { dtype: '--dtype', block: '--block-size' });
         const { formatRolloutBench, runRolloutBench } = await import('../../../scripts/bench/rollout-bench.ts');
         const r = await runRolloutBench({
           preset: o.preset as Preset,
@@ -119,6 +123,7 @@ export function register(program: Command): void {
           newTokens: positiveInt('--new', o.new, 128),
           batch: positiveInt('--batch', o.batch, 32),
           runs: positiveInt('--runs', o.runs, 1),
+          quant,
           runtime: { ep: device(o.device), threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1) },
           log: (line) => process.stderr.write(`bench: ${line}\n`),
         });
@@ -126,7 +131,7 @@ export function register(program: Command): void {
         return;
       }
       for (const [flag, v] of [['--prompts', o.prompts], ['--generations', o.generations]] as const) if (v !== undefined) throw new UserError(`${flag} is a --rollout setting`);
-      const generateOnly = { '--arch': o.arch, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--runs': o.runs, '--baked': o.baked };
+      const generateOnly = { '--arch': o.arch, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--runs': o.runs, '--baked': o.baked, '--dtype': o.dtype, '--block-size': o.blockSize };
       if (!o.generate) {
         const bad = Object.entries(generateOnly).find(([, v]) => v !== undefined);
         if (bad) throw new UserError(`${bad[0]} is a --generate setting`);
@@ -137,6 +142,8 @@ export function register(program: Command): void {
         if (bad) throw new UserError(`${bad[0]} is a training-step setting; --generate does not use it`);
         if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --generate decodes in float32');
         if (o.optLevel !== undefined) throw new UserError('--opt-level: --generate uses the decode sessions\' own level');
+        const quant = productQuant(o.dtype ?? 'f32', positiveInt('--block-size', o.blockSize, 32), device(o.device), { dtype: '--dtype', block: '--block-size' });
+        if (quant && o.baked) throw new UserError('--baked: --dtype q8/q4 bakes its quantized weights itself; leave --baked out');
         // Imported here, as the training bench below: a process that times generation does not hold the training code (its peak RSS is compared with PyTorch's).
         const { formatGenerateBench, runGenerateBench } = await import('../../../scripts/bench/decode-bench.ts');
         const r = await runGenerateBench({
@@ -147,6 +154,7 @@ export function register(program: Command): void {
           newTokens: positiveInt('--new', o.new, 64),
           runs: positiveInt('--runs', o.runs, 3),
           baked: o.baked ?? false,
+          quant,
           runtime: { ep: device(o.device), threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1) },
           skipPeak: !o.peak,
           log: (line) => process.stderr.write(`bench: ${line}\n`),

@@ -14,7 +14,7 @@ export function register(program: Command): void {
     .option('--steps <n>', 'optimizer steps (default 1200)')
     .option('--param <key=value>', 'a training setting or loss parameter (repeatable)', collect, [])
     .option('-o, --out <dir>', 'keep the model, data and run here (default: a new temporary folder)')
-    .option('--json', 'print one JSON line: accuracy_before, accuracy_after, steps, seconds')
+    .option('--json', 'print one JSON line: accuracy_before, accuracy_after, steps, seconds (with --method, the demo\'s result: the keys it reports and seconds)')
     .option('--method <name>', `an online method's demo instead of --loss: ${Object.entries(METHOD_DEMOS).map(([k, d]) => `${k} (${d.summary})`).join('; ')}`)
     .action(async (o: { loss: string; seed: string; steps?: string; param: string[]; out?: string; json?: boolean; method?: string }) => {
       const seed = Number(o.seed);

@@ -9,8 +9,9 @@ import { terminalReporter } from '../progress.ts';
 export function register(program: Command): void {
   const cmd = program
     .command('distill')
-    .description("distillation: KD steps of the gkd loss on the student against the teacher's top-K log-probs — on the data's responses (computed once, cached in the run) or, with lmbda > 0, on the student's own samples for the data's prompts (scored fresh)")
+    .description("distillation: KD steps of the gkd loss on the student against the teacher's top-K log-probs — on the data's responses (computed once, cached in the run) or, with lmbda > 0, on the student's own samples for the data's prompts (scored fresh), or with seq_kd on the teacher's own generations (made once, cached); the teacher one model or, with --teacher-ref, AlignDistil's combination of a DPO model and its reference")
     .requiredOption('--teacher <dir>', 'teacher model folder or Hub name: any supported architecture with the student\'s tokenizer')
+    .option('--teacher-ref <dir>', "AlignDistil: --teacher is a DPO model and this its reference; the teacher's logits are z_ref + teacher_weight·(z_dpo − z_ref) (docs/distill.md)")
     .requiredOption('--model <dir>', 'student model folder or Hub name (the starting weights)')
     .requiredOption('--data <file>', 'any data train reads: single rows (their responses), pairs (the chosen responses), conversations (the assistant\'s own tokens)')
     .requiredOption('-o, --out <dir>', 'run folder: data/teacher.parquet (the cache), artifacts/, checkpoints/, metrics.jsonl, final/')
@@ -33,17 +34,19 @@ export function register(program: Command): void {
       "On-policy (docs/distill.md, On-policy distillation): lmbda=L makes each micro-batch, with probability L, the",
       "student's own samples for its rows' prompts (max_completion_length, sampling_temperature, top_p, top_k),",
       "scored by the teacher's top K then; lmbda=1 beta=1 is on-policy distillation (reverse KL on the student's samples).",
+      "seq_kd=true trains the other micro-batches on the teacher's own generations for the prompts (made once, cached).",
       '',
       `Settings it honours (--param key=value or --config), with defaults (docs/settings.md); any other is refused:\n${settingsHelp('distill')}`,
     ].join('\n'))
-    .action(async (o: { teacher: string; model: string; data: string; out: string; param: string[]; config?: string; resume?: boolean; overwrite?: boolean; quiet?: boolean; json?: boolean; tools?: string; mcp?: string; env?: string }) => {
+    .action(async (o: { teacher: string; teacherRef?: string; model: string; data: string; out: string; param: string[]; config?: string; resume?: boolean; overwrite?: boolean; quiet?: boolean; json?: boolean; tools?: string; mcp?: string; env?: string }) => {
       const multi = o.tools !== undefined ? '--tools' : o.mcp !== undefined ? '--mcp' : o.env !== undefined ? '--env' : null;
       if (multi) throw new UserError(`${multi}: distill samples one turn per prompt; multi-turn on-policy rollouts (--tools, --mcp, --env) are not built for distill yet (issue 44 item 3)`);
       // Hub names are folders and files by now (src/cli/hub.ts).
-      const r = await distill({ teacher: o.teacher, model: o.model, data: o.data, out: o.out, hub: hubRecord(), params: o.param, configFile: o.config, resume: o.resume, overwrite: o.overwrite, reporter: terminalReporter(o.quiet) });
+      const r = await distill({ teacher: o.teacher, teacherRef: o.teacherRef, model: o.model, data: o.data, out: o.out, hub: hubRecord(), params: o.param, configFile: o.config, resume: o.resume, overwrite: o.overwrite, reporter: terminalReporter(o.quiet) });
       const p = r.onPolicy;
-      const summary = { steps: r.steps, seconds: r.seconds, final: r.finalDir, loss: r.last.loss, teacher_cached: r.cached, ...(p ? { lmbda: p.lmbda, micro_batches: p.microBatches, on_policy_micro_batches: p.sampled, sample_seconds: p.sampleSeconds, teacher_seconds: p.teacherSeconds } : {}) };
-      const offline = p && p.lmbda >= 1 ? '' : `teacher targets ${r.cached ? 'read from the cache' : 'computed and cached'}`;
+      const q = r.seqKd;
+      const summary = { steps: r.steps, seconds: r.seconds, final: r.finalDir, loss: r.last.loss, teacher_cached: r.cached, ...(q ? { seq_kd_cached: q.cached, seq_kd_seconds: q.seconds, seq_kd_mean_length: q.meanLength } : {}), ...(p ? { lmbda: p.lmbda, micro_batches: p.microBatches, on_policy_micro_batches: p.sampled, sample_seconds: p.sampleSeconds, teacher_seconds: p.teacherSeconds } : {}) };
+      const offline = p && p.lmbda >= 1 ? '' : `${q ? `teacher generations ${q.cached ? 'read from the cache' : `made in ${q.seconds}s`}, ` : ''}teacher targets ${r.cached ? 'read from the cache' : 'computed and cached'}`;
       const online = p ? `${p.sampled} of ${p.microBatches} micro-batches the student's own samples: sampled in ${p.sampleSeconds}s, scored by the teacher in ${p.teacherSeconds}s` : '';
       if (o.json) process.stdout.write(JSON.stringify(summary) + '\n');
       else process.stdout.write(`distilled ${r.steps} steps in ${r.seconds}s (${[offline, online].filter(Boolean).join('; ')}); final model in ${r.finalDir}; metrics in ${o.out}/metrics.jsonl\n`);

@@ -9,6 +9,7 @@ import { writeSamples } from '../../online/samples-io.ts';
 import { aliasFlags, collect, intFlag, samplingAliasFlags, type SamplingFlags } from '../../online/options.ts';
 import { generateSampling } from '../../online/sampling.ts';
 import { settingsHelp } from '../../train/settings.ts';
+import { productQuant } from '../../models/quantize.ts';
 
 export function register(program: Command): void {
   const cmd = program
@@ -26,8 +27,10 @@ export function register(program: Command): void {
     .option('--config <file>', 'JSON object of sampling settings')
     .addHelpText('after', () => `\nSettings (--param key=value or --config), with defaults (docs/settings.md):\n${settingsHelp('generate')}`);
   cmd.option('--device <device>', DEVICE_HELP, 'cpu');
+  cmd.option('--dtype <dtype>', 'precision of the products: f32, q8 or q4 (block-quantized weights through MatMulNBits, CPU only; f16 is refused)', 'f32');
+  cmd.option('--block-size <n>', 'values per quantization block of --dtype q8/q4 (a power of two, 16–256)', '32');
   cmd.option('--chat-template <file>', "a Jinja chat-template file used instead of the model's own");
-  cmd.option('--json', 'print a one-line JSON summary').action(async (o: Partial<SamplingFlags> & { param: string[]; config?: string; model: string; prompts: string; out: string; n: string; seed: string; batchSize: string; json?: boolean; device: string; chatTemplate?: string }) => {
+  cmd.option('--json', 'print a one-line JSON summary').action(async (o: Partial<SamplingFlags> & { param: string[]; config?: string; model: string; prompts: string; out: string; n: string; seed: string; batchSize: string; json?: boolean; device: string; dtype: string; blockSize: string; chatTemplate?: string }) => {
     const sampling = generateSampling({ ...samplingAliasFlags(o), params: o.param, configFile: o.config });
     const n = intFlag('--n', o.n);
     const seed = intFlag('--seed', o.seed, 0);
@@ -36,7 +39,9 @@ export function register(program: Command): void {
     if (!existsSync(dir) || !statSync(dir).isDirectory()) throw new UserError(`-o ${o.out}: folder ${dir} does not exist`);
     const prompts = await readPrompts(o.prompts);
     const t0 = Date.now();
-    const policy = await ModelSampler.load(o.model, { ep: device(o.device) }, o.chatTemplate);
+    const ep = device(o.device);
+    const quant = productQuant(o.dtype, intFlag('--block-size', o.blockSize), ep, { dtype: '--dtype', block: '--block-size' });
+    const policy = await ModelSampler.load(o.model, { ep }, o.chatTemplate, quant);
     const samples = await policy.sample(prompts, { ...sampling, n, seed, batchSize });
     await policy.release();
     writeSamples(o.out, samples);

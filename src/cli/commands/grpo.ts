@@ -48,6 +48,7 @@ export function register(program: Command): void {
     .option('--agent <module>', "an agent written against an OpenAI-compatible API, trained unchanged: a .mjs/.ts module whose default export is async (task, { baseURL, apiKey, model, seed, signal }) => reward; each rollout talks to the run's own endpoint over the live weights, every call recorded as sampled (docs/agents.md \"Training the agent you already wrote\"); --prompts rows are its tasks (any columns)")
     .option('--env <module>', "an environment: a .mjs/.ts module whose factory makes { reset(row, { seed }), step({ text, toolCalls }), reward?(), close?() } per rollout, or a map of factories by name (export default { name: factory, … } or export const environments), each row picking one by its env_column column (default environment); reset() may return the prompt (a string, or { prompt, messages?, tools? }): then --prompts may be left out (rows { index } generated, the map's environments in turn; max_steps required); reward() is the reward env (docs/agents.md)")
     .option('--teacher <dir>', `teacher-guided RL (DGPO): a model folder or Hub name with the policy's tokenizer; the loss adds distill_coef (default ${DEFAULT_DISTILL_COEF}) × the per-token KL of the policy to it on the sampled tokens, logged as distill/kl (docs/distill.md)`)
+    .option('--teacher-ref <dir>', "AlignDistil: --teacher is a DPO model and this its reference; the teacher's logits are z_ref + teacher_weight·(z_dpo − z_ref) (docs/distill.md)")
     .requiredOption('-o, --out <dir>', 'run folder: config.json, artifacts/, checkpoints/, metrics.jsonl, completions.jsonl, final/')
     .option('--param <key=value>', 'a setting (repeatable): GRPO settings, loss parameters and trainer settings listed below', collect, [] as string[])
     .option('--config <file>', 'JSON object of settings')
@@ -57,9 +58,9 @@ export function register(program: Command): void {
     .option('--quiet', 'no progress output')
     .option('--json', 'print a one-line JSON summary')
     .addHelpText('after', settingsHelp())
-    .action(async (o: { model: string; teacher?: string; prompts?: string; reward: string[]; tools: string[]; mcp: string[]; mcpConfig?: string; env?: string; agent?: string; out: string; param: string[]; config?: string; resume?: boolean; overwrite?: boolean; device?: string; quiet?: boolean; json?: boolean }) => {
+    .action(async (o: { model: string; teacher?: string; teacherRef?: string; prompts?: string; reward: string[]; tools: string[]; mcp: string[]; mcpConfig?: string; env?: string; agent?: string; out: string; param: string[]; config?: string; resume?: boolean; overwrite?: boolean; device?: string; quiet?: boolean; json?: boolean }) => {
       const params = o.device ? [...o.param, `device=${device(o.device)}`] : o.param;
-      const r = await grpo({ model: o.model, teacher: o.teacher, hub: hubRecord(), prompts: o.prompts, rewards: o.reward, tools: o.tools, mcp: o.mcp, mcpConfig: o.mcpConfig, env: o.env, agent: o.agent, out: o.out, params, configFile: o.config, resume: o.resume, overwrite: o.overwrite, reporter: terminalReporter(o.quiet || o.json) });
+      const r = await grpo({ model: o.model, teacher: o.teacher, teacherRef: o.teacherRef, hub: hubRecord(), prompts: o.prompts, rewards: o.reward, tools: o.tools, mcp: o.mcp, mcpConfig: o.mcpConfig, env: o.env, agent: o.agent, out: o.out, params, configFile: o.config, resume: o.resume, overwrite: o.overwrite, reporter: terminalReporter(o.quiet || o.json) });
       if (o.json) process.stdout.write(JSON.stringify({ final: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last, eval: r.eval }) + '\n');
       else process.stdout.write(`${r.steps} GRPO steps in ${r.seconds}s; reward ${r.last.reward?.toFixed(3) ?? '?'} at the last step; final policy in ${r.finalDir}; metrics in ${o.out}/metrics.jsonl, samples in ${o.out}/completions.jsonl\n`);
     });

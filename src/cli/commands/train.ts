@@ -3,7 +3,7 @@ import { resolveConfig } from '../../train/config.ts';
 import { settingsHelp } from '../../train/settings.ts';
 import { UserError } from '../../errors.ts';
 import { trainAny } from '../../train/mpo.ts';
-import { collect } from '../flags.ts';
+import { DEVICE_HELP, collect, device } from '../flags.ts';
 import { Names, dataHubFlags, modelHubFlags, type HubFlags } from '../hub.ts';
 import { terminalReporter } from '../progress.ts';
 
@@ -24,11 +24,12 @@ export function register(program: Command): void {
     .option('--ref <dir>', 'reference model folder or Hub name (default: the starting policy); any supported model with the same tokenizer, e.g. the SFT checkpoint')
     .option('--adapter <dir>', 'continue training this PEFT LoRA adapter (a folder or Hub name: adapter_config.json + adapter_model.safetensors) on --model')
     .option('--ref-on-the-fly', 'compute reference log-probs for every batch instead of caching them once')
+    .option('--device <device>', `${DEVICE_HELP}; same as --param device=…`)
     .option('--quiet', 'no progress output')
     .option('--json', 'print a one-line JSON summary when done');
   modelHubFlags(dataHubFlags(cmd))
     .addHelpText('after', () => `\nSettings (--param key=value or --config), with defaults (docs/settings.md):\n${settingsHelp('train')}\nAny other key is passed to the loss (e.g. beta, label_smoothing, epsilon, tau); every pairwise loss but sppo\nalso takes rationale_weight=0 (adds γ·(−log π(rationale | prompt, chosen, rejected)) on rows with a rationale).\n\nrewards/accuracies: ${TIES}`)
-    .action(async (o: HubFlags & { model?: string; data?: string; loss?: string; out?: string; param: string[]; config?: string; resume?: boolean; overwrite?: boolean; ref?: string; adapter?: string; refOnTheFly?: boolean; quiet?: boolean; json?: boolean }) => {
+    .action(async (o: HubFlags & { model?: string; data?: string; loss?: string; out?: string; param: string[]; config?: string; resume?: boolean; overwrite?: boolean; ref?: string; adapter?: string; refOnTheFly?: boolean; device?: string; quiet?: boolean; json?: boolean }) => {
       // A TRL YAML config may name the model, data, loss and run folder; a flag given as well must agree.
       const trl = o.config ? (resolveConfig({ configFile: o.config, params: o.param, loss: o.loss }).trl ?? {}) : {};
       const pick = (flag: string, given: string | undefined, key: string, fromTrl: string | undefined): string => {
@@ -48,7 +49,8 @@ export function register(program: Command): void {
       const dataSpec = (await names.data('data', '--data', data)).spec;
       const refDir = await names.model('ref', '--ref', o.ref);
       const adapterDir = await names.model('adapter', '--adapter', o.adapter, 'adapter');
-      const r = await trainAny({ model: modelDir, data: dataSpec, loss, out, hub: names.record, params: o.refOnTheFly ? [...o.param, 'ref_on_the_fly=true'] : o.param, configFile: o.config, resume: o.resume, overwrite: o.overwrite, refModel: refDir, adapter: adapterDir, reporter: terminalReporter(o.quiet) });
+      const params = [...o.param, ...(o.refOnTheFly ? ['ref_on_the_fly=true'] : []), ...(o.device ? [`device=${device(o.device)}`] : [])];
+      const r = await trainAny({ model: modelDir, data: dataSpec, loss, out, hub: names.record, params, configFile: o.config, resume: o.resume, overwrite: o.overwrite, refModel: refDir, adapter: adapterDir, reporter: terminalReporter(o.quiet) });
       const summary = { steps: r.steps, seconds: Math.round(r.seconds * 10) / 10, final: r.finalDir, loss: r.last.loss, 'rewards/accuracies': r.last['rewards/accuracies'], ...(r.eval ? { eval: r.eval.overall } : {}) };
       if (o.json) process.stdout.write(JSON.stringify(summary) + '\n');
       else process.stdout.write(`trained ${r.steps} steps in ${summary.seconds}s; final model in ${r.finalDir}; metrics in ${out}/metrics.jsonl\n`);

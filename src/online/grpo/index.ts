@@ -93,14 +93,16 @@ export interface GrpoOptions extends OnlineOptions, AgentOptions {
    * distill_coef × the per-token k3 KL of the policy to this model on the sampled tokens.
    */
   teacher?: string;
+  /** AlignDistil: `teacher` is a DPO model and this its reference; the teacher's logits are z_ref + teacher_weight·(z_dpo − z_ref). */
+  teacherRef?: string;
 }
 
 export type GrpoResult = OnlineResult;
 
 export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
-  const { config, lossParams, own } = resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'grpo' });
+  const { config, lossParams, own, named } = resolveConfig({ configFile: o.configFile, params: o.params, settings: o.settings, base: o.base, command: 'grpo' });
   const s = own as unknown as GrpoSettings;
-  const loss = grpoLoss(teacherParams(lossParams, o), s);
+  const loss = grpoLoss(teacherParams(lossParams, o), s, config.rollout_dtype);
   const p = loss.terms[0].params as GrpoParams;
   const G = s.num_generations;
   const perRound = config.batch_size * config.gradient_accumulation_steps;
@@ -108,7 +110,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
     throw new UserError(`grpo: batch_size × gradient_accumulation_steps (${config.batch_size} × ${config.gradient_accumulation_steps} = ${perRound} completions) must be a multiple of num_generations (${G})`);
   }
   // A teacher that is no model folder, or reads other token ids, is refused before anything opens.
-  if (o.teacher !== undefined) checkTeacher(o.teacher, o.model);
+  const teacherSpec = checkTeacher(o, named.has('teacher_weight') ? s.teacher_weight : undefined);
   const harness = await openHarness(o, s);
   // Tools or an environment make rollouts multi-turn (agent-run.ts); without them the agent settings are refused.
   const agent = await AgentRun.open(o, s);
@@ -184,7 +186,7 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
     updatesPerRound: () => s.num_iterations,
     async open(ctx) {
       if (cols.ref) ref = await ReferenceScorer.create(ctx.model, ctx.baseWeights, ctx.runtime, { temperature: s.temperature, vocabLimit: ctx.tok.vocabSize });
-      if (cols.teacher) teacher = await openTeacher(o.teacher!, ctx, s.temperature);
+      if (cols.teacher) teacher = await openTeacher(teacherSpec!, ctx, s.temperature);
       log.truncateAfter(ctx.art.step);
       await agent?.start(ctx, o.resume ? ctx.art.step + 1 : undefined);
       agentLog?.truncateAfter(ctx.art.step);
@@ -270,11 +272,12 @@ export async function grpo(o: GrpoOptions): Promise<GrpoResult> {
   try {
     return await runOnline(o, rows, method, {
       config,
-      record: { prompts: o.prompts, rewards: o.rewards.join(' --reward '), teacher: o.teacher ?? null, loss: 'grpo', loss_params: p, grpo: s, ...(agent ? { agent: agent.record } : {}), ...(harness ? { agent_module: harness.agent.spec } : {}) },
+      record: { prompts: o.prompts, rewards: o.rewards.join(' --reward '), teacher: o.teacher ?? null, ...(o.teacherRef !== undefined ? { teacher_ref: o.teacherRef, teacher_weight: teacherSpec!.weight } : {}), loss: 'grpo', loss_params: p, grpo: s, ...(agent ? { agent: agent.record } : {}), ...(harness ? { agent_module: harness.agent.spec } : {}) },
       inputs: [
         { key: 'prompts', now: o.prompts, flag: '--prompts' },
         { key: 'rewards', now: o.rewards.join(' --reward '), flag: '--reward' },
         { key: 'teacher', now: o.teacher ?? null, flag: '--teacher', optional: true },
+        { key: 'teacher_ref', now: o.teacherRef ?? null, flag: '--teacher-ref', optional: true },
       ],
     });
   } finally {

@@ -5,9 +5,10 @@
  */
 import { UserError } from '../../errors.ts';
 import { resolveLoss, type BoundLoss } from '../../../losses/index.ts';
-import { declareCommand, defineSettings, ONLINE_LOOP_SETTINGS, type SettingsOf } from '../../train/settings.ts';
+import { declareCommand, defineSettings, ONLINE_LOOP_SETTINGS, ROLLOUT, type SettingsOf } from '../../train/settings.ts';
 import { SAMPLING_SETTINGS } from '../sampling.ts';
 import { AGENT_HARNESS_SETTINGS, AGENT_SETTINGS } from './agent-settings.ts';
+import { TEACHER_SETTINGS } from '../../train/teacher-model.ts';
 
 const GROUP = 'GRPO';
 
@@ -28,12 +29,13 @@ export const GRPO_SETTINGS = defineSettings({
   entropy_coef_max: { type: 'number', default: 1, min: -1e6, max: 1e6, group: GROUP, trl: 'entropy_coef_max', paper: 'Skywork-OR1 (2025)', doc: 'use_adaptive_entropy: the highest entropy_coef' },
   ...AGENT_SETTINGS,
   ...AGENT_HARNESS_SETTINGS,
+  ...TEACHER_SETTINGS,
 });
 
 export type GrpoSettings = SettingsOf<typeof GRPO_SETTINGS>;
 
 /** The trainer settings GRPO honours: the online loop's, and evaluation and recomputation. */
-export const GRPO_HONOURS = [...ONLINE_LOOP_SETTINGS, 'eval_data', 'eval_steps', 'eval_samples', 'gradient_checkpointing'] as const;
+export const GRPO_HONOURS = [...ONLINE_LOOP_SETTINGS, ...ROLLOUT, 'eval_data', 'eval_steps', 'eval_samples', 'gradient_checkpointing'] as const;
 
 /**
  * GRPO's defaults of trainer settings, TRL GRPOConfig's: learning rate 1e-6, and 8 completions (one
@@ -42,7 +44,7 @@ export const GRPO_HONOURS = [...ONLINE_LOOP_SETTINGS, 'eval_data', 'eval_steps',
 declareCommand('grpo', { honours: GRPO_HONOURS, own: GRPO_SETTINGS, lossParams: 'grpo', defaults: { batch_size: 8, learning_rate: 1e-6 } });
 
 /** The `grpo` loss bound to the loss parameters given (max_completion_length is GRPO's setting, passed on). */
-export function grpoLoss(lossParams: Record<string, unknown>, s: GrpoSettings): BoundLoss {
+export function grpoLoss(lossParams: Record<string, unknown>, s: GrpoSettings, rolloutDtype = 'f32'): BoundLoss {
   // Log-probs, entropies and the importance ratio use logits / temperature: greedy decoding has none.
   if (!(s.temperature > 0)) throw new UserError(`grpo: temperature must be > 0 (its log-probs use the logits divided by it), got ${s.temperature}`);
   const given: Record<string, unknown> = { ...lossParams, max_completion_length: s.max_completion_length };
@@ -50,8 +52,14 @@ export function grpoLoss(lossParams: Record<string, unknown>, s: GrpoSettings): 
   // its mode defaults to token_truncate instead of TRL's sequence_mask.
   const modeGiven = 'vllm_importance_sampling_mode' in given || 'sampling_importance_sampling_mode' in given;
   if (given.loss_type === 'vespo' && !modeGiven) given.vllm_importance_sampling_mode = VESPO_SAMPLING_MODE;
+  // Quantized rollouts sample from other weights than the trainer scores: the off-policy mask comes on
+  // beside the correction (TRL's use_vllm=True), unless it is given.
+  if (rolloutDtype !== 'f32' && !('off_policy_mask_threshold' in given)) given.off_policy_mask_threshold = QUANT_OFF_POLICY_MASK;
   return resolveLoss('grpo', given);
 }
+
+/** off_policy_mask_threshold's default under rollout_dtype q8/q4 (see `grpoLoss`). */
+export const QUANT_OFF_POLICY_MASK = 0.5;
 
 /** vllm_importance_sampling_mode's default under loss_type=vespo (see `grpoLoss`). */
 export const VESPO_SAMPLING_MODE = 'token_truncate';

@@ -7,12 +7,9 @@
  * distribution over the tokenizer's ids — and its log-probs travel in the round (`GrpoRound.teacher`),
  * so a checkpoint inside a round (num_iterations > 1) carries them and --resume is exact.
  */
-import { existsSync } from 'node:fs';
-import { join } from 'node:path';
 import { UserError } from '../../errors.ts';
-import { loadModel } from '../../models/load.ts';
 import { loadTokenizer } from '../../tokenize/index.ts';
-import { checkSameTokenizer } from '../../train/teacher-topk.ts';
+import { TeacherSpec } from '../../train/teacher-model.ts';
 import { runtimeOf } from '../../train/run.ts';
 import type { OnlineContext } from '../../train/loop.ts';
 import { ReferenceScorer } from '../reference.ts';
@@ -35,18 +32,28 @@ export function teacherParams(lossParams: Record<string, unknown>, o: { teacher?
   return given === undefined || given === null ? { ...lossParams, distill_coef: DEFAULT_DISTILL_COEF } : lossParams;
 }
 
-/** Refuses a teacher that is no model folder, or whose tokenizer is not the policy's (one line, naming both). */
-export function checkTeacher(teacher: string, model: string): void {
-  if (!existsSync(join(teacher, 'config.json'))) throw new UserError(`--teacher ${teacher}: not a model folder (no config.json)`, { setting: 'teacher' });
-  checkSameTokenizer(teacher, model, loadTokenizer(model), 'grpo --teacher scores the sampled completions, reading');
+/**
+ * The run's teacher, checked (train/teacher-model.ts): a model folder with the policy's tokenizer, or
+ * with `--teacher-ref` and `teacher_weight` an AlignDistil pair; a reference or a weight without a
+ * teacher, and a weight without a reference, are refused in one line. null without `--teacher`.
+ */
+export function checkTeacher(o: { teacher?: string; teacherRef?: string; model: string }, weight: number | undefined): TeacherSpec | null {
+  if (o.teacher === undefined) {
+    if (o.teacherRef !== undefined) throw new UserError(`--teacher-ref ${o.teacherRef}: the reference of an AlignDistil teacher; give --teacher (the DPO model) too`, { setting: 'teacher_ref' });
+    if (weight !== undefined) throw new UserError(`teacher_weight=${weight}: weighs an AlignDistil teacher; give --teacher and --teacher-ref, or leave teacher_weight out`, { setting: 'teacher_weight' });
+    return null;
+  }
+  const spec = TeacherSpec.of(o.teacher, o.teacherRef, weight);
+  spec.checkTokenizer(o.model, loadTokenizer(o.model), 'grpo --teacher scores the sampled completions, reading');
+  return spec;
 }
 
-/** The teacher's scorer: its own weights, the policy's temperature and vocabulary. */
-export async function openTeacher(dir: string, ctx: OnlineContext, temperature: number): Promise<ReferenceScorer> {
-  const t = loadModel(dir);
+/** The teacher's scorer: its own weights (or the AlignDistil pair's combined logits), the policy's temperature and vocabulary. */
+export async function openTeacher(spec: TeacherSpec, ctx: OnlineContext, temperature: number): Promise<ReferenceScorer> {
+  const t = spec.load();
   const limit = ctx.tok.vocabSize;
   if (t.config.vocab_size < limit) {
-    throw new UserError(`--teacher ${dir}: ${t.config.vocab_size} embedding rows, fewer than the ${limit} ids of the tokenizer the policy samples from`, { setting: 'teacher' });
+    throw new UserError(`--teacher ${spec.dir}: ${t.config.vocab_size} embedding rows, fewer than the ${limit} ids of the tokenizer the policy samples from`, { setting: 'teacher' });
   }
-  return ReferenceScorer.create(t.config, t.weights, runtimeOf(ctx.config, t.config), { temperature, vocabLimit: limit });
+  return ReferenceScorer.forModel(t, runtimeOf(ctx.config, t.config), { temperature, vocabLimit: limit });
 }
