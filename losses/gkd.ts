@@ -29,6 +29,11 @@
  *
  * `per_example[b]` is row b's share, B·Σ_t m·ℓ / max(Σ m, 1), so their mean is the loss; rows share
  * the token count, so the loss takes no row weights.
+ *
+ * Metrics (monitoring, whatever β and τ): `distill/kl`, the mean per counted token of KL(S ‖ T), the
+ * reverse KL to the teacher, and `distill/forward_kl`, of KL(T ‖ S), both at temperature 1 over the
+ * outcomes the loss sees (the V tokens dense; the K ids and the rest sparse, each rest floored as
+ * above: merging outcomes never raises a KL, so the sparse figures bound the full ones from below).
  */
 import type { Graph, Tensor } from '../src/onnx/graph.ts';
 import { BadInputError } from '../src/errors.ts';
@@ -111,10 +116,24 @@ function gjsd(lt: Float64Array, ls: Float64Array, beta: number): { value: number
   return { value, du: e.map((x, j) => x - s[j] * se) };
 }
 
+/** Σ e^(lp)·(lp − lq): KL(P ‖ Q) from log-probabilities. */
+function klOf(lp: Float64Array, lq: Float64Array): number {
+  let v = 0;
+  for (let j = 0; j < lp.length; j++) v += Math.exp(lp[j]) * (lp[j] - lq[j]);
+  return v;
+}
+
+/** The monitoring KLs at temperature 1 from the two log-mass vectors over the same outcomes: [KL(S ‖ T), KL(T ‖ S)]. */
+function kls(teacher: Float64Array, student: Float64Array): [number, number] {
+  const lt = logSoftmaxScaled(teacher, 1);
+  const ls = logSoftmaxScaled(student, 1);
+  return [klOf(ls, lt), klOf(lt, ls)];
+}
+
 /** Dense position: ℓ and dℓ/dz for the student's logits z (u = z/τ). */
-function densePosition(z: Float64Array, zt: Float64Array, p: GkdParams): { value: number; dz: Float64Array } {
+function densePosition(z: Float64Array, zt: Float64Array, p: GkdParams): { value: number; dz: Float64Array; kl: [number, number] } {
   const r = gjsd(logSoftmaxScaled(zt, 1 / p.temperature), logSoftmaxScaled(z, 1 / p.temperature), p.beta);
-  return { value: r.value, dz: r.du.map((x) => x / p.temperature) };
+  return { value: r.value, dz: r.du.map((x) => x / p.temperature), kl: kls(zt, z) };
 }
 
 /**
@@ -122,7 +141,7 @@ function densePosition(z: Float64Array, zt: Float64Array, p: GkdParams): { value
  * scores are u_k = log p(id_k)/τ and u_rest = h/τ, h = max(log p(rest), log ε), p = softmax(z):
  * d log p(id_k)/dz_v = [v = id_k] − p_v; dh/dz_v = [v ∉ ids]·p_v/p(rest) − p_v, or 0 when floored.
  */
-function sparsePosition(z: Float64Array, ids: Float64Array, tl: Float64Array, rest: number | undefined, p: GkdParams): { value: number; dz: Float64Array } {
+function sparsePosition(z: Float64Array, ids: Float64Array, tl: Float64Array, rest: number | undefined, p: GkdParams): { value: number; dz: Float64Array; kl: [number, number] } {
   const V = z.length;
   const K = ids.length;
   const inTop = new Uint8Array(V);
@@ -155,7 +174,7 @@ function sparsePosition(z: Float64Array, ids: Float64Array, tl: Float64Array, re
     dz[v] = -pv * total + (inTop[v] ? 0 : gRest * Math.exp(z[v] - restLse));
   }
   for (let k = 0; k < K; k++) dz[ids[k]] += G[k];
-  return { value: r.value, dz };
+  return { value: r.value, dz, kl: kls(teacher, student) };
 }
 
 function reference(batch: HostBatch, p: GkdParams, coef: Float64Array): RefResult {
@@ -170,6 +189,8 @@ function reference(batch: HostBatch, p: GkdParams, coef: Float64Array): RefResul
   const norm = Math.max(N, 1);
   const per = new Array<number>(B).fill(0);
   const grad = new Float64Array(z.length);
+  let reverse = 0;
+  let forward = 0;
   for (let b = 0; b < B; b++) {
     for (let t = 0; t < T; t++) {
       const i = b * T + t;
@@ -179,11 +200,13 @@ function reference(batch: HostBatch, p: GkdParams, coef: Float64Array): RefResul
         ? sparsePosition(zi, batch.teacher_topk_ids.data.subarray(i * K, (i + 1) * K), batch.teacher_topk_logps.data.subarray(i * K, (i + 1) * K), batch.teacher_rest_logps?.data[i], p)
         : densePosition(zi, batch.teacher_logits.data.subarray(i * V, (i + 1) * V), p);
       per[b] += (B * m[i] * r.value) / norm;
+      reverse += (m[i] * r.kl[0]) / norm;
+      forward += (m[i] * r.kl[1]) / norm;
       const scale = (coef[b] * B * m[i]) / norm;
       r.dz.forEach((d, v) => (grad[i * V + v] = scale * d));
     }
   }
-  return { perExample: per, grad: { student_logits: grad } };
+  return { perExample: per, grad: { student_logits: grad }, metrics: { 'distill/kl': reverse, 'distill/forward_kl': forward } };
 }
 
 // ---- ONNX subgraph ------------------------------------------------------------------------------
@@ -246,7 +269,14 @@ function emit(g: Graph, t: BatchTensors, p: GkdParams): EmitResult {
     const norm = g.max(g.reduceSum(m, undefined, false), g.constant(1, f));
     const B = g.squeeze(g.cast(g.dim(m, 0), f), [0]);
     const rowSum = g.reduceSum(g.mul(per, m), [1], false); // [B]
-    return { perExample: g.div(g.mul(rowSum, B), norm) };
+    // The monitoring KLs at temperature 1 (the loss's own log-probs when τ = 1), no gradient.
+    const mt = g.stopGradient(inv === 1 ? lt : g.logSoftmax(o.teacher, -1));
+    const ms = g.stopGradient(inv === 1 ? ls : g.logSoftmax(o.student, -1));
+    const perToken = (x: Tensor) => g.div(g.reduceSum(g.mul(x, m), undefined, false), norm);
+    return {
+      perExample: g.div(g.mul(rowSum, B), norm),
+      metrics: { 'distill/kl': perToken(kl(g, ms, mt)), 'distill/forward_kl': perToken(kl(g, mt, ms)) },
+    };
   });
 }
 

@@ -166,3 +166,37 @@ describe('prefzoo bench --serve', () => {
     }
   });
 });
+
+describe('prefzoo bench --distill', () => {
+  it("prints one JSON line: a distillation step's sampling, teacher scoring and update, the teacher about 4× the student, the cache's bytes per token", async () => {
+    const r = await prefzoo('bench', '--distill', '--preset', 'tiny', '--rows', '2', '--prompt', '6', '--new', '6', '--steps', '2', '--warmup', '1', '--topk', '8', '--json');
+    expect(r.code, r.stderr).toBe(0);
+    const lines = r.stdout.trim().split('\n');
+    expect(lines).toHaveLength(1);
+    const j = JSON.parse(lines[0]);
+    expect(j).toMatchObject({ preset: 'tiny', rows: 2, prompt_tokens: 6, max_new_tokens: 6, topk: 8 });
+    // The teacher: the student's preset widened 2×, the depth nearest 4× its parameters.
+    const student = presetConfig('llama', 'tiny', { vocabSize: j.cache.full_logits_bytes_per_token / 4 });
+    expect(j.student_params).toBe(countParameters(student));
+    expect(j.teacher_params).toBe(countParameters({ ...student, ...j.teacher_shape }));
+    expect(j.teacher_shape.hidden_size).toBe(2 * (student as LlamaConfig).hidden_size);
+    expect(j.step_seconds).toHaveLength(2);
+    for (const s of j.step_seconds) for (const k of ['sample', 'teacher', 'update']) expect(s[k], k).toBeGreaterThan(0);
+    expect(j.teacher_over_sampling).toBeCloseTo(j.teacher_s / j.sample_s, 1);
+    expect(j.mean_completion_length).toBeGreaterThan(0);
+    expect(j.mean_completion_length).toBeLessThanOrEqual(6);
+    // The cache: 3 steps × 2 rows, each response cut to its 6 tokens; bytes per token from the file written.
+    expect(j.cache.tokens).toBe(36);
+    expect(j.cache.bytes_per_token).toBeCloseTo(j.cache.file_bytes / 36, 1);
+    expect(j.cache.fraction).toBeCloseTo(j.cache.bytes_per_token / j.cache.full_logits_bytes_per_token, 4);
+  }, 120_000);
+
+  it('refuses flags it does not use, and its own flags without it, in one line', async () => {
+    for (const args of [['--distill', '--batch', '4'], ['--distill', '--serve'], ['--distill', '--rows', '0'], ['--rows', '3'], ['--topk', '8', '--generate']]) {
+      const r = await prefzoo('bench', ...args);
+      expect(r.code, args.join(' ')).toBe(1);
+      expect(r.stderr.trim().split('\n'), args.join(' ')).toHaveLength(1);
+      expect(r.stderr).toMatch(/^prefzoo: --/);
+    }
+  });
+});

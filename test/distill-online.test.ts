@@ -56,8 +56,10 @@ const recorder = () => {
 };
 
 const rowsOf = (run: string) => readFileSync(join(run, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
-/** A metrics row without its clock. */
-const timeless = (r: Record<string, number>) => Object.fromEntries(Object.entries(r).filter(([k]) => k !== 'tokens/s'));
+/** The metrics rows' wall-clock fields. */
+const CLOCKS = new Set(['tokens/s', 'distill/sample_seconds', 'distill/teacher_seconds']);
+/** A metrics row without its clocks. */
+const timeless = (r: Record<string, number>) => Object.fromEntries(Object.entries(r).filter(([k]) => !CLOCKS.has(k)));
 
 describe('prefzoo distill, on-policy (lmbda)', () => {
   it("lmbda = 1: trains the student's own samples of the run's seed, the loss gkd's float64 reference on the sampled tokens", async () => {
@@ -120,6 +122,16 @@ describe('prefzoo distill, on-policy (lmbda)', () => {
     expect(Math.abs(row.loss - ref.loss)).toBeLessThanOrEqual(1e-4 * ref.loss);
     expect(row['distill/on_policy']).toBe(1);
     expect(row['distill/completion_length']).toBe(M / 8);
+    // The clocks of the step: what the command's last line sums over steps.
+    expect(row['distill/sample_seconds']).toBeGreaterThan(0);
+    expect(row['distill/teacher_seconds']).toBeGreaterThan(0);
+    expect(Math.abs(row['distill/sample_seconds'] - r.onPolicy!.sampleSeconds)).toBeLessThanOrEqual(0.006);
+    expect(Math.abs(row['distill/teacher_seconds'] - r.onPolicy!.teacherSeconds)).toBeLessThanOrEqual(0.006);
+    // The KLs over the K + 1 outcomes, against the same float64 computation.
+    for (const k of ['distill/kl', 'distill/forward_kl']) {
+      expect(ref.metrics[k]).toBeGreaterThan(0);
+      expect(Math.abs(row[k] - ref.metrics[k]), k).toBeLessThanOrEqual(1e-4 * ref.metrics[k]);
+    }
   });
 
   it('lmbda = 0 trains as offline distillation (the same weights and rows); sampling settings then, and an ambiguous temperature, are refused', async () => {
@@ -133,6 +145,8 @@ describe('prefzoo distill, on-policy (lmbda)', () => {
 
     await expect(distill({ teacher, model: student, data: pairs, out: join(dir, 'run-r1'), params: [...params, 'max_completion_length=9'] }))
       .rejects.toThrow(/^max_completion_length: read only when something is sampled \(lmbda > 0: the student; seq_kd: the teacher\), and lmbda is 0 without seq_kd/);
+    await expect(distill({ teacher, model: student, data: pairs, out: join(dir, 'run-r3'), params: [...params, 'lmbda=1', 'max_new_tokens=9'] }))
+      .rejects.toThrow(/^distill: unknown setting 'max_new_tokens'; TRL's max_new_tokens is 'max_completion_length' here/);
     await expect(distill({ teacher, model: student, data: pairs, out: join(dir, 'run-r2'), params: [...params, 'lmbda=0.5', 'temperature=2'] }))
       .rejects.toThrow(/^temperature with lmbda=0.5 is ambiguous: in distill it is gkd's loss τ/);
   });
@@ -159,6 +173,9 @@ describe('prefzoo distill, on-policy (lmbda)', () => {
     expect(total).toBeGreaterThan(0);
     expect(total).toBeLessThan(12);
     expect(rowsOf(join(dir, 'run-mix')).map((r) => r['distill/on_policy'])).toEqual(expected.map((n) => n / 2));
+    // The clocks only on steps that sampled.
+    expect(rowsOf(join(dir, 'run-mix')).map((r) => r['distill/teacher_seconds'] > 0)).toEqual(expected.map((n) => n > 0));
+    expect(rowsOf(join(dir, 'run-mix')).map((r) => r['distill/sample_seconds'] > 0)).toEqual(expected.map((n) => n > 0));
     expect(s.onPolicy).toMatchObject({ lmbda: 0.5, microBatches: 12, sampled: total });
     expect(straight.got.map((x) => x.step)).toEqual(expected.flatMap((n, i) => Array(n).fill(i + 1)));
 

@@ -338,6 +338,33 @@ describe('gkd: the top-K teacher against the dense form', () => {
   });
 });
 
+describe('gkd: the KL metrics', () => {
+  it('distill/kl = mean KL(S ‖ T) and distill/forward_kl = mean KL(T ‖ S) at temperature 1 over the outcomes, whatever β and τ; reference and ONNX graph', async () => {
+    for (const form of ['dense', 'top-K'] as const) {
+      for (const [beta, tau] of [[0.5, 2], [0.1, 1], [1, 1], [0, 1]] as const) {
+        const dense = denseJson(70 + 10 * beta + tau);
+        const json = form === 'dense' ? dense : sparseOf(dense, 3);
+        const bound = bind(beta, tau);
+        const batch = batchOf(bound, json);
+        const reverse = lossDirect(json, beta, 1, (t, s) => kl(s, t));
+        const forward = lossDirect(json, beta, 1, (t, s) => kl(t, s));
+        expect(reverse).toBeGreaterThan(0.01); // the two models differ, so the check can fail
+        expect(relDiff(reverse, forward)).toBeGreaterThan(1e-3);
+        const what = `${form} β=${beta} τ=${tau}`;
+        const ref = runLossReference(bound, batch);
+        expect(relDiff(ref.metrics['distill/kl'], reverse), `${what}: reference reverse`).toBeLessThanOrEqual(1e-12);
+        expect(relDiff(ref.metrics['distill/forward_kl'], forward), `${what}: reference forward`).toBeLessThanOrEqual(1e-12);
+        const f64 = await runLossOnnx(bound, batch, { dtype: 'float64' });
+        expect(relDiff(f64.metrics['distill/kl'], reverse), `${what}: onnx reverse`).toBeLessThanOrEqual(1e-12);
+        expect(relDiff(f64.metrics['distill/forward_kl'], forward), `${what}: onnx forward`).toBeLessThanOrEqual(1e-12);
+        // At τ = 1 the end points of β are these KLs themselves (GKD's definition).
+        if (tau === 1 && beta === 1) expect(relDiff(ref.loss, reverse)).toBeLessThanOrEqual(1e-12);
+        if (tau === 1 && beta === 0) expect(relDiff(ref.loss, forward)).toBeLessThanOrEqual(1e-12);
+      }
+    }
+  });
+});
+
 describe('gkd: gradients and the ONNX subgraph', () => {
   for (const form of ['dense', 'top-K'] as const) {
     it(`${form}: reference = central differences, ONNX = reference (float64 1e-12, float32 1e-5 of the scale), masked positions included`, async () => {

@@ -127,3 +127,30 @@ describe('report of an RL run', () => {
     }
   }, 120_000);
 });
+
+describe('report of a distillation run', () => {
+  it("draws the distill panels: both KLs in one, the top-K masses, the on-policy share and length, the sampling and teacher seconds; grpo --teacher's k3 alone", () => {
+    const dir = mkdtempSync(join(tmpdir(), 'pz-report-distill-'));
+    const rows = [1, 2, 3, 4].map((step) => ({
+      step, loss: 1 / step, 'distill/kl': 0.5 / step, 'distill/forward_kl': 0.6 / step, 'distill/teacher_topk_mass': 0.9, 'distill/student_topk_mass': 0.2 * step,
+      'distill/on_policy': step % 2, 'distill/completion_length': 12, ...(step % 2 ? { 'distill/sample_seconds': 1.5, 'distill/teacher_seconds': 2 } : {}),
+      grad_norm: 1, learning_rate: 1e-3, 'tokens/s': 100,
+    }));
+    writeFileSync(join(dir, 'metrics.jsonl'), rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
+    const html = readFileSync(writeReport(dir), 'utf8');
+    const captions = [...html.matchAll(/<figcaption>([^<]*)<\/figcaption>/g)].map((m) => m[1].replace(/&#39;|&amp;/g, (e) => (e === '&amp;' ? '&' : "'")));
+    expect(captions).toEqual([
+      'loss', "KL to the teacher per token (over the teacher's top K + rest)", "share of the probability on the teacher's top K",
+      "share of micro-batches on the student's own samples (lmbda)", "the student's samples: mean length (tokens)", "seconds per step: sampling and the teacher's scoring", 'grad_norm',
+    ]);
+    expect(html).toContain('reverse KL(student ‖ teacher)');
+    expect(html).toContain('forward KL(teacher ‖ student)');
+    // 1 loss + 2 KLs + 2 masses + 1 + 1 + 2 clocks (two points each) + grad_norm.
+    expect(html.match(/<path /g)!.length).toBe(1 + 2 + 2 + 1 + 1 + 2 + 1);
+
+    const grpo = mkdtempSync(join(tmpdir(), 'pz-report-grpo-teacher-'));
+    writeFileSync(join(grpo, 'metrics.jsonl'), [1, 2].map((step) => JSON.stringify({ step, loss: 1, 'distill/kl': 0.1 * step })).join('\n') + '\n');
+    const g = readFileSync(writeReport(grpo), 'utf8');
+    expect([...g.matchAll(/<figcaption>([^<]*)<\/figcaption>/g)].map((m) => m[1])).toEqual(['loss', 'KL to the teacher (k3; grpo --teacher)']);
+  });
+});

@@ -128,7 +128,13 @@ export function resolveConfig(opts: ResolveOptions): ResolvedConfig {
   if (params) {
     // Every setting is a candidate (one the command does not honour is then refused by name).
     const settings = [...Object.keys(TRAIN_SETTINGS), ...Object.keys(ownTable)];
-    for (const k of Object.keys(lossParams)) if (!params.includes(k)) throw unknownSetting(k, [...settings, ...params], decl?.name);
+    for (const k of Object.keys(lossParams)) {
+      if (params.includes(k)) continue;
+      // TRL's name of a setting that has another name here (GKD's max_new_tokens): say which.
+      const trl = (Object.entries({ ...TRAIN_SETTINGS, ...ownTable }) as [string, SettingDecl][]).find(([, d]) => d.trl === k)?.[0];
+      if (trl) throw new BadInputError(`${decl ? `${decl.name}: ` : ''}unknown setting '${k}'; TRL's ${k} is '${trl}' here (a TRL YAML --config maps it)`, { setting: k });
+      throw unknownSetting(k, [...settings, ...params], decl?.name);
+    }
   }
   if (decl) refuseUnhonoured(decl.name, given);
   if (config.base_dtype !== 'float32' && config.lora_r === 0) {

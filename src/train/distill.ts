@@ -45,7 +45,7 @@ import { runOnline, splitDraws, type OnlineContext, type OnlineMethod, type Onli
 import { modelParamSpecs, optimizerOf, runtimeOf, type MicroBatch } from './run.ts';
 import { declareCommand, defineSettings, ONLINE_LOOP_SETTINGS, ROLLOUT, type SettingsOf } from './settings.ts';
 import { readTeacherCache, teacherCacheIdentity, writeTeacherCache } from './teacher-cache.ts';
-import { logitsAt, scoreIndex, TeacherTopK, type TeacherRow } from './teacher-topk.ts';
+import { logitsAt, scoreIndex, scoringRuntime, TeacherTopK, type TeacherRow } from './teacher-topk.ts';
 import { TEACHER_SETTINGS, TeacherSpec } from './teacher-model.ts';
 import { seqKdFiles, seqKdIdentity, teacherGenerations } from './seq-kd.ts';
 
@@ -299,6 +299,11 @@ class Distillation implements OnlineMethod<number, Round> {
   /** Milliseconds spent sampling on-policy micro-batches and scoring them with the teacher. */
   sampleMs = 0;
   teacherMs = 0;
+  /**
+   * Each sampled round's wall-clock seconds of sampling and of the teacher's scoring, for its metrics
+   * row: kept beside the round, never in it (a round may be saved in a checkpoint, which repeats to the bit).
+   */
+  private readonly clocks = new WeakMap<Round, { sample: number; teacher: number }>();
   /** With seq_kd: how the teacher's generations were had. */
   seqKd: DistillResult['seqKd'] | null = null;
   private rows: TokenizedExample[] = [];
@@ -413,7 +418,7 @@ class Distillation implements OnlineMethod<number, Round> {
     const limit = Math.min(teacher.config.vocab_size, student.vocab_size);
     if (limit < teacher.config.vocab_size) info(`teacher: ${teacher.config.vocab_size} embedding rows, the student ${student.vocab_size}; its distribution is taken over the first ${limit} ids`);
     if (K > limit) throw new UserError(`distill_topk=${K}: more than the ${limit} token ids the teacher and student share`);
-    return TeacherTopK.create(teacher, { K, limit, runtime: runtimeOf(config, teacher.config), padId: this.tok.padId ?? 0 });
+    return TeacherTopK.create(teacher, { K, limit, runtime: scoringRuntime(runtimeOf(config)), padId: this.tok.padId ?? 0 });
   }
 
   draws(config: TrainConfig): { size: number; count: number } {
@@ -450,7 +455,8 @@ class Distillation implements OnlineMethod<number, Round> {
     const reqs = batches.flatMap((b, k) => (seeds[k] === null ? [] : b.rows.map((i, j) => ({ promptIds: this.rows[i].promptIds, rng: sampleRandom(seeds[k]!, j, 0) }))));
     let t0 = performance.now();
     const samples = await sampleStudent(await ctx.policy(), this.tok, reqs, this.sampling);
-    this.sampleMs += performance.now() - t0;
+    const sampleMs = performance.now() - t0;
+    this.sampleMs += sampleMs;
     const sampledRows: TokenizedExample[] = [];
     let r = 0;
     for (const b of on) {
@@ -460,7 +466,9 @@ class Distillation implements OnlineMethod<number, Round> {
     }
     t0 = performance.now();
     const targets = await this.scorer!.score(sampledRows, { batchSize: this.config.batch_size * 2, padTo: this.config.pad_to_multiple_of });
-    this.teacherMs += performance.now() - t0;
+    const teacherMs = performance.now() - t0;
+    this.teacherMs += teacherMs;
+    this.clocks.set(batches, { sample: sampleMs / 1000, teacher: teacherMs / 1000 });
     r = 0;
     for (const b of on) {
       b.sampled!.targets = b.rows.map(() => {
@@ -481,14 +489,20 @@ class Distillation implements OnlineMethod<number, Round> {
     });
   }
 
-  /** The step's share of on-policy micro-batches and their mean sample length (lmbda > 0 only: an offline run's rows are as before). */
+  /**
+   * The step's share of on-policy micro-batches and their mean sample length (lmbda > 0 only: an
+   * offline run's rows are as before); on a step that sampled, the wall-clock seconds of sampling and
+   * of the teacher's scoring (clock fields, as tokens/s: not repeated by a rerun, not in checkpoints).
+   */
   metrics(round: Round): Record<string, number> {
     if (!this.sampling) return {};
     const on = round.filter((b) => b.sampled);
     const lengths = on.flatMap((b) => b.sampled!.ids.map((x) => x.length));
+    const clock = this.clocks.get(round);
     return {
       'distill/on_policy': on.length / round.length,
       ...(lengths.length ? { 'distill/completion_length': lengths.reduce((a, v) => a + v, 0) / lengths.length } : {}),
+      ...(clock ? { 'distill/sample_seconds': clock.sample, 'distill/teacher_seconds': clock.teacher } : {}),
     };
   }
 

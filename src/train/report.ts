@@ -2,7 +2,9 @@
  * `prefzoo report RUN` → RUN/report.html: the curves of what the run's method logged as inline SVG
  * (no scripts, no network) — loss, and for preference losses accuracy and margin; for RL runs
  * (GRPO) reward in total and per function with their spread, entropy and entropy_coef, KL, clip
- * ratios, completion lengths and the clipped share, the sampler–trainer mismatch — a panel only
+ * ratios, completion lengths and the clipped share, the sampler–trainer mismatch; for distillation
+ * the KLs to the teacher, the top-K mass covered, the on-policy share and the sampling and teacher
+ * seconds of each step — a panel only
  * where the run logged its metric, evaluations as points; the final evaluation table (eval.json,
  * and a demo's before → after from demo_eval.json); sample generations, and an RL run's sampled
  * completions (completions.jsonl) with their rewards and advantages; the run's config.
@@ -160,7 +162,26 @@ function panelsOf(rows: MetricRow[]): Panel[] {
     one('entropy', 'entropy (nats per token)'),
     one('entropy_coef', 'entropy_coef'),
     one('kl', 'KL to the reference (k3)'),
-    one('distill/kl', 'KL to the teacher (k3; grpo --teacher)'),
+    // grpo --teacher logs distill/kl alone (a k3 estimate); distill logs both KLs over the teacher's K + 1 outcomes.
+    keys.has('distill/forward_kl')
+      ? { title: "KL to the teacher per token (over the teacher's top K + rest)", series: [{ key: 'distill/kl', label: 'reverse KL(student ‖ teacher)' }, { key: 'distill/forward_kl', label: 'forward KL(teacher ‖ student)' }] }
+      : one('distill/kl', 'KL to the teacher (k3; grpo --teacher)'),
+    {
+      title: "share of the probability on the teacher's top K",
+      series: [
+        { key: 'distill/teacher_topk_mass', label: 'teacher' },
+        { key: 'distill/student_topk_mass', label: 'student' },
+      ],
+    },
+    one('distill/on_policy', "share of micro-batches on the student's own samples (lmbda)", 'on_policy'),
+    one('distill/completion_length', "the student's samples: mean length (tokens)", 'completion_length'),
+    {
+      title: 'seconds per step: sampling and the teacher\'s scoring',
+      series: [
+        { key: 'distill/sample_seconds', label: "student's sampling" },
+        { key: 'distill/teacher_seconds', label: "teacher's scoring" },
+      ],
+    },
     {
       title: 'clip ratios',
       series: [

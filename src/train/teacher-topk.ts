@@ -83,6 +83,16 @@ export function buildTopKGraph(teacher: TeacherForward, K: number, limit: number
   return g;
 }
 
+/**
+ * The scoring session's runtime from a run's (device, threads): ONNX Runtime's arena kept whatever the
+ * teacher's size and no memory pattern, as the decoders run. The memory-saving runtime a large
+ * model's training step gets (LOW_MEMORY_RUNTIME, no arena: every intermediate a fresh mapping) made
+ * this forward 2.3× slower in process CPU time at 228M parameters (docs/performance.md, "Distillation").
+ */
+export function scoringRuntime(r: RuntimeOptions): RuntimeOptions {
+  return { ...(r.ep ? { ep: r.ep } : {}), ...(r.threads ? { threads: r.threads } : {}), memPattern: false };
+}
+
 /** The teacher's top K over rows, batched on one session whose parameters are fed from the weight arrays. */
 export class TeacherTopK {
   private constructor(

@@ -1,4 +1,4 @@
-/** `prefzoo bench`: flags and the printed table; the measuring code is in scripts/bench/ (step.ts, decode-bench.ts, rollout-bench.ts, serve-bench.ts). */
+/** `prefzoo bench`: flags and the printed table; the measuring code is in scripts/bench/ (step.ts, decode-bench.ts, rollout-bench.ts, serve-bench.ts, distill-bench.ts). */
 import { existsSync } from 'node:fs';
 import type { Command } from 'commander';
 import { productQuant } from '../../models/quantize.ts';
@@ -11,10 +11,16 @@ import { DEVICE_HELP, device, positiveInt } from '../flags.ts';
 import { coerceSetting, TRAIN_SETTINGS } from '../../train/settings.ts';
 import type { TrainConfig } from '../../train/config.ts';
 
+/** Refuses, in one line, the first of `flags` given that the `mode` benchmark does not use. */
+function refuseUnused(mode: string, flags: Record<string, unknown>): void {
+  const bad = Object.entries(flags).find(([, v]) => v !== undefined);
+  if (bad) throw new UserError(`${bad[0]}: ${mode} does not use it`);
+}
+
 export function register(program: Command): void {
   program
     .command('bench')
-    .description('time DPO training steps (forward, backward, AdamW) of the init-model llama through the training artifacts, and the MatMul peak of this machine; --generate, --rollout and --serve time generation, a GRPO round and the OpenAI-compatible server instead')
+    .description('time DPO training steps (forward, backward, AdamW) of the init-model llama through the training artifacts, and the MatMul peak of this machine; --generate, --rollout, --serve and --distill time generation, a GRPO round, the OpenAI-compatible server and an on-policy distillation step instead')
     .option('--preset <preset>', `model: tiny, small (the init-model llama; 56M parameters, vocabulary 32000) or a released shape with random weights: ${PRESETS.slice(2).join(', ')}`, 'small')
     .option('--lora [rank]', 'train LoRA adapters (alpha = 2·rank) on every projection instead of every weight (rank default 16)')
     .option('--gradient-checkpointing', "recompute each layer's activations in the backward (train's gradient_checkpointing=true)")
@@ -48,18 +54,41 @@ export function register(program: Command): void {
     .option('--max-tokens <n>', "with --serve: each request's max_tokens (default 64)")
     .option('--model <dir>', 'with --serve: a model folder instead of --preset (made with init-model, seed 0)')
     .option('--peer <engine>', 'with --serve: also time llama.cpp (node-llama-cpp, a dev dependency) on the same model exported to GGUF: llama.cpp')
+    .option('--distill', "time an on-policy distillation step instead (scripts/bench/distill-bench.ts): the student's sampling, the teacher's top-K scoring (a teacher of about 4× the --preset's parameters) and the update, and the top-K cache's bytes per token")
+    .option('--rows <n>', 'with --distill: prompts per step (batch_size; default 8)')
+    .option('--topk <n>', 'with --distill: K of the teacher\'s top K (distill_topk; default 32)')
     .option('--json', 'print one JSON line')
-    .action(async (o: { serve?: boolean; clients?: string; maxTokens?: string; model?: string; peer?: string; rollout?: boolean; prompts?: string; generations?: string; generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; dtype?: string; blockSize?: string; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; loadIn4bit?: string | boolean; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
+    .action(async (o: { distill?: boolean; rows?: string; topk?: string; serve?: boolean; clients?: string; maxTokens?: string; model?: string; peer?: string; rollout?: boolean; prompts?: string; generations?: string; generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; dtype?: string; blockSize?: string; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; loadIn4bit?: string | boolean; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
       // The dtype flags are train's settings of the same names: checked against their rows of the table.
       const computeDtype = coerceSetting('compute_dtype', TRAIN_SETTINGS.compute_dtype, o.computeDtype, '--compute-dtype') as TrainConfig['compute_dtype'];
       const baseDtype = coerceSetting('base_dtype', TRAIN_SETTINGS.base_dtype, o.baseDtype, '--base-dtype') as TrainConfig['base_dtype'];
       if (o.computeDtype === 'float16' && o.device === 'cpu') throw new UserError('--compute-dtype float16 is for the GPU (--device webgpu or cuda)');
       if (!(PRESETS as readonly string[]).includes(o.preset)) throw new UserError(`--preset: "${o.preset}" is not one of ${PRESETS.join(', ')}`);
+      if (o.distill) {
+        const other = { '--serve': o.serve, '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--dtype': o.dtype, '--block-size': o.blockSize, '--batch': o.batch, '--runs': o.runs, '--prompts': o.prompts, '--generations': o.generations, '--clients': o.clients, '--max-tokens': o.maxTokens, '--model': o.model, '--peer': o.peer, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--load-in-4bit': o.loadIn4bit, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
+        refuseUnused('--distill', other);
+        if (o.device !== 'cpu') throw new UserError('--device: --distill times the CPU (distill runs on the CPU only)');
+        if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --distill trains in float32');
+        const { formatDistillBench, runDistillBench } = await import('../../../scripts/bench/distill-bench.ts');
+        const r = await runDistillBench({
+          preset: o.preset as Preset,
+          rows: positiveInt('--rows', o.rows, 8),
+          prompt: positiveInt('--prompt', o.prompt, 32),
+          newTokens: positiveInt('--new', o.new, 64),
+          steps: positiveInt('--steps', o.steps, 2),
+          warmup: positiveInt('--warmup', o.warmup, 1),
+          topk: positiveInt('--topk', o.topk, 32),
+          threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1),
+          log: (line) => process.stderr.write(`bench: ${line}\n`),
+        });
+        process.stdout.write(o.json ? JSON.stringify(r) + '\n' : formatDistillBench(r));
+        return;
+      }
+      for (const [flag, v] of [['--rows', o.rows], ['--topk', o.topk]] as const) if (v !== undefined) throw new UserError(`${flag} is a --distill setting`);
       const serveOnly = { '--clients': o.clients, '--max-tokens': o.maxTokens, '--model': o.model, '--peer': o.peer };
       if (o.serve) {
-        const other = { '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--dtype': o.dtype, '--block-size': o.blockSize, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--prompts': o.prompts, '--generations': o.generations, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
-        const bad = Object.entries(other).find(([, v]) => v !== undefined);
-        if (bad) throw new UserError(`${bad[0]}: --serve does not use it`);
+        const other = { '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--dtype': o.dtype, '--block-size': o.blockSize, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--prompts': o.prompts, '--generations': o.generations, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--load-in-4bit': o.loadIn4bit, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
+        refuseUnused('--serve', other);
         if (o.device !== 'cpu') throw new UserError('--device: --serve times the CPU server (prefzoo serve --device webgpu is not benchmarked here)');
         if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --serve decodes in float32');
         if (o.peer !== undefined && o.peer !== 'llama.cpp') throw new UserError(`--peer: "${o.peer}" is not llama.cpp (the one peer --serve runs)`);
@@ -82,9 +111,8 @@ export function register(program: Command): void {
       if (serveFlag) throw new UserError(`${serveFlag[0]} is a --serve setting`);
       if (o.rollout) {
         if (o.generate) throw new UserError('--rollout and --generate are two benchmarks: choose one');
-        const other = { '--arch': o.arch, '--baked': o.baked, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel };
-        const bad = Object.entries(other).find(([, v]) => v !== undefined);
-        if (bad) throw new UserError(`${bad[0]}: --rollout does not use it`);
+        const other = { '--arch': o.arch, '--baked': o.baked, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--load-in-4bit': o.loadIn4bit, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel };
+        refuseUnused('--rollout', other);
         if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --rollout decodes in float32 (--dtype q8/q4 quantizes its weights)');
         const quant = productQuant(o.dtype ?? 'f32', positiveInt('--block-size', o.blockSize, 32), device(o.device), { dtype: '--dtype', block: '--block-size' });
         const { formatRolloutBench, runRolloutBench } = await import('../../../scripts/bench/rollout-bench.ts');
@@ -110,7 +138,7 @@ export function register(program: Command): void {
         if (bad) throw new UserError(`${bad[0]} is a --generate setting`);
       } else {
         if (o.arch !== undefined && !(ARCHES as readonly string[]).includes(o.arch)) throw new UserError(`--arch: "${o.arch}" is not one of ${ARCHES.join(', ')}`);
-        const training = { '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
+        const training = { '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--load-in-4bit': o.loadIn4bit, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
         const bad = Object.entries(training).find(([, v]) => v !== undefined && v !== false);
         if (bad) throw new UserError(`${bad[0]} is a training-step setting; --generate does not use it`);
         if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --generate decodes in float32');

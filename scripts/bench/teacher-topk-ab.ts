@@ -1,0 +1,70 @@
+/**
+ * The teacher's top-K scoring of on-policy samples, its variants side by side in one process
+ * (`node --import tsx scripts/bench/teacher-topk-ab.ts [rows] [prompt] [new] [rounds]`): the
+ * teacher of `prefzoo bench --distill` (the small preset widened 2×, about 4× its parameters; weights
+ * from a cheap seeded filler, since only the time is measured), `rows` rows of `prompt` + `new`
+ * tokens, the `new` ones scored at K = 32. Each variant: one untimed run, then `rounds` timed, the
+ * median wall and process CPU (user + system) seconds, and whether its top-K equals the first's.
+ */
+import os from 'node:os';
+import { presetConfig, type ModelConfig } from '../../src/models/config.ts';
+import type { FloatTensor } from '../../src/models/checkpoint.ts';
+import { modelParameterShapes } from '../../src/models/params.ts';
+import { LOW_MEMORY_RUNTIME } from '../../src/train/run.ts';
+import { scoringRuntime, TeacherTopK, type TeacherRow } from '../../src/train/teacher-topk.ts';
+import { LoadedTeacher } from '../../src/train/teacher-model.ts';
+import type { TokenizedExample } from '../../datasets/examples.ts';
+import type { RuntimeOptions } from '../../src/runtime/session.ts';
+import { teacherShape } from './distill-bench.ts';
+
+const [rows, prompt, fresh, rounds] = process.argv.slice(2).map(Number);
+const R = rows || 8;
+const P = prompt || 32;
+const N = fresh || 64;
+const ROUNDS = rounds || 2;
+
+const student = presetConfig('llama', 'small');
+const config = { ...presetConfig('llama', 'small'), ...teacherShape(student, 'llama', 'small').shape } as ModelConfig;
+let x = 12345;
+const weights = new Map<string, FloatTensor>();
+for (const [name, shape] of modelParameterShapes(config)) {
+  const n = shape.reduce((a, b) => a * b, 1);
+  const data = new Float32Array(n);
+  if (/norm\.weight$/.test(name)) data.fill(1);
+  else for (let i = 0; i < n; i++) data[i] = (((x = (x * 1103515245 + 12345) >>> 0) >>> 8) / 2 ** 24 - 0.5) * 0.04;
+  weights.set(name, { shape, data });
+}
+const examples: TokenizedExample[] = Array.from({ length: R }, (_, r) => ({
+  promptIds: Array.from({ length: P }, (_, t) => 16 + ((r * 7919 + t * 104729) % 4000)),
+  responseIds: [Array.from({ length: N }, (_, t) => 16 + ((r * 31 + t * 7477) % 4000))],
+  src: r,
+}) as unknown as TokenizedExample);
+
+const variants: { name: string; runtime: RuntimeOptions }[] = [
+  { name: 'low-memory runtime: no arena, no memory pattern (before)', runtime: { ...LOW_MEMORY_RUNTIME } },
+  { name: 'arena, memory pattern', runtime: {} },
+  { name: 'arena, no memory pattern (after: scoringRuntime)', runtime: scoringRuntime({}) },
+];
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
+let first: TeacherRow[] | null = null;
+for (const v of variants) {
+  const t = await TeacherTopK.create(new LoadedTeacher({ config, weights }, null, 1), { K: 32, limit: config.vocab_size, runtime: v.runtime, padId: 0 });
+  const run = () => t.score(examples, { batchSize: 2 * R, padTo: 1 });
+  await run();
+  const wall: number[] = [];
+  const cpu: number[] = [];
+  let out: TeacherRow[] = [];
+  for (let i = 0; i < ROUNDS; i++) {
+    const c0 = process.cpuUsage();
+    const t0 = performance.now();
+    out = await run();
+    wall.push((performance.now() - t0) / 1000);
+    const c = process.cpuUsage(c0);
+    cpu.push((c.user + c.system) / 1e6);
+  }
+  await t.release();
+  first ??= out;
+  const sameIds = out.every((r, i) => r.ids.every((id, j) => id === first![i].ids[j]));
+  const maxDiff = Math.max(...out.map((r, i) => Math.max(...r.logps.map((l, j) => Math.abs(l - first![i].logps[j])))));
+  console.log(JSON.stringify({ variant: v.name, wall_s: +median(wall).toFixed(3), cpu_s: +median(cpu).toFixed(3), rounds: wall.map((w) => +w.toFixed(3)), same_ids: sameIds, max_logp_diff: maxDiff, load: os.loadavg()[0] }));
+}
