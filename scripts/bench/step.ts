@@ -207,6 +207,8 @@ export interface BenchModelOptions {
   loraRank?: number;
   gradientCheckpointing?: boolean;
   baseDtype?: 'float32' | 'float16';
+  /** Keep only this many decoder layers of the preset (a cheap proxy of a released shape for profiling). */
+  layers?: number;
 }
 
 /**
@@ -234,6 +236,7 @@ export function prepareBench(dir: string, preset: Preset, pairs: number, seqLen:
   const tok = writeTokenizer(path.join(dir, 'tokenizer'));
   const arch = presetArch(preset) ?? 'llama';
   const config = presetConfig(arch, preset, { vocabSize: preset === 'tiny' ? tok.vocabSize : undefined, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId }) as LlamaConfig;
+  if (m.layers !== undefined) config.num_hidden_layers = m.layers;
   const weights = initWeights(config, 0);
   const settings = benchSettings({ ...m, sharePrompt, target, computeDtype });
   const lora = loraOf(settings);
