@@ -64,17 +64,20 @@ export function stepPlan(c: TrainConfig, stepsPerEpoch: number): { total: number
 }
 
 /**
- * Session settings of the memory-saving mode (gradient_checkpointing=true): no CPU arena (freed
- * activations go back to the system instead of staying with the session that grew them: the eval
- * session's, or the step's at its peak) and no memory-pattern block on top (RuntimeOptions).
- * Measured in docs/performance.md ("Real sizes").
+ * Session settings of the memory-saving mode (gradient_checkpointing=true): no memory-pattern block
+ * on top of the arena (RuntimeOptions). The CPU arena stays on: without it every tensor above glibc's
+ * mmap threshold (32 MiB at most) is a fresh mapping the kernel zero-fills page by page, which past
+ * 256 tokens at the 0.5B shape (a head slice, an attention piece, an MLP activation each cross it)
+ * made a token cost 3–10 times as much, and the arena's reuse keeps the peak no higher.
+ * Measured in docs/performance.md ("Real sizes" and "Real sequence lengths").
  */
-export const LOW_MEMORY_RUNTIME: RuntimeOptions = { arena: false, memPattern: false };
+export const LOW_MEMORY_RUNTIME: RuntimeOptions = { memPattern: false };
 
 /**
- * Models with at least this many parameters get LOW_MEMORY_RUNTIME even without recomputation: the
- * arena grows by doubling and keeps what it took, and at the Qwen2.5-0.5B shape the default settings
- * were killed for memory on the second step (docs/performance.md, "Speed at 0.5B against PyTorch").
+ * Models with at least this many parameters get LOW_MEMORY_RUNTIME even without recomputation: at the
+ * Qwen2.5-0.5B shape the default settings (arena and memory pattern) were killed for memory on the
+ * second step (docs/performance.md, "Speed at 0.5B against PyTorch"); the pattern's block, planned
+ * on top of the arena, is what stays off.
  */
 export const LOW_MEMORY_PARAMS = 200_000_000;
 
