@@ -5,10 +5,12 @@
  *
  *   npx tsx scripts/bench/profile.ts [--preset small] [--runs 2] [--threads N] [--opt-level extended]
  *                                    [--graph training|eval|optimizer|step] [--top 25] [--keep DIR]
- *                                    [--seq 256] [--gradient-checkpointing]
+ *                                    [--seq 256] [--gradient-checkpointing] [--layers N] [--lora R]
  *
  * --gradient-checkpointing profiles the recomputing graph under the runtime the trainer gives it
- * (no arena, no memory pattern), as the bench does with the same flag.
+ * (no arena, no memory pattern), as the bench does with the same flag. --layers keeps the first N
+ * decoder layers of the preset (a cheap proxy that keeps its width and vocabulary); --lora R puts
+ * rank-R adapters on every projection, as `bench --lora`.
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -33,16 +35,19 @@ const { values: a } = parseArgs({
     keep: { type: 'string' },
     seq: { type: 'string', default: '256' },
     'gradient-checkpointing': { type: 'boolean', default: false },
+    layers: { type: 'string' },
+    lora: { type: 'string' },
+    arena: { type: 'string' },
   },
 });
 const preset = a.preset as Preset;
 const checkpointing = a['gradient-checkpointing'] === true;
 const runs = Number(a.runs);
-const runtime = { threads: a.threads ? Number(a.threads) : undefined, optLevel: a['opt-level'] as OptLevel, ...(checkpointing ? LOW_MEMORY_RUNTIME : {}) };
+const runtime = { threads: a.threads ? Number(a.threads) : undefined, optLevel: a['opt-level'] as OptLevel, ...(checkpointing ? LOW_MEMORY_RUNTIME : {}), ...(a.arena ? { arena: a.arena === 'on' } : {}) };
 const dir = a.keep ?? fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-profile-'));
 fs.mkdirSync(dir, { recursive: true });
 
-const setup = prepareBench(dir, preset, 4, Number(a.seq), true, 'cpu', 'float32', { gradientCheckpointing: checkpointing });
+const setup = prepareBench(dir, preset, 4, Number(a.seq), true, 'cpu', 'float32', { gradientCheckpointing: checkpointing, layers: a.layers ? Number(a.layers) : undefined, loraRank: a.lora ? Number(a.lora) : undefined });
 const manifest = readManifest(setup.artDir);
 const c = collate(setup.rows, { kind: 'pairwise', padTo: 64, padId: setup.padId, dtype: 'float32', refLogps: () => [-1000, -1000], packed: setup.packed });
 const feeds: Feeds = { ...c.feeds };
@@ -70,6 +75,7 @@ const only: Feeds = Object.fromEntries(graphInfo.inputs.map((n) => [n, feeds[n]]
 await session.run(only); // warm-up (allocations, first-run kernel choices)
 const wall: number[] = [];
 const cpu: number[] = [];
+const sys: number[] = [];
 for (let i = 0; i < runs; i++) {
   const c0 = process.cpuUsage();
   const t0 = performance.now();
@@ -77,6 +83,7 @@ for (let i = 0; i < runs; i++) {
   wall.push(performance.now() - t0);
   const c = process.cpuUsage(c0);
   cpu.push((c.user + c.system) / 1000);
+  sys.push(c.system / 1000);
 }
 session.endProfiling();
 await session.release();
@@ -113,7 +120,7 @@ function table(title: string, key: (node: string, op: string) => string, top: nu
 }
 
 const median = (xs: number[]) => [...xs].sort((x, y) => x - y)[Math.floor(xs.length / 2)];
-console.log(`${a.graph} graph, ${preset}, opt ${runtime.optLevel}, threads ${runtime.threads ?? 'default'}: wall ${median(wall).toFixed(0)} ms/run, cpu ${median(cpu).toFixed(0)} ms/run (medians of ${runs}; with --threads 1 the cpu time is the work, whatever else runs), sum of per-node fastest kernels ${total.toFixed(0)} ms, ${perNode.size} nodes after optimisation`);
+console.log(`${a.graph} graph, ${preset}, opt ${runtime.optLevel}, threads ${runtime.threads ?? 'default'}: wall ${median(wall).toFixed(0)} ms/run, cpu ${median(cpu).toFixed(0)} ms/run of which system ${median(sys).toFixed(0)} ms (medians of ${runs}; with --threads 1 the cpu time is the work, whatever else runs), sum of per-node fastest kernels ${total.toFixed(0)} ms, ${perNode.size} nodes after optimisation; arena ${runtime.arena === false ? 'off' : 'on'}; peak RSS ${(process.resourceUsage().maxRSS / 2 ** 20).toFixed(2)} GB; load average ${os.loadavg()[0].toFixed(1)}`);
 const region = (name: string) => {
   if (name.startsWith('optimizer/')) return 'optimizer';
   const grad = name.includes('grad/') ? 'grad ' : 'fwd  ';

@@ -213,6 +213,8 @@ export interface BenchModelOptions {
   gradientCheckpointing?: boolean;
   baseDtype?: 'float32' | 'float16';
   quantBlock?: number;
+  /** Keep only this many decoder layers of the preset (a cheap proxy of a released shape for profiling). */
+  layers?: number;
 }
 
 /**
@@ -242,6 +244,7 @@ export function prepareBench(dir: string, preset: Preset, pairs: number, seqLen:
   const tok = writeTokenizer(path.join(dir, 'tokenizer'));
   const arch = presetArch(preset) ?? 'llama';
   const config = presetConfig(arch, preset, { vocabSize: preset === 'tiny' ? tok.vocabSize : undefined, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId }) as LlamaConfig;
+  if (m.layers !== undefined) config.num_hidden_layers = m.layers;
   const settings = benchSettings({ ...m, sharePrompt, target, computeDtype });
   // A 4-bit base is quantized tensor by tensor as it is made, so no float32 copy of the model is ever whole.
   if (settings.load_in_4bit) checkBlock(config, parameterShapes(config), settings.quant_block_size);

@@ -37,6 +37,16 @@ export interface SequenceLogps {
   entropySum?: Tensor;
 }
 
+/**
+ * Slices of the output head: about 8,192 vocabulary entries' worth each, so one slice's `[rows, V]`
+ * logits are alive at a time (a Qwen vocabulary of 151,936 tokens: 19 slices). The training graph
+ * slices under recomputation, the scoring graphs (`buildLogpsGraph`, the online reference) always:
+ * 4,096 scored rows are 2.5 GB of logits at once, and the next two ops' as much again.
+ */
+export function headChunksOf(c: ModelConfig): number {
+  return Math.max(1, Math.ceil(c.vocab_size / 8192));
+}
+
 /** Large enough for any Slice end. */
 const END = 2 ** 40;
 
@@ -238,6 +248,8 @@ export interface LogpsGraphOptions extends CausalLMOptions {
    * (NonZero, ScatterND), which the WebGPU provider cannot run on the device. Same values.
    */
   dense?: boolean;
+  /** Slices of the head over the counted rows (default `headChunksOf(config)`; 1: all rows at once). Same values to float rounding. */
+  headChunks?: number;
 }
 
 /**
@@ -254,7 +266,7 @@ export function buildLogpsGraph(config: ModelConfig, opts: LogpsGraphOptions = {
     ? parameterInitializers(g, opts.weights, modelParameterShapes(config, { lora: opts.lora }).keys())
     : declareParameters(g, config, { dtype, lora: opts.lora });
   const model = buildCausalLM(g, config, params, { inputIds, attentionMask }, { lora: opts.lora });
-  const r = sequenceLogps(g, model, lossMask, { perToken: opts.perToken, dense: opts.dense });
+  const r = sequenceLogps(g, model, lossMask, { perToken: opts.perToken, dense: opts.dense, headChunks: opts.headChunks ?? headChunksOf(config) });
   g.output(r.logp, 'logp');
   g.output(r.tokens, 'tokens');
   if (r.tokenLogps) g.output(r.tokenLogps, 'token_logps');

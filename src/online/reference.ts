@@ -9,7 +9,7 @@
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import { buildCausalLM, type CausalLM, type CausalLMInputs } from '../models/index.ts';
-import { sequenceLogps } from '../models/logps.ts';
+import { headChunksOf, sequenceLogps } from '../models/logps.ts';
 import { declareParameters, modelParameterShapes } from '../models/params.ts';
 import { collate } from '../models/batch.ts';
 import { Graph } from '../onnx/graph.ts';
@@ -77,7 +77,7 @@ export class ReferenceScorer {
     const attentionMask = g.input('attention_mask', 'int64', ['batch', 'seq']);
     const lossMask = g.input('loss_mask', 'float32', ['batch', 'seq']);
     const model = m.forward(g, { inputIds, attentionMask });
-    const seq = sequenceLogps(g, tempered(g, model, o.temperature ?? 1), lossMask, { perToken: true, dense: runtime.ep === 'webgpu', vocabLimit: o.vocabLimit });
+    const seq = sequenceLogps(g, tempered(g, model, o.temperature ?? 1), lossMask, { perToken: true, dense: runtime.ep === 'webgpu', vocabLimit: o.vocabLimit, headChunks: headChunksOf(m.config) });
     g.output(seq.tokenLogps!, 'token_logps');
     g.output(seq.logp, 'logp');
     return new ReferenceScorer(await Session.fromGraph(g, runtime), m.feeds());

@@ -1,8 +1,8 @@
 /**
  * glibc's malloc and the large models' steps.
  *
- * With ONNX Runtime's arena off (LOW_MEMORY_RUNTIME, src/train/run.ts) every intermediate tensor is
- * a malloc and a free. glibc serves blocks above its mmap threshold with their own mappings, but by
+ * With ONNX Runtime's arena off (LOW_MEMORY_RUNTIME; `RuntimeOptions.arena: false`)
+ * every intermediate tensor is a malloc and a free. glibc serves blocks above its mmap threshold with their own mappings, but by
  * default it raises that threshold to the size of each mapped block freed, up to 32 MiB. A 0.5B
  * step's tensors of 20–30 MB then come from the heap, which fragments and keeps what it took: two
  * steps at 1,024 tokens with recomputation peaked at 13.1 GiB, 9.7 GiB resident after them. With the
@@ -12,7 +12,11 @@
  * At the bench's default batch (2,048 tokens, no recomputation) the same setting cost speed: 86.2 s a
  * step against 78.7 (14.6 GiB peak against 16.9). So it is not set for every run: glibc reads it only
  * when a process starts, and the choice between the two belongs to the user. Under recomputation,
- * the setting for memory, `train` and `bench` advise it in one line when it is absent.
+ * the setting for memory, `train` and `bench` advise it in one line when it is absent. Issue 46 found
+ * the other side of it: past 256 tokens at the 0.5B shape the tensors pass 32 MiB, so even glibc's
+ * default maps each afresh, zero-filled page by page on every run (a 3–10× cost per token); the arena
+ * fixes that but raised the 1,024-token peak past issue 15's bar, so main keeps it off for now
+ * (docs/performance.md, "Real sequence lengths").
  */
 
 /** The value advised. */

@@ -12,7 +12,7 @@ import { attr, type Graph, type Node, type Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { BaseTensor } from '../models/quantize-base.ts';
 import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
-import { scoredLogps, sequenceLogps, type SequenceLogps } from '../models/logps.ts';
+import { headChunksOf, scoredLogps, sequenceLogps, type SequenceLogps } from '../models/logps.ts';
 import { modelParamSpecs } from './run.ts';
 import { canPack } from '../models/batch.ts';
 
@@ -137,11 +137,6 @@ function lossInputs(g: Graph, p: TrainProblem, logp: Tensor, tokens: Tensor, bat
 /** Recomputation segments of the model graphs: one per decoder layer (`layers.i/…`, GPT-2's `h.i/…`) and head slice (`logps/head.k/…`). */
 export function modelSegment(n: Node): string | null {
   return /^((layers|h)\.\d+|logps\/head\.\d+)(?=\/)/.exec(n.name)?.[0] ?? null;
-}
-
-/** Slices of the output head under recomputation: about 8,192 vocabulary entries' worth each, so a slice's logits stay small. */
-export function headChunksOf(c: ModelConfig): number {
-  return Math.max(1, Math.ceil(c.vocab_size / 8192));
 }
 
 /**
