@@ -21,6 +21,7 @@ import { attr, type Graph, type Tensor } from '../onnx/graph.ts';
 import type { FloatTensor } from './checkpoint.ts';
 import type { ModelConfig } from './config.ts';
 import { projectionModules } from './lora.ts';
+import { dequantizeBlocks, quantizeBlocks } from './quantize.ts';
 
 /** A 4-bit weight `shape` `[R, C]`: `packed` `[R, C/2]`, `scales` `[R, C/block]`. */
 export interface Q4Tensor {
@@ -58,48 +59,21 @@ export function checkBlock(c: ModelConfig, shapes: Map<string, number[]>, block:
   }
 }
 
-/** Quantizes a row-major float32 `[R, C]` weight (see the module comment). */
+/**
+ * Quantizes a row-major float32 `[R, C]` weight (see the module comment): quantize.ts's 4-bit blocks,
+ * whose `[R, C/block, block/2]` packing is this `[R, C/2]` when no block is padded.
+ */
 export function quantizeQ4(t: FloatTensor, block: number): Q4Tensor {
   const [R, C] = t.shape;
   if (t.shape.length !== 2 || C % block !== 0) throw new Error(`quantizeQ4: [${t.shape}] is not [rows, a multiple of ${block}]`);
-  const nb = C / block;
-  const packed = new Uint8Array((R * C) / 2);
-  const scales = new Float32Array(R * nb);
-  const f = Math.fround;
-  const W = t.data;
-  for (let b = 0; b < R * nb; b++) {
-    const at = b * block;
-    let amax = 0;
-    let m = 0;
-    for (let i = 0; i < block; i++) {
-      const a = Math.abs(W[at + i]);
-      if (a > amax) {
-        amax = a;
-        m = W[at + i];
-      }
-    }
-    // In float32 arithmetic, as ggml's Q4_0.
-    const d = f(m / -8);
-    scales[b] = d;
-    const inv = d === 0 ? 0 : f(1 / d);
-    for (let j = 0; j < block / 2; j++) {
-      const lo = Math.min(15, Math.floor(f(f(W[at + 2 * j] * inv) + 8.5)));
-      const hi = Math.min(15, Math.floor(f(f(W[at + 2 * j + 1] * inv) + 8.5)));
-      packed[at / 2 + j] = lo | (hi << 4);
-    }
-  }
-  return { shape: [R, C], block, packed, scales };
+  const q = quantizeBlocks(t.data, R, C, 4, block);
+  return { shape: [R, C], block, packed: q.packed, scales: q.scales };
 }
 
 /** The float32 weight a quantized one stands for: (q − 8)·d, exact in float32 (|q − 8| ≤ 8). */
 export function dequantizeQ4(q: Q4Tensor): FloatTensor {
   const [R, C] = q.shape;
-  const out = new Float32Array(R * C);
-  for (let i = 0; i < R * C; i++) {
-    const byte = q.packed[i >> 1];
-    out[i] = ((i & 1 ? byte >> 4 : byte & 15) - 8) * q.scales[Math.floor(i / q.block)];
-  }
-  return { shape: [R, C], data: out };
+  return { shape: [R, C], data: dequantizeBlocks({ N: R, K: C, bits: 4, block: q.block, packed: q.packed, scales: q.scales, packedShape: [R, C / q.block, q.block / 2] }) };
 }
 
 /** Weights with every quantized weight replaced by its dequantized value (what a 4-bit base computes with; other tensors shared). */
