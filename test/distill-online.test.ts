@@ -4,7 +4,8 @@
  * (regenerated here), and the step's loss is gkd's float64 reference against a float64 top K of the
  * teacher on those rows, counted on the sampled tokens only; lmbda = 0 trains as offline distillation
  * does; lmbda = 0.5 mixes micro-batches by the documented rule and resumes to the same weights; the
- * refusals. Tiny models made here; every run is one to six steps.
+ * refusals. Multi-turn on-policy micro-batches (--tools, --mcp, --env): distill-tools.test.ts.
+ * Tiny models made here; every run is one to six steps.
  */
 import { describe, it, expect, beforeAll } from 'vitest';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
@@ -22,7 +23,6 @@ import { distill } from '../src/train/distill.ts';
 import { resolveLoss } from '../losses/index.ts';
 import { runLossReference } from '../losses/core/engine.ts';
 import { referenceLogits, type RefWeights } from './helpers/reference-forward.ts';
-import { prefzoo } from './helpers/cli.ts';
 import { distillModel, logSoftmax } from './helpers/distill-fixtures.ts';
 
 const K = 6;
@@ -191,13 +191,5 @@ describe('prefzoo distill, on-policy (lmbda)', () => {
     expect(Buffer.compare(readFileSync(join(s.finalDir, 'model.safetensors')), readFileSync(join(r.finalDir, 'model.safetensors')))).toBe(0);
     expect(resumed.got).toEqual(straight.got.filter((x) => x.step > 3));
     expect(rowsOf(broken).map((x) => x.step)).toEqual([1, 2, 3, 4, 5, 6]);
-  });
-
-  it('refuses --tools, --mcp and --env in one line', async () => {
-    const cli = await prefzoo('distill', '--teacher', teacher, '--model', student, '--data', pairs, '-o', join(dir, 'run-tools'), '--tools', 'x.json', '--param', 'lmbda=1');
-    expect(cli.code).toBe(1);
-    const lines = cli.stderr.trim().split('\n');
-    expect(lines.length).toBe(1);
-    expect(lines[0]).toMatch(/^prefzoo: --tools: distill samples one turn per prompt; multi-turn on-policy rollouts \(--tools, --mcp, --env\) are not built for distill yet/);
   });
 });

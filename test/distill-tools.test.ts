@@ -36,7 +36,8 @@ let student: string;
 const data = join(dir, 'chat.jsonl');
 const toolsMjs = join(dir, 'tools.mjs');
 const envMjs = join(dir, 'env.mjs');
-const LOOKUP = { name: 'lookup', description: 'Looks a key up.', parameters: { type: 'object', properties: { key: { type: 'string' } }, required: ['key'] } };
+// A small tool: the template renders its schema into every prompt (about 230 tokens with the template's own text).
+const LOOKUP = { name: 'f', description: 'F.', parameters: { type: 'object', properties: {} } };
 
 /**
  * A tiny untied llama whose `<|im_end|>` logit is large in every context: every embedding row gets a
@@ -47,7 +48,7 @@ function chatty(out: string, seed: number): string {
   const config = parseConfig({ ...JSON.parse(readFileSync(join(out, 'config.json'), 'utf8')), tie_word_embeddings: false });
   const w = randomWeights(config, seed);
   const end = loadTokenizer(out).tokenToId('<|im_end|>')!;
-  const H = config.hidden_size;
+  const H = config.hidden_size as number;
   const c = Array.from({ length: H }, (_, i) => Math.sin(i * 1.7 + 0.3));
   const norm = Math.hypot(...c);
   const emb = w.get('model.embed_tokens.weight')!.data as Float32Array;
@@ -59,10 +60,10 @@ function chatty(out: string, seed: number): string {
 }
 
 beforeAll(() => {
-  teacher = distillModel(join(dir, 'teacher'), 1);
+  teacher = distillModel(join(dir, 'teacher'), 1, { layers: 1 });
   student = chatty(join(dir, 'student'), 2);
   writeFileSync(data, Array.from({ length: 8 }, (_, i) => JSON.stringify({ prompt: [{ role: 'user', content: `What is ${i} plus ${i + 1}?` }], chosen: [{ role: 'assistant', content: `It is ${2 * i + 1}.` }], rejected: [{ role: 'assistant', content: 'No idea.' }] })).join('\n') + '\n');
-  writeFileSync(toolsMjs, `export const lookup = { ...${JSON.stringify(LOOKUP)}, run: ({ key }) => 'the value of ' + key + ' is 7' };\n`);
+  writeFileSync(toolsMjs, `export const lookup = { ...${JSON.stringify(LOOKUP)}, run: () => '7' };\n`);
   // Every turn is answered by a tool message, never done: conversations run to max_turns or the budget.
   writeFileSync(envMjs, "export default () => ({ reset() { return {}; }, step({ text }) { return { messages: [{ role: 'tool', content: 'heard ' + text.length + ' characters' }], done: false }; } });\n");
 });
@@ -85,7 +86,7 @@ describe('prefzoo distill --tools / --env (multi-turn on-policy)', () => {
     const out = join(dir, 'run-loss');
     const rec = recorder();
     // learning_rate 0: both steps score the starting weights, so each step's loss has an independent reference.
-    const params = ['max_steps=2', 'batch_size=4', 'optimizer=sgd', 'momentum=0', 'max_grad_norm=0', 'lr_scheduler=constant', 'learning_rate=0', `distill_topk=${K}`, 'beta=1', 'lmbda=1', 'max_completion_length=48', 'max_turns=3', 'seed=3'];
+    const params = ['max_steps=2', 'batch_size=3', 'optimizer=sgd', 'momentum=0', 'max_grad_norm=0', 'lr_scheduler=constant', 'learning_rate=0', `distill_topk=${K}`, 'beta=1', 'lmbda=1', 'max_completion_length=48', 'max_turns=3', 'seed=3'];
     const r = await distill({ teacher, model: student, data, out, params, onSamples: rec.onSamples, multiTurn: agents() });
     expect(r.onPolicy).toMatchObject({ lmbda: 1, microBatches: 2, sampled: 2 });
     expect(rec.got.map((g) => g.step)).toEqual([1, 2]);
@@ -140,7 +141,7 @@ describe('prefzoo distill --tools / --env (multi-turn on-policy)', () => {
       expect(row['stop_reason/stop']).toBe(0);
     }
     // Some conversations went past their first turn: tokens answered by the environment, out of the loss.
-    expect(bridged).toBeGreaterThan(2);
+    expect(bridged).toBeGreaterThan(1);
     const config = JSON.parse(readFileSync(join(out, 'config.json'), 'utf8'));
     expect(config.agent).toEqual({ tools: [toolsMjs], mcp: [], env: envMjs });
     expect(config.max_turns).toBe(3);

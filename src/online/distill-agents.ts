@@ -6,6 +6,7 @@
  * = 1); the rollout's sampling temperature is distill's `sampling_temperature` (`temperature` is
  * gkd's loss τ there); max_turns and the other agent settings keep GRPO's names.
  */
+import { UserError } from '../errors.ts';
 import type { MultiTurn } from '../train/distill.ts';
 import { AgentRun, agentSourcesGiven, type AgentOptions } from './grpo/agent-run.ts';
 import { agentMetrics } from './grpo/metrics.ts';
@@ -18,6 +19,11 @@ export function distillAgents(o: AgentOptions): MultiTurn | undefined {
     flag,
     async open(s) {
       const run = (await AgentRun.open(o, { ...s, temperature: s.sampling_temperature }, 'distill'))!;
+      // A map's environments are picked by a column of the row; distill's rows are train's, which keep only the prompt.
+      if (run.env && !run.env.single) {
+        await run.close();
+        throw new UserError(`distill: --env ${run.env.spec} exports a map of environments (${run.env.names.join(', ')}); distill's rows carry only their prompt, so none can pick one by env_column: give an --env with one factory`, { setting: 'env' });
+      }
       return {
         record: run.record,
         start: (ctx, resumeFrom) => run.start(ctx, resumeFrom),
