@@ -20,10 +20,8 @@ import { loadTokenizer } from '../src/tokenize/index.ts';
 import { loadData, tokenizeExamples, type TokenizedExample } from '../datasets/examples.ts';
 import { DEFAULT_CONFIG } from '../src/train/config.ts';
 import { distill } from '../src/train/distill.ts';
-import { resolveLoss } from '../losses/index.ts';
-import { runLossReference } from '../losses/core/engine.ts';
-import { referenceLogits, type RefWeights } from './helpers/reference-forward.ts';
-import { distillModel, logSoftmax } from './helpers/distill-fixtures.ts';
+import type { RefWeights } from './helpers/reference-forward.ts';
+import { distillModel, float64Gkd } from './helpers/distill-fixtures.ts';
 
 const K = 6;
 const NEW = 8;
@@ -91,32 +89,8 @@ describe('prefzoo distill, on-policy (lmbda)', () => {
 
     // 2. The loss: gkd (beta = 1) over the sampled tokens only, against the teacher's top K in float64.
     const T = weightsOf(teacher);
-    const V = S.config.vocab_size;
-    const b = { logits: [] as number[], ids: [] as number[], logps: [] as number[], rest: [] as number[] };
-    s.rows.forEach((i, j) => {
-      const ids = [...rows[i].promptIds, ...s.ids[j]];
-      const tl = referenceLogits(T.config, T.weights, ids);
-      const sl = referenceLogits(S.config, S.weights, ids);
-      for (let k = 0; k < s.ids[j].length; k++) {
-        const p = rows[i].promptIds.length - 1 + k; // predicts sampled token k
-        const lp = logSoftmax(tl[p]);
-        const top = [...lp.keys()].sort((x, y) => lp[y] - lp[x]).slice(0, K);
-        const inTop = new Set(top);
-        b.logits.push(...sl[p]);
-        b.ids.push(...top);
-        b.logps.push(...top.map((id) => lp[id]));
-        b.rest.push(Math.log(lp.reduce((a, v, id) => a + (inTop.has(id) ? 0 : Math.exp(v)), 0)));
-      }
-    });
-    const M = b.rest.length;
+    const { ref, M } = float64Gkd(T, S, s.rows.map((i, j) => ({ promptIds: rows[i].promptIds, ids: s.ids[j] })), K, 1);
     expect(M).toBe(s.ids.reduce((a, x) => a + x.length, 0));
-    const ref = runLossReference(resolveLoss('gkd', { beta: 1 }), {
-      student_logits: { dims: [1, M, V], data: Float64Array.from(b.logits) },
-      teacher_topk_ids: { dims: [1, M, K], data: Float64Array.from(b.ids) },
-      teacher_topk_logps: { dims: [1, M, K], data: Float64Array.from(b.logps) },
-      teacher_rest_logps: { dims: [1, M], data: Float64Array.from(b.rest) },
-      completion_mask: { dims: [1, M], data: new Float64Array(M).fill(1) },
-    });
     const row = rowsOf(join(dir, 'run-one'))[0];
     expect(ref.loss).toBeGreaterThan(1e-3);
     expect(Math.abs(row.loss - ref.loss)).toBeLessThanOrEqual(1e-4 * ref.loss);

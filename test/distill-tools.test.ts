@@ -21,11 +21,9 @@ import { chatPromptIds } from '../src/tokenize/conversation.ts';
 import { ToolExecutor, toolsFromValues } from '../src/agents/index.ts';
 import { distill } from '../src/train/distill.ts';
 import { distillAgents } from '../src/online/distill-agents.ts';
-import { resolveLoss } from '../losses/index.ts';
-import { runLossReference } from '../losses/core/engine.ts';
-import { referenceLogits, type RefWeights } from './helpers/reference-forward.ts';
+import type { RefWeights } from './helpers/reference-forward.ts';
 import { randomWeights } from './helpers/model-fixtures.ts';
-import { distillModel, logSoftmax, withNanAt } from './helpers/distill-fixtures.ts';
+import { distillModel, float64Gkd, withNanAt } from './helpers/distill-fixtures.ts';
 import { prefzoo } from './helpers/cli.ts';
 
 const K = 6;
@@ -94,41 +92,17 @@ describe('prefzoo distill --tools / --env (multi-turn on-policy)', () => {
     const tools = new ToolExecutor({ tools: toolsFromValues([{ ...LOOKUP, run: () => '' }]) }).specs;
     const S = weightsOf(student);
     const T = weightsOf(teacher);
-    const V = S.config.vocab_size;
     const rows = rowsOf(out);
     let bridged = 0;
     for (const g of rec.got) {
-      const b = { logits: [] as number[], ids: [] as number[], logps: [] as number[], rest: [] as number[] };
       g.rows.forEach((i, j) => {
         // The prompt as GRPO renders it: the row's messages with the tools offered.
         expect(g.promptIds[j]).toEqual(chatPromptIds(tok, [{ role: 'user', content: `What is ${i} plus ${i + 1}?` }], { tools }));
-        const mask = g.masks[j];
-        expect(mask.length).toBe(g.ids[j].length);
-        if (mask.includes(0)) bridged++;
-        const seq = [...g.promptIds[j], ...g.ids[j]];
-        const tl = referenceLogits(T.config, T.weights, seq);
-        const sl = referenceLogits(S.config, S.weights, seq);
-        g.ids[j].forEach((_, k) => {
-          if (!mask[k]) return;
-          const p = g.promptIds[j].length - 1 + k;
-          const lp = logSoftmax(tl[p]);
-          const top = [...lp.keys()].sort((x, y) => lp[y] - lp[x]).slice(0, K);
-          const inTop = new Set(top);
-          b.logits.push(...sl[p]);
-          b.ids.push(...top);
-          b.logps.push(...top.map((id) => lp[id]));
-          b.rest.push(Math.log(lp.reduce((a, v, id) => a + (inTop.has(id) ? 0 : Math.exp(v)), 0)));
-        });
+        expect(g.masks[j].length).toBe(g.ids[j].length);
+        if (g.masks[j].includes(0)) bridged++;
       });
-      const M = b.rest.length;
+      const { ref, M } = float64Gkd(T, S, g.rows.map((_, j) => ({ promptIds: g.promptIds[j], ids: g.ids[j], mask: g.masks[j] })), K, 1);
       expect(M).toBe(g.masks.flat().filter((m) => m === 1).length);
-      const ref = runLossReference(resolveLoss('gkd', { beta: 1 }), {
-        student_logits: { dims: [1, M, V], data: Float64Array.from(b.logits) },
-        teacher_topk_ids: { dims: [1, M, K], data: Float64Array.from(b.ids) },
-        teacher_topk_logps: { dims: [1, M, K], data: Float64Array.from(b.logps) },
-        teacher_rest_logps: { dims: [1, M], data: Float64Array.from(b.rest) },
-        completion_mask: { dims: [1, M], data: new Float64Array(M).fill(1) },
-      });
       const row = rows[g.step - 1];
       expect(ref.loss).toBeGreaterThan(1e-3);
       expect(Math.abs(row.loss - ref.loss)).toBeLessThanOrEqual(1e-4 * ref.loss);
