@@ -60,6 +60,8 @@ import { Decoder } from './models/generate.ts';
 import { productQuant } from './models/quantize.ts';
 import { loadTokenizer } from './tokenize/index.ts';
 import { grpo as runGrpo, type GrpoOptions as GrpoLoopOptions, type GrpoResult, type GrpoSettings } from './online/grpo/index.ts';
+import type { AgentOptions } from './online/grpo/index.ts';
+import { distillAgents } from './online/distill-agents.ts';
 import { resolveDataset, resolveModel, type HubSnapshot, type ModelWant } from './hub/index.ts';
 
 export { UserError, BadInputError, DamagedFileError, DeviceUnavailableError, AbortedError, type ErrorLocation, type UserErrorKind } from './errors.ts';
@@ -488,8 +490,13 @@ export interface DistillOptions extends Omit<LoopOptions, 'reporter' | 'base' | 
   overwrite?: boolean;
   /** Settings, `distill_topk`, `lmbda` and the on-policy sampling settings, and gkd's `beta` / `temperature` by name; applied after `params`. */
   settings?: Settings;
-  /** With lmbda > 0: called with each on-policy micro-batch (the step, its data rows, their prompt ids, the student's sampled ids). */
+  /** With lmbda > 0: called with each on-policy micro-batch (the step, its data rows, their prompt ids, the student's sampled ids; multi-turn: their masks). */
   onSamples?: RunDistillOptions['onSamples'];
+  /** With lmbda > 0: tools, MCP servers or an environment make the on-policy micro-batches multi-turn rollouts (as {@link grpo}'s; docs/distill.md, Multi-turn). */
+  tools?: AgentOptions['tools'];
+  mcp?: AgentOptions['mcp'];
+  mcpConfig?: AgentOptions['mcpConfig'];
+  env?: AgentOptions['env'];
 }
 
 /**
@@ -504,7 +511,8 @@ export function distill(options: DistillOptions): Promise<DistillResult> {
     const teacher = await names.model('teacher', options.teacher);
     const teacherRef = await names.model('teacherRef', options.teacherRef);
     const data = await names.data(options.data);
-    return runDistill({ ...options, model, teacher, teacherRef, data, hub: names.hub, params: paramsOf(options), settings: undefined, reporter });
+    const multiTurn = distillAgents({ tools: options.tools, mcp: options.mcp, mcpConfig: options.mcpConfig, env: options.env });
+    return runDistill({ ...options, model, teacher, teacherRef, data, hub: names.hub, params: paramsOf(options), settings: undefined, reporter, multiTurn });
   });
 }
 

@@ -48,6 +48,8 @@ import { readTeacherCache, teacherCacheIdentity, writeTeacherCache } from './tea
 import { logitsAt, scoreIndex, scoringRuntime, TeacherTopK, type TeacherRow } from './teacher-topk.ts';
 import { TEACHER_SETTINGS, TeacherSpec } from './teacher-model.ts';
 import { seqKdFiles, seqKdIdentity, teacherGenerations } from './seq-kd.ts';
+import { AGENT_SETTINGS, refuseAgentSettings } from './agent-settings.ts';
+import type { Text } from '../../datasets/schema.ts';
 
 const GROUP = 'Distillation';
 
@@ -77,6 +79,7 @@ export const DISTILL_SETTINGS = defineSettings({
   },
   top_p: { type: 'number', default: 1, min: 0, minOpen: true, max: 1, group: ON_POLICY, trl: 'top_p', doc: "samples (the student's, the teacher's with seq_kd) drawn from the smallest set of tokens reaching probability p (1: all)" },
   top_k: { type: 'int', default: 0, min: 0, max: 1 << 24, group: ON_POLICY, trl: 'top_k', doc: "samples (the student's, the teacher's with seq_kd) drawn among the k most likely tokens (0: all)" },
+  ...AGENT_SETTINGS,
 });
 
 /** The settings read only when something is sampled: lmbda > 0 or seq_kd (refused otherwise). */
@@ -109,7 +112,42 @@ export interface DistillOptions extends OnlineOptions {
    * Called with each on-policy micro-batch once it is sampled and scored (lmbda > 0): the step it
    * feeds, its data rows (indices in data order), their prompts' ids and the ids the student sampled.
    */
-  onSamples?: (s: { step: number; rows: readonly number[]; promptIds: readonly (readonly number[])[]; ids: readonly (readonly number[])[] }) => void;
+  onSamples?: (s: { step: number; rows: readonly number[]; promptIds: readonly (readonly number[])[]; ids: readonly (readonly number[])[]; masks?: readonly (readonly number[])[] }) => void;
+  /**
+   * Multi-turn on-policy micro-batches (`--tools`, `--mcp`, `--mcp-config`, `--env`): GRPO's agent
+   * rollout, brought from src/online (online/distill-agents.ts), the layer above this one.
+   */
+  multiTurn?: MultiTurn;
+}
+
+/**
+ * A multi-turn on-policy row: its prompt as the rollout rendered it (the tools offered), then
+ * everything after it — the student's turns and the bridges that answered them (tool results,
+ * environment messages) — with a mask that is 1 on the tokens the student sampled.
+ */
+export interface Conversation {
+  promptIds: number[];
+  ids: number[];
+  mask: number[];
+}
+
+/** Multi-turn rollouts, given with the flag that names them in messages; `open` loads their sources (modules, not servers) with the run's settings. */
+export interface MultiTurn {
+  flag: string;
+  open(s: DistillSettings): Promise<MultiTurnRun>;
+}
+
+export interface MultiTurnRun {
+  /** What config.json records of the sources. */
+  record: Record<string, unknown>;
+  /** Starts servers and programs with the run; `resumeFrom`: the first step a resumed run re-collects (its tool calls replayed from the journal). */
+  start(ctx: OnlineContext, resumeFrom: number | undefined): Promise<void>;
+  /**
+   * One conversation per prompt, prompt j drawn from the sampling stream (seed, j, 0); `step` keys the
+   * tool journal and the episode seeds. `metrics`: the round's tool metrics (turns, tool calls, failures, stop reasons).
+   */
+  rollout(policy: Decoder, tok: LoadedTokenizer, req: { prompts: { prompt: Text; at: string }[]; seed: number; step: number }): Promise<{ conversations: Conversation[]; metrics: Record<string, number> }>;
+  close(): Promise<void>;
 }
 
 export interface DistillResult {
@@ -138,20 +176,27 @@ export async function distill(o: DistillOptions): Promise<DistillResult> {
   // Refused before the run folder is made: a teacher that is no folder, or reads other token ids.
   const teacher = TeacherSpec.of(o.teacher, o.teacherRef, named.has('teacher_weight') ? s.teacher_weight : undefined);
   teacher.checkTokenizer(o.model, loadTokenizer(o.model));
-  const method = new Distillation(o, config, loss, K, sampling, s.seq_kd ? generation : null, teacher);
-  const r = await runOnline(o, (x) => method.load(x), method, {
-    config,
-    record: () => ({
-      teacher: o.teacher, data: o.data, kind: method.kind, loss: 'gkd', loss_params: loss.terms[0].params, distill_topk: K,
-      ...(o.teacherRef !== undefined ? { teacher_ref: o.teacherRef, teacher_weight: teacher.weight } : {}),
-      ...(generation ? { seq_kd: s.seq_kd, lmbda: s.lmbda, ...Object.fromEntries(SAMPLING_KEYS.map((k) => [k, s[k]])) } : {}),
-    }),
-    inputs: [
-      { key: 'teacher', now: o.teacher, flag: '--teacher' },
-      { key: 'teacher_ref', now: o.teacherRef ?? null, flag: '--teacher-ref', optional: true },
-      { key: 'data', now: o.data, flag: '--data' },
-    ],
-  });
+  const multi = await openMultiTurn(o.multiTurn, s);
+  const method = new Distillation(o, config, loss, K, sampling, s.seq_kd ? generation : null, teacher, multi);
+  let r: Awaited<ReturnType<typeof runOnline>>;
+  try {
+    r = await runOnline(o, (x) => method.load(x), method, {
+      config,
+      record: () => ({
+        teacher: o.teacher, data: o.data, kind: method.kind, loss: 'gkd', loss_params: loss.terms[0].params, distill_topk: K,
+        ...(o.teacherRef !== undefined ? { teacher_ref: o.teacherRef, teacher_weight: teacher.weight } : {}),
+        ...(generation ? { seq_kd: s.seq_kd, lmbda: s.lmbda, ...Object.fromEntries(SAMPLING_KEYS.map((k) => [k, s[k]])) } : {}),
+        ...(multi ? { agent: multi.record, ...Object.fromEntries(Object.keys(AGENT_SETTINGS).map((k) => [k, (s as unknown as Record<string, unknown>)[k]])) } : {}),
+      }),
+      inputs: [
+        { key: 'teacher', now: o.teacher, flag: '--teacher' },
+        { key: 'teacher_ref', now: o.teacherRef ?? null, flag: '--teacher-ref', optional: true },
+        { key: 'data', now: o.data, flag: '--data' },
+      ],
+    });
+  } finally {
+    await multi?.close();
+  }
   return {
     finalDir: r.finalDir, steps: r.steps, seconds: r.seconds, last: r.last, cached: method.cached,
     ...(sampling ? { onPolicy: { lmbda: sampling.lmbda, microBatches: method.microBatchCount, sampled: method.sampledCount, sampleSeconds: round2(method.sampleMs / 1000), teacherSeconds: round2(method.teacherMs / 1000) } } : {}),
@@ -160,6 +205,21 @@ export async function distill(o: DistillOptions): Promise<DistillResult> {
 }
 
 const round2 = (x: number) => Math.round(x * 100) / 100;
+
+/**
+ * The multi-turn sources of a run, loaded, or null without them — then an agent setting away from
+ * its default is refused (nothing reads it). They need something sampled: lmbda > 0 (at lmbda = 0
+ * no micro-batch is the student's), and seq_kd's teacher generations are one turn per prompt.
+ */
+async function openMultiTurn(m: MultiTurn | undefined, s: DistillSettings): Promise<MultiTurnRun | null> {
+  if (!m) {
+    refuseAgentSettings('distill', s as unknown as Record<string, unknown>);
+    return null;
+  }
+  if (s.lmbda === 0) throw new UserError(`${m.flag} with lmbda=0: multi-turn rollouts are the student's on-policy micro-batches, and at lmbda=0 the student samples none; set lmbda > 0 or leave ${m.flag} out`, { setting: 'lmbda' });
+  if (s.seq_kd) throw new UserError(`${m.flag} with seq_kd: the teacher's generations are one turn per prompt, not multi-turn rollouts; leave seq_kd out (the multi-turn micro-batches are the student's, lmbda > 0)`, { setting: 'seq_kd' });
+  return m.open(s);
+}
 
 /** What on-policy micro-batches sample with (lmbda > 0). */
 export interface OnPolicy {
@@ -272,10 +332,15 @@ interface PlainTargets {
   rest: number[];
 }
 
-/** One micro-batch of a round: its data rows, and when on-policy the student's samples for their prompts and the teacher's top K on them. */
+/**
+ * One micro-batch of a round: its data rows, and when on-policy the student's samples for their
+ * prompts and the teacher's top K on them. A multi-turn sample carries its own prompt ids (the tools
+ * rendered into it) and its mask (1 on the student's tokens); the round's first on-policy batch, the
+ * rollout's tool metrics.
+ */
 interface Batch {
   rows: number[];
-  sampled?: { ids: number[][]; targets: PlainTargets[] };
+  sampled?: { ids: number[][]; targets: PlainTargets[]; promptIds?: number[][]; masks?: number[][]; agent?: Record<string, number> };
 }
 
 /** A round: its micro-batches. */
@@ -311,6 +376,8 @@ class Distillation implements OnlineMethod<number, Round> {
   private tok!: LoadedTokenizer;
   private student!: ModelConfig;
   private scorer: TeacherTopK | null = null;
+  /** The positions of the teacher (and of its AlignDistil reference): a multi-turn conversation longer than them is refused. */
+  private teacherPositions = Infinity;
 
   constructor(
     private readonly o: DistillOptions,
@@ -321,6 +388,8 @@ class Distillation implements OnlineMethod<number, Round> {
     /** seq_kd's sampling settings (null without seq_kd). */
     private readonly teacherGen: Omit<OnPolicy, 'lmbda'> | null,
     private readonly teacher: TeacherSpec,
+    /** Multi-turn rollouts (tools, MCP, an environment) for the on-policy micro-batches, or null. */
+    private readonly multi: MultiTurnRun | null = null,
   ) {}
 
   /** The data stage (train's reading and tokenization) and the teacher stage (its cache). */
@@ -359,6 +428,7 @@ class Distillation implements OnlineMethod<number, Round> {
     const models = [['the student', this.student], ['the teacher', configOf(this.teacher.dir)], ...(this.teacher.ref !== null ? [['the teacher\'s reference', configOf(this.teacher.ref)] as const] : [])] as const;
     for (const [who, c] of models) {
       const n = maxPositions(c);
+      if (who !== 'the student') this.teacherPositions = Math.min(this.teacherPositions, n);
       if (longest + maxNewTokens > n) throw new UserError(`max_completion_length=${maxNewTokens}: a prompt of ${longest} tokens plus it exceeds ${who}'s ${n} positions; lower max_completion_length or max_prompt_length`);
     }
   }
@@ -435,6 +505,7 @@ class Distillation implements OnlineMethod<number, Round> {
 
   async open(ctx: OnlineContext): Promise<void> {
     if (this.sampling) this.scorer = await this.openTeacher(this.student, ctx.info);
+    await this.multi?.start(ctx, this.o.resume ? ctx.art.step + 1 : undefined);
   }
 
   async close(): Promise<void> {
@@ -450,40 +521,75 @@ class Distillation implements OnlineMethod<number, Round> {
     this.microBatchCount += batches.length;
     this.sampledCount += on.length;
     if (on.length === 0) return batches;
-    // Every on-policy micro-batch of the round sampled together from the live weights, row j of
-    // micro-batch b from its own stream (seed_b, j): what it draws never depends on the others.
-    const reqs = batches.flatMap((b, k) => (seeds[k] === null ? [] : b.rows.map((i, j) => ({ promptIds: this.rows[i].promptIds, rng: sampleRandom(seeds[k]!, j, 0) }))));
     let t0 = performance.now();
-    const samples = await sampleStudent(await ctx.policy(), this.tok, reqs, this.sampling);
+    const sampledRows = this.multi ? await this.multiTurn(ctx, on, seeds.find((x) => x !== null)!, info.step) : await this.oneTurn(ctx, batches, seeds);
     const sampleMs = performance.now() - t0;
     this.sampleMs += sampleMs;
-    const sampledRows: TokenizedExample[] = [];
-    let r = 0;
-    for (const b of on) {
-      const ids = b.rows.map(() => samples[r++]);
-      b.sampled = { ids, targets: [] };
-      b.rows.forEach((i, j) => sampledRows.push({ promptIds: this.rows[i].promptIds, responseIds: [ids[j]], src: this.rows[i].src }));
-    }
     t0 = performance.now();
     const targets = await this.scorer!.score(sampledRows, { batchSize: this.config.batch_size * 2, padTo: this.config.pad_to_multiple_of });
     const teacherMs = performance.now() - t0;
     this.teacherMs += teacherMs;
     this.clocks.set(batches, { sample: sampleMs / 1000, teacher: teacherMs / 1000 });
-    r = 0;
+    let r = 0;
     for (const b of on) {
       b.sampled!.targets = b.rows.map(() => {
         const t = targets[r++];
         return { ids: Array.from(t.ids), logps: Array.from(t.logps), rest: Array.from(t.rest) };
       });
-      this.o.onSamples?.({ step: info.step, rows: b.rows, promptIds: b.rows.map((i) => this.rows[i].promptIds), ids: b.sampled!.ids });
+      const x = b.sampled!;
+      this.o.onSamples?.({ step: info.step, rows: b.rows, promptIds: x.promptIds ?? b.rows.map((i) => this.rows[i].promptIds), ids: x.ids, ...(x.masks ? { masks: x.masks } : {}) });
     }
     return batches;
+  }
+
+  /**
+   * Every on-policy micro-batch of the round sampled together from the live weights, row j of
+   * micro-batch b from its own stream (seed_b, j): what it draws never depends on the others. Sets
+   * each batch's `sampled` and returns the rows the teacher scores.
+   */
+  private async oneTurn(ctx: OnlineContext, batches: Round, seeds: readonly (number | null)[]): Promise<TokenizedExample[]> {
+    const reqs = batches.flatMap((b, k) => (seeds[k] === null ? [] : b.rows.map((i, j) => ({ promptIds: this.rows[i].promptIds, rng: sampleRandom(seeds[k]!, j, 0) }))));
+    const samples = await sampleStudent(await ctx.policy(), this.tok, reqs, this.sampling!);
+    const sampledRows: TokenizedExample[] = [];
+    let r = 0;
+    batches.forEach((b, k) => {
+      if (seeds[k] === null) return;
+      const ids = b.rows.map(() => samples[r++]);
+      b.sampled = { ids, targets: [] };
+      b.rows.forEach((i, j) => sampledRows.push({ promptIds: this.rows[i].promptIds, responseIds: [ids[j]], src: this.rows[i].src }));
+    });
+    return sampledRows;
+  }
+
+  /**
+   * The round's on-policy micro-batches as multi-turn rollouts: one rollout over all their rows (so
+   * the tool journal's and the episodes' keys — step, place in the round — are unique), seeded by the
+   * first on-policy micro-batch's seed, row k of the round's on-policy rows from stream (seed, k, 0).
+   * Returns the conversations as the rows the teacher scores, their bridges masked.
+   */
+  private async multiTurn(ctx: OnlineContext, on: Round, seed: number, step: number): Promise<TokenizedExample[]> {
+    const prompts = on.flatMap((b) => b.rows.map((i) => ({ prompt: this.rows[i].src.prompt, at: `${this.o.data} row ${i + 1}` })));
+    const r = await this.multi!.rollout(await ctx.policy(), this.tok, { prompts, seed, step });
+    const teacherMax = this.teacherPositions;
+    const sampledRows: TokenizedExample[] = [];
+    let k = 0;
+    on.forEach((b, n) => {
+      const convs = b.rows.map(() => r.conversations[k++]);
+      b.sampled = { ids: convs.map((c) => c.ids), targets: [], promptIds: convs.map((c) => c.promptIds), masks: convs.map((c) => c.mask), ...(n === 0 ? { agent: r.metrics } : {}) };
+      convs.forEach((c, j) => {
+        const i = b.rows[j];
+        if (c.promptIds.length + c.ids.length > teacherMax) throw new UserError(`${prompts[k - convs.length + j].at}: its conversation (${c.promptIds.length} prompt tokens with the tools, ${c.ids.length} after) passes the teacher's ${teacherMax} positions; lower max_completion_length or max_prompt_length`);
+        sampledRows.push({ promptIds: c.promptIds, responseIds: [c.ids], responseMasks: [c.mask], src: this.rows[i].src });
+      });
+    });
+    return sampledRows;
   }
 
   async microBatches(_ctx: OnlineContext, round: Round): Promise<MicroBatch[]> {
     return round.map((b) => {
       if (!b.sampled) return this.microBatch(b.rows.map((i) => this.rows[i]), b.rows.map((i) => this.targets[i]));
-      const rows = b.rows.map((i, j) => ({ promptIds: this.rows[i].promptIds, responseIds: [b.sampled!.ids[j]], src: this.rows[i].src }));
+      const x = b.sampled;
+      const rows = b.rows.map((i, j) => ({ promptIds: x.promptIds?.[j] ?? this.rows[i].promptIds, responseIds: [x.ids[j]], ...(x.masks ? { responseMasks: [x.masks[j]] } : {}), src: this.rows[i].src }));
       const targets = b.sampled.targets.map((t) => ({ ids: Int32Array.from(t.ids), logps: Float32Array.from(t.logps), rest: Float32Array.from(t.rest) }));
       return this.microBatch(rows, targets);
     });
@@ -497,9 +603,11 @@ class Distillation implements OnlineMethod<number, Round> {
   metrics(round: Round): Record<string, number> {
     if (!this.sampling) return {};
     const on = round.filter((b) => b.sampled);
-    const lengths = on.flatMap((b) => b.sampled!.ids.map((x) => x.length));
+    // The student's own tokens: a multi-turn sample's bridges are not counted.
+    const lengths = on.flatMap((b) => b.sampled!.ids.map((x, j) => (b.sampled!.masks ? b.sampled!.masks[j].reduce((a, m) => a + m, 0) : x.length)));
     const clock = this.clocks.get(round);
     return {
+      ...on[0]?.sampled!.agent,
       'distill/on_policy': on.length / round.length,
       ...(lengths.length ? { 'distill/completion_length': lengths.reduce((a, v) => a + v, 0) / lengths.length } : {}),
       ...(clock ? { 'distill/sample_seconds': clock.sample, 'distill/teacher_seconds': clock.teacher } : {}),

@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { settingsHelp } from '../../train/settings.ts';
 import { distill } from '../../train/distill.ts';
 import { collect } from '../flags.ts';
-import { UserError } from '../../errors.ts';
+import { distillAgents } from '../../online/distill-agents.ts';
 import { hubRecord } from '../hub.ts';
 import { terminalReporter } from '../progress.ts';
 
@@ -19,9 +19,10 @@ export function register(program: Command): void {
     .option('--config <file>', 'JSON object of settings; --param overrides it')
     .option('--resume', 'continue the run in --out from its newest checkpoint (same --teacher, --model and --data; the cache is reused)')
     .option('--overwrite', 'replace the run already in --out')
-    .option('--tools <file>', 'refused: multi-turn on-policy rollouts (tools, MCP, environments) are not built for distill')
-    .option('--mcp <spec>', 'refused, as --tools')
-    .option('--env <spec>', 'refused, as --tools')
+    .option('--tools <module>', "tools the student may call in its on-policy rollouts (repeatable; lmbda > 0): a .mjs/.ts module exporting { name, description, parameters, run } or AI SDK tool() objects, or cmd:COMMAND; the on-policy micro-batches become multi-turn, the teacher grading the student's own tokens only (docs/distill.md, Multi-turn)", collect, [] as string[])
+    .option('--mcp <command>', 'an MCP server to start over stdio, its tools offered in the on-policy rollouts (repeatable), as grpo --mcp', collect, [] as string[])
+    .option('--mcp-config <file>', 'MCP servers from an {"mcpServers": {…}} file, as grpo --mcp-config')
+    .option('--env <module>', "an environment answering each turn of the on-policy rollouts, as grpo --env (its reset(row, { seed }) sees the row's prompt only)")
     .option('--quiet', 'no progress output')
     .option('--json', 'print a one-line JSON summary')
     .addHelpText('after', () => [
@@ -38,11 +39,9 @@ export function register(program: Command): void {
       '',
       `Settings it honours (--param key=value or --config), with defaults (docs/settings.md); any other is refused:\n${settingsHelp('distill')}`,
     ].join('\n'))
-    .action(async (o: { teacher: string; teacherRef?: string; model: string; data: string; out: string; param: string[]; config?: string; resume?: boolean; overwrite?: boolean; quiet?: boolean; json?: boolean; tools?: string; mcp?: string; env?: string }) => {
-      const multi = o.tools !== undefined ? '--tools' : o.mcp !== undefined ? '--mcp' : o.env !== undefined ? '--env' : null;
-      if (multi) throw new UserError(`${multi}: distill samples one turn per prompt; multi-turn on-policy rollouts (--tools, --mcp, --env) are not built for distill yet (issue 44 item 3)`);
+    .action(async (o: { teacher: string; teacherRef?: string; model: string; data: string; out: string; param: string[]; config?: string; resume?: boolean; overwrite?: boolean; quiet?: boolean; json?: boolean; tools: string[]; mcp: string[]; mcpConfig?: string; env?: string }) => {
       // Hub names are folders and files by now (src/cli/hub.ts).
-      const r = await distill({ teacher: o.teacher, teacherRef: o.teacherRef, model: o.model, data: o.data, out: o.out, hub: hubRecord(), params: o.param, configFile: o.config, resume: o.resume, overwrite: o.overwrite, reporter: terminalReporter(o.quiet) });
+      const r = await distill({ teacher: o.teacher, teacherRef: o.teacherRef, model: o.model, data: o.data, out: o.out, hub: hubRecord(), params: o.param, configFile: o.config, resume: o.resume, overwrite: o.overwrite, reporter: terminalReporter(o.quiet), multiTurn: distillAgents({ tools: o.tools, mcp: o.mcp, mcpConfig: o.mcpConfig, env: o.env }) });
       const p = r.onPolicy;
       const q = r.seqKd;
       const summary = { steps: r.steps, seconds: r.seconds, final: r.finalDir, loss: r.last.loss, teacher_cached: r.cached, ...(q ? { seq_kd_cached: q.cached, seq_kd_seconds: q.seconds, seq_kd_mean_length: q.meanLength } : {}), ...(p ? { lmbda: p.lmbda, micro_batches: p.microBatches, on_policy_micro_batches: p.sampled, sample_seconds: p.sampleSeconds, teacher_seconds: p.teacherSeconds } : {}) };

@@ -19,10 +19,12 @@ import { LineProcess } from '../line-process.ts';
 import type { OnlineContext } from '../../train/loop.ts';
 import type { RewardFunction } from '../rewards/index.ts';
 import type { PromptRow } from '../prompts.ts';
-import { AGENT_SETTINGS } from './agent-settings.ts';
-import { agentRollout, type AgentRolloutInfo } from './agent-rollout.ts';
+import { AGENT_SETTINGS, refuseAgentSettings } from './agent-settings.ts';
+import { agentRollout, type AgentRolloutInfo, type AgentRolloutSettings } from './agent-rollout.ts';
 import type { Rollout } from './rollout.ts';
-import type { GrpoSettings } from './settings.ts';
+
+/** What a run's agent sources read of its settings: the rollout's, and the tool and environment settings (GRPO's, distill's). */
+export type AgentRunSettings = AgentRolloutSettings & { mcp_tools: string; env_column: string; tool_timeout: number };
 
 export interface AgentOptions {
   /**
@@ -41,6 +43,11 @@ export interface AgentOptions {
   env?: string | EnvironmentFactory | EnvironmentFactories;
 }
 
+/** Whether any tool, MCP server or environment is given: the rollouts are then multi-turn. */
+export function agentSourcesGiven(o: AgentOptions): boolean {
+  return (o.tools?.length ?? 0) > 0 || (o.mcp?.length ?? 0) > 0 || !!o.mcpConfig || o.env !== undefined;
+}
+
 export class AgentRun {
   private executor: ToolExecutor | null = null;
   private providers: ToolProvider[] = [];
@@ -55,9 +62,11 @@ export class AgentRun {
     private readonly mcp: McpServerSpec[],
     /** The run's environments (rows picking by `env_column` from a map), or null. */
     readonly env: Environments | null,
-    private readonly s: GrpoSettings,
+    private readonly s: AgentRunSettings,
     /** What config.json records of the agent sources. */
     readonly record: Record<string, unknown>,
+    /** The command whose run it is, naming it in messages. */
+    private readonly command: string,
   ) {
     this.rollout = agentRollout(s, { executor: () => this.executor, env });
     this.envReward = env
@@ -74,13 +83,9 @@ export class AgentRun {
    * The agent sources of a run, loaded (modules, not servers), or null when there are none — then
    * any agent setting given away from its default is refused, since nothing would use it.
    */
-  static async open(o: AgentOptions, s: GrpoSettings): Promise<AgentRun | null> {
-    const given = (o.tools?.length ?? 0) > 0 || (o.mcp?.length ?? 0) > 0 || !!o.mcpConfig || o.env !== undefined;
-    if (!given) {
-      for (const [k, d] of Object.entries(AGENT_SETTINGS)) {
-        const v = (s as unknown as Record<string, unknown>)[k];
-        if (v !== d.default) throw new UserError(`grpo: ${k}=${String(v)} applies to rollouts with tools or an environment; give --tools, --mcp, --mcp-config or --env, or leave ${k} out`, { setting: k });
-      }
+  static async open(o: AgentOptions, s: AgentRunSettings, command = 'grpo'): Promise<AgentRun | null> {
+    if (!agentSourcesGiven(o)) {
+      refuseAgentSettings(command, s as unknown as Record<string, unknown>);
       return null;
     }
     const local: LoadedTool[] = [];
@@ -96,7 +101,7 @@ export class AgentRun {
     const loaded = o.env === undefined ? null : typeof o.env === 'string' ? await loadEnvironment(o.env) : environmentFrom(o.env, 'env');
     // env_column picks among a map's environments: with one factory (or none) nothing would read it.
     if (s.env_column !== AGENT_SETTINGS.env_column.default && !(loaded && !loaded.single)) {
-      throw new UserError(`grpo: env_column=${s.env_column} picks among a map of environments; ${loaded ? `--env ${loaded.spec} exports one factory` : 'no --env is given'}: leave env_column out`, { setting: 'env_column' });
+      throw new UserError(`${command}: env_column=${s.env_column} picks among a map of environments; ${loaded ? `--env ${loaded.spec} exports one factory` : 'no --env is given'}: leave env_column out`, { setting: 'env_column' });
     }
     const env = loaded ? loaded.withColumn(s.env_column) : null;
     const record = {
@@ -106,7 +111,7 @@ export class AgentRun {
       ...(o.env !== undefined ? { env: typeof o.env === 'string' ? o.env : env!.single ? 'factory' : 'factories' } : {}),
       ...(env && !env.single ? { environments: env.names } : {}),
     };
-    return new AgentRun(local, commands, mcp, env, s, record);
+    return new AgentRun(local, commands, mcp, env, s, record, command);
   }
 
   /**
@@ -155,12 +160,12 @@ export class AgentRun {
     try {
       if (this.mcp.length) this.providers.push(...(await startMcpServers(this.mcp)));
       for (const c of this.commands) this.providers.push(await CommandTools.start(c, (cmd) => new LineProcess(cmd)));
-      const offered = selectTools(this.providers, this.s.mcp_tools);
+      const offered = selectTools(this.providers, this.s.mcp_tools, this.command);
       const journal = this.providers.length ? ToolJournal.open(join(ctx.run, JOURNAL_FILE), resumeFrom === undefined ? {} : { resumeFrom }) : null;
       if (this.local.length || this.providers.length) {
         this.executor = new ToolExecutor({ tools: this.local, providers: offered, toolTimeout: this.s.tool_timeout, journal });
       }
-      if (journal && journal.size > 0) ctx.info(`grpo: ${journal.size} journaled tool results from step ${resumeFrom} on will be replayed`);
+      if (journal && journal.size > 0) ctx.info(`${this.command}: ${journal.size} journaled tool results from step ${resumeFrom} on will be replayed`);
     } catch (e) {
       await this.close();
       throw e;
@@ -176,11 +181,11 @@ export class AgentRun {
 }
 
 /** The providers with only the tools `mcp_tools` names (all when it is empty); a name no provider lists is refused. */
-function selectTools(providers: readonly ToolProvider[], list: string): ToolProvider[] {
+function selectTools(providers: readonly ToolProvider[], list: string, command: string): ToolProvider[] {
   const names = list.split(',').map((x) => x.trim()).filter(Boolean);
   if (names.length === 0) return [...providers];
   const listed = new Set(providers.flatMap((p) => p.tools.map((t) => t.function.name)));
   const missing = names.filter((n) => !listed.has(n));
-  if (missing.length) throw new UserError(`grpo: mcp_tools names ${missing.join(', ')}, which no server or program lists (they list ${[...listed].slice(0, 20).join(', ')})`, { setting: 'mcp_tools' });
+  if (missing.length) throw new UserError(`${command}: mcp_tools names ${missing.join(', ')}, which no server or program lists (they list ${[...listed].slice(0, 20).join(', ')})`, { setting: 'mcp_tools' });
   return providers.map((p) => ({ label: p.label, name: p.name, tools: p.tools.filter((t) => names.includes(t.function.name)), call: (n, a, o) => p.call(n, a, o), close: () => p.close() }));
 }
