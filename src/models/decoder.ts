@@ -36,6 +36,12 @@ export interface DecoderOptions {
    * embeddings, norms and biases stay float32 and fed. CPU only.
    */
   quant?: ProductQuant | null;
+  /**
+   * The host graphs with ONNX Runtime's fused decoding ops (decode.ts's `fused`; default true on the
+   * CPU provider). false builds the unfused graphs (tests compare the two). The WebGPU backend keeps
+   * its unfused graphs (docs/performance.md, "Fused decoding"), so true is refused there.
+   */
+  fused?: boolean;
 }
 
 /**
@@ -74,7 +80,7 @@ export class Decoder {
     readonly config: ModelConfig,
     private readonly shapes: Map<string, number[]>,
     readonly baked: boolean,
-    private readonly build: { weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; runtime?: RuntimeOptions; prefillTokens: number; quant?: ProductQuant | null },
+    private readonly build: { weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; runtime?: RuntimeOptions; prefillTokens: number; quant?: ProductQuant | null; fused: boolean },
   ) {
     if (build.quant && (build.runtime?.ep ?? 'cpu') !== 'cpu') throw new Error(`decoder: q${build.quant.bits} products run on the CPU provider only, not ${build.runtime!.ep}`);
     this.device = build.runtime?.ep === 'webgpu' ? new DeviceDecode(config, shapes, { ...build, runtime: build.runtime }) : null;
@@ -86,7 +92,10 @@ export class Decoder {
     // of a run comes on top of the arena (measured: ~75 MB less peak RSS at batch 32, no slower).
     const runtime: RuntimeOptions = { memPattern: false, ...o.runtime };
     if (bake && o.quant) throw new Error('decoder: quant feeds its weights; it cannot also bake them');
-    const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime, prefillTokens: o.prefillTokens ?? 256, quant: o.quant });
+    const cpu = (runtime.ep ?? 'cpu') === 'cpu';
+    if (o.fused && !cpu) throw new Error(`decoder: the fused decoding graphs run on the CPU provider only, not ${runtime.ep}`);
+    const fused = o.fused ?? cpu;
+    const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime, prefillTokens: o.prefillTokens ?? 256, quant: o.quant, fused });
     if (!bake) d.setWeights((name) => weights.get(name)?.data);
     return d;
   }
@@ -97,7 +106,7 @@ export class Decoder {
     if (!s) {
       const quant = this.build.quant;
       const weightFirst = !quant && kind !== 'stepSmall' && (this.build.runtime?.ep ?? 'cpu') === 'cpu';
-      const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst });
+      const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst, fused: this.build.fused });
       if (quant) {
         quantizeProducts(g, quant, (name, transposed) => this.quantized(name, transposed));
         const inputs = new Set(g.inputs.map((i) => i.name));
