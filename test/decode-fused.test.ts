@@ -10,7 +10,7 @@
  * rotary, sliding window).
  */
 import { describe, expect, it } from 'vitest';
-import { Decoder, type Pick } from '../src/models/decoder.ts';
+import { Decoder, type Pick, type Picked } from '../src/models/decoder.ts';
 import { buildDecodeGraph } from '../src/models/decode.ts';
 import type { ModelConfig } from '../src/models/config.ts';
 import type { FloatTensor } from '../src/models/checkpoint.ts';
@@ -31,6 +31,11 @@ interface Trace {
 }
 
 const i64 = (xs: number[]) => BigInt64Array.from(xs, BigInt);
+/** A sampling run's log-probabilities. */
+const logpsOf = (p: Picked): number[] => {
+  if (!p.tokens || !p.logps) throw new Error('expected a sampling pick');
+  return Array.from(p.logps);
+};
 const argmax = (l: Float32Array, from: number, n: number) => {
   let best = 0;
   for (let v = 1; v < n; v++) if (l[from + v] > l[from + best]) best = v;
@@ -55,7 +60,7 @@ async function trace(c: ModelConfig, w: Map<string, FloatTensor>, fused: boolean
       next = [argmax(a.logits!, 0, V), argmax(a.logits!, V, V), argmax(b.logits!, 0, V)];
     } else {
       next = [...a.tokens!, ...b.tokens!].map(Number);
-      out.logps.push([...a.logps!, ...b.logps!]);
+      out.logps.push([...logpsOf(a), ...logpsOf(b)]);
     }
     out.tokens.push(next);
     expect(Array.from(cache.cols.subarray(0, ROWS))).toEqual([5, 5, 9]);
@@ -66,7 +71,7 @@ async function trace(c: ModelConfig, w: Map<string, FloatTensor>, fused: boolean
         next = Array.from({ length: ROWS }, (_, row) => argmax(r.logits!, row * V, V));
       } else {
         next = Array.from(r.tokens!, Number);
-        out.logps.push(Array.from(r.logps!));
+        out.logps.push(logpsOf(r));
       }
       out.tokens.push(next);
     }

@@ -10,7 +10,8 @@ import type { ModelConfig } from './config.ts';
 import type { FloatTensor } from './checkpoint.ts';
 import type { LoraConfig } from './lora.ts';
 import { modelParameterShapes } from './params.ts';
-import { Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
+import { optimizedNodeCount, Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
+import type { Graph } from '../onnx/graph.ts';
 import { buildDecodeGraph, cacheShape, pastName, presentName, type DecodeHead } from './decode.ts';
 import { DeviceDecode } from './generate-device.ts';
 import { allocQuantized, quantizeInto, quantizeProducts, type ProductQuant, type QuantizedWeight } from './quantize.ts';
@@ -100,23 +101,44 @@ export class Decoder {
     return d;
   }
 
+  /** The graph of a session (see `session`). */
+  private graph(kind: GraphKind, head: DecodeHead): Graph {
+    const quant = this.build.quant;
+    const weightFirst = !quant && kind !== 'stepSmall' && (this.build.runtime?.ep ?? 'cpu') === 'cpu';
+    const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst, fused: this.build.fused });
+    if (quant) {
+      quantizeProducts(g, quant, (name, transposed) => this.quantized(name, transposed));
+      const inputs = new Set(g.inputs.map((i) => i.name));
+      for (const name of this.shapes.keys()) if (!inputs.has(name)) this.unfed.add(name);
+      for (const name of this.unfed) delete this.params[name];
+    }
+    return g;
+  }
+
   private session(kind: GraphKind, head: DecodeHead): Promise<Session> {
     const key = `${kind}/${head}`;
     let s = this.sessions.get(key);
     if (!s) {
-      const quant = this.build.quant;
-      const weightFirst = !quant && kind !== 'stepSmall' && (this.build.runtime?.ep ?? 'cpu') === 'cpu';
-      const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst, fused: this.build.fused });
-      if (quant) {
-        quantizeProducts(g, quant, (name, transposed) => this.quantized(name, transposed));
-        const inputs = new Set(g.inputs.map((i) => i.name));
-        for (const name of this.shapes.keys()) if (!inputs.has(name)) this.unfed.add(name);
-        for (const name of this.unfed) delete this.params[name];
-      }
-      s = Session.fromGraph(g, this.build.runtime);
+      s = Session.fromGraph(this.graph(kind, head), this.build.runtime);
       this.sessions.set(key, s);
     }
     return s;
+  }
+
+  /** Whether the host graphs use the fused decoding ops (`DecoderOptions.fused`). */
+  get fused(): boolean {
+    return this.build.fused;
+  }
+
+  /**
+   * Nodes of the step graph a cache of `maxRows` rows runs with `pick`'s head: as built (`graph`) and
+   * as ONNX Runtime runs it after its own optimisations (`runtime`, one kernel call each on the CPU;
+   * null where not saved). The WebGPU backend runs the same step graph, its head the logits.
+   */
+  async stepNodes(maxRows: number, head: DecodeHead): Promise<{ graph: number; runtime: number | null }> {
+    const g = this.graph(maxRows <= 2 && !this.baked && !this.build.quant ? 'stepSmall' : 'step', this.device ? 'logits' : head);
+    const graph = g.nodes.length;
+    return { graph, runtime: await optimizedNodeCount(g, this.build.runtime) };
   }
 
   /** Whether the graph can pick tokens (its float64 sampling runs on the CPU only). */
