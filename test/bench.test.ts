@@ -88,10 +88,18 @@ describe('prefzoo bench --generate', () => {
     for (const k of ['prefill_ms', 'decode_tokens_per_s', 'ms_per_step', 'gflop_per_step', 'bandwidth_bound_ms', 'peak_rss_mb']) expect(j[k], k).toBeGreaterThan(0);
     expect(j).toMatchObject({ weights: 'fed', batch: 2, prompt_tokens: 5, new_tokens: 8, flop_bound_ms: null });
     expect(j.decode_tokens_per_s).toBeCloseTo(2000 / j.ms_per_step, -1);
+    // The CPU's fused decode graphs, and --unfused's: fewer nodes built and run per step fused.
+    const u = await prefzoo('bench', '--generate', '--preset', 'tiny', '--batch', '2', '--prompt', '5', '--new', '4', '--runs', '1', '--no-peak', '--unfused', '--json');
+    expect(u.code, u.stderr).toBe(0);
+    const ju = JSON.parse(u.stdout.trim());
+    expect([j.fused, ju.fused]).toEqual([true, false]);
+    expect(j.nodes_per_step.graph).toBeLessThan(ju.nodes_per_step.graph);
+    expect(j.nodes_per_step.runtime).toBeGreaterThan(0);
+    expect(j.nodes_per_step.runtime).toBeLessThan(ju.nodes_per_step.runtime);
   }, 120_000);
 
   it('refuses the training step flags with --generate, and --generate flags without it', async () => {
-    for (const args of [['--generate', '--steps', '3'], ['--generate', '--lora'], ['--batch', '4'], ['--generate', '--arch', 'bert']]) {
+    for (const args of [['--generate', '--steps', '3'], ['--generate', '--lora'], ['--batch', '4'], ['--unfused'], ['--generate', '--arch', 'bert']]) {
       const r = await prefzoo('bench', ...args);
       expect(r.code, args.join(' ')).toBe(1);
       expect(r.stderr.trim().split('\n')).toHaveLength(1);

@@ -36,6 +36,8 @@ export interface GenerateBenchOptions {
   baked?: boolean;
   /** Products over block-quantized weights (q8/q4, MatMulNBits; `prefzoo bench --generate --dtype`); default f32. */
   quant?: ProductQuant | null;
+  /** The host decode graphs with ONNX Runtime's fused ops (Decoder's `fused`; default: the decoder's own, fused on the CPU); false: `bench --generate --unfused`. */
+  fused?: boolean;
   runtime?: RuntimeOptions;
   skipPeak?: boolean;
   /** A model's config and weights instead of the preset's random ones (`bench --serve --model`); `preset` then names it. */
@@ -49,6 +51,10 @@ export interface GenerateBenchResult {
   preset: string;
   params: number;
   weights: 'fed' | 'baked';
+  /** Whether the decode graphs use ONNX Runtime's fused ops (docs/performance.md, "Fused decoding"). */
+  fused: boolean;
+  /** Nodes of one decode step's graph: as built, and as ONNX Runtime runs it (one kernel call each on the CPU; null where not read). */
+  nodes_per_step: { graph: number; runtime: number | null };
   /** f32, or q8/q4 with its block size. */
   dtype: string;
   /**
@@ -144,7 +150,9 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
   const weights = o.model?.weights ?? initWeights(config, 0);
   const { batch: B, prompt: P, newTokens: N } = o;
   const runs = o.runs ?? 3;
-  const dec = await Decoder.create(config, weights, o.quant ? { quant: o.quant, runtime: o.runtime } : { bake: o.baked ?? false, runtime: o.runtime });
+  const dec = await Decoder.create(config, weights, { ...(o.quant ? { quant: o.quant } : { bake: o.baked ?? false }), runtime: o.runtime, fused: o.fused });
+  // The bench samples at temperature 1: the step graph's head is `sample-t1` (the logits on WebGPU).
+  const nodes = await dec.stepNodes(B, 'sample-t1');
   const V = config.vocab_size;
   const reqs = (seed: number): GenerateRequest[] =>
     Array.from({ length: B }, (_, i) => ({ promptIds: Array.from({ length: P }, (_, t) => 16 + ((i * 7919 + t * 104729) % (Math.min(V, 4096) - 16))), rng: sampleRandom(seed, i, 0) }));
@@ -186,6 +194,7 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
     update = { update_ms: round(t1 - t0 - (performance.now() - t1)), quantize_ms: round(dec.quantizeMs - q0) };
     log(`a weight update: ${update.update_ms} ms on the next generation, ${update.quantize_ms} ms of it quantizing`);
   }
+  const fused = dec.fused;
   await dec.release();
   // Before the MatMul peak and bandwidth probes, which allocate their own buffers.
   const rss = Math.round(process.resourceUsage().maxRSS / 1024);
@@ -200,6 +209,8 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
     preset: o.preset,
     params: countParameters(config),
     weights: o.baked ? 'baked' : 'fed',
+    fused,
+    nodes_per_step: nodes,
     dtype: o.quant ? `q${o.quant.bits} (block ${o.quant.block})` : 'f32',
     ...(update ?? {}),
     device: o.runtime?.ep ?? 'cpu',
@@ -236,7 +247,8 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
 /** One line per figure, for the terminal. */
 export function formatGenerateBench(r: GenerateBenchResult): string {
   const lines: [string, string][] = [
-    ['model', `${r.arch} ${r.preset}, ${r.params.toLocaleString('en-US')} parameters, weights ${r.weights}, ${r.dtype}, ${r.device}`],
+    ['model', `${r.arch} ${r.preset}, ${r.params.toLocaleString('en-US')} parameters, weights ${r.weights}, ${r.dtype}, ${r.device}, ${r.fused ? 'fused' : 'unfused'} graphs`],
+    ['nodes_per_step', `${r.nodes_per_step.graph} built, ${r.nodes_per_step.runtime ?? 'not read'} after ONNX Runtime's optimisations`],
     ...(r.update_ms !== undefined ? ([['update_ms', `${r.update_ms} (a weight update's cost to the next generation; quantizing ${r.quantize_ms})`]] as [string, string][]) : []),
     ['shape', `batch ${r.batch}, prompt ${r.prompt_tokens}, ${r.new_tokens} new tokens, multinomial sampling`],
     ['prefill_ms', String(r.prefill_ms)],

@@ -47,6 +47,14 @@ export interface DecodeGraphOptions {
    * feeds one token per row and returns only its new keys/values.
    */
   concatPast?: boolean;
+  /**
+   * Build with ONNX Runtime's fused decoding ops where the family has them (the llama family: each
+   * residual sum and the RMSNorm after it as SkipSimplifiedLayerNormalization, the rotary embedding as
+   * RotaryEmbedding, both com.microsoft); same numbers within float32 rounding, fewer nodes per step
+   * (docs/performance.md, "Fused decoding"). Default false: the graphs exported for other runtimes
+   * keep standard ONNX ops.
+   */
+  fused?: boolean;
 }
 
 /**
@@ -87,7 +95,7 @@ export function buildDecodeGraph(config: ModelConfig, o: DecodeGraphOptions): Gr
   const P = new Params(params, config, o.lora);
   const family = familyFor(config);
   const ix = decodeIndex(g, ids, attn, family.window(config));
-  const hidden = family.decode(g, config, P, ix, past);
+  const hidden = family.decode(g, config, P, ix, past, { fused: o.fused });
   const headW = family.headWeight(config, P);
   // Only each row's last new position needs logits: [B·S, D] → [B, S, D] → [B, D].
   const D = headW.shape![1] as number;

@@ -10,7 +10,8 @@ import type { ModelConfig } from './config.ts';
 import type { FloatTensor } from './checkpoint.ts';
 import type { LoraConfig } from './lora.ts';
 import { modelParameterShapes } from './params.ts';
-import { Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
+import { optimizedNodeCount, Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
+import type { Graph } from '../onnx/graph.ts';
 import { buildDecodeGraph, cacheShape, pastName, presentName, type DecodeHead } from './decode.ts';
 import { DeviceDecode } from './generate-device.ts';
 import { allocQuantized, quantizeInto, quantizeProducts, type ProductQuant, type QuantizedWeight } from './quantize.ts';
@@ -36,6 +37,12 @@ export interface DecoderOptions {
    * embeddings, norms and biases stay float32 and fed. CPU only.
    */
   quant?: ProductQuant | null;
+  /**
+   * The host graphs with ONNX Runtime's fused decoding ops (decode.ts's `fused`; default true on the
+   * CPU provider). false builds the unfused graphs (tests compare the two). The WebGPU backend keeps
+   * its unfused graphs (docs/performance.md, "Fused decoding"), so true is refused there.
+   */
+  fused?: boolean;
 }
 
 /**
@@ -74,7 +81,7 @@ export class Decoder {
     readonly config: ModelConfig,
     private readonly shapes: Map<string, number[]>,
     readonly baked: boolean,
-    private readonly build: { weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; runtime?: RuntimeOptions; prefillTokens: number; quant?: ProductQuant | null },
+    private readonly build: { weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; runtime?: RuntimeOptions; prefillTokens: number; quant?: ProductQuant | null; fused: boolean },
   ) {
     if (build.quant && (build.runtime?.ep ?? 'cpu') !== 'cpu') throw new Error(`decoder: q${build.quant.bits} products run on the CPU provider only, not ${build.runtime!.ep}`);
     this.device = build.runtime?.ep === 'webgpu' ? new DeviceDecode(config, shapes, { ...build, runtime: build.runtime }) : null;
@@ -86,28 +93,52 @@ export class Decoder {
     // of a run comes on top of the arena (measured: ~75 MB less peak RSS at batch 32, no slower).
     const runtime: RuntimeOptions = { memPattern: false, ...o.runtime };
     if (bake && o.quant) throw new Error('decoder: quant feeds its weights; it cannot also bake them');
-    const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime, prefillTokens: o.prefillTokens ?? 256, quant: o.quant });
+    const cpu = (runtime.ep ?? 'cpu') === 'cpu';
+    if (o.fused && !cpu) throw new Error(`decoder: the fused decoding graphs run on the CPU provider only, not ${runtime.ep}`);
+    const fused = o.fused ?? cpu;
+    const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime, prefillTokens: o.prefillTokens ?? 256, quant: o.quant, fused });
     if (!bake) d.setWeights((name) => weights.get(name)?.data);
     return d;
+  }
+
+  /** The graph of a session (see `session`). */
+  private graph(kind: GraphKind, head: DecodeHead): Graph {
+    const quant = this.build.quant;
+    const weightFirst = !quant && kind !== 'stepSmall' && (this.build.runtime?.ep ?? 'cpu') === 'cpu';
+    const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst, fused: this.build.fused });
+    if (quant) {
+      quantizeProducts(g, quant, (name, transposed) => this.quantized(name, transposed));
+      const inputs = new Set(g.inputs.map((i) => i.name));
+      for (const name of this.shapes.keys()) if (!inputs.has(name)) this.unfed.add(name);
+      for (const name of this.unfed) delete this.params[name];
+    }
+    return g;
   }
 
   private session(kind: GraphKind, head: DecodeHead): Promise<Session> {
     const key = `${kind}/${head}`;
     let s = this.sessions.get(key);
     if (!s) {
-      const quant = this.build.quant;
-      const weightFirst = !quant && kind !== 'stepSmall' && (this.build.runtime?.ep ?? 'cpu') === 'cpu';
-      const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst });
-      if (quant) {
-        quantizeProducts(g, quant, (name, transposed) => this.quantized(name, transposed));
-        const inputs = new Set(g.inputs.map((i) => i.name));
-        for (const name of this.shapes.keys()) if (!inputs.has(name)) this.unfed.add(name);
-        for (const name of this.unfed) delete this.params[name];
-      }
-      s = Session.fromGraph(g, this.build.runtime);
+      s = Session.fromGraph(this.graph(kind, head), this.build.runtime);
       this.sessions.set(key, s);
     }
     return s;
+  }
+
+  /** Whether the host graphs use the fused decoding ops (`DecoderOptions.fused`). */
+  get fused(): boolean {
+    return this.build.fused;
+  }
+
+  /**
+   * Nodes of the step graph a cache of `maxRows` rows runs with `pick`'s head: as built (`graph`) and
+   * as ONNX Runtime runs it after its own optimisations (`runtime`, one kernel call each on the CPU;
+   * null where not saved). The WebGPU backend runs the same step graph, its head the logits.
+   */
+  async stepNodes(maxRows: number, head: DecodeHead): Promise<{ graph: number; runtime: number | null }> {
+    const g = this.graph(maxRows <= 2 && !this.baked && !this.build.quant ? 'stepSmall' : 'step', this.device ? 'logits' : head);
+    const graph = g.nodes.length;
+    return { graph, runtime: await optimizedNodeCount(g, this.build.runtime) };
   }
 
   /** Whether the graph can pick tokens (its float64 sampling runs on the CPU only). */

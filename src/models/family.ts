@@ -296,8 +296,12 @@ export interface Family<C extends ModelConfig = ModelConfig> {
   hidden(g: Graph, c: C, P: ModelParams, bi: BatchIndex): Tensor;
   /** The output head's weight `[V, D]` (the token embedding when tied). */
   headWeight(c: C, P: ModelParams): Tensor;
-  /** The KV-cached decode: final hidden states `[B·S, D]` of S new tokens per row over the cache `past`. */
-  decode(g: Graph, c: C, P: ModelParams, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor;
+  /**
+   * The KV-cached decode: final hidden states `[B·S, D]` of S new tokens per row over the cache `past`.
+   * `o.fused`: with ONNX Runtime's fused ops where the family has them (see decode.ts's `fused`); a
+   * family without ignores it.
+   */
+  decode(g: Graph, c: C, P: ModelParams, ix: DecodeIndex, past: Map<string, Tensor> | null, o?: { fused?: boolean }): Tensor;
   cacheShape(c: C): CacheShape;
   /** Every projection that can carry a LoRA adapter (the LM head and embeddings are not targets). */
   projections(c: C): LoraModule[];

@@ -7,7 +7,7 @@
  * overrides with the tanh approximation the models were trained with.
  */
 import type { Activation, LlamaConfig } from './family.ts';
-import { activation, rmsNorm } from './layers.ts';
+import { activation } from './layers.ts';
 import { llamaFamily } from './llama.ts';
 
 function mlpActivation(c: LlamaConfig): Activation {
@@ -32,7 +32,7 @@ export const GEMMA = llamaFamily({
   gguf: { arch: 'gemma', normPlusOne: true, activations: ['gelu_pytorch_tanh', 'gelu_new', 'gelu_fast'], activation: mlpActivation },
   normInit: 0,
   embed: (g, c, P, flatIds) => g.mul(P.rows('model.embed_tokens.weight', flatIds), Math.sqrt(c.hidden_size)),
-  norm: (g, c, x, w) => rmsNorm(g, x, g.add(w, 1), c.rms_norm_eps),
+  normWeight: (g, w) => g.add(w, 1),
   mlp(g, c, _p, x, proj) {
     const gate = activation(g, mlpActivation(c), proj('mlp.gate_proj', x, c.mlp_bias));
     return proj('mlp.down_proj', g.mul(gate, proj('mlp.up_proj', x, c.mlp_bias)), c.mlp_bias);

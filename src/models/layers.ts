@@ -5,7 +5,7 @@
  * Gemm and its weight gradient one Gemm, with no batched-matmul reductions; only attention reshapes
  * to `[B, heads, T, head_dim]`. The second half holds the blocks of KV-cached decoding (src/models/decode.ts).
  */
-import { Graph, Tensor, type Dim, type Shape } from '../onnx/graph.ts';
+import { attr, Graph, Tensor, type Dim, type Shape } from '../onnx/graph.ts';
 import type { Activation, Adapter, BatchIndex, DecodeIndex, FloatDType } from './family.ts';
 
 // The batch, decode and adapter types are declared in family.ts, which the family files and this file
@@ -122,6 +122,36 @@ export function rmsNorm(g: Graph, x: Tensor, w: Tensor, eps: number): Tensor {
 
 export function layerNorm(g: Graph, x: Tensor, w: Tensor, b: Tensor, eps: number): Tensor {
   return g.layerNorm(x, w, b, { axis: -1, epsilon: eps });
+}
+
+/**
+ * `skip` added to `x`, then RMSNorm of the sum (weight `w`), as one node: ONNX Runtime's
+ * SkipSimplifiedLayerNormalization (com.microsoft), which returns the sum beside the normed value (the
+ * residual stream goes on from it); without `skip`, SimplifiedLayerNormalization (ORT's, ONNX domain).
+ * The same function as `rmsNorm(g, add(x, skip), w, eps)` (scripts/bench/fused-ops.ts holds both
+ * against float64). Decode graphs only: the ops have no gradient rule. Returns [normed, sum].
+ */
+export function fusedRmsNorm(g: Graph, x: Tensor, skip: Tensor | null, w: Tensor, eps: number): [Tensor, Tensor] {
+  const out = { dtype: x.dtype, shape: x.shape };
+  if (!skip) {
+    const y = g.op('SimplifiedLayerNormalization', [x, w], { axis: attr.int(-1), epsilon: attr.float(eps), stash_type: attr.int(1) }, [out])[0];
+    return [y, x];
+  }
+  const [y, , , sum] = g.op('SkipSimplifiedLayerNormalization', [x, skip, w], { epsilon: attr.float(eps) }, [out, { dtype: 'float32', shape: null }, { dtype: 'float32', shape: null }, out], undefined, 'com.microsoft');
+  return [y, sum];
+}
+
+/**
+ * Rotate-half RoPE of `x` `[B, S, heads, hd]` on its first `rd` dims at `positions` `[B, S]` (int64),
+ * as one node: ONNX Runtime's RotaryEmbedding (com.microsoft) over tables `cos`, `sin`
+ * `[max positions, rd/2]`. A position past the tables is an error of the run. Decode graphs only.
+ */
+export function rotaryEmbedding(g: Graph, x: Tensor, positions: Tensor, cos: Tensor, sin: Tensor, heads: number, hd: number, rd: number): Tensor {
+  const [B, S] = x.shape ?? ['B', 'S'];
+  const flat = reshapeTo(g, x, [0, 0, -1], [B, S, heads * hd]);
+  const attrs = { num_heads: attr.int(heads), rotary_embedding_dim: attr.int(rd) };
+  const y = g.op('RotaryEmbedding', [flat, positions, cos, sin], attrs, [{ dtype: x.dtype, shape: [B, S, heads * hd] }], undefined, 'com.microsoft')[0];
+  return reshapeTo(g, y, [0, 0, heads, hd], [B, S, heads, hd]);
 }
 
 const SQRT_2_OVER_PI = Math.sqrt(2 / Math.PI);

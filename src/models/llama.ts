@@ -13,7 +13,7 @@
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import { UserError } from '../errors.ts';
 import { type Activation, type Family, type FieldReader, type GgufNames, type LlamaConfig, type LoraModule, type ModelParams, type LlamaType, type OnnxNames, type SpecialIds, ggufValue as gv } from './family.ts';
-import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, extendCache, project, reshapeRt, rmsNorm, splitHeads } from './layers.ts';
+import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, extendCache, fusedRmsNorm, project, reshapeRt, rmsNorm, rotaryEmbedding, splitHeads } from './layers.ts';
 
 /** A projection of layer tensors by module name (`self_attn.q_proj`), with its LoRA adapter when on. */
 export type Proj = (name: string, x: Tensor, hasBias: boolean) => Tensor;
@@ -63,8 +63,8 @@ export interface LlamaMember {
   projections?(c: LlamaConfig, p: string): LoraModule[];
   /** Token embeddings `[N, D]` of the flat ids. */
   embed?(g: Graph, c: LlamaConfig, P: ModelParams, flatIds: Tensor): Tensor;
-  /** The RMSNorm of weight `w`. */
-  norm?(g: Graph, c: LlamaConfig, x: Tensor, w: Tensor): Tensor;
+  /** The weight an RMSNorm multiplies by, from the stored `w` (default `w` itself). */
+  normWeight?(g: Graph, w: Tensor): Tensor;
   /** q `[N, H·hd]`, k and v `[N, KV·hd]` from the normed input. */
   qkv?(g: Graph, c: LlamaConfig, p: string, x: Tensor, proj: Proj, P: ModelParams): [Tensor, Tensor, Tensor];
   /** Per-head transform of q and k `[B, T, heads, hd]` before the rotary embedding. */
@@ -261,7 +261,14 @@ function ropeTables(m: LlamaMember, g: Graph, c: LlamaConfig, positions: Tensor,
 export interface Attend {
   /** `[N, n·hd]` → `[B, T, n, hd]`. */
   heads(x: Tensor, n: number): Tensor;
-  rope: RopeTables;
+  /** The rotary tables of the unfused graph (absent when `fused`). */
+  rope?: RopeTables;
+  /**
+   * Decoding with ONNX Runtime's fused ops: each residual sum and the norm after it as one
+   * SkipSimplifiedLayerNormalization, and `rotate` (RotaryEmbedding) in place of the rope subgraph —
+   * `query`: the result carries the 1/√hd scale.
+   */
+  fused?: { rotate(x: Tensor, n: number, query: boolean): Tensor };
   /** Layer i's attention of q `[B, T, H, hd]` (scaled) over k, v `[B, T, KV, hd]` → context `[N, H·hd]`. */
   attend(layer: number, q: Tensor, k: Tensor, v: Tensor): Tensor;
 }
@@ -273,8 +280,23 @@ function llamaStack(fam: LlamaMember, g: Graph, c: LlamaConfig, P: ModelParams, 
   const hd = c.head_dim;
   const rd = rotaryDim(fam, c);
   const bias = attentionBiases(fam, c);
-  const norm = (x: Tensor, w: string) => (fam.norm ? fam.norm(g, c, x, P.get(w)) : rmsNorm(g, x, P.get(w), c.rms_norm_eps));
-  const { cos, sin, cosQ, sinQ } = at.rope;
+  const weight = (w: string) => (fam.normWeight ? fam.normWeight(g, P.get(w)) : P.get(w));
+  const norm = (x: Tensor, w: string) => rmsNorm(g, x, weight(w), c.rms_norm_eps);
+  // Fused: `carry` is the last block's output, not yet added to the residual stream `h`: the next
+  // norm takes the sum and the norm in one node and hands the sum back.
+  let carry: Tensor | null = null;
+  const addNorm = (x: Tensor, w: string): [Tensor, Tensor] => {
+    const r = fusedRmsNorm(g, x, carry, weight(w), c.rms_norm_eps);
+    carry = null;
+    return r;
+  };
+  const rotate = (x: Tensor, n: number, query: boolean): Tensor => {
+    if (at.fused) return at.fused.rotate(x, n, query);
+    const { cos, sin, cosQ, sinQ } = at.rope!;
+    if (!query) return rope(g, x, cos, sin, hd, rd);
+    // The 1/√hd scale rides on the queries' cos/sin when every dim rotates; otherwise on q itself.
+    return rd === hd ? rope(g, x, cosQ, sinQ, hd, rd) : g.mul(rope(g, x, cos, sin, hd, rd), 1 / Math.sqrt(hd));
+  };
 
   let h = g.scope('embed', () => (fam.embed ? fam.embed(g, c, P, flatIds) : P.rows('model.embed_tokens.weight', flatIds))); // [N, D]
   for (let i = 0; i < c.num_hidden_layers; i++) {
@@ -282,30 +304,36 @@ function llamaStack(fam: LlamaMember, g: Graph, c: LlamaConfig, P: ModelParams, 
     h = g.scope(`layers.${i}`, () => {
       const proj: Proj = (name, x, hasBias) =>
         project(g, x, P.get(p + name + '.weight'), hasBias ? P.get(p + name + '.bias') : null, 'linear', P.adapter(p + name));
+      let hIn = h;
       const attnOut = g.scope('attn', () => {
-        const x = norm(h, p + 'input_layernorm.weight');
+        let x: Tensor;
+        if (at.fused) [x, hIn] = addNorm(h, p + 'input_layernorm.weight');
+        else x = norm(h, p + 'input_layernorm.weight');
         const [q2, k2, v2] = fam.qkv
           ? fam.qkv(g, c, p, x, proj, P)
           : [proj('self_attn.q_proj', x, bias.qkv), proj('self_attn.k_proj', x, bias.qkv), proj('self_attn.v_proj', x, bias.qkv)];
         let q = at.heads(q2, H);
         let k = at.heads(k2, KV);
         if (fam.headNorm) [q, k] = fam.headNorm(g, c, p, q, k, P);
-        // The 1/√hd scale rides on the queries' cos/sin when every dim rotates; otherwise on q itself.
-        const qr = rd === hd ? rope(g, q, cosQ, sinQ, hd, rd) : g.mul(rope(g, q, cos, sin, hd, rd), 1 / Math.sqrt(hd));
-        const ctx = at.attend(i, qr, rope(g, k, cos, sin, hd, rd), at.heads(v2, KV));
+        const ctx = at.attend(i, rotate(q, H, true), rotate(k, KV, false), at.heads(v2, KV));
         return proj('self_attn.o_proj', ctx, bias.o);
       });
-      const h1 = g.add(h, attnOut);
+      let h1: Tensor | null = at.fused ? null : g.add(h, attnOut);
+      carry = attnOut;
       const mlpOut = g.scope('mlp', () => {
-        const x = norm(h1, p + 'post_attention_layernorm.weight');
+        let x: Tensor;
+        if (at.fused) [x, h1] = addNorm(hIn, p + 'post_attention_layernorm.weight');
+        else x = norm(h1!, p + 'post_attention_layernorm.weight');
         if (fam.mlp) return fam.mlp(g, c, p, x, proj);
         const gate = activation(g, c.hidden_act, proj('mlp.gate_proj', x, c.mlp_bias));
         return proj('mlp.down_proj', g.mul(gate, proj('mlp.up_proj', x, c.mlp_bias)), c.mlp_bias);
       });
-      return g.add(h1, mlpOut);
+      if (!at.fused) return g.add(h1!, mlpOut);
+      carry = mlpOut;
+      return h1!;
     });
   }
-  return norm(h, 'model.norm.weight');
+  return at.fused ? addNorm(h, 'model.norm.weight')[0] : norm(h, 'model.norm.weight');
 }
 
 /** The sliding window of a config (a token sees at most this many positions), or null. */
@@ -340,15 +368,57 @@ function llamaHeadWeight(c: LlamaConfig, P: ModelParams): Tensor {
   return P.get(c.tie_word_embeddings ? 'model.embed_tokens.weight' : 'lm_head.weight');
 }
 
-/** Final hidden states `[B·S, D]` of S new tokens per row: the same layers, attending over the key/value cache `past`. */
-function llamaDecode(m: LlamaMember, g: Graph, c: LlamaConfig, P: ModelParams, ix: DecodeIndex, past: Map<string, Tensor> | null): Tensor {
+/**
+ * The rotary tables of positions 0 … max_position_embeddings − 1 `[positions, rd/2]` for
+ * RotaryEmbedding, each value as the unfused graph computes it in float32 (position × frequency
+ * rounded to float32, then its cos and sin), and the queries' copies with the 1/√hd scale when every
+ * dim rotates (as `ropeTables`' cosQ/sinQ).
+ */
+function rotaryCache(m: LlamaMember, g: Graph, c: LlamaConfig): { cos: Tensor; sin: Tensor; cosQ: Tensor; sinQ: Tensor } {
+  const freqs = rotaryFrequencies(m, c).map(Math.fround);
+  const half = freqs.length;
+  const n = c.max_position_embeddings;
+  const scale = Math.fround(1 / Math.sqrt(c.head_dim));
+  const [cos, sin, cosQ, sinQ] = [0, 1, 2, 3].map(() => new Float32Array(n * half));
+  for (let p = 0; p < n; p++) {
+    for (let i = 0; i < half; i++) {
+      const angle = Math.fround(p * freqs[i]);
+      const j = p * half + i;
+      cos[j] = Math.cos(angle);
+      sin[j] = Math.sin(angle);
+      cosQ[j] = cos[j] * scale;
+      sinQ[j] = sin[j] * scale;
+    }
+  }
+  const t = (x: Float32Array) => g.constant(x, 'float32', [n, half]);
+  return rotaryDim(m, c) === c.head_dim ? { cos: t(cos), sin: t(sin), cosQ: t(cosQ), sinQ: t(sinQ) } : { cos: t(cos), sin: t(sin), cosQ: t(cos), sinQ: t(sin) };
+}
+
+/**
+ * Final hidden states `[B·S, D]` of S new tokens per row: the same layers, attending over the key/value
+ * cache `past`. `fused`: residual sums and norms as SkipSimplifiedLayerNormalization, the rotary
+ * embedding as RotaryEmbedding (see `Attend.fused`).
+ */
+function llamaDecode(m: LlamaMember, g: Graph, c: LlamaConfig, P: ModelParams, ix: DecodeIndex, past: Map<string, Tensor> | null, o: { fused?: boolean } = {}): Tensor {
   const H = c.num_attention_heads;
   const KV = c.num_key_value_heads;
   const hd = c.head_dim;
+  const rd = rotaryDim(m, c);
   const byToken = (x: Tensor, n: number) => reshapeRt(g, x, g.concat([ix.shapeBS, g.ints([n, hd])], 0), ['B', 'S', n, hd]); // [B, S, n, hd]
+  let fused: Attend['fused'];
+  if (o.fused) {
+    const t = g.scope('rope', () => rotaryCache(m, g, c));
+    fused = {
+      rotate(x, n, query) {
+        const y = rotaryEmbedding(g, x, ix.positions, query ? t.cosQ : t.cos, query ? t.sinQ : t.sin, n, hd, rd);
+        return query && rd !== hd ? g.mul(y, 1 / Math.sqrt(hd)) : y;
+      },
+    };
+  }
   return llamaStack(m, g, c, P, ix.flatIds, {
     heads: byToken,
-    rope: ropeTables(m, g, c, ix.positions, 'float32'),
+    rope: fused ? undefined : ropeTables(m, g, c, ix.positions, 'float32'),
+    fused,
     attend(i, q, k, v) {
       const [kc, vc] = extendCache(g, i, g.transpose(k, [0, 2, 1, 3]), g.transpose(v, [0, 2, 1, 3]), past);
       return cachedAttention(g, ix, g.transpose(q, [0, 2, 1, 3]), kc, vc, H, KV, hd);
@@ -573,7 +643,7 @@ export function llamaFamily(m: LlamaMember): Family<LlamaConfig> {
     window: (c) => attentionWindow(m, c),
     hidden: (g, c, P, bi) => llamaHidden(m, g, c, P, bi),
     headWeight: llamaHeadWeight,
-    decode: (g, c, P, ix, past) => llamaDecode(m, g, c, P, ix, past),
+    decode: (g, c, P, ix, past, o) => llamaDecode(m, g, c, P, ix, past, o),
     cacheShape: llamaCacheShape,
     projections(c) {
       const mods: LoraModule[] = [];

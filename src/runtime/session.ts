@@ -12,7 +12,7 @@ import { fileURLToPath } from 'node:url';
 import { DeviceUnavailableError, UserError } from '../errors.ts';
 import type { DType, TypedArray } from '../onnx/dtype.ts';
 import { Graph } from '../onnx/graph.ts';
-import { serializeModel } from '../onnx/proto.ts';
+import { loadModel, serializeModel } from '../onnx/proto.ts';
 import { lowerForWebGpu } from '../onnx/lower.ts';
 
 export type ExecutionProvider = 'cpu' | 'webgpu' | 'cuda';
@@ -144,6 +144,26 @@ export function sessionOptions(o: RuntimeOptions, outputs?: Record<string, Outpu
     opts.interOpNumThreads = 1;
   }
   return opts;
+}
+
+/**
+ * The nodes ONNX Runtime runs for graph `g` under `o` (its graph after the session's optimisations and
+ * fusions, saved by the session and read back): on the CPU each is one kernel call per run. null
+ * where the provider cannot save its optimised graph.
+ */
+export async function optimizedNodeCount(g: Graph, o: RuntimeOptions = {}): Promise<number | null> {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-nodes-'));
+  try {
+    const file = path.join(dir, 'optimized.onnx');
+    const opts = { ...sessionOptions(o), optimizedModelFilePath: file };
+    if (o.ep === 'webgpu') lowerForWebGpu(g);
+    const s = await ort.InferenceSession.create(serializeModel(g), opts).catch(() => null);
+    if (!s) return null;
+    await s.release();
+    return fs.existsSync(file) ? loadModel(file).graph.nodes.length : null;
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 }
 
 /** A session plus names; `run` accepts pre-allocated outputs so a step can reuse its buffers. */
