@@ -7,13 +7,14 @@
  * over base + those adapters, unmerged; without the base frozen, an update makes new sessions. And
  * a LoRA grpo run at rollout_dtype=q4: its policy after an update draws the same tokens and
  * log-probs as a q4 decoder built afresh over the base and the adapter the run saved, and no update
- * made a session again.
+ * made a session again. The model bytes written into a reused buffer (`serializeModelInto`) read
+ * back as `serializeModel`'s.
  */
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { allocQuantized, blocksPerRow, quantizeInto, type QuantBits, type QuantizedWeight } from '../src/models/quantize.ts';
+import { allocQuantized, blocksPerRow, quantizeBlocks, quantizeInto, quantizeProducts, type QuantBits, type QuantizedWeight } from '../src/models/quantize.ts';
 import { Decoder, generateIds, type Generated } from '../src/models/generate.ts';
 import { initLora, type LoraConfig } from '../src/models/lora.ts';
 import { initModelFolder } from '../src/models/init.ts';
@@ -21,6 +22,8 @@ import { loadModel } from '../src/models/load.ts';
 import { loadAdapter } from '../src/models/peft.ts';
 import { sampleRandom } from '../src/models/sampling.ts';
 import { grpo } from '../src/online/grpo/index.ts';
+import { buildDecodeGraph } from '../src/models/decode.ts';
+import { parseModel, serializeModel, serializeModelInto } from '../src/onnx/proto.ts';
 import { uniform } from '../src/random.ts';
 import { randomWeights, testConfig } from './helpers/model-fixtures.ts';
 import type { FloatTensor } from '../src/models/checkpoint.ts';
@@ -108,6 +111,35 @@ describe('the block quantizer', () => {
         expect(Buffer.from(T.scales.buffer).equals(Buffer.from(want.scales.buffer))).toBe(true);
       }
     }
+  });
+});
+
+describe('serializeModelInto', () => {
+  it("reads back as serializeModel's model, written again into the same buffer", () => {
+    const c = testConfig('llama');
+    const w = randomWeights(c, 4);
+    const graph = (past: boolean) => {
+      const g = buildDecodeGraph(c, { past, head: 'sample-t1', weightFirst: false });
+      // Large enough initializers to be spliced (64 KiB and more): the products' blocks and a filler.
+      quantizeProducts(g, { bits: 8, block: 16 }, (name) => quantizeBlocks(w.get(name)!.data, w.get(name)!.shape[0], w.get(name)!.shape[1], 8, 16));
+      g.initializer('filler', { dtype: 'float32', dims: [40000], data: Float32Array.from({ length: 40000 }, (_, i) => i) });
+      return g;
+    };
+    const summary = (bytes: Uint8Array) => {
+      const { graph: g } = parseModel(bytes);
+      return {
+        nodes: g.nodes.map((n) => [n.op, n.domain, n.inputs, n.outputs, JSON.stringify(n.attrs)]),
+        inputs: g.inputs.map((v) => [v.name, v.dtype, v.shape]),
+        outputs: g.outputs.map((v) => [v.name, v.dtype, v.shape]),
+        initializers: [...g.initializers].sort(([a], [b]) => a.localeCompare(b)).map(([name, t]) => [name, t.dtype, t.dims, Buffer.from(t.data.buffer, t.data.byteOffset, t.data.byteLength).toString('base64')]),
+      };
+    };
+    const [prefill, step] = [graph(false), graph(true)];
+    const first = serializeModelInto(step, null);
+    expect(summary(first)).toEqual(summary(serializeModel(step)));
+    const again = serializeModelInto(prefill, new Uint8Array(first.buffer));
+    expect(again.buffer).toBe(first.buffer);
+    expect(summary(again)).toEqual(summary(serializeModel(prefill)));
   });
 });
 

@@ -12,6 +12,7 @@ import type { LoraConfig } from './lora.ts';
 import { modelParameterShapes } from './params.ts';
 import { optimizedNodeCount, Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
 import type { Graph } from '../onnx/graph.ts';
+import { serializeModelInto } from '../onnx/proto.ts';
 import { buildDecodeGraph, cacheShape, pastName, presentName, type DecodeHead } from './decode.ts';
 import { DeviceDecode } from './generate-device.ts';
 import { allocQuantized, quantizeInto, quantizeProducts, type ProductQuant, type QuantizedWeight } from './quantize.ts';
@@ -86,6 +87,13 @@ export class Decoder {
   sessionMs = 0;
   /** Sessions created so far (with `quant` and unfrozen weights, each update's next run makes new ones). */
   sessionsBuilt = 0;
+  /**
+   * With `quant`: the last model's bytes, written over by the next one's (the graphs are rebuilt after
+   * every update, and fresh memory is slow to touch), and the session creation under way: one at a
+   * time, so that no model's bytes are written over while ONNX Runtime reads them.
+   */
+  private modelBytes: Uint8Array | null = null;
+  private creating: Promise<unknown> = Promise.resolve();
 
   private constructor(
     readonly config: ModelConfig,
@@ -131,7 +139,15 @@ export class Decoder {
     if (!s) {
       const t0 = performance.now();
       const q0 = this.quantizeMs;
-      s = Session.fromGraph(this.graph(kind, head), this.build.runtime);
+      const g = this.graph(kind, head);
+      if (this.build.quant) {
+        s = this.creating.then(() => {
+          const bytes = serializeModelInto(g, this.modelBytes);
+          this.modelBytes = new Uint8Array(bytes.buffer);
+          return Session.create(bytes, this.build.runtime);
+        });
+        this.creating = s.catch(() => undefined);
+      } else s = Session.fromGraph(g, this.build.runtime);
       this.sessionsBuilt++;
       const started = t0 + (this.quantizeMs - q0);
       void s.then(() => (this.sessionMs += performance.now() - started), () => undefined);
