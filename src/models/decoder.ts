@@ -89,8 +89,9 @@ export class Decoder {
   sessionsBuilt = 0;
   /**
    * With `quant`: the last model's bytes, written over by the next one's (the graphs are rebuilt after
-   * every update, and fresh memory is slow to touch), and the session creation under way: one at a
-   * time, so that no model's bytes are written over while ONNX Runtime reads them.
+   * every update, and fresh memory is slow to touch; a model's size of memory held for it, none when
+   * no update rebuilds), and the session creation under way: one at a time, so that no model's bytes
+   * are written over while ONNX Runtime reads them.
    */
   private modelBytes: Uint8Array | null = null;
   private creating: Promise<unknown> = Promise.resolve();
@@ -141,9 +142,13 @@ export class Decoder {
       const q0 = this.quantizeMs;
       const g = this.graph(kind, head);
       if (this.build.quant) {
-        s = this.creating.then(() => {
+        s = this.creating.then(async () => {
           const bytes = serializeModelInto(g, this.modelBytes);
-          this.modelBytes = new Uint8Array(bytes.buffer);
+          // Kept for the next rebuild only where an update makes one: every baked weight frozen
+          // (LoRA's base), none comes, and the buffer (the model's size) would only hold memory.
+          const frozen = this.build.frozen;
+          const rebuilds = !frozen || [...this.current].some((name) => !frozen.has(name));
+          this.modelBytes = rebuilds ? new Uint8Array(bytes.buffer) : null;
           return Session.create(bytes, this.build.runtime);
         });
         this.creating = s.catch(() => undefined);
