@@ -122,6 +122,18 @@ describe('prefzoo bench --rollout', () => {
     expect(r.stderr).not.toMatch(/different tokens/);
   }, 120_000);
 
+  it('--dtype q4: each round pays its weight update (quantizing, new sessions); with --lora the frozen base makes none', async () => {
+    const run = (extra: string[]) => prefzoo('bench', '--rollout', '--preset', 'tiny', '--prompts', '2', '--generations', '2', '--prompt', '6', '--new', '4', '--batch', '4', '--dtype', 'q4', '--block-size', '16', '--json', ...extra);
+    const [full, lora] = await Promise.all([run([]), run(['--lora', '4'])]);
+    for (const r of [full, lora]) expect(r.code, r.stderr).toBe(0);
+    const [f, l] = [JSON.parse(full.stdout.trim()), JSON.parse(lora.stdout.trim())];
+    expect([f.lora, l.lora]).toEqual([0, 4]);
+    for (const k of ['session', 'padded_batches']) {
+      expect(f[k].update_s, k).toBeGreaterThan(0);
+      expect(l[k].update_s, k).toBe(0);
+    }
+  }, 120_000);
+
   it('refuses the training and --generate-only flags with --rollout', async () => {
     for (const args of [['--rollout', '--steps', '3'], ['--rollout', '--generate'], ['--rollout', '--baked'], ['--generations', '4']]) {
       const r = await prefzoo('bench', ...args);

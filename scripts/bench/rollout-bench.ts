@@ -8,9 +8,12 @@
  * by a waiting one, prompts at their own length) and without them (batches of `--batch` rows
  * left-padded and prefilled row by row, one batch after the other: the generation before sessions).
  * Prints prefill, decode and total seconds of each (medians) and the ratio; the tokens drawn are the
- * same both ways (checked).
+ * same both ways (checked). Each round starts with a weight update, as an online round does
+ * (`setWeights` with the same values: under q8/q4 every weight is quantized again and the sessions
+ * made again; with `--lora` the frozen base stays quantized and only the adapters are fed anew);
+ * `update_s` is what that costs the round (quantizing and making sessions), inside its total.
  *
- *   prefzoo bench --rollout [--preset small] [--prompts 8] [--generations 8] [--prompt 160] [--new 128] [--batch 32] [--runs 1]
+ *   prefzoo bench --rollout [--preset small] [--prompts 8] [--generations 8] [--prompt 160] [--new 128] [--batch 32] [--runs 1] [--dtype q4] [--lora 16]
  */
 import os from 'node:os';
 import { type Preset, presetArch, presetConfig } from '../../src/models/config.ts';
@@ -20,6 +23,7 @@ import { sampleRandom } from '../../src/models/sampling.ts';
 import { SeededRandom } from '../../src/random.ts';
 import type { RuntimeOptions } from '../../src/runtime/session.ts';
 import type { ProductQuant } from '../../src/models/quantize.ts';
+import { initLora } from '../../src/models/lora.ts';
 import { generatedVocabSize } from './decode-bench.ts';
 
 export interface RolloutBenchOptions {
@@ -34,6 +38,8 @@ export interface RolloutBenchOptions {
   runtime?: RuntimeOptions;
   /** The rollout's products over block-quantized weights (rollout_dtype q8/q4; `--dtype`); default f32. */
   quant?: ProductQuant | null;
+  /** LoRA adapters of this rank on every projection (alpha = 2·rank), the base frozen: a LoRA run's policy. */
+  lora?: number;
   log?: (line: string) => void;
 }
 
@@ -43,6 +49,8 @@ interface Timing {
   total_s: number;
   /** Process CPU time of the round (user + system, every thread): steadier than the wall on a shared machine. */
   cpu_s: number;
+  /** Of the total: the round's weight update (quantizing, making sessions; nothing else to do at f32). */
+  update_s: number;
 }
 
 export interface RolloutBenchResult {
@@ -51,6 +59,8 @@ export interface RolloutBenchResult {
   device: string;
   /** f32, or q8/q4 with its block size. */
   dtype: string;
+  /** LoRA rank on every projection (0: the whole model is the policy's weights). */
+  lora: number;
   prompts: number;
   generations: number;
   rows: number;
@@ -72,7 +82,10 @@ const r3 = (x: number) => Math.round(x * 1000) / 1000;
 export async function runRolloutBench(o: RolloutBenchOptions): Promise<RolloutBenchResult> {
   const log = o.log ?? (() => {});
   const config = presetConfig(presetArch(o.preset) ?? 'llama', o.preset, o.preset === 'tiny' ? { vocabSize: generatedVocabSize() } : {});
-  const dec = await Decoder.create(config, initWeights(config, 0), { runtime: o.runtime, quant: o.quant });
+  const base = initWeights(config, 0);
+  const lora = o.lora ? { rank: o.lora, alpha: 2 * o.lora, targets: ['all-linear'] } : null;
+  const weights = lora ? new Map([...base, ...initLora(config, lora, 1)]) : base;
+  const dec = await Decoder.create(config, weights, { runtime: o.runtime, quant: o.quant, lora, frozen: lora ? new Set(base.keys()) : undefined });
   const seed = o.seed ?? 0;
   const V = Math.min(config.vocab_size, 4096);
   const draw = new SeededRandom(seed);
@@ -81,9 +94,12 @@ export async function runRolloutBench(o: RolloutBenchOptions): Promise<RolloutBe
   const round = async (shared: boolean) => {
     let prefill = 0;
     setGenerateTimer((label, ms) => label === 'prefill' && (prefill += ms));
-    const s = GenerationSession.open(dec, { temperature: 1, maxBatch: o.batch, sharePrompts: shared, continuous: shared, slots: o.prompt + o.newTokens });
     const t0 = performance.now();
     const c0 = process.cpuUsage();
+    const u0 = dec.quantizeMs + dec.sessionMs;
+    // The update before the round: the sessions it drops are made again at first use, inside the round.
+    dec.setWeights((name) => weights.get(name)?.data);
+    const s = GenerationSession.open(dec, { temperature: 1, maxBatch: o.batch, sharePrompts: shared, continuous: shared, slots: o.prompt + o.newTokens });
     try {
       const segs = await Promise.all(
         budgets.map(async (n, j) => {
@@ -96,7 +112,8 @@ export async function runRolloutBench(o: RolloutBenchOptions): Promise<RolloutBe
       );
       const total = (performance.now() - t0) / 1000;
       const c = process.cpuUsage(c0);
-      return { timing: { prefill_s: r3(prefill / 1000), decode_s: r3(total - prefill / 1000), total_s: r3(total), cpu_s: r3((c.user + c.system) / 1e6) }, ids: segs };
+      const update = (dec.quantizeMs + dec.sessionMs - u0) / 1000;
+      return { timing: { prefill_s: r3(prefill / 1000), decode_s: r3(total - prefill / 1000), total_s: r3(total), cpu_s: r3((c.user + c.system) / 1e6), update_s: r3(update) }, ids: segs };
     } finally {
       setGenerateTimer(null);
       await s.close();
@@ -104,11 +121,15 @@ export async function runRolloutBench(o: RolloutBenchOptions): Promise<RolloutBe
   };
   log(`${o.preset}: ${o.prompts} prompts × ${o.generations} of ${o.prompt} tokens, up to ${o.newTokens} new, batch ${o.batch}: warming up`);
   // Every graph both rounds run, built before either is timed: the prefill picking in the graph and
-  // the one returning logits (a shared prompt), the step of several rows and the one-row step.
+  // the one returning logits (a shared prompt), the step of several rows and the one-row step (a
+  // cache of at most two rows has its own step graph: without the three-row session the padded
+  // round's first batch made the many-row step inside its time).
   for (const shared of [false, true]) {
-    const warm = GenerationSession.open(dec, { temperature: 1, maxBatch: 2, sharePrompts: shared, continuous: shared });
-    await Promise.all([3, 5].map((n, k) => warm.start(prompts[0].slice(0, 8), new SeededRandom(k), n).generate()));
-    await warm.close();
+    for (const rows of [2, 3]) {
+      const warm = GenerationSession.open(dec, { temperature: 1, maxBatch: rows, sharePrompts: shared, continuous: shared });
+      await Promise.all([3, 5, 4].slice(0, rows).map((n, k) => warm.start(prompts[0].slice(0, 8), new SeededRandom(k), n).generate()));
+      await warm.close();
+    }
   }
   const with_: Timing[] = [];
   const without: Timing[] = [];
@@ -122,7 +143,7 @@ export async function runRolloutBench(o: RolloutBenchOptions): Promise<RolloutBe
     with_.push(b.timing);
   }
   await dec.release();
-  const med = (ts: Timing[]): Timing => ({ prefill_s: median(ts.map((t) => t.prefill_s)), decode_s: median(ts.map((t) => t.decode_s)), total_s: median(ts.map((t) => t.total_s)), cpu_s: median(ts.map((t) => t.cpu_s)) });
+  const med = (ts: Timing[]): Timing => ({ prefill_s: median(ts.map((t) => t.prefill_s)), decode_s: median(ts.map((t) => t.decode_s)), total_s: median(ts.map((t) => t.total_s)), cpu_s: median(ts.map((t) => t.cpu_s)), update_s: median(ts.map((t) => t.update_s)) });
   const session = med(with_);
   const padded = med(without);
   return {
@@ -130,6 +151,7 @@ export async function runRolloutBench(o: RolloutBenchOptions): Promise<RolloutBe
     preset: o.preset,
     device: o.runtime?.ep ?? 'cpu',
     dtype: o.quant ? `q${o.quant.bits} (block ${o.quant.block})` : 'f32',
+    lora: o.lora ?? 0,
     prompts: o.prompts,
     generations: o.generations,
     rows: budgets.length,
@@ -145,9 +167,9 @@ export async function runRolloutBench(o: RolloutBenchOptions): Promise<RolloutBe
 }
 
 export function formatRolloutBench(r: RolloutBenchResult): string {
-  const t = (x: Timing) => `prefill ${x.prefill_s} s, decode ${x.decode_s} s, total ${x.total_s} s (process CPU ${x.cpu_s} s)`;
+  const t = (x: Timing) => `prefill ${x.prefill_s} s, decode ${x.decode_s} s, total ${x.total_s} s (process CPU ${x.cpu_s} s; the weight update ${x.update_s} s of it)`;
   const lines: [string, string][] = [
-    ['model', `${r.preset} (random weights), ${r.dtype}, ${r.device}`],
+    ['model', `${r.preset} (random weights), ${r.dtype}, ${r.lora ? `LoRA r=${r.lora} on every projection (base frozen)` : 'every weight live'}, ${r.device}`],
     ['round', `${r.prompts} prompts × ${r.generations} generations = ${r.rows} rows, prompts of ${r.prompt_tokens} tokens, budgets up to ${r.max_new_tokens} (${r.new_tokens} new tokens in all), batch ${r.batch}`],
     ['padded_batches', t(r.padded_batches)],
     ['session', `${t(r.session)} (shared prompts, continuous batching)`],

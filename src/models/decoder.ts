@@ -12,6 +12,7 @@ import type { LoraConfig } from './lora.ts';
 import { modelParameterShapes } from './params.ts';
 import { optimizedNodeCount, Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
 import type { Graph } from '../onnx/graph.ts';
+import { serializeModelInto } from '../onnx/proto.ts';
 import { buildDecodeGraph, cacheShape, pastName, presentName, type DecodeHead } from './decode.ts';
 import { DeviceDecode } from './generate-device.ts';
 import { allocQuantized, quantizeInto, quantizeProducts, type ProductQuant, type QuantizedWeight } from './quantize.ts';
@@ -43,6 +44,12 @@ export interface DecoderOptions {
    * its unfused graphs (docs/performance.md, "Fused decoding"), so true is refused there.
    */
   fused?: boolean;
+  /**
+   * With `quant`: parameters whose values `setWeights` never changes (a LoRA run's frozen base). Their
+   * quantized blocks are made once, and while every weight baked into the sessions is one of them, a
+   * weight update keeps the sessions and only feeds the new values (the adapters' A and B, fed float32).
+   */
+  frozen?: ReadonlySet<string>;
 }
 
 /**
@@ -76,12 +83,24 @@ export class Decoder {
   private readonly unfed = new Set<string>();
   /** Milliseconds spent quantizing weights so far (with `quant`). */
   quantizeMs = 0;
+  /** Milliseconds spent building graphs and creating their sessions so far (quantizing not included). */
+  sessionMs = 0;
+  /** Sessions created so far (with `quant` and unfrozen weights, each update's next run makes new ones). */
+  sessionsBuilt = 0;
+  /**
+   * With `quant`: the last model's bytes, written over by the next one's (the graphs are rebuilt after
+   * every update, and fresh memory is slow to touch; a model's size of memory held for it, none when
+   * no update rebuilds), and the session creation under way: one at a time, so that no model's bytes
+   * are written over while ONNX Runtime reads them.
+   */
+  private modelBytes: Uint8Array | null = null;
+  private creating: Promise<unknown> = Promise.resolve();
 
   private constructor(
     readonly config: ModelConfig,
     private readonly shapes: Map<string, number[]>,
     readonly baked: boolean,
-    private readonly build: { weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; runtime?: RuntimeOptions; prefillTokens: number; quant?: ProductQuant | null; fused: boolean },
+    private readonly build: { weights?: Map<string, FloatTensor>; lora?: LoraConfig | null; runtime?: RuntimeOptions; prefillTokens: number; quant?: ProductQuant | null; fused: boolean; frozen?: ReadonlySet<string> },
   ) {
     if (build.quant && (build.runtime?.ep ?? 'cpu') !== 'cpu') throw new Error(`decoder: q${build.quant.bits} products run on the CPU provider only, not ${build.runtime!.ep}`);
     this.device = build.runtime?.ep === 'webgpu' ? new DeviceDecode(config, shapes, { ...build, runtime: build.runtime }) : null;
@@ -96,7 +115,7 @@ export class Decoder {
     const cpu = (runtime.ep ?? 'cpu') === 'cpu';
     if (o.fused && !cpu) throw new Error(`decoder: the fused decoding graphs run on the CPU provider only, not ${runtime.ep}`);
     const fused = o.fused ?? cpu;
-    const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime, prefillTokens: o.prefillTokens ?? 256, quant: o.quant, fused });
+    const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime, prefillTokens: o.prefillTokens ?? 256, quant: o.quant, fused, frozen: o.frozen });
     if (!bake) d.setWeights((name) => weights.get(name)?.data);
     return d;
   }
@@ -119,7 +138,24 @@ export class Decoder {
     const key = `${kind}/${head}`;
     let s = this.sessions.get(key);
     if (!s) {
-      s = Session.fromGraph(this.graph(kind, head), this.build.runtime);
+      const t0 = performance.now();
+      const q0 = this.quantizeMs;
+      const g = this.graph(kind, head);
+      if (this.build.quant) {
+        s = this.creating.then(async () => {
+          const bytes = serializeModelInto(g, this.modelBytes);
+          // Kept for the next rebuild only where an update makes one: every baked weight frozen
+          // (LoRA's base), none comes, and the buffer (the model's size) would only hold memory.
+          const frozen = this.build.frozen;
+          const rebuilds = !frozen || [...this.current].some((name) => !frozen.has(name));
+          this.modelBytes = rebuilds ? new Uint8Array(bytes.buffer) : null;
+          return Session.create(bytes, this.build.runtime);
+        });
+        this.creating = s.catch(() => undefined);
+      } else s = Session.fromGraph(g, this.build.runtime);
+      this.sessionsBuilt++;
+      const started = t0 + (this.quantizeMs - q0);
+      void s.then(() => (this.sessionMs += performance.now() - started), () => undefined);
       this.sessions.set(key, s);
     }
     return s;
@@ -153,7 +189,9 @@ export class Decoder {
 
   /**
    * Feeds these parameter values from now on (graph-input decoders only); arrays are not copied.
-   * With `quant` the sessions go: the next run quantizes these values into new ones.
+   * With `quant` the sessions go when a weight baked into them may have changed (one not `frozen`):
+   * the next run quantizes these values into new ones. When every baked weight is frozen (LoRA's
+   * base: the adapters are fed), the sessions stay and the new values are only new feeds.
    */
   setWeights(get: (name: string) => Float32Array | undefined): void {
     if (this.baked) throw new Error('setWeights: this decoder has its weights baked in');
@@ -164,7 +202,10 @@ export class Decoder {
       if (!this.unfed.has(name)) this.params[name] = toOrt('float32', data, shape);
     }
     if (this.build.quant) {
-      this.current.clear();
+      const frozen = this.build.frozen;
+      const stale = frozen ? [...this.current].filter((name) => !frozen.has(name)) : [...this.current];
+      if (stale.length === 0) return;
+      for (const name of stale) this.current.delete(name);
       const old = [...this.sessions.values()];
       this.sessions.clear();
       for (const s of old) void s.then((x) => x.release(), () => undefined);
@@ -182,7 +223,7 @@ export class Decoder {
     const [N, K] = transposed ? [shape[1], shape[0]] : [shape[0], shape[1]];
     let q = this.blocks.get(name);
     if (!q) this.blocks.set(name, (q = allocQuantized(N, K, quant.bits, quant.block)));
-    quantizeInto(transposed ? transpose(data, shape[0], shape[1]) : data, q);
+    quantizeInto(data, q, transposed);
     this.current.add(name);
     this.quantizeMs += performance.now() - t0;
     return q;
@@ -304,13 +345,6 @@ export class Decoder {
     for (const r of all) if (r.status === 'fulfilled') await r.value.release();
     await this.device?.release();
   }
-}
-
-/** `[cols, rows]` from row-major `[rows, cols]`. */
-function transpose(a: Float32Array, rows: number, cols: number): Float32Array {
-  const out = new Float32Array(a.length);
-  for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) out[c * rows + r] = a[r * cols + c];
-  return out;
 }
 
 export function headOf(pick: Pick | undefined): DecodeHead {

@@ -44,44 +44,66 @@ export function allocQuantized(N: number, K: number, bits: QuantBits, block: num
   return { N, K, bits, block, packed: new Uint8Array(N * nb * blob), scales: new Float32Array(N * nb), packedShape: [N, nb, blob] };
 }
 
-/** Quantizes `W` `[N, K]` (row-major float32) into `q`'s buffers (allocated for that shape). */
-export function quantizeInto(W: Float32Array, q: QuantizedWeight): void {
+/**
+ * Quantizes `W` `[N, K]` (row-major float32; with `transposed`, `W` is `[K, N]` and its transpose is
+ * quantized, read in place) into `q`'s buffers (allocated for that shape). Allocates nothing: a
+ * weight update refills the same buffers (fresh memory is slow to touch, see docs/performance.md).
+ */
+export function quantizeInto(W: Float32Array, q: QuantizedWeight, transposed = false): void {
   const { N, K, bits, block, packed, scales } = q;
   if (W.length !== N * K) throw new Error(`quantize: ${W.length} values are not [${N}, ${K}]`);
   const nb = blocksPerRow(K, block);
   const blob = (block * bits) / 8;
+  // Value i of row n is W[n·rowStep + i·colStep].
+  const rowStep = transposed ? 1 : K;
+  const colStep = transposed ? N : 1;
   const f = Math.fround;
   for (let n = 0; n < N; n++) {
-    const row = n * K;
     for (let b = 0; b < nb; b++) {
-      const at = row + b * block;
+      const at = n * rowStep + b * block * colStep;
       const len = Math.min(block, K - b * block);
       const o = (n * nb + b) * blob;
       let amax = 0;
       let m = 0;
-      for (let i = 0; i < len; i++) {
-        const a = Math.abs(W[at + i]);
+      for (let i = 0, p = at; i < len; i++, p += colStep) {
+        const v = W[p];
+        const a = Math.abs(v);
         if (a > amax) {
           amax = a;
-          m = W[at + i];
+          m = v;
         }
       }
       if (bits === 8) {
         const d = f(amax / 127);
         scales[n * nb + b] = d;
         const inv = d === 0 ? 0 : 1 / d;
-        for (let i = 0; i < len; i++) {
-          const x = W[at + i] * inv;
+        for (let i = 0, p = at; i < len; i++, p += colStep) {
+          const x = W[p] * inv;
           packed[o + i] = 128 + Math.sign(x) * Math.round(Math.abs(x));
         }
-        packed.fill(128, o + len, o + block);
+        if (len < block) packed.fill(128, o + len, o + block);
       } else {
-        // In ggml's float32 arithmetic (as the GGUF export), so the quants are Q4_0's.
+        // In ggml's float32 arithmetic (as the GGUF export), so the quants are Q4_0's: the product of
+        // two float32 values is exact in a double, so fround gives float32's rounding of it.
         const d = f(m / -8);
         scales[n * nb + b] = d;
         const inv = d === 0 ? 0 : f(1 / d);
-        const q = (i: number): number => (i < len ? Math.min(15, Math.floor(f(f(W[at + i] * inv) + 8.5))) : 8);
-        for (let j = 0; j < blob; j++) packed[o + j] = q(2 * j) | (q(2 * j + 1) << 4);
+        const pairs = len >> 1;
+        let p = at;
+        for (let j = 0; j < pairs; j++, p += 2 * colStep) {
+          const lo = Math.floor(f(f(W[p] * inv) + 8.5));
+          const hi = Math.floor(f(f(W[p + colStep] * inv) + 8.5));
+          packed[o + j] = (lo > 15 ? 15 : lo) | ((hi > 15 ? 15 : hi) << 4);
+        }
+        if (pairs < blob) {
+          // A short last block: an odd value out, then the zero point (8) in every padded nibble.
+          let j = pairs;
+          if (len & 1) {
+            const lo = Math.floor(f(f(W[p] * inv) + 8.5));
+            packed[o + j++] = (lo > 15 ? 15 : lo) | (8 << 4);
+          }
+          packed.fill(8 | (8 << 4), o + j, o + blob);
+        }
       }
     }
   }

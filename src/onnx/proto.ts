@@ -122,6 +122,76 @@ export function serializeModel(g: Graph, opts: ModelOptions = {}): Uint8Array {
   return onnx.ModelProto.encode(onnx.ModelProto.fromObject(toModelProto(g, opts))).finish();
 }
 
+/** Initializers of at least this many bytes are written by {@link serializeModelInto} itself. */
+const SPLICED_BYTES = 1 << 16;
+
+/** The protobuf varint of `n`'s length in bytes. */
+function varintLength(n: number): number {
+  let k = 1;
+  while (n >= 128) {
+    n = Math.floor(n / 128);
+    k++;
+  }
+  return k;
+}
+
+function writeVarint(out: Uint8Array, at: number, n: number): number {
+  while (n >= 128) {
+    out[at++] = (n % 128) | 128;
+    n = Math.floor(n / 128);
+  }
+  out[at++] = n;
+  return at;
+}
+
+/**
+ * The model of {@link serializeModel} (the same ModelProto), written into `reuse` when it is long
+ * enough, else into a new buffer (the caller keeps `result.buffer` for the next call): a graph rebuilt
+ * over large initializers, as the quantized decoder's after each weight update, then costs no fresh
+ * memory, whose first touch is what made protobufjs' copy slow (about 17 ms per MB on the 2-core
+ * machine: docs/performance.md). Initializers of 64 KiB and more are written after the others' fields
+ * (protobuf merges a message's fields in any order; a repeated field's entries keep their order
+ * among themselves), each raw_data copied once.
+ */
+export function serializeModelInto(g: Graph, reuse: Uint8Array | null, opts: ModelOptions = {}): Uint8Array {
+  const big = [...g.initializers].filter(([, t]) => t.data.byteLength >= SPLICED_BYTES);
+  const spliced = new Set(big.map(([name]) => name));
+  const proto = toModelProto(g, opts);
+  const graph = proto.graph!;
+  const small = { ...graph, initializer: graph.initializer!.filter((t) => !spliced.has(t.name!)) };
+  const head = onnx.ModelProto.encode(onnx.ModelProto.fromObject({ ...proto, graph: undefined })).finish();
+  const graphHead = onnx.GraphProto.encode(onnx.GraphProto.fromObject(small)).finish();
+  // TensorProto field 9 (raw_data) and GraphProto field 5 (initializer), ModelProto field 7 (graph): wire type 2.
+  const tensors = big.map(([name, t]) => {
+    const fields = onnx.TensorProto.encode(onnx.TensorProto.fromObject({ name, dims: t.dims, dataType: ONNX_DTYPE[t.dtype] })).finish();
+    const n = t.data.byteLength;
+    const length = fields.length + 1 + varintLength(n) + n;
+    return { fields, data: bytesOf(t.data), length };
+  });
+  const graphLength = graphHead.length + tensors.reduce((a, t) => a + 1 + varintLength(t.length) + t.length, 0);
+  const total = head.length + 1 + varintLength(graphLength) + graphLength;
+  // A new buffer has 1/64 to spare, for a slightly larger graph next time (a step's beside a prefill's).
+  const out = (reuse && reuse.byteLength >= total ? reuse : new Uint8Array(total + (total >> 6))).subarray(0, total);
+  out.set(head, 0);
+  let at = head.length;
+  out[at++] = (7 << 3) | 2;
+  at = writeVarint(out, at, graphLength);
+  out.set(graphHead, at);
+  at += graphHead.length;
+  for (const t of tensors) {
+    out[at++] = (5 << 3) | 2;
+    at = writeVarint(out, at, t.length);
+    out.set(t.fields, at);
+    at += t.fields.length;
+    out[at++] = (9 << 3) | 2;
+    at = writeVarint(out, at, t.data.byteLength);
+    out.set(t.data, at);
+    at += t.data.byteLength;
+  }
+  if (at !== total) throw new Error(`serializeModelInto: wrote ${at} bytes of ${total}`);
+  return out;
+}
+
 function initializerBytes(g: Graph): number {
   let n = 0;
   for (const t of g.initializers.values()) n += t.data.byteLength;

@@ -404,7 +404,9 @@ async function runIn<Item, Round>(o: OnlineOptions, given: readonly Item[] | Ite
         return decoder;
       }
       await art.toHost();
-      if (!decoder) decoder = await Decoder.create(base.config, liveWeights(), { runtime, lora, quant });
+      // Quantized rollouts: weights no update changes (a LoRA run's base) are quantized into the
+      // sessions once; an update then feeds the new adapters without new sessions.
+      if (!decoder) decoder = await Decoder.create(base.config, liveWeights(), { runtime, lora, quant, frozen: new Set(art.manifest.params.filter((p) => !p.trainable).map((p) => p.name)) });
       else decoder.setWeights((name) => art.param(name) as Float32Array);
       return decoder;
     },

@@ -22,7 +22,7 @@ export function register(program: Command): void {
     .command('bench')
     .description('time DPO training steps (forward, backward, AdamW) of the init-model llama through the training artifacts, and the MatMul peak of this machine; --generate, --rollout, --serve and --distill time generation, a GRPO round, the OpenAI-compatible server and an on-policy distillation step instead')
     .option('--preset <preset>', `model: tiny, small (the init-model llama; 56M parameters, vocabulary 32000) or a released shape with random weights: ${PRESETS.slice(2).join(', ')}`, 'small')
-    .option('--lora [rank]', 'train LoRA adapters (alpha = 2·rank) on every projection instead of every weight (rank default 16)')
+    .option('--lora [rank]', 'train LoRA adapters (alpha = 2·rank) on every projection instead of every weight (rank default 16); with --rollout: the policy is base + such adapters, the base frozen (a LoRA run\'s rollouts)')
     .option('--gradient-checkpointing', "recompute each layer's activations in the backward (train's gradient_checkpointing=true)")
     .option('--base-dtype <dtype>', `with --lora: hold the frozen base weights in ${TRAIN_SETTINGS.base_dtype.choices.join(' or ')} (train's base_dtype)`, TRAIN_SETTINGS.base_dtype.default)
     .option('--load-in-4bit [block]', "with --lora: hold the frozen projection weights in 4-bit blocks of this many values (train's load_in_4bit=true, quant_block_size; default 64)")
@@ -112,7 +112,7 @@ export function register(program: Command): void {
       if (serveFlag) throw new UserError(`${serveFlag[0]} is a --serve setting`);
       if (o.rollout) {
         if (o.generate) throw new UserError('--rollout and --generate are two benchmarks: choose one');
-        const other = { '--arch': o.arch, '--baked': o.baked, '--unfused': o.unfused, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--load-in-4bit': o.loadIn4bit, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel };
+        const other = { '--arch': o.arch, '--baked': o.baked, '--unfused': o.unfused, '--gradient-checkpointing': o.gradientCheckpointing, '--load-in-4bit': o.loadIn4bit, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel };
         refuseUnused('--rollout', other);
         if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --rollout decodes in float32 (--dtype q8/q4 quantizes its weights)');
         const quant = productQuant(o.dtype ?? 'f32', positiveInt('--block-size', o.blockSize, 32), device(o.device), { dtype: '--dtype', block: '--block-size' });
@@ -126,6 +126,7 @@ export function register(program: Command): void {
           batch: positiveInt('--batch', o.batch, 32),
           runs: positiveInt('--runs', o.runs, 1),
           quant,
+          lora: o.lora === undefined || o.lora === false ? 0 : o.lora === true ? 16 : positiveInt('--lora', o.lora, 16),
           runtime: { ep: device(o.device), threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1) },
           log: (line) => process.stderr.write(`bench: ${line}\n`),
         });
