@@ -6,7 +6,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import { UserError } from '../errors.ts';
-import { type Feeds, type RuntimeOptions, Session, ort, toOrt } from '../runtime/session.ts';
+import { type Feeds, forwardRuntime, type RuntimeOptions, Session, ort, toOrt } from '../runtime/session.ts';
 import { TensorStore, type OutputMode } from '../runtime/store.ts';
 import { gradName, stateName, updatedName, OPTIM_IO } from '../optim/config.ts';
 import type { RawTensor, TensorInfo } from '../models/safetensors.ts';
@@ -112,10 +112,25 @@ export class TrainingArtifacts {
   private session(file: string): Promise<Session> {
     let s = this.sessions.get(file);
     if (!s) {
-      s = Session.create(path.join(this.dir, file), this.runtime, this.outputLocations(file));
+      // The eval graph is a forward: it keeps ONNX Runtime's arena where the step goes without it.
+      const runtime = file === this.manifest.eval.file ? forwardRuntime(this.runtime) : this.runtime;
+      s = Session.create(path.join(this.dir, file), runtime, this.outputLocations(file));
       this.sessions.set(file, s);
     }
     return s;
+  }
+
+  /**
+   * Before a gradient run under a runtime without the arena (the memory-saving one): the eval
+   * session, which keeps its arena, is let go, so the regions its forward grew are not resident
+   * beside the step's peak. The next `evaluate` opens it again.
+   */
+  private async releaseEvalArena(): Promise<void> {
+    if (this.runtime.arena !== false) return;
+    const s = this.sessions.get(this.manifest.eval.file);
+    if (!s) return;
+    this.sessions.delete(this.manifest.eval.file);
+    await (await s).release();
   }
 
   /** On the GPU: the outputs that become store entries stay on the device; loss and metrics come back. */
@@ -204,6 +219,7 @@ export class TrainingArtifacts {
       throw new UserError('these artifacts were built without gradient accumulation; apply an optimizer step after each batch');
     }
     await this.ready();
+    await this.releaseEvalArena();
     const feeds = this.feedsFor(m.inputs, batch, extra, m.file);
     const fetch = [m.loss, ...m.metrics];
     const out = await this.store.run(await this.session(m.file), feeds, this.gradUpdates, fetch);
@@ -288,6 +304,7 @@ export class TrainingArtifacts {
     this.setScalars(lr, 1);
     const extra: Feeds = { [OPTIM_IO.step]: this.stepT, [OPTIM_IO.lr]: this.lrT, [OPTIM_IO.gradScale]: this.scaleT };
     await this.ready();
+    await this.releaseEvalArena();
     const feeds = this.feedsFor(m.inputs, batch, extra, m.file);
     const fetch = [t.loss, ...t.metrics, OPTIM_IO.gradNorm];
     const out = await this.store.run(await this.session(m.file), feeds, this.optUpdates, fetch, (r) => Number.isFinite(scalarOf(r[t.loss], t.loss)));

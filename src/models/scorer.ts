@@ -8,7 +8,7 @@ import type { ModelConfig } from './config.ts';
 import type { FloatTensor } from './checkpoint.ts';
 import { buildLogpsGraph } from './logps.ts';
 import { modelParameterShapes } from './params.ts';
-import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
+import { forwardRuntime, Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import { collate, sequenceIndex } from './batch.ts';
 import type { TokenizedExample } from '../../datasets/examples.ts';
 import { type ProgressFactory, startProgress } from '../progress.ts';
@@ -34,7 +34,8 @@ export class Scorer {
       if (!w) throw new Error(`weights lack ${name}`);
       params[name] = toOrt('float32', w.data, shape);
     }
-    return new Scorer(await Session.fromGraph(g, runtime), params, padId);
+    // A forward: ONNX Runtime's arena kept even under the memory-saving runtime (runtime/session.ts).
+    return new Scorer(await Session.fromGraph(g, forwardRuntime(runtime)), params, padId);
   }
 
   /** Scores every example, `batchSize` examples per forward pass, in sorted-by-length order. */

@@ -13,7 +13,7 @@ import { headChunksOf, sequenceLogps } from '../models/logps.ts';
 import { declareParameters, modelParameterShapes } from '../models/params.ts';
 import { collate } from '../models/batch.ts';
 import { Graph } from '../onnx/graph.ts';
-import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
+import { forwardRuntime, Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import type { TokenizedExample } from '../../datasets/examples.ts';
 import type { TeacherForward } from '../train/teacher-topk.ts';
 
@@ -80,7 +80,8 @@ export class ReferenceScorer {
     const seq = sequenceLogps(g, tempered(g, model, o.temperature ?? 1), lossMask, { perToken: true, dense: runtime.ep === 'webgpu', vocabLimit: o.vocabLimit, headChunks: headChunksOf(m.config) });
     g.output(seq.tokenLogps!, 'token_logps');
     g.output(seq.logp, 'logp');
-    return new ReferenceScorer(await Session.fromGraph(g, runtime), m.feeds());
+    // A forward: ONNX Runtime's arena kept even under the memory-saving runtime (runtime/session.ts).
+    return new ReferenceScorer(await Session.fromGraph(g, forwardRuntime(runtime)), m.feeds());
   }
 
   /** Both outputs of one collated batch (input_ids, attention_mask, loss_mask): [B, T] per token and [B] sums. */

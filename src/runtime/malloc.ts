@@ -14,9 +14,12 @@
  * when a process starts, and the choice between the two belongs to the user. Under recomputation,
  * the setting for memory, `train` and `bench` advise it in one line when it is absent. Issue 46 found
  * the other side of it: past 256 tokens at the 0.5B shape the tensors pass 32 MiB, so even glibc's
- * default maps each afresh, zero-filled page by page on every run (a 3–10× cost per token); the arena
- * fixes that but raised the 1,024-token peak past issue 15's bar, so main keeps it off for now
- * (docs/performance.md, "Real sequence lengths").
+ * default maps each afresh, zero-filled page by page on every run (a 3–10× cost per token). Forward-only
+ * sessions (eval, scoring) now keep the arena (session.ts `forwardRuntime`); for the step the arena
+ * raised the 1,024-token peak past issue 15's bar, its shrinkage and extension strategy are not
+ * reachable from onnxruntime-node, and `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` kept the speed but
+ * peaked at 12.9–14.4 GB, so the step still goes without both (docs/performance.md, "Real sequence
+ * lengths").
  */
 
 /** The value advised. */

@@ -47,6 +47,19 @@ export interface RuntimeOptions {
   profilePrefix?: string;
 }
 
+/**
+ * A forward-only session's runtime (an eval graph, a scorer) from a run's: ONNX Runtime's CPU arena
+ * kept where the run's training step goes without it (`arena: false`, train/run.ts LOW_MEMORY_RUNTIME).
+ * Without the arena every tensor over glibc's 32 MiB mmap ceiling is a fresh mapping zero-filled on
+ * every run, past 256 positions at the 0.5B shape (its 2-layer proxy's eval: 1.47 CPU ms per token at
+ * 1,024 tokens with the arena, 9.2 at 512 without); a forward holds no gradients, so what its arena
+ * keeps is small beside a step's peak (docs/performance.md, "Real sequence lengths").
+ */
+export function forwardRuntime(r: RuntimeOptions): RuntimeOptions {
+  const { arena: _, ...kept } = r;
+  return kept;
+}
+
 /** Where a session leaves an output: in host memory ('cpu') or on the device ('gpu-buffer', webgpu). */
 export type OutputLocation = 'cpu' | 'gpu-buffer';
 

@@ -66,9 +66,10 @@ export function stepPlan(c: TrainConfig, stepsPerEpoch: number): { total: number
 
 /**
  * Session settings of the memory-saving mode (gradient_checkpointing=true): no CPU arena (freed
- * activations go back to the system instead of staying with the session that grew them: the eval
- * session's, or the step's at its peak) and no memory-pattern block on top (RuntimeOptions).
- * Measured in docs/performance.md ("Real sizes").
+ * activations go back to the system instead of staying with the step's session at its peak) and no
+ * memory-pattern block on top (RuntimeOptions). Forward-only sessions (the eval graph, the scorers)
+ * keep the arena (runtime/session.ts `forwardRuntime`); the eval session is let go before a gradient
+ * run. Measured in docs/performance.md ("Real sizes", "Real sequence lengths").
  */
 export const LOW_MEMORY_RUNTIME: RuntimeOptions = { arena: false, memPattern: false };
 
