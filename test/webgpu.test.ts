@@ -70,8 +70,21 @@ interface Setup {
   initial: Map<string, Float32Array>;
 }
 
-/** DPO artifacts lowered for WebGPU (they run on the CPU too) and their starting weights. */
+const setups = new Map<string, Setup>();
+
+/**
+ * DPO artifacts lowered for WebGPU (they run on the CPU too) and their starting weights, built once
+ * per architecture and layout and shared by the tests (each loads its own sessions and copies the
+ * starting weights in; what a test adds goes under the setup's folder by a name of its own).
+ */
 function setup(arch: (typeof ARCHS)[number], packed: boolean): Setup {
+  const key = `${arch}-${packed ? 'packed' : 'unpacked'}`;
+  let s = setups.get(key);
+  if (!s) setups.set(key, (s = build(arch, packed)));
+  return s;
+}
+
+function build(arch: (typeof ARCHS)[number], packed: boolean): Setup {
   const dir = path.join(root, `${arch}-${packed ? 'packed' : 'unpacked'}`);
   const tok = writeTokenizer(path.join(dir, 'tokenizer'));
   const config = presetConfig(arch, 'tiny', { vocabSize: tok.vocabSize, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId });
