@@ -6,6 +6,7 @@ import { join, resolve } from 'node:path';
 import { initModelFolder } from '../src/models/init.ts';
 import { loadTokenizer } from '../src/tokenize/index.ts';
 import { readCanonical } from '../datasets/parquet.ts';
+import { convert } from '../src/index.ts';
 import { readTokenColumns, writeRefColumns, readRefColumns } from '../datasets/tokenized.ts';
 
 const bin = resolve(__dirname, '..', 'bin', 'prefzoo.mjs');
@@ -17,7 +18,7 @@ function cli(...args: string[]) {
   return spawnSync(process.execPath, [bin, ...args], { encoding: 'utf8' });
 }
 
-beforeAll(() => {
+beforeAll(async () => {
   dir = mkdtempSync(join(tmpdir(), 'pz-tok-'));
   model = join(dir, 'model');
   initModelFolder(model, 'llama', 'tiny', 1);
@@ -27,8 +28,8 @@ beforeAll(() => {
   ];
   writeFileSync(join(dir, 'in.jsonl'), rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
   canonical = join(dir, 'in.parquet');
-  const c = cli('convert', join(dir, 'in.jsonl'), '-o', canonical);
-  expect(c.status, c.stderr).toBe(0);
+  // Converted in this process (the library's convert, what `prefzoo convert` runs): the tests run the commands.
+  await convert(join(dir, 'in.jsonl'), canonical);
 });
 
 describe('prefzoo tokenize', () => {
