@@ -16,7 +16,7 @@ import path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { writeTokenizer } from '../src/tokenize/test-tokenizer.ts';
 import { presetConfig, type ModelConfig } from '../src/models/config.ts';
-import { initWeights } from '../src/models/init.ts';
+import { initModelFolder, initWeights } from '../src/models/init.ts';
 import { resolveLoss } from '../losses/index.ts';
 import { buildSpec } from '../src/train/graph.ts';
 import { buildArtifacts } from '../src/artifacts/build.ts';
@@ -299,7 +299,8 @@ describe.skipIf(!available && !required)('WebGPU execution provider', () => {
   it('prefzoo logps --device webgpu prints the CPU\'s log-probs within 1e-4; doctor and bench --device say where things run', () => {
     const dir = path.join(root, 'cli');
     const cli = (...args: string[]) => spawnSync(process.execPath, ['bin/prefzoo.mjs', ...args], { encoding: 'utf8' });
-    expect(cli('init-model', '--arch', 'qwen2', '--preset', 'tiny', '-o', path.join(dir, 'm')).status).toBe(0);
+    // What `prefzoo init-model --arch qwen2 --preset tiny` writes (seed 0), made in this process.
+    initModelFolder(path.join(dir, 'm'), 'qwen2', 'tiny', 0);
     const input = path.join(dir, 'x.jsonl');
     fs.writeFileSync(input, [[5, 9, 14, 3, 77, 21], [8, 8, 100, 4]].map((ids) => JSON.stringify({ input_ids: ids, loss_mask: ids.map((_, i) => (i >= 2 ? 1 : 0)) })).join('\n') + '\n');
     const run = (device: string) => {
