@@ -6,7 +6,7 @@ import { join, resolve } from 'node:path';
 import { initModelFolder } from '../src/models/init.ts';
 import { loadTokenizer } from '../src/tokenize/index.ts';
 import { readCanonical } from '../datasets/parquet.ts';
-import { convert } from '../src/index.ts';
+import { convert } from '../datasets/convert.ts';
 import { readTokenColumns, writeRefColumns, readRefColumns } from '../datasets/tokenized.ts';
 
 const bin = resolve(__dirname, '..', 'bin', 'prefzoo.mjs');
@@ -28,8 +28,8 @@ beforeAll(async () => {
   ];
   writeFileSync(join(dir, 'in.jsonl'), rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
   canonical = join(dir, 'in.parquet');
-  // Converted in this process (the library's convert, what `prefzoo convert` runs): the tests run the commands.
-  await convert(join(dir, 'in.jsonl'), canonical);
+  // Converted in this process (datasets/convert.ts, what `prefzoo convert` runs): the tests run the commands.
+  await convert([join(dir, 'in.jsonl')], canonical);
 });
 
 describe('prefzoo tokenize', () => {
