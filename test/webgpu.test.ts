@@ -103,6 +103,17 @@ async function open(s: Setup, runtime: RuntimeOptions): Promise<TrainingArtifact
   return art;
 }
 
+/**
+ * llama's packed artifacts opened on WebGPU and on the CPU once, at their starting weights: the
+ * log-prob test evaluates them (which changes nothing), then the DPO trajectory test trains and
+ * releases them. Each test opens them itself when it runs alone.
+ */
+let llamaPair: Promise<[TrainingArtifacts, TrainingArtifacts]> | undefined;
+const openLlamaPair = (s: Setup) => (llamaPair ??= (async () => [await open(s, GPU), await open(s, CPU)] as [TrainingArtifacts, TrainingArtifacts])());
+afterAll(async () => {
+  if (llamaPair) for (const a of await llamaPair) await a.release();
+});
+
 const rows = (s: Setup) => benchPairs(s.config.vocab_size, 2, 12, 7);
 const collateOpts = (s: Setup, packed: boolean) => ({ kind: 'pairwise' as const, padTo: 8, padId: s.padId, dtype: 'float32' as const, packed });
 
@@ -241,10 +252,12 @@ describe.skipIf(!available && !required)('WebGPU execution provider', () => {
     it(`${arch}${packed ? '' : ' (one sequence per response)'}: log-probs on WebGPU equal the CPU's within 1e-4`, async () => {
       const s = setup(arch, packed);
       const feeds = collate(rows(s), collateOpts(s, packed)).feeds;
-      const gpu = await open(s, GPU);
-      const cpu = await open(s, CPU);
+      // llama's packed pair stays open for the DPO trajectory test below.
+      const shared = arch === 'llama' && packed;
+      const [gpu, cpu] = shared ? await openLlamaPair(s) : [await open(s, GPU), await open(s, CPU)];
       const [g, c] = [await gpu.evaluate(feeds), await cpu.evaluate(feeds)];
       expect(relErr(g.logp.data as Float32Array, c.logp.data as Float32Array)).toBeLessThan(1e-4);
+      if (shared) return;
       await gpu.release();
       await cpu.release();
     });
@@ -267,8 +280,8 @@ describe.skipIf(!available && !required)('WebGPU execution provider', () => {
     };
 
     it('follow the CPU loss trajectory within 1e-3, with parameters kept on the GPU between steps', async () => {
-      const gpu = await open(s, GPU);
-      const cpu = await open(s, CPU);
+      const [gpu, cpu] = await openLlamaPair(s);
+      llamaPair = undefined;
       const [lg, lc] = [await steps(gpu, 3), await steps(cpu, 3)];
       expect(gpu.store.onDevice('model.norm.weight')).toBe(true);
       expect(lc[2]).not.toBeCloseTo(lc[0], 3); // the steps changed the model
