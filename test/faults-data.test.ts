@@ -13,7 +13,6 @@ import * as pw from 'parquet-wasm';
 import * as arrow from 'apache-arrow';
 import { initModelFolder } from '../src/models/init.ts';
 import { readCanonical, writeCanonical } from '../datasets/parquet.ts';
-import { convert } from '../datasets/convert.ts';
 import { cli, expectOneLineError, holds, killWhen, signalWhen, smallDisk, temporaries, type SmallDisk } from './helpers/faults.ts';
 
 // ../shared beside the clone, as CI has it.
@@ -38,17 +37,17 @@ function randomText(n: number, seed: number): string {
   return s;
 }
 
-beforeAll(async () => {
+beforeAll(() => {
   dir = mkdtempSync(join(tmpdir(), 'pz-faults-data-'));
   model = join(dir, 'model');
   initModelFolder(model, 'llama', 'tiny', 3);
-  // The inputs are converted in this process (datasets/convert.ts, what `prefzoo convert` runs); the
-  // tests below run the commands.
   canonical = join(dir, 'd.parquet');
-  await convert([SHAREGPT], canonical);
+  const c = cli(['convert', SHAREGPT, '-o', canonical]);
+  expect(c.status, c.stderr).toBe(0);
   writeFileSync(join(dir, 'd100.json'), JSON.stringify((JSON.parse(readFileSync(SHAREGPT, 'utf8')) as unknown[]).slice(0, 100)));
   small = join(dir, 'd100.parquet');
-  await convert([join(dir, 'd100.json')], small);
+  const s = cli(['convert', join(dir, 'd100.json'), '-o', small]);
+  expect(s.status, s.stderr).toBe(0);
   bigJsonl = join(dir, 'big.jsonl');
   const lines: string[] = [];
   for (let i = 0; i < 400; i++) lines.push(JSON.stringify({ prompt: `q${i} ${randomText(2000, i)}`, chosen: randomText(3000, 7 * i + 1), rejected: randomText(3000, 7 * i + 2) }));

@@ -6,7 +6,6 @@ import { join, resolve } from 'node:path';
 import { initModelFolder } from '../src/models/init.ts';
 import { loadTokenizer } from '../src/tokenize/index.ts';
 import { readCanonical } from '../datasets/parquet.ts';
-import { convert } from '../datasets/convert.ts';
 import { readTokenColumns, writeRefColumns, readRefColumns } from '../datasets/tokenized.ts';
 
 const bin = resolve(__dirname, '..', 'bin', 'prefzoo.mjs');
@@ -18,7 +17,7 @@ function cli(...args: string[]) {
   return spawnSync(process.execPath, [bin, ...args], { encoding: 'utf8' });
 }
 
-beforeAll(async () => {
+beforeAll(() => {
   dir = mkdtempSync(join(tmpdir(), 'pz-tok-'));
   model = join(dir, 'model');
   initModelFolder(model, 'llama', 'tiny', 1);
@@ -28,8 +27,8 @@ beforeAll(async () => {
   ];
   writeFileSync(join(dir, 'in.jsonl'), rows.map((r) => JSON.stringify(r)).join('\n') + '\n');
   canonical = join(dir, 'in.parquet');
-  // Converted in this process (datasets/convert.ts, what `prefzoo convert` runs): the tests run the commands.
-  await convert([join(dir, 'in.jsonl')], canonical);
+  const c = cli('convert', join(dir, 'in.jsonl'), '-o', canonical);
+  expect(c.status, c.stderr).toBe(0);
 });
 
 describe('prefzoo tokenize', () => {
