@@ -1,8 +1,38 @@
-import { describe, it, expect } from 'vitest';
+import { describe, it, expect, vi } from 'vitest';
 import { benchPairs, stepFlops } from '../scripts/bench/step.ts';
 import { countParameters, presetConfig, type LlamaConfig } from '../src/models/config.ts';
 import { decodeStepFlops, matmulParams } from '../scripts/bench/decode-bench.ts';
 import { prefzoo } from './helpers/cli.ts';
+import { buildProgram } from '../src/cli/main.ts';
+import { UserError } from '../src/errors.ts';
+
+/**
+ * Each of `cases` (bench's flags) is refused: exit code 1 and one line on stderr (starting `prefzoo: --`
+ * when `flagFirst`). The first case runs the command line; the others run the same program in this
+ * process, where the refusal must be what src/cli/main.ts prints as that one line and exit code 1 — a
+ * UserError of one line (a commander usage error would print more) — with nothing else on stderr.
+ */
+async function refused(cases: string[][], flagFirst: boolean): Promise<void> {
+  const [first, ...rest] = cases;
+  const r = await prefzoo('bench', ...first);
+  expect(r.code, first.join(' ')).toBe(1);
+  expect(r.stderr.trim().split('\n'), first.join(' ')).toHaveLength(1);
+  if (flagFirst) expect(r.stderr).toMatch(/^prefzoo: --/);
+  for (const args of rest) {
+    // A program per case: commander keeps a parse's option values on its commands.
+    const program = await buildProgram(['bench']);
+    const stderr = vi.spyOn(process.stderr, 'write');
+    try {
+      const e = await program.parseAsync(['node', 'prefzoo', 'bench', ...args]).then(() => null, (x: unknown) => x);
+      expect(e, args.join(' ')).toBeInstanceOf(UserError);
+      expect((e as Error).message, args.join(' ')).not.toContain('\n');
+      if (flagFirst) expect(`prefzoo: ${(e as Error).message}`, args.join(' ')).toMatch(/^prefzoo: --/);
+      expect(stderr, args.join(' ')).not.toHaveBeenCalled();
+    } finally {
+      stderr.mockRestore();
+    }
+  }
+}
 
 describe('bench FLOP count', () => {
   it('is 6·N per token over the matmul weights plus dense attention, for the small llama', () => {
@@ -61,12 +91,7 @@ describe('prefzoo bench', () => {
   }, 120_000);
 
   it('rejects bad flags with one line', async () => {
-    for (const args of [['--preset', 'huge'], ['--steps', '0'], ['--seq', '7'], ['--opt-level', 'max']]) {
-      const r = await prefzoo('bench', ...args);
-      expect(r.code, args.join(' ')).toBe(1);
-      expect(r.stderr.trim().split('\n')).toHaveLength(1);
-      expect(r.stderr).toMatch(/^prefzoo: --/);
-    }
+    await refused([['--preset', 'huge'], ['--steps', '0'], ['--seq', '7'], ['--opt-level', 'max']], true);
   });
 });
 
@@ -99,11 +124,7 @@ describe('prefzoo bench --generate', () => {
   }, 120_000);
 
   it('refuses the training step flags with --generate, and --generate flags without it', async () => {
-    for (const args of [['--generate', '--steps', '3'], ['--generate', '--lora'], ['--batch', '4'], ['--unfused'], ['--generate', '--arch', 'bert']]) {
-      const r = await prefzoo('bench', ...args);
-      expect(r.code, args.join(' ')).toBe(1);
-      expect(r.stderr.trim().split('\n')).toHaveLength(1);
-    }
+    await refused([['--generate', '--steps', '3'], ['--generate', '--lora'], ['--batch', '4'], ['--unfused'], ['--generate', '--arch', 'bert']], false);
   });
 });
 
@@ -135,11 +156,7 @@ describe('prefzoo bench --rollout', () => {
   }, 120_000);
 
   it('refuses the training and --generate-only flags with --rollout', async () => {
-    for (const args of [['--rollout', '--steps', '3'], ['--rollout', '--generate'], ['--rollout', '--baked'], ['--generations', '4']]) {
-      const r = await prefzoo('bench', ...args);
-      expect(r.code, args.join(' ')).toBe(1);
-      expect(r.stderr.trim().split('\n')).toHaveLength(1);
-    }
+    await refused([['--rollout', '--steps', '3'], ['--rollout', '--generate'], ['--rollout', '--baked'], ['--generations', '4']], false);
   });
 });
 
@@ -178,12 +195,7 @@ describe('prefzoo bench --serve', () => {
   }, 120_000);
 
   it('refuses flags it does not use, and its own flags without it, in one line', async () => {
-    for (const args of [['--serve', '--steps', '3'], ['--serve', '--generate'], ['--serve', '--peer', 'vllm'], ['--serve', '--clients', '0'], ['--clients', '4'], ['--generate', '--max-tokens', '8'], ['--serve', '--model', '/no/such/folder']]) {
-      const r = await prefzoo('bench', ...args);
-      expect(r.code, args.join(' ')).toBe(1);
-      expect(r.stderr.trim().split('\n'), args.join(' ')).toHaveLength(1);
-      expect(r.stderr).toMatch(/^prefzoo: --/);
-    }
+    await refused([['--serve', '--steps', '3'], ['--serve', '--generate'], ['--serve', '--peer', 'vllm'], ['--serve', '--clients', '0'], ['--clients', '4'], ['--generate', '--max-tokens', '8'], ['--serve', '--model', '/no/such/folder']], true);
   });
 });
 
@@ -212,11 +224,6 @@ describe('prefzoo bench --distill', () => {
   }, 120_000);
 
   it('refuses flags it does not use, and its own flags without it, in one line', async () => {
-    for (const args of [['--distill', '--batch', '4'], ['--distill', '--serve'], ['--distill', '--rows', '0'], ['--rows', '3'], ['--topk', '8', '--generate']]) {
-      const r = await prefzoo('bench', ...args);
-      expect(r.code, args.join(' ')).toBe(1);
-      expect(r.stderr.trim().split('\n'), args.join(' ')).toHaveLength(1);
-      expect(r.stderr).toMatch(/^prefzoo: --/);
-    }
+    await refused([['--distill', '--batch', '4'], ['--distill', '--serve'], ['--distill', '--rows', '0'], ['--rows', '3'], ['--topk', '8', '--generate']], true);
   });
 });

@@ -91,9 +91,11 @@ describe('the reference log-prob cache and the run folder', () => {
     expectOneLineError(train(run, { model, steps: 4, extra: ['--resume'] }), /cached by a run with different model files; /);
   });
 
-  it('--overwrite removes only what a run writes', () => {
+  it('--overwrite removes only what a run writes; --quiet prints nothing on stderr', () => {
     const run = join(dir, 'foreign');
-    expect(train(run, { steps: 1 }).status).toBe(0);
+    const r = train(run, { steps: 1 });
+    expect(r.status, r.stderr).toBe(0);
+    expect(r.stderr).toBe('');
     writeFileSync(join(run, 'notes.txt'), 'mine');
     expectOneLineError(train(run, { steps: 1, extra: ['--overwrite'] }), /--overwrite removes only a run's own files, and this folder also holds notes\.txt/);
     expect(readFileSync(join(run, 'notes.txt'), 'utf8')).toBe('mine');
@@ -197,11 +199,5 @@ describe('one line, no leftovers', () => {
 
   it('sppo names the columns it needs as the data has them (chosen_prob, rejected_prob)', () => {
     expectOneLineError(train(join(dir, 'sppo'), { loss: 'sppo' }), /needs columns chosen_prob, rejected_prob, which the data does not have/);
-  });
-
-  it('--quiet prints nothing on stderr', () => {
-    const r = train(join(dir, 'quiet'), { steps: 1 });
-    expect(r.status, r.stderr).toBe(0);
-    expect(r.stderr).toBe('');
   });
 });

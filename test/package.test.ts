@@ -7,7 +7,7 @@
  */
 import { execFile, spawnSync, type SpawnSyncReturns } from 'node:child_process';
 import { promisify } from 'node:util';
-import { cpSync, existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -35,8 +35,10 @@ describe('the npm package', () => {
   beforeAll(() => {
     work = mkdtempSync(join(tmpdir(), 'prefzoo-package-'));
     app = join(work, 'app');
-    // prepack builds dist/ (tsconfig.build.json); the tarball lands outside the repo.
-    const r = sh('npm', ['pack', '--json', '--pack-destination', work], { cwd: repo });
+    // prepack (`npm run build`) would build dist/ again: test/global-setup.ts has just built it with the
+    // same script from the current sources (the first test checks that prepack is that script), so the
+    // pack skips it. The tarball lands outside the repo.
+    const r = sh('npm', ['pack', '--json', '--ignore-scripts', '--pack-destination', work], { cwd: repo });
     packed = JSON.parse(r.stdout.slice(r.stdout.indexOf('[')))[0];
     mkdirSync(app);
     // As `npm init -y` writes it (CommonJS by default): the examples are .mts, ES modules either way.
@@ -47,6 +49,11 @@ describe('the npm package', () => {
   afterAll(() => rmSync(work, { recursive: true, force: true }));
 
   it('ships the compiled library, its types and the bin, and no tests, CI, scripts or sources', () => {
+    // `npm pack` builds dist/ through prepack with the script test/global-setup.ts runs before the tests.
+    const pkg = JSON.parse(readFileSync(join(repo, 'package.json'), 'utf8')) as { scripts: Record<string, string> };
+    expect(pkg.scripts.prepack).toBe('npm run build');
+    expect(pkg.scripts.build).toBe('node scripts/build.mjs');
+    expect(readFileSync(join(repo, 'test', 'global-setup.ts'), 'utf8')).toContain("join(root, 'scripts', 'build.mjs')");
     const files = packed.files.map((f) => f.path);
     for (const f of ['package.json', 'bin/prefzoo.mjs', 'dist/src/index.js', 'dist/src/index.d.ts', 'dist/src/cli/main.js', 'dist/datasets/parquet-reader.mjs', 'dist/datasets/parquet-worker.mjs', 'dist/src/runtime/placement-probe.mjs']) {
       expect(files).toContain(f);

@@ -23,10 +23,29 @@ function jsonl(file: string, rows: unknown[]): string {
   return file;
 }
 
+/** Preference accuracies already measured, by policy folder and data file (a folder is never retrained). */
+const measured = new Map<string, Promise<number>>();
+
 /** The policy's preference accuracy on the given pairs (share with logp(chosen) > logp(rejected)). */
-async function preference(policy: string, data: string): Promise<number> {
-  const s = await evaluateRows({ policy, ref: model, data, workDir: dir });
-  return s.overall.preference_accuracy;
+function preference(policy: string, data: string): Promise<number> {
+  const key = `${policy}\n${data}`;
+  let p = measured.get(key);
+  if (!p) measured.set(key, (p = evaluateRows({ policy, ref: model, data, workDir: dir }).then((s) => s.overall.preference_accuracy)));
+  return p;
+}
+
+/** The two-step runs of several tests (SHORT, max_steps=2, logging_steps=1), each trained once per file. */
+const twoStepRuns = new Map<string, Promise<{ out: string; result: Awaited<ReturnType<typeof trainAny>> }>>();
+
+/** A two-step run of `loss` on `data`, or the one a test before this one made. */
+function twoSteps(loss: string, data: string): Promise<{ out: string; result: Awaited<ReturnType<typeof trainAny>> }> {
+  const key = `${loss}\n${data}`;
+  let run = twoStepRuns.get(key);
+  if (!run) {
+    const out = join(dir, `two-steps-${twoStepRuns.size}-${loss}`);
+    twoStepRuns.set(key, (run = trainAny({ model, data, loss, out, params: [...SHORT, 'max_steps=2', 'logging_steps=1'] }).then((result) => ({ out, result }))));
+  }
+  return run;
 }
 
 beforeAll(() => {
@@ -113,10 +132,10 @@ describe('LoRA, periodic evaluation, reference on the fly', () => {
   });
 
   it('reference log-probs computed on the fly give the first-step metrics of the cached run', async () => {
-    const a = await trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'run-cached'), params: [...SHORT, 'max_steps=2', 'logging_steps=1'] });
+    const { out: cached, result: a } = await twoSteps('dpo', pairsFile);
     const b = await trainAny({ model, data: pairsFile, loss: 'dpo', out: join(dir, 'run-fly'), params: [...SHORT, 'max_steps=2', 'logging_steps=1', 'ref_on_the_fly=true'] });
     const first = (run: string) => JSON.parse(readFileSync(join(run, 'metrics.jsonl'), 'utf8').split('\n')[1]);
-    const [x, y] = [first(join(dir, 'run-cached')), first(join(dir, 'run-fly'))];
+    const [x, y] = [first(cached), first(join(dir, 'run-fly'))];
     for (const k of ['loss', 'rewards/margins', 'rewards/chosen']) expect(y[k]).toBeCloseTo(x[k], 5);
     expect(a.steps).toBe(b.steps);
   });
@@ -133,8 +152,7 @@ describe('every offline loss of the registry trains a step on its kind of data',
     expect(offline.length).toBeGreaterThanOrEqual(20);
     for (const l of offline) {
       const kind = l.kinds.find((k) => !online(k)) as keyof typeof fileOf;
-      const out = join(dir, `reg-${l.name}`);
-      const r = await trainAny({ model, data: fileOf[kind], loss: l.name, out, params: [...SHORT, 'max_steps=2', 'logging_steps=1'] });
+      const { out, result: r } = await twoSteps(l.name, fileOf[kind]);
       const rows = readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((x) => JSON.parse(x));
       expect(rows.length, l.name).toBeGreaterThanOrEqual(2);
       for (const row of rows) expect(Number.isFinite(row.loss), `${l.name} step ${row.step}`).toBe(true);
@@ -170,8 +188,7 @@ describe('losses that read no reference log-probs (sft, simpo, orpo)', () => {
 
   it('score no reference: no pass over the data, no reference.parquet, and sft logs no implicit rewards; dpo still scores one', async () => {
     for (const loss of ['sft', 'simpo', 'orpo', 'dpo']) {
-      const out = join(dir, `noref-${loss}`);
-      await trainAny({ model, data: pairsFile, loss, out, params: [...SHORT, 'max_steps=2', 'logging_steps=1'] });
+      const { out } = await twoSteps(loss, pairsFile);
       expect(existsSync(join(out, 'data', 'reference.parquet')), loss).toBe(loss === 'dpo');
       const rows = metricRows(out);
       expect(rows.map((r) => r.step)).toEqual([1, 2]);
@@ -183,12 +200,12 @@ describe('losses that read no reference log-probs (sft, simpo, orpo)', () => {
     }
   });
 
-  it("sft's first loss is the chosen responses' mean per-token NLL that a dpo run's log-probs give", () => {
+  it("sft's first loss is the chosen responses' mean per-token NLL that a dpo run's log-probs give", async () => {
     // One batch holds every pair and the policy has not moved at step 1, so both runs score the same
     // model on the same rows. Every chosen response has the same number of tokens n (one digit and
     // the end of the turn), so sft's loss is −logps/chosen ÷ n with n a whole number.
-    const sft = metricRows(join(dir, 'noref-sft'))[0];
-    const dpo = metricRows(join(dir, 'noref-dpo'))[0];
+    const sft = metricRows((await twoSteps('sft', pairsFile)).out)[0];
+    const dpo = metricRows((await twoSteps('dpo', pairsFile)).out)[0];
     const n = -dpo['logps/chosen'] / sft.loss;
     expect(n).toBeGreaterThan(0.5);
     expect(Math.abs(n - Math.round(n))).toBeLessThan(1e-4);

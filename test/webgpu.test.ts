@@ -16,7 +16,7 @@ import path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { writeTokenizer } from '../src/tokenize/test-tokenizer.ts';
 import { presetConfig, type ModelConfig } from '../src/models/config.ts';
-import { initWeights } from '../src/models/init.ts';
+import { initModelFolder, initWeights } from '../src/models/init.ts';
 import { resolveLoss } from '../losses/index.ts';
 import { buildSpec } from '../src/train/graph.ts';
 import { buildArtifacts } from '../src/artifacts/build.ts';
@@ -70,8 +70,21 @@ interface Setup {
   initial: Map<string, Float32Array>;
 }
 
-/** DPO artifacts lowered for WebGPU (they run on the CPU too) and their starting weights. */
+const setups = new Map<string, Setup>();
+
+/**
+ * DPO artifacts lowered for WebGPU (they run on the CPU too) and their starting weights, built once
+ * per architecture and layout and shared by the tests (each loads its own sessions and copies the
+ * starting weights in; what a test adds goes under the setup's folder by a name of its own).
+ */
 function setup(arch: (typeof ARCHS)[number], packed: boolean): Setup {
+  const key = `${arch}-${packed ? 'packed' : 'unpacked'}`;
+  let s = setups.get(key);
+  if (!s) setups.set(key, (s = build(arch, packed)));
+  return s;
+}
+
+function build(arch: (typeof ARCHS)[number], packed: boolean): Setup {
   const dir = path.join(root, `${arch}-${packed ? 'packed' : 'unpacked'}`);
   const tok = writeTokenizer(path.join(dir, 'tokenizer'));
   const config = presetConfig(arch, 'tiny', { vocabSize: tok.vocabSize, bosTokenId: tok.bosId, eosTokenId: tok.eosId, padTokenId: tok.padId });
@@ -89,6 +102,17 @@ async function open(s: Setup, runtime: RuntimeOptions): Promise<TrainingArtifact
   for (const [name, data] of s.initial) art.setParam(name, data);
   return art;
 }
+
+/**
+ * llama's packed artifacts opened on WebGPU and on the CPU once, at their starting weights: the
+ * log-prob test evaluates them (which changes nothing), then the DPO trajectory test trains and
+ * releases them. Each test opens them itself when it runs alone.
+ */
+let llamaPair: Promise<[TrainingArtifacts, TrainingArtifacts]> | undefined;
+const openLlamaPair = (s: Setup) => (llamaPair ??= (async () => [await open(s, GPU), await open(s, CPU)] as [TrainingArtifacts, TrainingArtifacts])());
+afterAll(async () => {
+  if (llamaPair) for (const a of await llamaPair) await a.release();
+});
 
 const rows = (s: Setup) => benchPairs(s.config.vocab_size, 2, 12, 7);
 const collateOpts = (s: Setup, packed: boolean) => ({ kind: 'pairwise' as const, padTo: 8, padId: s.padId, dtype: 'float32' as const, packed });
@@ -228,10 +252,12 @@ describe.skipIf(!available && !required)('WebGPU execution provider', () => {
     it(`${arch}${packed ? '' : ' (one sequence per response)'}: log-probs on WebGPU equal the CPU's within 1e-4`, async () => {
       const s = setup(arch, packed);
       const feeds = collate(rows(s), collateOpts(s, packed)).feeds;
-      const gpu = await open(s, GPU);
-      const cpu = await open(s, CPU);
+      // llama's packed pair stays open for the DPO trajectory test below.
+      const shared = arch === 'llama' && packed;
+      const [gpu, cpu] = shared ? await openLlamaPair(s) : [await open(s, GPU), await open(s, CPU)];
       const [g, c] = [await gpu.evaluate(feeds), await cpu.evaluate(feeds)];
       expect(relErr(g.logp.data as Float32Array, c.logp.data as Float32Array)).toBeLessThan(1e-4);
+      if (shared) return;
       await gpu.release();
       await cpu.release();
     });
@@ -254,8 +280,8 @@ describe.skipIf(!available && !required)('WebGPU execution provider', () => {
     };
 
     it('follow the CPU loss trajectory within 1e-3, with parameters kept on the GPU between steps', async () => {
-      const gpu = await open(s, GPU);
-      const cpu = await open(s, CPU);
+      const [gpu, cpu] = await openLlamaPair(s);
+      llamaPair = undefined;
       const [lg, lc] = [await steps(gpu, 3), await steps(cpu, 3)];
       expect(gpu.store.onDevice('model.norm.weight')).toBe(true);
       expect(lc[2]).not.toBeCloseTo(lc[0], 3); // the steps changed the model
@@ -286,7 +312,8 @@ describe.skipIf(!available && !required)('WebGPU execution provider', () => {
   it('prefzoo logps --device webgpu prints the CPU\'s log-probs within 1e-4; doctor and bench --device say where things run', () => {
     const dir = path.join(root, 'cli');
     const cli = (...args: string[]) => spawnSync(process.execPath, ['bin/prefzoo.mjs', ...args], { encoding: 'utf8' });
-    expect(cli('init-model', '--arch', 'qwen2', '--preset', 'tiny', '-o', path.join(dir, 'm')).status).toBe(0);
+    // What `prefzoo init-model --arch qwen2 --preset tiny` writes (seed 0), made in this process.
+    initModelFolder(path.join(dir, 'm'), 'qwen2', 'tiny', 0);
     const input = path.join(dir, 'x.jsonl');
     fs.writeFileSync(input, [[5, 9, 14, 3, 77, 21], [8, 8, 100, 4]].map((ids) => JSON.stringify({ input_ids: ids, loss_mask: ids.map((_, i) => (i >= 2 ? 1 : 0)) })).join('\n') + '\n');
     const run = (device: string) => {
