@@ -54,7 +54,7 @@ import type { TruncationConfig } from '../datasets/examples.ts';
 import { GGUF_DTYPES, exportGguf, type GgufDtype } from './export/gguf.ts';
 import { ONNX_DTYPES, exportOnnx, type OnnxDtype } from './export/onnx.ts';
 import { readExportSource } from './export/source.ts';
-import { ServeEngine } from './serve/engine.ts';
+import { SERVE_RUNTIME, ServeEngine } from './serve/engine.ts';
 import { startServer, type RunningServer, type ServerLimits } from './serve/http.ts';
 import { Decoder } from './models/generate.ts';
 import { productQuant } from './models/quantize.ts';
@@ -645,7 +645,7 @@ export async function serve(options: ServeOptions): Promise<RunningServer> {
   const adapter = await names.model('adapter', options.adapter, 'adapter');
   const src = readExportSource(model, adapter);
   const tok = loadTokenizer(src.dir, { chatTemplateFile: options.chatTemplateFile });
-  const decoder = await Decoder.create(src.config, src.weights, { runtime: options.runtime, bake: true });
+  const decoder = await Decoder.create(src.config, src.weights, { runtime: { ...SERVE_RUNTIME, ...options.runtime }, bake: true });
   const engine = new ServeEngine(decoder, tok, { maxBatch: options.maxBatch });
   try {
     const server = await startServer({ engine, model: options.servedModelName ?? options.model, host: options.host, port: options.port, apiKey: options.apiKey, limits: options.limits });

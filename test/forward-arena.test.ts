@@ -10,12 +10,13 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { buildArtifacts, TrainingArtifacts, readManifest } from '../src/artifacts/index.ts';
-import { forwardRuntime, Session, type RuntimeOptions } from '../src/runtime/session.ts';
+import { forwardRuntime, Session, sessionOptions, type RuntimeOptions } from '../src/runtime/session.ts';
+import { serve } from '../src/index.ts';
 import { LOW_MEMORY_RUNTIME } from '../src/train/run.ts';
 import { Scorer } from '../src/models/scorer.ts';
 import { ReferenceScorer } from '../src/online/reference.ts';
 import { presetConfig } from '../src/models/config.ts';
-import { initWeights } from '../src/models/init.ts';
+import { initModelFolder, initWeights } from '../src/models/init.ts';
 import { mlpSpec, spirals, batchFeeds, range } from './mlp-spec.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'pz-forward-arena-'));
@@ -78,5 +79,26 @@ describe('forward-only sessions under the memory-saving runtime', () => {
     for (const c of calls) expect(c.runtime).toEqual({ threads: 1, memPattern: false });
     await scorer.release();
     await ref.release();
+  });
+});
+
+describe("a served model's sessions stop spinning between steps", () => {
+  it('sessionOptions maps spinStop to session.force_spinning_stop; serve() opens every decode session with it', async () => {
+    expect(sessionOptions({ spinStop: true }).extra).toEqual({ session: { force_spinning_stop: '1' } });
+    expect(sessionOptions({}).extra).toBeUndefined();
+    // spin: false already keeps the threads from spinning at all: spinStop adds nothing there.
+    expect(sessionOptions({ spin: false, spinStop: true }).extra).toEqual({ session: { intra_op: { allow_spinning: '0' }, inter_op: { allow_spinning: '0' } } });
+    const dir = join(root, 'served');
+    initModelFolder(dir, 'llama', 'tiny', 0);
+    const calls = watchCreate();
+    const server = await serve({ model: dir, port: 0 });
+    try {
+      const res = await fetch(`${server.url}/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: dir, prompt: 'a b c', max_tokens: 3, temperature: 0 }) });
+      expect(res.status).toBe(200);
+    } finally {
+      await server.close();
+    }
+    expect(calls.length).toBeGreaterThan(0);
+    for (const c of calls) expect(c.runtime.spinStop).toBe(true);
   });
 });

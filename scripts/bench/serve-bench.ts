@@ -32,7 +32,7 @@ import { readExportSource } from '../../src/export/source.ts';
 import { countParameters, presetArch, type Preset } from '../../src/models/config.ts';
 import { Decoder } from '../../src/models/generate.ts';
 import { initModelFolder } from '../../src/models/init.ts';
-import { ServeEngine } from '../../src/serve/engine.ts';
+import { SERVE_RUNTIME, ServeEngine } from '../../src/serve/engine.ts';
 import { startServer } from '../../src/serve/http.ts';
 import { loadTokenizer } from '../../src/tokenize/index.ts';
 import { runGenerateBench } from './decode-bench.ts';
@@ -189,7 +189,7 @@ export async function runServeBench(o: ServeBenchOptions): Promise<ServeBenchRes
     const src = readExportSource(dir);
     const tok = loadTokenizer(src.dir);
     const runtime = { ep: 'cpu' as const, threads: o.threads };
-    const decoder = await Decoder.create(src.config, src.weights, { runtime, bake: true });
+    const decoder = await Decoder.create(src.config, src.weights, { runtime: { ...SERVE_RUNTIME, ...runtime }, bake: true });
     const engine = new ServeEngine(decoder, tok, { maxBatch: Math.max(32, o.clients) });
     const server = await startServer({ engine, model: 'bench', port: 0, limits: { maxConcurrency: Math.max(64, o.clients) } });
     const clients = clientThread(server.url);
@@ -208,9 +208,11 @@ export async function runServeBench(o: ServeBenchOptions): Promise<ServeBenchRes
     let promptTokens = 0;
     try {
       log(`${o.model ?? o.preset}, ${o.threads} threads, ${N} clients, max_tokens ${o.maxTokens}: warming up`);
-      // Every graph both passes use, built before either is timed: one row, and N rows together.
-      await ask(0, 2);
-      await askAll(2);
+      // One untimed pass of each kind at the full budget: every graph, batch size and cache length the
+      // timed passes meet is built and the runtime's memory grown before either is timed (a shorter
+      // warm-up left the first run's all-at-once pass 15–25% slower than the later ones).
+      await ask(0, o.maxTokens);
+      await askAll(o.maxTokens);
       for (let r = 0; r < o.runs; r++) {
         let c0 = process.cpuUsage();
         let t0 = performance.now();

@@ -34,6 +34,8 @@ export interface RuntimeOptions {
    * cycles taken from other processes (and from this session's own busy threads) on a loaded one.
    */
   spin?: boolean;
+  /** Stop the intra-op threads' spinning when a run returns (ONNX Runtime's `session.force_spinning_stop`): they spin within a run only. */
+  spinStop?: boolean;
   /** ONNX Runtime's CPU memory arena (default true): reuses freed activation memory across runs. */
   arena?: boolean;
   /**
@@ -146,6 +148,8 @@ export function sessionOptions(o: RuntimeOptions, outputs?: Record<string, Outpu
   if (o.memPattern === false) opts.enableMemPattern = false;
   if (o.spin === false) {
     opts.extra = { ...opts.extra, session: { intra_op: { allow_spinning: '0' }, inter_op: { allow_spinning: '0' } } };
+  } else if (o.spinStop) {
+    opts.extra = { ...opts.extra, session: { force_spinning_stop: '1' } };
   }
   if (o.profilePrefix !== undefined) {
     opts.enableProfiling = true;

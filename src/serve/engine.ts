@@ -89,6 +89,14 @@ export interface ChoiceResult {
 /** How JSON carries a log-probability of a token outside the sampler's top-k/top-p (vLLM's choice too). */
 export const OUTSIDE = -9999;
 
+/**
+ * The runtime settings a served model's decoder adds to the run's: ONNX Runtime's intra-op threads
+ * spin within a step but stop when it returns, so between steps the cores go to the HTTP work and
+ * to clients on the same machine instead of to threads waiting for the next step (issue 43's
+ * batch-1 comparison: 0.91× against 0.84×, medians of three alternating runs; docs/performance.md).
+ */
+export const SERVE_RUNTIME = { spinStop: true } as const;
+
 /** How many sessions (distinct sampling settings) stay open at once; an idle one is closed past this. */
 const POOL = 4;
 

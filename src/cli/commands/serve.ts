@@ -5,7 +5,7 @@ import { UserError } from '../../errors.ts';
 import { readExportSource } from '../../export/source.ts';
 import { Decoder } from '../../models/generate.ts';
 import { loadTokenizer } from '../../tokenize/index.ts';
-import { ServeEngine } from '../../serve/engine.ts';
+import { SERVE_RUNTIME, ServeEngine } from '../../serve/engine.ts';
 import { DEFAULT_LIMITS, isLoopback, startServer } from '../../serve/http.ts';
 
 export function register(program: Command): void {
@@ -35,7 +35,7 @@ export function register(program: Command): void {
       const ep = device(o.device);
       const src = readExportSource(o.model, o.adapter);
       const tok = loadTokenizer(src.dir, { chatTemplateFile: o.chatTemplate });
-      const decoder = await Decoder.create(src.config, src.weights, { runtime: { ep }, bake: true });
+      const decoder = await Decoder.create(src.config, src.weights, { runtime: { ...SERVE_RUNTIME, ep }, bake: true });
       const engine = new ServeEngine(decoder, tok, { maxBatch });
       // A Hub name is served under that name, not its cache folder's.
       const name = o.servedModelName ?? hubRecord()?.model?.repo ?? o.model;
