@@ -39,9 +39,12 @@ export interface DecoderOptions {
    */
   quant?: ProductQuant | null;
   /**
-   * The host graphs with ONNX Runtime's fused decoding ops (decode.ts's `fused`; default true on the
-   * CPU provider). false builds the unfused graphs (tests compare the two). The WebGPU backend keeps
-   * its unfused graphs (docs/performance.md, "Fused decoding"), so true is refused there.
+   * The host graphs with ONNX Runtime's fused decoding ops (decode.ts's `fused`; CPU provider only,
+   * default false). Not the default: with them a row's log-probabilities move in the last bits with
+   * the rows decoding beside it, so a seeded request would no longer draw the same numbers alone and
+   * among others (test/serve-engine.test.ts, a resumed run's sampler log-probs in
+   * test/grpo-agent.test.ts). The WebGPU backend keeps its unfused graphs (docs/performance.md,
+   * "Fused decoding"), so true is refused there.
    */
   fused?: boolean;
   /**
@@ -114,7 +117,7 @@ export class Decoder {
     if (bake && o.quant) throw new Error('decoder: quant feeds its weights; it cannot also bake them');
     const cpu = (runtime.ep ?? 'cpu') === 'cpu';
     if (o.fused && !cpu) throw new Error(`decoder: the fused decoding graphs run on the CPU provider only, not ${runtime.ep}`);
-    const fused = o.fused ?? cpu;
+    const fused = o.fused ?? false;
     const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime, prefillTokens: o.prefillTokens ?? 256, quant: o.quant, fused, frozen: o.frozen });
     if (!bake) d.setWeights((name) => weights.get(name)?.data);
     return d;
