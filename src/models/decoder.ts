@@ -164,6 +164,11 @@ export class Decoder {
     return s;
   }
 
+  /** The step graph a cache made for `maxRows` rows runs (see `step`: one or two rows fed as x·Wᵀ). */
+  private stepKind(maxRows: number): GraphKind {
+    return maxRows <= 2 && !this.baked && !this.build.quant ? 'stepSmall' : 'step';
+  }
+
   /** Whether the host graphs use the fused decoding ops (`DecoderOptions.fused`). */
   get fused(): boolean {
     return this.build.fused;
@@ -175,7 +180,7 @@ export class Decoder {
    * null where not saved). The WebGPU backend runs the same step graph, its head the logits.
    */
   async stepNodes(maxRows: number, head: DecodeHead): Promise<{ graph: number; runtime: number | null }> {
-    const g = this.graph(maxRows <= 2 && !this.baked && !this.build.quant ? 'stepSmall' : 'step', this.device ? 'logits' : head);
+    const g = this.graph(this.stepKind(maxRows), this.device ? 'logits' : head);
     const graph = g.nodes.length;
     return { graph, runtime: await optimizedNodeCount(g, this.build.runtime) };
   }
@@ -306,8 +311,7 @@ export class Decoder {
     // Only a cache made for at most two rows takes it: a larger batch that shrinks to two rows at its
     // tail keeps its own graph, as a second session for those last steps would raise the run's peak
     // memory (measured +10 MB on a rollout: its arena and plan, beside the batch's) for a few steps.
-    const kind = cache.maxRows <= 2 && !this.baked && !this.build.quant ? 'stepSmall' : 'step';
-    await (await this.session(kind, headOf(pick))).run(feeds, cache.outputs(pick?.head));
+    await (await this.session(this.stepKind(cache.maxRows), headOf(pick))).run(feeds, cache.outputs(pick?.head));
     cache.writeStep((name) => cache.newSlot(name));
     return pick ? (pick.head === 'sample' ? { tokens: cache.tokens(), logps: cache.logps() } : { tokens: cache.tokens() }) : { logits: cache.logits() };
   }
