@@ -64,7 +64,8 @@ export interface DistillBenchVariant {
   gap?: { mean_abs_logp: number; max_abs_logp: number; topk_agreement: number };
 }
 
-export interface DistillBenchResult {
+/** The first precision's figures (medians over the timed steps, seconds; teacher_over_sampling's target ≤ 1.5), then the setup's and the cache's. */
+export interface DistillBenchResult extends Omit<DistillBenchVariant, 'teacher_dtype' | 'gap'> {
   preset: string;
   student_params: number;
   teacher_params: number;
@@ -72,17 +73,7 @@ export interface DistillBenchResult {
   rows: number;
   prompt_tokens: number;
   max_new_tokens: number;
-  /** The timed steps' mean sample length. */
-  mean_completion_length: number;
   topk: number;
-  /** Medians over the timed steps, seconds. */
-  sample_s: number;
-  teacher_s: number;
-  update_s: number;
-  step_s: number;
-  step_seconds: { sample: number; teacher: number; update: number }[];
-  /** teacher_s / sample_s (target ≤ 1.5). */
-  teacher_over_sampling: number;
   cache: { file_bytes: number; tokens: number; bytes_per_token: number; full_logits_bytes_per_token: number; fraction: number };
   load_average: number;
   /** Every precision timed (the figures above are the first's). */
