@@ -13,7 +13,10 @@
  * `data/teacher.parquet`, its bytes per counted token against V × 4 bytes of full float32 logits
  * (target: ≤ 1/20).
  *
- *   prefzoo bench --distill [--preset small] [--rows 8] [--prompt 32] [--new 64] [--steps 2] [--warmup 1] [--topk 32]
+ *   prefzoo bench --distill [--preset small] [--rows 8] [--prompt 32] [--new 64] [--steps 2] [--warmup 1] [--topk 32] [--teacher-dtype f32,q8,q4]
+ *
+ * With several --teacher-dtype precisions each gets its own timed run on the same models and prompts,
+ * and each after the first is compared with the first's top K on the cache's rows (`topkGap`).
  */
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
