@@ -58,8 +58,9 @@ export function register(program: Command): void {
     .option('--distill', "time an on-policy distillation step instead (scripts/bench/distill-bench.ts): the student's sampling, the teacher's top-K scoring (a teacher of about 4× the --preset's parameters) and the update, and the top-K cache's bytes per token")
     .option('--rows <n>', 'with --distill: prompts per step (batch_size; default 8)')
     .option('--topk <n>', 'with --distill: K of the teacher\'s top K (distill_topk; default 32)')
+    .option('--teacher-dtype <list>', "with --distill: the teacher's precisions (teacher_dtype: f32, q8, q4), comma-separated, each timed by its own run on the same models, and each after the first compared with the first's top K (default f32)")
     .option('--json', 'print one JSON line')
-    .action(async (o: { distill?: boolean; rows?: string; topk?: string; serve?: boolean; clients?: string; maxTokens?: string; model?: string; peer?: string; rollout?: boolean; prompts?: string; generations?: string; generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; fused?: boolean; dtype?: string; blockSize?: string; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; loadIn4bit?: string | boolean; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
+    .action(async (o: { distill?: boolean; rows?: string; topk?: string; teacherDtype?: string; serve?: boolean; clients?: string; maxTokens?: string; model?: string; peer?: string; rollout?: boolean; prompts?: string; generations?: string; generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; fused?: boolean; dtype?: string; blockSize?: string; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; loadIn4bit?: string | boolean; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
       // The dtype flags are train's settings of the same names: checked against their rows of the table.
       const computeDtype = coerceSetting('compute_dtype', TRAIN_SETTINGS.compute_dtype, o.computeDtype, '--compute-dtype') as TrainConfig['compute_dtype'];
       const baseDtype = coerceSetting('base_dtype', TRAIN_SETTINGS.base_dtype, o.baseDtype, '--base-dtype') as TrainConfig['base_dtype'];
@@ -80,12 +81,13 @@ export function register(program: Command): void {
           warmup: positiveInt('--warmup', o.warmup, 1),
           topk: positiveInt('--topk', o.topk, 32),
           threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1),
+          teacherDtypes: teacherDtypes(o.teacherDtype),
           log: (line) => process.stderr.write(`bench: ${line}\n`),
         });
         process.stdout.write(o.json ? JSON.stringify(r) + '\n' : formatDistillBench(r));
         return;
       }
-      for (const [flag, v] of [['--rows', o.rows], ['--topk', o.topk]] as const) if (v !== undefined) throw new UserError(`${flag} is a --distill setting`);
+      for (const [flag, v] of [['--rows', o.rows], ['--topk', o.topk], ['--teacher-dtype', o.teacherDtype]] as const) if (v !== undefined) throw new UserError(`${flag} is a --distill setting`);
       const serveOnly = { '--clients': o.clients, '--max-tokens': o.maxTokens, '--model': o.model, '--peer': o.peer };
       if (o.serve) {
         const other = { '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--fused': o.fused, '--dtype': o.dtype, '--block-size': o.blockSize, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--prompts': o.prompts, '--generations': o.generations, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--load-in-4bit': o.loadIn4bit, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
@@ -222,4 +224,12 @@ export function register(program: Command): void {
       const w = Math.max(...lines.map(([k]) => k.length));
       process.stdout.write(lines.map(([k, v]) => `${k.padEnd(w)}  ${v}`).join('\n') + '\n');
     });
+}
+
+/** --teacher-dtype's list, each checked as distill's teacher_dtype is (f16 and unknown names refused in one line). */
+function teacherDtypes(list: string | undefined): string[] | undefined {
+  if (list === undefined) return undefined;
+  const dtypes = list.split(',').map((d) => d.trim());
+  for (const d of dtypes) productQuant(d, 32, 'cpu', { dtype: '--teacher-dtype', block: 'teacher_block_size' });
+  return dtypes;
 }
