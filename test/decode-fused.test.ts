@@ -170,3 +170,28 @@ describe('batch invariance', () => {
     });
   }
 });
+
+describe('past max_position_embeddings', () => {
+  it('a cache with more slots than the rotary tables switches the decoder to the unfused graphs, which decode on past the last position', async () => {
+    const c = testConfig('llama'); // max_position_embeddings 64
+    const w = randomWeights(c, 5);
+    const V = c.vocab_size;
+    const run = async (fused: boolean) => {
+      const dec = await Decoder.create(c, w, { fused });
+      const short = dec.newCache(1, 16, 64);
+      expect(dec.fused).toBe(fused);
+      dec.recycle(short);
+      const cache = dec.newCache(1, 16, 80);
+      expect(dec.fused).toBe(false);
+      cache.addRows(1);
+      await dec.prefill(cache, 0, i64(LONG), i64(LONG.map(() => 1)), 1);
+      let last = new Float32Array(0);
+      for (let s = 0; s < 70 - LONG.length; s++) last = (await dec.step(i64([(s * 7 + 1) % V]), cache)).logits!.slice();
+      expect(cache.cols[0]).toBe(70);
+      await dec.release();
+      return last;
+    };
+    const [a, b] = await Promise.all([run(true), run(false)]);
+    expect(Array.from(a)).toEqual(Array.from(b));
+  });
+});
