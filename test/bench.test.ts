@@ -113,18 +113,19 @@ describe('prefzoo bench --generate', () => {
     for (const k of ['prefill_ms', 'decode_tokens_per_s', 'ms_per_step', 'gflop_per_step', 'bandwidth_bound_ms', 'peak_rss_mb']) expect(j[k], k).toBeGreaterThan(0);
     expect(j).toMatchObject({ weights: 'fed', batch: 2, prompt_tokens: 5, new_tokens: 8, flop_bound_ms: null });
     expect(j.decode_tokens_per_s).toBeCloseTo(2000 / j.ms_per_step, -1);
-    // The unfused decode graphs (the default) and --fused's: fewer nodes built and run per step fused.
-    const f = await prefzoo('bench', '--generate', '--preset', 'tiny', '--batch', '2', '--prompt', '5', '--new', '4', '--runs', '1', '--no-peak', '--fused', '--json');
-    expect(f.code, f.stderr).toBe(0);
-    const jf = JSON.parse(f.stdout.trim());
-    expect([j.fused, jf.fused]).toEqual([false, true]);
-    expect(jf.nodes_per_step.graph).toBeLessThan(j.nodes_per_step.graph);
+    // The fused decode graphs (the CPU default) and --unfused's: fewer nodes built and run per step fused.
+    const u = await prefzoo('bench', '--generate', '--preset', 'tiny', '--batch', '2', '--prompt', '5', '--new', '4', '--runs', '1', '--no-peak', '--unfused', '--json');
+    expect(u.code, u.stderr).toBe(0);
+    const jf = j;
+    const ju = JSON.parse(u.stdout.trim());
+    expect([jf.fused, ju.fused]).toEqual([true, false]);
+    expect(jf.nodes_per_step.graph).toBeLessThan(ju.nodes_per_step.graph);
     expect(jf.nodes_per_step.runtime).toBeGreaterThan(0);
-    expect(jf.nodes_per_step.runtime).toBeLessThan(j.nodes_per_step.runtime);
+    expect(jf.nodes_per_step.runtime).toBeLessThan(ju.nodes_per_step.runtime);
   }, 120_000);
 
   it('refuses the training step flags with --generate, and --generate flags without it', async () => {
-    await refused([['--generate', '--steps', '3'], ['--generate', '--lora'], ['--batch', '4'], ['--fused'], ['--generate', '--arch', 'bert']], false);
+    await refused([['--generate', '--steps', '3'], ['--generate', '--lora'], ['--batch', '4'], ['--unfused'], ['--generate', '--arch', 'bert']], false);
   });
 });
 

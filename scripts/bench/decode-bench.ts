@@ -36,7 +36,7 @@ export interface GenerateBenchOptions {
   baked?: boolean;
   /** Products over block-quantized weights (q8/q4, MatMulNBits; `prefzoo bench --generate --dtype`); default f32. */
   quant?: ProductQuant | null;
-  /** The host decode graphs with ONNX Runtime's fused ops (Decoder's `fused`; default false); true: `bench --generate --fused`. */
+  /** The host decode graphs with ONNX Runtime's fused ops (Decoder's `fused`; default: on the CPU); false: `bench --generate --unfused`. */
   fused?: boolean;
   runtime?: RuntimeOptions;
   skipPeak?: boolean;

@@ -40,11 +40,10 @@ export interface DecoderOptions {
   quant?: ProductQuant | null;
   /**
    * The host graphs with ONNX Runtime's fused decoding ops (decode.ts's `fused`; CPU provider only,
-   * default false). Not the default: with them a row's log-probabilities move in the last bits with
-   * the rows decoding beside it, so a seeded request would no longer draw the same numbers alone and
-   * among others (test/serve-engine.test.ts, a resumed run's sampler log-probs in
-   * test/grpo-agent.test.ts). The WebGPU backend keeps its unfused graphs (docs/performance.md,
-   * "Fused decoding"), so true is refused there.
+   * the default there). The WebGPU backend keeps its unfused graphs (docs/performance.md, "Fused
+   * decoding"), so true is refused there. A cache made for more slots than the model's
+   * `max_position_embeddings` (the fused graphs' rotary tables end there) switches the decoder to
+   * the unfused graphs, which extrapolate the angles.
    */
   fused?: boolean;
   /**
@@ -117,7 +116,7 @@ export class Decoder {
     if (bake && o.quant) throw new Error('decoder: quant feeds its weights; it cannot also bake them');
     const cpu = (runtime.ep ?? 'cpu') === 'cpu';
     if (o.fused && !cpu) throw new Error(`decoder: the fused decoding graphs run on the CPU provider only, not ${runtime.ep}`);
-    const fused = o.fused ?? false;
+    const fused = o.fused ?? cpu;
     const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime, prefillTokens: o.prefillTokens ?? 256, quant: o.quant, fused, frozen: o.frozen });
     if (!bake) d.setWeights((name) => weights.get(name)?.data);
     return d;
@@ -127,7 +126,10 @@ export class Decoder {
   private graph(kind: GraphKind, head: DecodeHead): Graph {
     const quant = this.build.quant;
     const weightFirst = !quant && kind !== 'stepSmall' && (this.build.runtime?.ep ?? 'cpu') === 'cpu';
-    const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst, fused: this.build.fused });
+    // On the CPU the attention softmax runs in float64: a row's numbers then do not depend on the
+    // cache's capacity, which the rows decoding beside it set (docs/performance.md, "Fused decoding").
+    const rowInvariant = (this.build.runtime?.ep ?? 'cpu') === 'cpu';
+    const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst, fused: this.build.fused, rowInvariant });
     if (quant) {
       quantizeProducts(g, quant, (name, transposed) => this.quantized(name, transposed));
       const inputs = new Set(g.inputs.map((i) => i.name));
@@ -167,6 +169,17 @@ export class Decoder {
   /** The step graph a cache made for `maxRows` rows runs (see `step`: one or two rows fed as x·Wᵀ). */
   private stepKind(maxRows: number): GraphKind {
     return maxRows <= 2 && !this.baked && !this.build.quant ? 'stepSmall' : 'step';
+  }
+
+  /**
+   * From now on the unfused graphs: the fused ones' rotary tables end at max_position_embeddings (a
+   * later position is an error of the run). Sessions built so far go.
+   */
+  private unfuse(): void {
+    this.build.fused = false;
+    const old = [...this.sessions.values()];
+    this.sessions.clear();
+    for (const s of old) void s.then((x) => x.release(), () => undefined);
   }
 
   /** Whether the host graphs use the fused decoding ops (`DecoderOptions.fused`). */
@@ -262,6 +275,8 @@ export class Decoder {
 
   /** A new cache for up to `maxRows` rows, with room for `capacity` slots to start and `maxCapacity` reserved. */
   newCache(maxRows: number, capacity: number, maxCapacity = capacity): SlotCache {
+    const positions = (this.config as { max_position_embeddings?: number }).max_position_embeddings;
+    if (this.build.fused && positions !== undefined && Math.max(capacity, maxCapacity) > positions) this.unfuse();
     const c = new SlotCache(cacheShape(this.config), maxRows, capacity, this.vocabSize, maxCapacity, this.spare);
     this.spare = [];
     return c;
