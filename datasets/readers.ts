@@ -3,7 +3,7 @@
  * Each yields records in small arrays (one await per chunk, not per record) with the line or row
  * each came from, so every later error can name its place in the file.
  */
-import * as arrow from 'apache-arrow';
+import * as arrow from './arrow.ts';
 import { parse as parseCsv } from '@fast-csv/parse';
 import { createReadStream } from 'node:fs';
 import { open, readFile, stat } from 'node:fs/promises';
