@@ -10,7 +10,7 @@
 import { createHash } from 'node:crypto';
 import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import * as arrow from 'apache-arrow';
+import * as arrow from '../../datasets/arrow.ts';
 import { UserError } from '../errors.ts';
 import { writeFileAtomic } from '../io/atomic.ts';
 import { f16BitsToFloat, float32ToF16 } from '../models/safetensors.ts';
