@@ -76,6 +76,8 @@ export class Decoder {
   private readonly sessions = new Map<string, Promise<Session>>();
   /** The cache buffers of the last generation, for the next one (see `recycle`). */
   private spare: Float32Array[] = [];
+  /** The extend run's keys/values outputs (past ++ new), written in place run after run (see `extend`). */
+  private readonly extendOut = new Map<string, Float32Array>();
   /** On WebGPU: the sessions and weights of generation on the device (generate-device.ts). */
   readonly device: DeviceDecode | null;
   /** With `quant`: the values last fed, each weight's quantized buffers (kept for the next update), those made from the current values, and the parameters no graph reads as floats. */
@@ -341,8 +343,22 @@ export class Decoder {
     const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', BigInt64Array.from(ids, BigInt), [1, S]), attention_mask: cache.rowMask(row, S) };
     Object.assign(feeds, cache.rowPast(row));
     if (pick) Object.assign(feeds, pickFeeds(pick, 1));
-    const out = await (await this.session('extend', headOf(pick))).run(feeds);
-    cache.writeTail(row, (name) => out[name].data as Float32Array, S);
+    // The keys/values come back as past ++ new (`[1, KV, capacity + S, hd]`) and only the last S are
+    // kept: ONNX Runtime writes them into buffers kept from run to run instead of new ones copied
+    // into JavaScript (a served request's extend returned its whole prompt's cache, 5 MB on small).
+    const { layers, kvHeads: KV, headDim: hd } = cacheShape(this.config);
+    const size = KV * (cache.capacity + S) * hd;
+    const fetches: Record<string, OrtTensor | null> = pick ? (pick.head === 'sample' ? { token: null, logprob: null } : { token: null }) : { logits: null };
+    for (let i = 0; i < layers; i++) {
+      for (const kv of ['key', 'value'] as const) {
+        const name = presentName(i, kv);
+        let buf = this.extendOut.get(name);
+        if (!buf || buf.length < size) this.extendOut.set(name, (buf = new Float32Array(size)));
+        fetches[name] = toOrt('float32', buf.subarray(0, size), [1, KV, cache.capacity + S, hd]) as OrtTensor;
+      }
+    }
+    const out = await (await this.session('extend', headOf(pick))).run(feeds, fetches);
+    cache.writeTail(row, (name) => this.extendOut.get(name)!.subarray(0, size), S);
     if (!pick) return { logits: out.logits.data as Float32Array };
     return pick.head === 'sample' ? { tokens: out.token.data as BigInt64Array, logps: out.logprob.data as Float64Array } : { tokens: out.token.data as BigInt64Array };
   }
@@ -364,6 +380,7 @@ export class Decoder {
   async release(): Promise<void> {
     const all = await Promise.allSettled(this.sessions.values());
     this.sessions.clear();
+    this.extendOut.clear();
     for (const r of all) if (r.status === 'fulfilled') await r.value.release();
     await this.device?.release();
   }
