@@ -76,8 +76,10 @@ for (const m of methods) {
     const rows = Object.values(runs[d]).flatMap((x) => x.rows);
     const col = (k) => rows.map((x) => x[K + k]).filter((v) => typeof v === 'number');
     const kl = col('sampling_kl');
+    // Runs before the metric existed (main 3753d71 and older) did not log it: say over how many seeds it is.
+    const klSeeds = Object.values(runs[d]).filter((x) => x.rows.some((y) => typeof y[K + 'sampling_kl'] === 'number')).length;
     const rmin = col('importance_sampling_ratio/min'), rmean = col('importance_sampling_ratio/mean'), rmax = col('importance_sampling_ratio/max');
-    console.log(`| ${d} | ${Object.keys(runs[d]).length} | ${g2(mean(col('sampling_logp_difference/mean')))} | ${g2(Math.max(...col('sampling_logp_difference/max')))} | ${kl.length ? g2(mean(kl)) : '—'} | ${rmin.length ? rmin.length && Math.min(...rmin).toFixed(4) : '—'} | ${rmean.length ? median(rmean).toFixed(4) : '—'} | ${rmax.length ? Math.max(...rmax).toFixed(4) : '—'} |`);
+    console.log(`| ${d} | ${Object.keys(runs[d]).length} | ${g2(mean(col('sampling_logp_difference/mean')))} | ${g2(Math.max(...col('sampling_logp_difference/max')))} | ${kl.length ? g2(mean(kl)) + (klSeeds < Object.keys(runs[d]).length ? ` (${klSeeds} seed${klSeeds === 1 ? '' : 's'})` : '') : '—'} | ${rmin.length ? Math.min(...rmin).toFixed(4) : '—'} | ${rmean.length ? median(rmean).toFixed(4) : '—'} | ${rmax.length ? Math.max(...rmax).toFixed(4) : '—'} |`);
   }
   if (runs.f32) {
     const f = median(fin('f32'));
