@@ -14,7 +14,7 @@ import type { ModelConfig } from '../models/config.ts';
 import type { CausalLM, CausalLMInputs } from '../models/index.ts';
 import { lmHead } from '../models/layers.ts';
 import { collate } from '../models/batch.ts';
-import { allocQuantized, quantizeInto, quantizeProducts, type ProductQuant } from '../models/quantize.ts';
+import { quantizeBlocks, quantizeProducts, type ProductQuant } from '../models/quantize.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import { startProgress, type ProgressFactory } from '../progress.ts';
 import { loadTokenizer, type LoadedTokenizer } from '../tokenize/index.ts';
@@ -105,9 +105,8 @@ export function quantizeTeacher(g: Graph, feeds: Feeds, quant: ProductQuant): Fe
     if (!t || t.type !== 'float32' || t.dims.length !== 2) return null;
     const [r, c] = t.dims.map(Number);
     // An [N, K] weight (nn.Linear), or a [K, N] one (GPT-2's Conv1D) whose transpose is quantized.
-    const q = transposed ? allocQuantized(c, r, quant.bits, quant.block) : allocQuantized(r, c, quant.bits, quant.block);
-    quantizeInto(t.data as Float32Array, q, transposed);
-    return q;
+    const [N, K] = transposed ? [c, r] : [r, c];
+    return quantizeBlocks(t.data as Float32Array, N, K, quant.bits, quant.block, transposed);
   });
   const read = new Set(g.inputs.map((i) => i.name));
   return Object.fromEntries(Object.entries(feeds).filter(([name]) => read.has(name)));
