@@ -20,7 +20,7 @@ import { promptIds } from '../src/online/prompts.ts';
 import { readExportSource } from '../src/export/source.ts';
 import { exportGguf, ggufNames, ggufTensors, q4kmType } from '../src/export/gguf.ts';
 import { decodeTensor, encodeTensor } from '../src/export/gguf-file.ts';
-import { EXPORT_PROMPT, llamaGreedy, noisyTinyModel } from './helpers/export-fixtures.ts';
+import { EXPORT_PROMPT, llamaGreedy, noisyTinyModel, f16, f32Values } from './helpers/export-fixtures.ts';
 import { prefzoo } from './helpers/cli.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'pz-export-q4km-'));
@@ -231,19 +231,6 @@ async function prefzooProbabilities(dir: string, ids: number[], tail: number[], 
     await session.close();
     await decoder.release();
   }
-}
-
-/** `n` little-endian float32 values of `buf` from byte `at`. */
-function f32Values(buf: Buffer, at: number, n: number): Float32Array {
-  return Float32Array.from({ length: n }, (_, i) => buf.readFloatLE(at + 4 * i));
-}
-
-/** IEEE binary16 bits → number (written here, apart from the exporter's float16 code). */
-function f16(bits: number): number {
-  const e = (bits >> 10) & 31;
-  const f = bits & 1023;
-  const v = e === 0 ? f * 2 ** -24 : e === 31 ? (f ? NaN : Infinity) : (1 + f / 1024) * 2 ** (e - 15);
-  return bits & 0x8000 ? -v : v;
 }
 
 /** Q4_K sub-block j's 6-bit scale and min, from the 12 scale bytes after the block's d and dmin. */

@@ -25,7 +25,7 @@ import { readExportSource } from '../src/export/source.ts';
 import { exportGguf } from '../src/export/gguf.ts';
 import { permuteRotary } from '../src/models/llama.ts';
 import { quantizeQ4_0, quantizeQ8_0 } from '../src/export/gguf-file.ts';
-import { EXPORT_ARCHS, EXPORT_PROMPT, llamaGreedy as greedyIn, noisyTinyModel } from './helpers/export-fixtures.ts';
+import { EXPORT_ARCHS, EXPORT_PROMPT, llamaGreedy as greedyIn, noisyTinyModel, f16, f32Values } from './helpers/export-fixtures.ts';
 import { prefzoo } from './helpers/cli.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'pz-export-gguf-'));
@@ -259,19 +259,6 @@ describe('export --format gguf, loaded by llama.cpp', () => {
     expect(Array.from(quantizeQ4_0(new Float32Array(32)))).toEqual([0x00, 0x80, ...new Array(16).fill(0x88)]);
   });
 });
-
-/** `n` little-endian float32 values of `buf` from byte `at`. */
-function f32Values(buf: Buffer, at: number, n: number): Float32Array {
-  return Float32Array.from({ length: n }, (_, i) => buf.readFloatLE(at + 4 * i));
-}
-
-/** IEEE binary16 bits → number (written here, apart from the exporter's float16 code). */
-function f16(bits: number): number {
-  const e = (bits >> 10) & 31;
-  const f = bits & 1023;
-  const v = e === 0 ? f * 2 ** -24 : e === 31 ? (f ? NaN : Infinity) : (1 + f / 1024) * 2 ** (e - 15);
-  return bits & 0x8000 ? -v : v;
-}
 
 /** `n` values of Q4_0 blocks from byte `at`, in float64: x = (q − 8)·d, q the low nibbles then the high. */
 function dequantQ4_0(buf: Buffer, at: number, n: number): Float64Array {

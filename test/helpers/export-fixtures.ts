@@ -66,3 +66,16 @@ export async function llamaGreedy(llama: Llama, file: string, ids: number[], n: 
     await model.dispose();
   }
 }
+
+/** `n` little-endian float32 values of `buf` from byte `at`. */
+export function f32Values(buf: Buffer, at: number, n: number): Float32Array {
+  return Float32Array.from({ length: n }, (_, i) => buf.readFloatLE(at + 4 * i));
+}
+
+/** IEEE binary16 bits → number (written for the tests, apart from the exporter's float16 code). */
+export function f16(bits: number): number {
+  const e = (bits >> 10) & 31;
+  const f = bits & 1023;
+  const v = e === 0 ? f * 2 ** -24 : e === 31 ? (f ? NaN : Infinity) : (1 + f / 1024) * 2 ** (e - 15);
+  return bits & 0x8000 ? -v : v;
+}
