@@ -11,16 +11,11 @@
  */
 import os from 'node:os';
 import { Graph } from '../../src/onnx/graph.ts';
-import { presetConfig, type ModelConfig } from '../../src/models/config.ts';
-import type { FloatTensor } from '../../src/models/checkpoint.ts';
-import { modelParameterShapes } from '../../src/models/params.ts';
 import { collate } from '../../src/models/batch.ts';
 import { productQuant } from '../../src/models/quantize.ts';
 import { logitsAt, quantizeTeacher, scoreIndex, scoringRuntime, TeacherTopK, topKAndRestMasked, type TeacherRow } from '../../src/train/teacher-topk.ts';
-import { LoadedTeacher } from '../../src/train/teacher-model.ts';
 import { Session, toOrt } from '../../src/runtime/session.ts';
-import type { TokenizedExample } from '../../datasets/examples.ts';
-import { teacherShape } from './distill-bench.ts';
+import { fillerRows, fillerTeacher } from './teacher-filler.ts';
 
 const [rows, prompt, fresh, rounds] = process.argv.slice(2).map(Number);
 const dtypes = (process.argv[6] ?? 'f32,q8').split(',');
@@ -30,24 +25,9 @@ const N = fresh || 64;
 const ROUNDS = rounds || 3;
 const K = 32;
 
-const student = presetConfig('llama', 'small');
-const config = { ...presetConfig('llama', 'small'), ...teacherShape(student, 'llama', 'small').shape } as ModelConfig;
-let x = 12345;
-const weights = new Map<string, FloatTensor>();
-for (const [name, shape] of modelParameterShapes(config)) {
-  const n = shape.reduce((a, b) => a * b, 1);
-  const data = new Float32Array(n);
-  if (/norm\.weight$/.test(name)) data.fill(1);
-  else for (let i = 0; i < n; i++) data[i] = (((x = (x * 1103515245 + 12345) >>> 0) >>> 8) / 2 ** 24 - 0.5) * 0.04;
-  weights.set(name, { shape, data });
-}
-// Rows of P + N − (r mod 5) tokens: samples of several lengths, as the stop id makes them.
-const examples: TokenizedExample[] = Array.from({ length: R }, (_, r) => ({
-  promptIds: Array.from({ length: P }, (_, t) => 16 + ((r * 7919 + t * 104729) % 4000)),
-  responseIds: [Array.from({ length: N - (r % 5) }, (_, t) => 16 + ((r * 31 + t * 7477) % 4000))],
-  src: r,
-}) as unknown as TokenizedExample);
-const teacher = new LoadedTeacher({ config, weights }, null, 1);
+const teacher = fillerTeacher();
+const config = teacher.config;
+const examples = fillerRows(R, P, N, true);
 const V = config.vocab_size;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
 const clock = async <T>(f: () => Promise<T>): Promise<{ out: T; wall: number; cpu: number }> => {
