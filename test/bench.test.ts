@@ -217,8 +217,9 @@ describe('prefzoo bench --distill', () => {
     expect(j.teacher_params).toBe(countParameters({ ...student, ...j.teacher_shape }));
     expect(j.teacher_shape.hidden_size).toBe(2 * (student as LlamaConfig).hidden_size);
     expect(j.step_seconds).toHaveLength(2);
-    for (const s of j.step_seconds) for (const k of ['sample', 'teacher', 'update']) expect(s[k], k).toBeGreaterThan(0);
+    for (const s of j.step_seconds) for (const k of ['sample', 'teacher', 'update', 'sample_cpu', 'teacher_cpu']) expect(s[k], k).toBeGreaterThan(0);
     expect(j.teacher_over_sampling).toBeCloseTo(j.teacher_s / j.sample_s, 1);
+    expect(j.teacher_over_sampling_cpu).toBeCloseTo(j.teacher_cpu_s / j.sample_cpu_s, 1);
     expect(j.mean_completion_length).toBeGreaterThan(0);
     expect(j.mean_completion_length).toBeLessThanOrEqual(6);
     // The cache: 3 steps × 2 rows, each response cut to its 6 tokens; bytes per token from the file written.
