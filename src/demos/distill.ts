@@ -90,12 +90,12 @@ const TEACHER_SFT: Partial<TrainConfig> = { ...SHORT, batch_size: 32, learning_r
  * On-policy distillation: 128 prompts a step, one sample each of at most 2 tokens (a digit and the
  * end): as many completions a step as GRPO's 16 prompts × 8. The loss is the forward KL (beta=0)
  * from the teacher's top 16 and the rest at every sampled token. The reverse KL (beta=1) is slower
- * here: it cannot raise a token the student gives next to no mass. AdamW with adam_beta1 0.5 (not
- * 0.9) at learning rate 3e-3, constant: with 0.9 the student sat at chance for 8–9 steps after the
+ * here: it cannot raise a token the student gives next to no mass. AdamW with adam_beta1 0.7 (not
+ * 0.9) at learning rate 5e-3, constant: with 0.9 the student sat at chance for 8–9 steps after the
  * first on seed 8 and took 13 steps on seed 3, more than a quarter of GRPO's there (docs/distill.md,
  * "Demo", "Seeds 3 and 8").
  */
-export const DISTILL: Partial<TrainConfig> = { ...SHORT, batch_size: 128, learning_rate: 3e-3, adam_beta1: 0.5, warmup_steps: 0, lr_scheduler: 'constant', logging_steps: 1 };
+export const DISTILL: Partial<TrainConfig> = { ...SHORT, batch_size: 128, learning_rate: 5e-3, adam_beta1: 0.7, warmup_steps: 0, lr_scheduler: 'constant', logging_steps: 1 };
 export const DISTILL_PARAMS = ['lmbda=1', 'beta=0', 'distill_topk=16', 'max_completion_length=2', 'sampling_temperature=1'];
 const DISTILL_BUDGET = 100;
 const GRPO_BUDGET = 400;
