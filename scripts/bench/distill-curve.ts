@@ -6,15 +6,20 @@
  * is the demo's own), held-out accuracy after steps 1, 2, … until the first multiple of the demo's
  * 5 steps at or above the target (0.9 × the teacher's) or STEPS (default 25). One line per variant:
  * the first step at the target, the step the demo would count, the curve, and the first six steps'
- * grad_norm (before clipping) and distill/forward_kl. GRPO is not run (its count is the demo's).
+ * grad_norm (before clipping) and distill/forward_kl. A variant starting `grpo` is the demo's GRPO run
+ * from the same π_0 with its params after GRPO's, evaluated every 5 steps to the same target within
+ * the demo's 400 steps (its learning rate decays over them: STEPS is distillation's budget only): the
+ * step it reached the target and the curve.
  *
- *   node --import tsx scripts/bench/distill-curve.ts 8 25 '|adam_beta1=0.9 learning_rate=5e-3|temperature=2'
+ *   node --import tsx scripts/bench/distill-curve.ts 8 25 '|adam_beta1=0.9|temperature=2'
+ *   node --import tsx scripts/bench/distill-curve.ts 3 25 'grpo|grpo adam_beta1=0.5'
  */
 import { mkdtempSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
-import { accuracyOfFolder, DISTILL, DISTILL_PARAMS, distillPrompts, trainTeacher } from '../../src/demos/distill.ts';
-import { recallLastTask } from '../../src/demos/grpo.ts';
+import { accuracyOfFolder, DISTILL, DISTILL_PARAMS, distillPrompts, GRPO_BUDGET, trainTeacher } from '../../src/demos/distill.ts';
+import { grpoOnRecallLast, recallLastTask } from '../../src/demos/grpo.ts';
+import { grpo } from '../../src/online/grpo/index.ts';
 import { loadTokenizer } from '../../src/tokenize/index.ts';
 import { distill } from '../../src/train/distill.ts';
 
@@ -31,6 +36,24 @@ try {
   const data = distillPrompts(dir, task);
   for (const v of (variants ?? '').split('|')) {
     const extra = v.trim().split(/\s+/).filter(Boolean);
+    if (extra[0] === 'grpo') {
+      const curve: number[] = [];
+      let reached = 0;
+      const g = grpoOnRecallLast(seed);
+      await grpo({
+        model: task.startDir, prompts: task.promptsFile, rewards: ['accuracy'], out: join(dir, 'grpo'), overwrite: true,
+        base: { ...g.base, max_steps: GRPO_BUDGET }, params: [...g.params, ...extra.slice(1)],
+        until: async (step, policy) => {
+          if (step % 5 !== 0) return false;
+          const a = (await task.accuracy(tok, await policy())).perFunction.accuracy;
+          curve.push(a);
+          if (a >= target) reached = step;
+          return reached > 0;
+        },
+      });
+      console.log(`seed ${seed} [${extra.join(' ')}] target ${target.toFixed(4)}: reached ${reached || `> ${GRPO_BUDGET}`}: ${curve.map((a) => a.toFixed(3)).join(' ')} (every 5 steps)`);
+      continue;
+    }
     const curve: number[] = [];
     let first = 0;
     let counted = 0;

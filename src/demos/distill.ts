@@ -98,7 +98,7 @@ const TEACHER_SFT: Partial<TrainConfig> = { ...SHORT, batch_size: 32, learning_r
 export const DISTILL: Partial<TrainConfig> = { ...SHORT, batch_size: 128, learning_rate: 5e-3, adam_beta1: 0.7, warmup_steps: 0, lr_scheduler: 'constant', logging_steps: 1 };
 export const DISTILL_PARAMS = ['lmbda=1', 'beta=0', 'distill_topk=16', 'max_completion_length=2', 'sampling_temperature=1'];
 const DISTILL_BUDGET = 100;
-const GRPO_BUDGET = 400;
+export const GRPO_BUDGET = 400;
 const EVAL_EVERY = 5;
 const TARGET_SHARE = 0.9;
 const EVAL_SAMPLES = 8;
