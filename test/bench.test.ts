@@ -185,10 +185,13 @@ describe('prefzoo bench --serve', () => {
         expect(p[k].p90).toBeLessThanOrEqual(p[k].p99);
       }
       expect(p.ttft_ms.p99).toBeLessThanOrEqual(p.latency_ms.p99);
+      // The server's process and the clients' (a process of their own) each did work in the pass.
+      expect(p.cpu_s, pass).toBeGreaterThan(0);
+      expect(p.client_cpu_s, pass).toBeGreaterThan(0);
     }
     expect(j.concurrent.tokens).toBe(j.sequential.tokens);
     expect(j.speedup).toBeCloseTo(j.concurrent.tokens_per_s / j.sequential.tokens_per_s, 1);
-    for (const k of ['decode_batch1_tokens_per_s', 'generate_batch1_tokens_per_s', 'decode_ratio']) expect(j[k], k).toBeGreaterThan(0);
+    for (const k of ['decode_batch1_tokens_per_s', 'generate_batch1_tokens_per_s', 'decode_ratio', 'cpu_speedup']) expect(j[k], k).toBeGreaterThan(0);
   }, 120_000);
 
   it('prints its fields as a table without --json', async () => {

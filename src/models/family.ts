@@ -50,7 +50,8 @@ export interface DecodeIndex {
   shapeBS: Tensor;
   /**
    * Attention's softmax in float64 (see decode.ts's `rowInvariant`): a row's probabilities then do
-   * not depend on how long the softmax row is (the cache's capacity, which the batch sets).
+   * not depend on which columns its values sit at (a left-padded prefill group, an extend run after
+   * a cache's capacity).
    */
   softmax64?: boolean;
 }
