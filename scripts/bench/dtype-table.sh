@@ -14,6 +14,7 @@
 #
 #   scripts/bench/dtype-table.sh [OUT] [DTYPES] [METHODS] [SEEDS]
 #     defaults: tmp/dtype-table "f32 q8 q4" "grpo tools" "0 1 2 3 4 5 6 7 8 9"
+#     a DTYPE q4bN / q8bN adds --param rollout_block_size=N (q4b16: q4 in blocks of 16)
 #   nice -n 10 scripts/bench/dtype-table.sh tmp/dt "q4" > tmp/dt.md 2>&1 &
 #   scripts/bench/dtype-table.sh tmp/dt "f32 q8 q4" "grpo tools" ""     (only prints what OUT holds)
 set -euo pipefail
@@ -30,8 +31,10 @@ for m in $methods; do
     for s in $seeds; do
       f="$out/$m-$d-$s.json"
       [ -s "$f" ] && continue
+      params=(--param "rollout_dtype=${d%%b*}")
+      [[ $d == *b* ]] && params+=(--param "rollout_block_size=${d#*b}")
       /usr/bin/time -f '%U %S %e' -o "$out/$m-$d-$s.time" \
-        node bin/prefzoo.mjs demo --method "$m" --seed "$s" --param "rollout_dtype=$d" --json -o "$out/$m-$d-$s" > "$f.tmp"
+        node bin/prefzoo.mjs demo --method "$m" --seed "$s" "${params[@]}" --json -o "$out/$m-$d-$s" > "$f.tmp"
       echo "$commit" > "$out/$m-$d-$s.commit"
       mv "$f.tmp" "$f"
     done
