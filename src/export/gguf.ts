@@ -65,7 +65,7 @@ export function ggufTensors(c: ModelConfig, weights: Map<string, FloatTensor>, n
   const tied = !ggufNames.includes('output.weight');
   const layers = new Set(ggufNames.map((n) => /^blk\.(\d+)\./.exec(n ?? '')?.[1]).filter((l) => l !== undefined)).size;
   // llama.cpp classes an 80-layer llama or qwen2 model as 70B and gives its attn_v Q5_K, a type not written here.
-  if (dtype === 'q4_k_m' && layers === 80 && (names.arch === 'llama' || names.arch === 'qwen2')) {
+  if (dtype === 'q4_k_m' && names.seventyBLayers !== undefined && layers === names.seventyBLayers) {
     throw new UserError(`--dtype q4_k_m: llama.cpp's mix gives an 80-layer ${names.arch} model's attn_v Q5_K, which this writer does not produce; use q8_0 or q4_0`);
   }
   const typeFor = (name: string, shape: number[]): GgmlType => {

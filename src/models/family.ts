@@ -259,6 +259,11 @@ export interface GgufNames<C extends ModelConfig = ModelConfig> {
   metadata(c: C): Record<string, GgufValue>;
   /** Refuses, in one line naming the field, a config llama.cpp would run differently. */
   check?(c: C): void;
+  /**
+   * The layer count at which llama.cpp classes this architecture as a 70B model, whose q4_k_m mix then
+   * gives `attn_v` Q5_K (a type prefzoo's writer does not produce); absent: no such class.
+   */
+  seventyBLayers?: number;
 }
 
 /**
