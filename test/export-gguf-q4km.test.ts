@@ -166,6 +166,17 @@ describe('export --format gguf --dtype q4_k_m', () => {
     expect(near, `decoded ${near} vs unquantized ${far}`).toBeLessThan(far / 4);
   });
 
+  it("refuses an 80-layer llama, qwen2 or mistral (llama.cpp's 70B class: attn_v Q5_K), not a 79-layer one nor an 80-layer qwen3", () => {
+    const base = readExportSource(tiny).config;
+    const tensors = (model_type: string, layers: number) => {
+      const c = { ...base, model_type, num_hidden_layers: layers } as typeof base;
+      return () => ggufTensors(c, new Map(), ggufNames(c), 'q4_k_m');
+    };
+    for (const t of ['llama', 'qwen2', 'mistral']) expect(tensors(t, 80)).toThrow(/^--dtype q4_k_m: llama\.cpp's mix gives an 80-layer \w+ model's attn_v Q5_K/);
+    // Past the refusal the writer reads the weights, which these calls do not give: any other error means it was not refused.
+    for (const [t, n] of [['llama', 79], ['qwen3', 80]] as const) expect(tensors(t, n)).toThrow(/^(?!--dtype q4_k_m: llama)/);
+  });
+
   it('is refused for other k-quant names, in one line', async () => {
     const r = await prefzoo('export', '--model', tiny, '--format', 'gguf', '--dtype', 'q4_k_s', '-o', join(root, 'x.gguf'));
     expect(r.code).not.toBe(0);
