@@ -77,7 +77,9 @@ function rows(out: string): Record<string, unknown>[] {
 }
 
 function run(args: string[]): void {
-  const r = spawnSync(process.execPath, [bin, ...args, '--quiet'], { encoding: 'utf8' });
+  // The default threads as a user gets them (one per core), not the suite's PREFZOO_THREADS=1.
+  const { PREFZOO_THREADS: _, ...env } = process.env;
+  const r = spawnSync(process.execPath, [bin, ...args, '--quiet'], { encoding: 'utf8', env });
   expect(r.status, r.stderr).toBe(0);
 }
 

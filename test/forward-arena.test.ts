@@ -7,7 +7,7 @@
  */
 import { describe, it, expect, afterAll, afterEach, vi } from 'vitest';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { buildArtifacts, TrainingArtifacts, readManifest } from '../src/artifacts/index.ts';
 import { forwardRuntime, Session, sessionOptions, type RuntimeOptions } from '../src/runtime/session.ts';
@@ -79,6 +79,27 @@ describe('forward-only sessions under the memory-saving runtime', () => {
     for (const c of calls) expect(c.runtime).toEqual({ threads: 1, memPattern: false });
     await scorer.release();
     await ref.release();
+  });
+});
+
+describe('the CPU\'s default intra-op threads', () => {
+  it('are PREFZOO_THREADS when set, one per core otherwise; a named count wins; a bad value is refused naming the variable', () => {
+    const saved = process.env.PREFZOO_THREADS;
+    try {
+      process.env.PREFZOO_THREADS = '3';
+      expect(sessionOptions({}).intraOpNumThreads).toBe(3);
+      expect(sessionOptions({ threads: 2 }).intraOpNumThreads).toBe(2);
+      expect(sessionOptions({ ep: 'webgpu' }).intraOpNumThreads).toBeUndefined();
+      delete process.env.PREFZOO_THREADS;
+      expect(sessionOptions({}).intraOpNumThreads).toBe(availableParallelism());
+      for (const bad of ['0', '-1', '1.5', 'two']) {
+        process.env.PREFZOO_THREADS = bad;
+        expect(() => sessionOptions({})).toThrow(`PREFZOO_THREADS must be a positive integer, got "${bad}"`);
+      }
+    } finally {
+      if (saved === undefined) delete process.env.PREFZOO_THREADS;
+      else process.env.PREFZOO_THREADS = saved;
+    }
   });
 });
 

@@ -26,8 +26,8 @@ export interface RuntimeOptions {
    */
   ep?: ExecutionProvider;
   /**
-   * Intra-op threads. Default on the CPU: one per core this process may use (`os.availableParallelism()`),
-   * set explicitly: left to ONNX Runtime (intra_op_num_threads 0) this 2-core machine ran its products on
+   * Intra-op threads. Default on the CPU: `PREFZOO_THREADS` if set, else one per core this process may
+   * use (`os.availableParallelism()`), set explicitly: left to ONNX Runtime (intra_op_num_threads 0) this 2-core machine ran its products on
    * one core (bench --generate --batch 16: 781 decode tokens/s against 1,223 with 2 set, side by side).
    */
   threads?: number;
@@ -159,13 +159,26 @@ export function sessionOptions(o: RuntimeOptions, outputs?: Record<string, Outpu
     opts.enableProfiling = true;
     opts.profileFilePrefix = o.profilePrefix;
   }
-  const threads = o.threads ?? (ep === 'cpu' ? os.availableParallelism() : undefined);
+  const threads = o.threads ?? (ep === 'cpu' ? defaultCpuThreads() : undefined);
   if (threads !== undefined) {
     if (!Number.isInteger(threads) || threads < 1) throw new UserError(`--threads must be a positive integer, got ${threads}`);
     opts.intraOpNumThreads = threads;
     opts.interOpNumThreads = 1;
   }
   return opts;
+}
+
+/**
+ * The CPU's intra-op threads when none are named: `PREFZOO_THREADS` if set (a positive integer; for a
+ * machine shared by several processes, as the test suite's two workers share two cores), else one per
+ * core this process may use.
+ */
+export function defaultCpuThreads(): number {
+  const env = process.env.PREFZOO_THREADS;
+  if (env === undefined || env === '') return os.availableParallelism();
+  const n = Number(env);
+  if (!Number.isInteger(n) || n < 1) throw new UserError(`PREFZOO_THREADS must be a positive integer, got "${env}"`, { setting: 'PREFZOO_THREADS' });
+  return n;
 }
 
 /**
