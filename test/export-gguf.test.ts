@@ -144,6 +144,16 @@ describe('export --format gguf, loaded by llama.cpp', () => {
     expect(md['llama.context_length']).toBe(6);
   });
 
+  it("keeps gpt2's position embedding in F32 at q8_0 and q4_0, as llama-quantize does, and quantizes the token embedding", async () => {
+    const dir = noisyTinyModel(root, 'gpt2-positions', 'gpt2');
+    for (const [dtype, type] of [['q8_0', 8], ['q4_0', 2]] as const) {
+      exportGguf(readExportSource(dir), `${dir}-${dtype}.gguf`, dtype);
+      const types = new Map((await gguf(`${dir}-${dtype}.gguf`, { allowLocalFile: true })).tensorInfos.map((t) => [t.name, t.dtype as number]));
+      expect(types.get('position_embd.weight'), dtype).toBe(0);
+      expect(types.get('token_embd.weight'), dtype).toBe(type);
+    }
+  });
+
   it('refuses what llama.cpp would run differently, in one line', async () => {
     const dir = noisyTinyModel(root, 'gpt2-scaled', 'gpt2', { scale_attn_by_inverse_layer_idx: true });
     expect(() => exportGguf(readExportSource(dir), join(root, 'x.gguf'))).toThrow(/scale_attn_by_inverse_layer_idx/);

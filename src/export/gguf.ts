@@ -71,7 +71,9 @@ export function ggufTensors(c: ModelConfig, weights: Map<string, FloatTensor>, n
   const typeFor = (name: string, shape: number[]): GgmlType => {
     if (shape.length < 2 || dtype === 'f32') return 'F32';
     const ne0 = shape[shape.length - 1];
-    if (dtype === 'q4_k_m') return name === 'position_embd.weight' ? 'F32' : q4kmType(name, ne0, layers, tied);
+    // llama-quantize never quantizes a learned position embedding (gpt2's), whatever the type or --pure.
+    if (QUANTIZED.includes(dtype) && name === 'position_embd.weight') return 'F32';
+    if (dtype === 'q4_k_m') return q4kmType(name, ne0, layers, tied);
     if (QUANTIZED.includes(dtype) && ne0 % QUANT_BLOCK !== 0) return 'F16';
     return TYPE_OF[dtype];
   };
