@@ -14,13 +14,13 @@ import { Session, toOrt } from '../src/runtime/session.ts';
 import { int8Initializers, matmulInt8, quantizeInt8Columns } from '../src/models/quantize-int8.ts';
 import { loadModel } from '../src/models/load.ts';
 import type { ModelConfig } from '../src/models/config.ts';
-import { TeacherSpec } from '../src/train/teacher-model.ts';
-import { INT8_TEACHER, scoringRuntime, teacherQuant, TeacherTopK, type TeacherQuant, type TeacherRow } from '../src/train/teacher-topk.ts';
+import { INT8_TEACHER, teacherQuant, type TeacherQuant } from '../src/train/teacher-topk.ts';
 import { distill } from '../src/train/distill.ts';
 import { uniform } from '../src/random.ts';
 import type { TokenizedExample } from '../datasets/examples.ts';
-import { referenceLogits, type RefWeights } from './helpers/reference-forward.ts';
-import { distillModel, logSoftmax } from './helpers/distill-fixtures.ts';
+import type { RefWeights } from './helpers/reference-forward.ts';
+import { distillModel } from './helpers/distill-fixtures.ts';
+import { scoredAt, teacherGap, teacherRows } from './helpers/teacher-gap.ts';
 
 const K = 6;
 let dir: string;
@@ -107,49 +107,14 @@ describe('teacher_dtype=int8: the W8A8 product', () => {
   });
 });
 
-/** |Δ log p| at the scorer's K ids against the float64 forward, and the share of its top K the scorer holds. */
-function gap(rows: readonly TokenizedExample[], got: readonly TeacherRow[], ref: { config: ModelConfig; weights: RefWeights }) {
-  const d: number[] = [];
-  let agree = 0;
-  let n = 0;
-  rows.forEach((r, i) => {
-    const logits = referenceLogits(ref.config, ref.weights, [...r.promptIds, ...r.responseIds[0]]);
-    r.responseIds[0].forEach((_, k) => {
-      const lp = logSoftmax(logits[r.promptIds.length - 1 + k]);
-      const ids = Array.from(got[i].ids.subarray(k * K, (k + 1) * K));
-      ids.forEach((id, j) => d.push(Math.abs(got[i].logps[k * K + j] - lp[id])));
-      const top = new Set([...lp.keys()].sort((a, b) => lp[b] - lp[a]).slice(0, K));
-      agree += ids.filter((id) => top.has(id)).length;
-      n += K;
-    });
-  });
-  return { mean: d.reduce((a, b) => a + b, 0) / d.length, max: Math.max(...d), agreement: agree / n };
-}
-
-function rowsOf(V: number): TokenizedExample[] {
-  return [3, 9, 5, 12].map((n, r) => ({
-    promptIds: Array.from({ length: 2 + r }, (_, i) => 3 + ((r * 17 + i * 5) % (V - 3))),
-    responseIds: [Array.from({ length: n }, (_, i) => 3 + ((r * 29 + i * 11) % (V - 3)))],
-    src: r,
-  }) as unknown as TokenizedExample);
-}
-
-async function scored(rows: readonly TokenizedExample[], quant: TeacherQuant | null): Promise<TeacherRow[]> {
-  const t = TeacherSpec.of(teacher, undefined, undefined).load();
-  const s = await TeacherTopK.create(t, { K, limit: t.config.vocab_size, runtime: scoringRuntime({}), padId: 0, quant });
-  try {
-    return await s.score(rows, { batchSize: 2, padTo: 1 });
-  } finally {
-    await s.release();
-  }
-}
+const scored = (rows: readonly TokenizedExample[], quant: TeacherQuant | null) => scoredAt(teacher, rows, K, quant);
 
 describe('teacher_dtype=int8: the scorer', () => {
   it("top K against the float32 teacher's float64 forward: |Δ log p| mean ≤ 0.15, max ≤ 0.75, ids agree ≥ 0.9 (as q8's bounds)", async () => {
     const ref = loadModel(teacher) as { config: ModelConfig; weights: RefWeights };
-    const rows = rowsOf(ref.config.vocab_size);
-    const int8 = gap(rows, await scored(rows, INT8_TEACHER), ref);
-    const head = gap(rows, await scored(rows, { ...INT8_TEACHER, head: true }), ref);
+    const rows = teacherRows(ref.config.vocab_size);
+    const int8 = teacherGap(rows, await scored(rows, INT8_TEACHER), ref, K);
+    const head = teacherGap(rows, await scored(rows, { ...INT8_TEACHER, head: true }), ref, K);
     // Quantized (not the float32 forward), and within the bounds.
     for (const q of [int8, head]) {
       expect(q.max).toBeGreaterThan(1e-3);
