@@ -11,13 +11,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { loadModel } from '../src/models/load.ts';
 import type { ModelConfig } from '../src/models/config.ts';
-import { TeacherSpec } from '../src/train/teacher-model.ts';
-import { scoringRuntime, TeacherTopK, type TeacherRow } from '../src/train/teacher-topk.ts';
+import type { TeacherRow } from '../src/train/teacher-topk.ts';
 import { distill } from '../src/train/distill.ts';
 import { dequantizeBlocks, quantizeBlocks, type ProductQuant } from '../src/models/quantize.ts';
 import type { TokenizedExample } from '../datasets/examples.ts';
-import { referenceLogits, type RefWeights } from './helpers/reference-forward.ts';
-import { distillModel, logSoftmax } from './helpers/distill-fixtures.ts';
+import type { RefWeights } from './helpers/reference-forward.ts';
+import { distillModel } from './helpers/distill-fixtures.ts';
+import { scoredAt, teacherGap, teacherRows } from './helpers/teacher-gap.ts';
 
 const K = 6;
 let dir: string;
@@ -28,47 +28,9 @@ beforeAll(() => {
 });
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-/** Gap of scored rows to the float64 forward: |Δ log p| at the scorer's K ids, |Δ rest|, and the share of the float64 top K the scorer's K ids hold. */
-function gap(rows: readonly TokenizedExample[], got: readonly TeacherRow[], ref: { config: ModelConfig; weights: RefWeights }) {
-  const d: number[] = [];
-  const rest: number[] = [];
-  let agree = 0;
-  let n = 0;
-  rows.forEach((r, i) => {
-    const seq = [...r.promptIds, ...r.responseIds[0]];
-    const logits = referenceLogits(ref.config, ref.weights, seq);
-    r.responseIds[0].forEach((_, k) => {
-      const lp = logSoftmax(logits[r.promptIds.length - 1 + k]);
-      const ids = Array.from(got[i].ids.subarray(k * K, (k + 1) * K));
-      ids.forEach((id, j) => d.push(Math.abs(got[i].logps[k * K + j] - lp[id])));
-      const top = new Set([...lp.keys()].sort((x, y) => lp[y] - lp[x]).slice(0, K));
-      agree += ids.filter((id) => top.has(id)).length;
-      n += K;
-      const inTop = new Set(ids);
-      rest.push(Math.abs(got[i].rest[k] - Math.log(lp.reduce((a, v, id) => a + (inTop.has(id) ? 0 : Math.exp(v)), 0))));
-    });
-  });
-  return { mean: d.reduce((a, b) => a + b, 0) / d.length, max: Math.max(...d), rest: Math.max(...rest), agreement: agree / n };
-}
-
-/** Rows of several lengths over the teacher's ids. */
-function rowsOf(V: number): TokenizedExample[] {
-  return [3, 9, 5, 12].map((n, r) => ({
-    promptIds: Array.from({ length: 2 + r }, (_, i) => 3 + ((r * 17 + i * 5) % (V - 3))),
-    responseIds: [Array.from({ length: n }, (_, i) => 3 + ((r * 29 + i * 11) % (V - 3)))],
-    src: r,
-  }) as unknown as TokenizedExample);
-}
-
-async function scored(dir: string, rows: readonly TokenizedExample[], quant: ProductQuant | null): Promise<TeacherRow[]> {
-  const t = TeacherSpec.of(dir, undefined, undefined).load();
-  const s = await TeacherTopK.create(t, { K, limit: t.config.vocab_size, runtime: scoringRuntime({}), padId: 0, quant });
-  try {
-    return await s.score(rows, { batchSize: 2, padTo: 1 });
-  } finally {
-    await s.release();
-  }
-}
+const gap = (rows: readonly TokenizedExample[], got: readonly TeacherRow[], ref: { config: ModelConfig; weights: RefWeights }) => teacherGap(rows, got, ref, K);
+const rowsOf = teacherRows;
+const scored = (dir: string, rows: readonly TokenizedExample[], quant: ProductQuant | null) => scoredAt(dir, rows, K, quant);
 
 describe('teacher_dtype', () => {
   it("holds Q8_0's and Q4_0's weights: with float32 activations, the float64 forward of the dequantized weights to 1e-3", async () => {

@@ -27,8 +27,7 @@ import { initModelFolder, type ShapeField } from '../../src/models/init.ts';
 import { distill } from '../../src/train/distill.ts';
 import { DEFAULT_CONFIG } from '../../src/train/config.ts';
 import { teacherCacheFiles, teacherCacheIdentity, writeTeacherCache } from '../../src/train/teacher-cache.ts';
-import { scoringRuntime, TeacherTopK, type TeacherRow } from '../../src/train/teacher-topk.ts';
-import { productQuant } from '../../src/models/quantize.ts';
+import { scoringRuntime, teacherQuant, TeacherTopK, type TeacherRow } from '../../src/train/teacher-topk.ts';
 import { TeacherSpec } from '../../src/train/teacher-model.ts';
 import { loadTokenizer } from '../../src/tokenize/index.ts';
 import { loadData, tokenizeExamples } from '../../datasets/examples.ts';
@@ -189,7 +188,7 @@ export async function runDistillBench(o: DistillBenchOptions): Promise<DistillBe
     const tm = TeacherSpec.of(teacher, undefined, undefined).load();
     const limit = Math.min(tm.config.vocab_size, s.config.vocab_size);
     const scoreAt = async (dtype: string) => {
-      const quant = productQuant(dtype, 32, 'cpu', { dtype: '--teacher-dtype', block: 'teacher_block_size' });
+      const quant = teacherQuant(dtype, 32, 'cpu', { dtype: '--teacher-dtype', block: 'teacher_block_size' });
       const scorer = await TeacherTopK.create(tm, { K: o.topk, limit, runtime: scoringRuntime({ threads: o.threads }), padId: tok.padId ?? 0, quant });
       try {
         return await scorer.score(examples, { batchSize: 2 * o.rows, padTo: 1 });

@@ -4,22 +4,28 @@
  * reads them, default settings) at f32 and at each other precision (default q8,q4; blocks of 32),
  * each compared with f32's token by token (scripts/bench/distill-bench.ts's `topkGap`: mean and max
  * |Δ log p| at the ids both hold, the share of f32's K ids it holds) and the max |Δ| of the rest's
- * log-mass; one JSON line per precision, with the scoring's wall seconds.
+ * log-mass; one JSON line per precision, with the scoring's wall seconds. Besides teacher_dtype's
+ * values, int8's variants that are not a setting: `int8+head` (the output head int8 too),
+ * `int8/tensor` (one activation scale per product input, DynamicQuantizeMatMul), `int8/tensor+head`.
  */
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import { loadData, tokenizeExamples } from '../../datasets/examples.ts';
-import { productQuant } from '../../src/models/quantize.ts';
 import { loadTokenizer } from '../../src/tokenize/index.ts';
 import { DEFAULT_CONFIG } from '../../src/train/config.ts';
 import { TeacherSpec } from '../../src/train/teacher-model.ts';
-import { scoringRuntime, TeacherTopK, type TeacherRow } from '../../src/train/teacher-topk.ts';
+import { INT8_TEACHER, scoringRuntime, teacherQuant, TeacherTopK, type TeacherQuant, type TeacherRow } from '../../src/train/teacher-topk.ts';
 import { topkGap } from './distill-bench.ts';
 
 const [teacherDir, data, k, list] = process.argv.slice(2);
 if (!teacherDir || !data) throw new Error('usage: teacher-dtype-gap.ts TEACHER DATA [K] [dtypes]');
 const K = Number(k ?? 16);
+const VARIANTS: Record<string, TeacherQuant> = {
+  'int8+head': { ...INT8_TEACHER, head: true },
+  'int8/tensor': { ...INT8_TEACHER, act: 'tensor' },
+  'int8/tensor+head': { ...INT8_TEACHER, act: 'tensor', head: true },
+};
 const work = mkdtempSync(join(os.tmpdir(), 'prefzoo-dtype-gap-'));
 try {
   const tok = loadTokenizer(teacherDir);
@@ -27,7 +33,7 @@ try {
   const rows = tokenizeExamples(loaded.examples, tok, DEFAULT_CONFIG, loaded.tokens).rows.map((r) => ({ ...r, responseIds: [r.responseIds[0]] }));
   const teacher = TeacherSpec.of(teacherDir, undefined, undefined).load();
   const score = async (dtype: string): Promise<{ rows: TeacherRow[]; seconds: number }> => {
-    const quant = productQuant(dtype, 32, 'cpu', { dtype: 'dtype', block: 'block' });
+    const quant = VARIANTS[dtype] ?? teacherQuant(dtype, 32, 'cpu', { dtype: 'dtype', block: 'block' });
     const s = await TeacherTopK.create(teacher, { K, limit: teacher.config.vocab_size, runtime: scoringRuntime({}), padId: tok.padId ?? 0, quant });
     try {
       const t0 = performance.now();

@@ -5,12 +5,13 @@
  * from a cheap seeded filler, since only the time is measured), `rows` rows of `prompt` + `new`
  * tokens, the `new` ones scored at K = 32. Each variant: one untimed run, then `rounds` timed, the
  * median wall and process CPU (user + system) seconds, and whether its top-K equals the first's.
+ * `AB=dtype` compares the MatMulNBits precisions, `AB=int8` f32, q8 and teacher_dtype=int8's W8A8
+ * variants (the head int8 or float32, per-token or per-tensor activations).
  */
 import os from 'node:os';
 import { LOW_MEMORY_RUNTIME } from '../../src/train/run.ts';
-import { scoringRuntime, TeacherTopK, type TeacherRow } from '../../src/train/teacher-topk.ts';
+import { scoringRuntime, TeacherTopK, type TeacherQuant, type TeacherRow } from '../../src/train/teacher-topk.ts';
 import type { RuntimeOptions } from '../../src/runtime/session.ts';
-import type { ProductQuant } from '../../src/models/quantize.ts';
 import { fillerRows, fillerTeacher } from './teacher-filler.ts';
 
 const [rows, prompt, fresh, rounds] = process.argv.slice(2).map(Number);
@@ -23,7 +24,15 @@ const teacher = fillerTeacher();
 const config = teacher.config;
 const examples = fillerRows(R, P, N);
 
-const variants: { name: string; runtime: RuntimeOptions; quant?: ProductQuant }[] = process.env.AB === 'dtype'
+const variants: { name: string; runtime: RuntimeOptions; quant?: TeacherQuant }[] = process.env.AB === 'int8'
+  ? [
+      { name: 'f32', runtime: scoringRuntime({}) },
+      { name: 'q8 (teacher_dtype=q8)', runtime: scoringRuntime({}), quant: { bits: 8, block: 32 } },
+      { name: 'int8, per-token activations, f32 head (teacher_dtype=int8)', runtime: scoringRuntime({}), quant: { int8: true, act: 'token', head: false } },
+      { name: 'int8, per-token activations, int8 head', runtime: scoringRuntime({}), quant: { int8: true, act: 'token', head: true } },
+      { name: 'int8, per-tensor activations (DynamicQuantizeMatMul), f32 head', runtime: scoringRuntime({}), quant: { int8: true, act: 'tensor', head: false } },
+    ]
+  : process.env.AB === 'dtype'
   ? [
       { name: 'f32 (scoringRuntime)', runtime: scoringRuntime({}) },
       { name: 'q8, int8 activations (teacher_dtype=q8)', runtime: scoringRuntime({}), quant: { bits: 8, block: 32 } },

@@ -16,7 +16,7 @@ import { writeFileAtomic } from '../io/atomic.ts';
 import { f16BitsToFloat, float32ToF16 } from '../models/safetensors.ts';
 import type { TokenizedExample, TruncationConfig } from '../../datasets/examples.ts';
 import { identityDiff, modelStamps, readIdentity, stamp, tokenDigest, writeIdentity, type FileStamp } from './identity.ts';
-import type { TeacherRow } from './teacher-topk.ts';
+import { teacherDtypeLabel, type TeacherQuant, type TeacherRow } from './teacher-topk.ts';
 
 export interface TeacherCacheIdentity {
   /** Which weights made it: `model:DIR`. */
@@ -34,7 +34,7 @@ export interface TeacherCacheIdentity {
   tokens: string;
   /** K of the top K (distill_topk). */
   topk: number;
-  /** teacher_dtype q8/q4 and its block size (absent for the float32 teacher). */
+  /** teacher_dtype q8/q4 and its block size, or int8 (absent for the float32 teacher). */
   teacher_dtype?: string;
 }
 
@@ -51,7 +51,7 @@ const FIELD_NAMES: Record<keyof TeacherCacheIdentity, string> = {
   teacher_dtype: 'teacher_dtype',
 };
 
-export function teacherCacheIdentity(o: { teacher: string; pair?: { ref: string; weight: number }; dataFiles: readonly string[]; truncation: TruncationConfig; rows: readonly TokenizedExample[]; topk: number; quant?: { bits: number; block: number } | null }): TeacherCacheIdentity {
+export function teacherCacheIdentity(o: { teacher: string; pair?: { ref: string; weight: number }; dataFiles: readonly string[]; truncation: TruncationConfig; rows: readonly TokenizedExample[]; topk: number; quant?: TeacherQuant | null }): TeacherCacheIdentity {
   const h = createHash('sha256').update(tokenDigest(o.rows));
   // Which tokens count (tool results and other turns masked out) decides which positions are cached.
   for (const r of o.rows) h.update(r.responseMasks ? Uint8Array.from(r.responseMasks[0]) : Uint8Array.of(2));
@@ -64,7 +64,7 @@ export function teacherCacheIdentity(o: { teacher: string; pair?: { ref: string;
     tokens: h.digest('hex'),
     topk: o.topk,
     // Absent at float32, so caches made before the setting existed still match a float32 teacher.
-    ...(o.quant ? { teacher_dtype: `q${o.quant.bits}/${o.quant.block}` } : {}),
+    ...(o.quant ? { teacher_dtype: teacherDtypeLabel(o.quant) } : {}),
   };
 }
 

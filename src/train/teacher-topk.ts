@@ -14,7 +14,8 @@ import type { ModelConfig } from '../models/config.ts';
 import type { CausalLM, CausalLMInputs } from '../models/index.ts';
 import { lmHead } from '../models/layers.ts';
 import { collate } from '../models/batch.ts';
-import { quantizeBlocks, quantizeProducts, type ProductQuant } from '../models/quantize.ts';
+import { productQuant, quantizeBlocks, quantizeProducts, type ProductQuant } from '../models/quantize.ts';
+import { int8Products, quantizeInt8Columns, type ActivationQuant } from '../models/quantize-int8.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import { startProgress, type ProgressFactory } from '../progress.ts';
 import { loadTokenizer, type LoadedTokenizer } from '../tokenize/index.ts';
@@ -143,6 +144,64 @@ export function quantizeTeacher(g: Graph, feeds: Feeds, quant: ProductQuant): Fe
   return Object.fromEntries(Object.entries(feeds).filter(([name]) => read.has(name)));
 }
 
+/**
+ * teacher_dtype=int8: the W8A8 teacher (src/models/quantize-int8.ts): int8 weights per output channel,
+ * the activations quantized per token (`act`, 'tensor' only for the benches' comparison), on ONNX
+ * Runtime's integer GEMM; `head` whether the output head (the products over the vocabulary) is
+ * quantized too or stays float32.
+ */
+export interface Int8Quant {
+  int8: true;
+  act: ActivationQuant;
+  head: boolean;
+}
+
+/** The teacher's products: MatMulNBits blocks (q8/q4), or the W8A8 integer GEMM (int8). */
+export type TeacherQuant = ProductQuant | Int8Quant;
+
+/** The precisions teacher_dtype takes (f16 declared to be refused in one line). */
+export const TEACHER_DTYPES = ['f32', 'f16', 'q8', 'q4', 'int8'] as const;
+
+/** teacher_dtype=int8's variant: per-token activations, the head float32 (docs/distill.md, "The teacher's precision"). */
+export const INT8_TEACHER: Int8Quant = { int8: true, act: 'token', head: false };
+
+/**
+ * The teacher's products under `dtype`: null for f32, q8/q4's MatMulNBits blocks of `block`
+ * (productQuant's refusals), or int8's W8A8 products (CPU only: the integer GEMM is the CPU provider's).
+ */
+export function teacherQuant(dtype: string, block: number, ep: string, names: { dtype: string; block: string }): TeacherQuant | null {
+  if (dtype !== 'int8') {
+    if (!(TEACHER_DTYPES as readonly string[]).includes(dtype)) throw new UserError(`${names.dtype}: "${dtype}" is not one of ${TEACHER_DTYPES.join(', ')}`, { setting: names.dtype });
+    return productQuant(dtype, block, ep, names);
+  }
+  if (ep !== 'cpu') throw new UserError(`${names.dtype}=int8: the integer products (MatMulIntegerToFloat) are ONNX Runtime's CPU kernels; on ${ep} use f32`, { setting: names.dtype });
+  return INT8_TEACHER;
+}
+
+/** How a teacher cache records a precision: `q8/32`, `int8` (per-token, float32 head), or the benches' other int8 variants. */
+export function teacherDtypeLabel(q: TeacherQuant): string {
+  if ('int8' in q) return `int8${q.act === 'token' ? '' : `/${q.act}`}${q.head ? '+head' : ''}`;
+  return `q${q.bits}/${q.block}`;
+}
+
+/**
+ * Turns the products of `g` over fed weights into W8A8 products over those weights' int8 columns,
+ * quantized once and baked in (the head's, `[V, hidden]`, only with `q.head`); returns the feeds the
+ * graph still reads.
+ */
+export function quantizeTeacherInt8(g: Graph, feeds: Feeds, q: Int8Quant, vocab: number): Feeds {
+  int8Products(g, q.act, (name, transposed) => {
+    const t = feeds[name];
+    if (!t || t.type !== 'float32' || t.dims.length !== 2) return null;
+    const [r, c] = t.dims.map(Number);
+    const [N, K] = transposed ? [c, r] : [r, c];
+    if (N === vocab && !q.head) return null;
+    return quantizeInt8Columns(t.data as Float32Array, N, K, transposed);
+  });
+  const read = new Set(g.inputs.map((i) => i.name));
+  return Object.fromEntries(Object.entries(feeds).filter(([name]) => read.has(name)));
+}
+
 /** The teacher's top K over rows, batched on one session whose parameters are fed from the weight arrays. */
 export class TeacherTopK {
   private constructor(
@@ -155,13 +214,14 @@ export class TeacherTopK {
   /**
    * With `quant` (teacher_dtype q8/q4) the teacher's linear weights, the head included, are
    * block-quantized once here and baked into the session as `MatMulNBits` products (the rollouts'
-   * quantizer, src/models/quantize.ts): the teacher is frozen, so nothing is quantized again. Its
-   * embeddings, norms and biases stay float32 and are fed as before.
+   * quantizer, src/models/quantize.ts); with int8 its projections (and with `head` its head) become
+   * int8 columns and W8A8 products (src/models/quantize-int8.ts). The teacher is frozen, so nothing is
+   * quantized again. Its embeddings, norms and biases stay float32 and are fed as before.
    */
-  static async create(teacher: TeacherForward, o: { K: number; limit: number; runtime: RuntimeOptions; padId: number; quant?: ProductQuant | null }): Promise<TeacherTopK> {
+  static async create(teacher: TeacherForward, o: { K: number; limit: number; runtime: RuntimeOptions; padId: number; quant?: TeacherQuant | null }): Promise<TeacherTopK> {
     const g = buildTopKGraph(teacher, o.K, o.limit);
     let feeds = teacher.feeds();
-    if (o.quant) feeds = quantizeTeacher(g, feeds, o.quant);
+    if (o.quant) feeds = 'int8' in o.quant ? quantizeTeacherInt8(g, feeds, o.quant, teacher.config.vocab_size) : quantizeTeacher(g, feeds, o.quant);
     return new TeacherTopK(await Session.fromGraph(g, o.runtime), feeds, o.K, o.padId);
   }
 

@@ -2,6 +2,7 @@
 import { existsSync } from 'node:fs';
 import type { Command } from 'commander';
 import { productQuant } from '../../models/quantize.ts';
+import { teacherQuant } from '../../train/teacher-topk.ts';
 import { UserError } from '../../errors.ts';
 import { Progress } from '../progress.ts';
 import type { OptLevel } from '../../runtime/session.ts';
@@ -58,7 +59,7 @@ export function register(program: Command): void {
     .option('--distill', "time an on-policy distillation step instead (scripts/bench/distill-bench.ts): the student's sampling, the teacher's top-K scoring (a teacher of about 4× the --preset's parameters) and the update, and the top-K cache's bytes per token")
     .option('--rows <n>', 'with --distill: prompts per step (batch_size; default 8)')
     .option('--topk <n>', 'with --distill: K of the teacher\'s top K (distill_topk; default 32)')
-    .option('--teacher-dtype <list>', "with --distill: the teacher's precisions (teacher_dtype: f32, q8, q4), comma-separated, each timed by its own run on the same models, and each after the first compared with the first's top K (default f32)")
+    .option('--teacher-dtype <list>', "with --distill: the teacher's precisions (teacher_dtype: f32, q8, q4, int8), comma-separated, each timed by its own run on the same models, and each after the first compared with the first's top K (default f32)")
     .option('--json', 'print one JSON line')
     .action(async (o: { distill?: boolean; rows?: string; topk?: string; teacherDtype?: string; serve?: boolean; clients?: string; maxTokens?: string; model?: string; peer?: string; rollout?: boolean; prompts?: string; generations?: string; generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; unfused?: boolean; dtype?: string; blockSize?: string; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; loadIn4bit?: string | boolean; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
       // The dtype flags are train's settings of the same names: checked against their rows of the table.
@@ -230,6 +231,6 @@ export function register(program: Command): void {
 function teacherDtypes(list: string | undefined): string[] | undefined {
   if (list === undefined) return undefined;
   const dtypes = list.split(',').map((d) => d.trim());
-  for (const d of dtypes) productQuant(d, 32, 'cpu', { dtype: '--teacher-dtype', block: 'teacher_block_size' });
+  for (const d of dtypes) teacherQuant(d, 32, 'cpu', { dtype: '--teacher-dtype', block: 'teacher_block_size' });
   return dtypes;
 }
