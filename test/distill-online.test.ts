@@ -63,7 +63,8 @@ describe('prefzoo distill, on-policy (lmbda)', () => {
   it("lmbda = 1: trains the student's own samples of the run's seed, the loss gkd's float64 reference on the sampled tokens", async () => {
     const seed = 3;
     const rec = recorder();
-    const params = ['max_steps=1', 'batch_size=8', 'optimizer=sgd', 'momentum=0', 'max_grad_norm=0', 'lr_scheduler=constant', 'learning_rate=1', `distill_topk=${K}`, 'beta=1', 'lmbda=1', `max_completion_length=${NEW}`, `seed=${seed}`];
+    // teacher_dtype=f32: the float32 teacher against float64 (the int8 default: test/distill-teacher-int8.test.ts).
+    const params = ['teacher_dtype=f32', 'max_steps=1', 'batch_size=8', 'optimizer=sgd', 'momentum=0', 'max_grad_norm=0', 'lr_scheduler=constant', 'learning_rate=1', `distill_topk=${K}`, 'beta=1', 'lmbda=1', `max_completion_length=${NEW}`, `seed=${seed}`];
     const r = await distill({ teacher, model: student, data: pairs, out: join(dir, 'run-one'), params, onSamples: rec.onSamples });
     expect(r.onPolicy).toMatchObject({ lmbda: 1, microBatches: 1, sampled: 1 });
     expect(r.cached).toBe(false);

@@ -14,7 +14,7 @@ import { Session, toOrt } from '../src/runtime/session.ts';
 import { int8Initializers, matmulInt8, quantizeInt8Columns } from '../src/models/quantize-int8.ts';
 import { loadModel } from '../src/models/load.ts';
 import type { ModelConfig } from '../src/models/config.ts';
-import { INT8_TEACHER, teacherQuant, type TeacherQuant } from '../src/train/teacher-topk.ts';
+import { INT8_TEACHER, resolveTeacherDtype, teacherQuant, type TeacherQuant } from '../src/train/teacher-topk.ts';
 import { distill } from '../src/train/distill.ts';
 import { uniform } from '../src/random.ts';
 import type { TokenizedExample } from '../datasets/examples.ts';
@@ -124,7 +124,7 @@ describe('teacher_dtype=int8: the scorer', () => {
     }
   });
 
-  it('records int8 in the cache (an int8 cache refused to a q8 run); refused with teacher_block_size, seq_kd and off the CPU', async () => {
+  it('records int8 in the cache (read by the default, auto; an int8 cache refused to a q8 run); refused with teacher_block_size, seq_kd and off the CPU', async () => {
     const pairs = join(dir, 'pairs.jsonl');
     writeFileSync(pairs, Array.from({ length: 6 }, (_, i) => JSON.stringify({ prompt: `What is ${i} plus ${i + 1}?`, chosen: `It is ${2 * i + 1}.`, rejected: 'No idea.' })).join('\n') + '\n');
     const student = distillModel(join(dir, 'student'), 2, { tied: false, layers: 1 });
@@ -135,12 +135,16 @@ describe('teacher_dtype=int8: the scorer', () => {
     expect(Number.isFinite(r.last.loss)).toBe(true);
     const again = await distill({ teacher, model: student, data: pairs, out: run, resume: true, params: [...params, 'max_steps=2', 'teacher_dtype=int8'] });
     expect(again.cached).toBe(true);
-    await expect(distill({ teacher, model: student, data: pairs, out: run, resume: true, params: [...params, 'max_steps=3', 'teacher_dtype=q8'] }))
+    // auto, the default, is int8 on the CPU: the same cache serves it.
+    const byDefault = await distill({ teacher, model: student, data: pairs, out: run, resume: true, params: [...params, 'max_steps=3'] });
+    expect(byDefault.cached).toBe(true);
+    expect([resolveTeacherDtype('auto', 'cpu', false), resolveTeacherDtype('auto', 'cpu', true), resolveTeacherDtype('auto', 'webgpu', false), resolveTeacherDtype('q8', 'cpu', true)]).toEqual(['int8', 'f32', 'f32', 'q8']);
+    await expect(distill({ teacher, model: student, data: pairs, out: run, resume: true, params: [...params, 'max_steps=4', 'teacher_dtype=q8'] }))
       .rejects.toThrow(/teacher\.parquet: cached by a run with different teacher_dtype/);
     const refused = (extra: string[]) => distill({ teacher, model: student, data: pairs, out: join(dir, 'run-refused'), params: [...params, ...extra] });
     await expect(refused(['teacher_dtype=int8', 'teacher_block_size=64'])).rejects.toThrow(/^teacher_block_size=64: read by teacher_dtype q8\/q4 only, and teacher_dtype is int8/);
     await expect(refused(['teacher_dtype=int8', 'seq_kd=true', 'max_completion_length=4'])).rejects.toThrow(/^teacher_dtype=int8 with seq_kd/);
     expect(() => teacherQuant('int8', 32, 'webgpu', { dtype: 'teacher_dtype', block: 'teacher_block_size' })).toThrow(/^teacher_dtype=int8: the integer products .* on webgpu use f32/);
-    expect(() => teacherQuant('int4', 32, 'cpu', { dtype: 'teacher_dtype', block: 'teacher_block_size' })).toThrow(/^teacher_dtype: "int4" is not one of f32, f16, q8, q4, int8/);
+    expect(() => teacherQuant('int4', 32, 'cpu', { dtype: 'teacher_dtype', block: 'teacher_block_size' })).toThrow(/^teacher_dtype: "int4" is not one of auto, f32, f16, q8, q4, int8/);
   });
 });

@@ -84,7 +84,8 @@ describe('prefzoo distill --tools / --env (multi-turn on-policy)', () => {
     const out = join(dir, 'run-loss');
     const rec = recorder();
     // learning_rate 0: both steps score the starting weights, so each step's loss has an independent reference.
-    const params = ['max_steps=2', 'batch_size=3', 'optimizer=sgd', 'momentum=0', 'max_grad_norm=0', 'lr_scheduler=constant', 'learning_rate=0', `distill_topk=${K}`, 'beta=1', 'lmbda=1', 'max_completion_length=48', 'max_turns=3', 'seed=3'];
+    // teacher_dtype=f32: the float32 teacher against float64 (the int8 default: test/distill-teacher-int8.test.ts).
+    const params = ['teacher_dtype=f32', 'max_steps=2', 'batch_size=3', 'optimizer=sgd', 'momentum=0', 'max_grad_norm=0', 'lr_scheduler=constant', 'learning_rate=0', `distill_topk=${K}`, 'beta=1', 'lmbda=1', 'max_completion_length=48', 'max_turns=3', 'seed=3'];
     const r = await distill({ teacher, model: student, data, out, params, onSamples: rec.onSamples, multiTurn: agents() });
     expect(r.onPolicy).toMatchObject({ lmbda: 1, microBatches: 2, sampled: 2 });
     expect(rec.got.map((g) => g.step)).toEqual([1, 2]);

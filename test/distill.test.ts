@@ -39,7 +39,8 @@ function jsonl(file: string, rows: unknown[]): string {
 }
 
 /** Short runs: every row in one micro-batch, plain SGD without clipping (the update is −lr·gradient). */
-const ONE_SGD_STEP = ['max_steps=1', 'batch_size=16', 'optimizer=sgd', 'momentum=0', 'max_grad_norm=0', 'lr_scheduler=constant', 'learning_rate=1', `distill_topk=${K}`, 'pad_to_multiple_of=16', 'beta=0.3'];
+// teacher_dtype=f32: these hold the float32 teacher to float64 (the int8 default has its own tests).
+const ONE_SGD_STEP = ['teacher_dtype=f32', 'max_steps=1', 'batch_size=16', 'optimizer=sgd', 'momentum=0', 'max_grad_norm=0', 'lr_scheduler=constant', 'learning_rate=1', `distill_topk=${K}`, 'pad_to_multiple_of=16', 'beta=0.3'];
 
 beforeAll(() => {
   dir = mkdtempSync(join(tmpdir(), 'pz-distill-'));

@@ -27,7 +27,7 @@ import { initModelFolder, type ShapeField } from '../../src/models/init.ts';
 import { distill } from '../../src/train/distill.ts';
 import { DEFAULT_CONFIG } from '../../src/train/config.ts';
 import { teacherCacheFiles, teacherCacheIdentity, writeTeacherCache } from '../../src/train/teacher-cache.ts';
-import { scoringRuntime, teacherQuant, TeacherTopK, type TeacherRow } from '../../src/train/teacher-topk.ts';
+import { resolveTeacherDtype, scoringRuntime, teacherQuant, TeacherTopK, type TeacherRow } from '../../src/train/teacher-topk.ts';
 import { TeacherSpec } from '../../src/train/teacher-model.ts';
 import { loadTokenizer } from '../../src/tokenize/index.ts';
 import { loadData, tokenizeExamples } from '../../datasets/examples.ts';
@@ -44,7 +44,7 @@ export interface DistillBenchOptions {
   warmup: number;
   topk: number;
   threads?: number;
-  /** The teacher's precisions (teacher_dtype), each timed by its own run on the same models and prompts, in this order (default: f32 alone). */
+  /** The teacher's precisions (teacher_dtype), each timed by its own run on the same models and prompts, in this order (default: auto alone, i.e. int8). */
   teacherDtypes?: string[];
   log?: (line: string) => void;
 }
@@ -141,7 +141,8 @@ export async function runDistillBench(o: DistillBenchOptions): Promise<DistillBe
     const truncation = { max_prompt_length: o.prompt, max_length: o.prompt + o.newTokens, truncation: 'keep_start' as const };
 
     // The timed runs, one per precision: every step on-policy; the step's clock from one progress update to the next.
-    const dtypes = o.teacherDtypes?.length ? o.teacherDtypes : ['f32'];
+    // auto (the default, as distill's) is timed and labelled as what it resolves to here: int8 on the CPU.
+    const dtypes = (o.teacherDtypes?.length ? o.teacherDtypes : ['auto']).map((d) => resolveTeacherDtype(d, 'cpu', false));
     const variants: DistillBenchVariant[] = [];
     for (const dtype of dtypes) {
       const marks: number[] = [];

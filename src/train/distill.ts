@@ -45,7 +45,7 @@ import { runOnline, splitDraws, type OnlineContext, type OnlineMethod, type Onli
 import { modelParamSpecs, optimizerOf, runtimeOf, type MicroBatch } from './run.ts';
 import { declareCommand, defineSettings, ONLINE_LOOP_SETTINGS, ROLLOUT, type SettingsOf } from './settings.ts';
 import { readTeacherCache, teacherCacheIdentity, writeTeacherCache } from './teacher-cache.ts';
-import { logitsAt, scoreIndex, scoringRuntime, TEACHER_DTYPES, teacherQuant, TeacherTopK, type TeacherQuant, type TeacherRow } from './teacher-topk.ts';
+import { logitsAt, resolveTeacherDtype, scoreIndex, scoringRuntime, TEACHER_DTYPES, teacherQuant, TeacherTopK, type TeacherQuant, type TeacherRow } from './teacher-topk.ts';
 import { TEACHER_SETTINGS, TeacherSpec } from './teacher-model.ts';
 import { seqKdFiles, seqKdIdentity, teacherGenerations } from './seq-kd.ts';
 import { AGENT_SETTINGS, refuseAgentSettings } from './agent-settings.ts';
@@ -66,9 +66,9 @@ export const DISTILL_SETTINGS = defineSettings({
   },
   ...TEACHER_SETTINGS,
   teacher_dtype: {
-    type: 'enum', choices: [...TEACHER_DTYPES], default: 'f32', group: GROUP,
-    doc: "the precision of the teacher's top-K scoring (q8/q4: its linear weights block-quantized once, the products MatMulNBits; int8: int8 weights per channel and int8 activations per token on ONNX Runtime's integer GEMM; CPU only)",
-    more: "q8 and q4 quantize every linear weight of the teacher (its output head included; both models of an AlignDistil pair, whose joined head stays float32) once, when its scorer is opened, into blocks of teacher_block_size values by ggml's Q8_0 / Q4_0 rules, and its top-K forward multiplies through ONNX Runtime's MatMulNBits with int8 activations, as rollout_dtype's generation graphs do (src/models/quantize.ts); embeddings, norms and biases stay float32. int8 (W8A8) quantizes each projection's weight once per output channel (symmetric int8, one float32 scale a channel) and, at run time, each row of a product's input per token (8 bits, one scale a token: max|x|/127), and multiplies in integers through ONNX Runtime's integer GEMM (MatMulIntegerToFloat, src/models/quantize-int8.ts); its output head stays float32 (quantized too, it saved about 7 % of the scoring's CPU time and raised the gap to the float32 teacher by half: docs/distill.md), as do embeddings, norms and biases; teacher_block_size is not read. The targets change beyond float32 rounding (docs/distill.md, \"The teacher's precision\", has the measured gap), so the teacher cache records the precision and a cache made at another is refused. seq_kd's generations are not quantized (refused with seq_kd); f16 is refused (ONNX Runtime's CPU provider has no fast float16 product), as is any device but the CPU.",
+    type: 'enum', choices: [...TEACHER_DTYPES], default: 'auto', group: GROUP,
+    doc: "the precision of the teacher's top-K scoring: auto (int8 on the CPU, f32 on other devices and with seq_kd), f32, q8/q4 (its linear weights block-quantized once, the products MatMulNBits), int8 (int8 weights per channel and int8 activations per token on ONNX Runtime's integer GEMM; CPU only)",
+    more: "auto, the default, is int8 where the integer GEMM runs (the CPU) and the teacher only scores, f32 on WebGPU/CUDA and with seq_kd (whose generations come from the float32 decoder); the run's record and the teacher cache hold the precision it resolved to. int8 is the default on the CPU because it scores in about 0.55–0.6 of the float32 teacher's CPU time and stays closer to it than q8 (on the distill demo's trained teacher: mean |Δ log p| 0.0055, max 0.035, every one of the top 16 kept; docs/distill.md) — a smaller change than the bfloat16 teacher TRL loads by default. q8 and q4 quantize every linear weight of the teacher (its output head included; both models of an AlignDistil pair, whose joined head stays float32) once, when its scorer is opened, into blocks of teacher_block_size values by ggml's Q8_0 / Q4_0 rules, and its top-K forward multiplies through ONNX Runtime's MatMulNBits with int8 activations, as rollout_dtype's generation graphs do (src/models/quantize.ts); embeddings, norms and biases stay float32. int8 (W8A8) quantizes each projection's weight once per output channel (symmetric int8, one float32 scale a channel) and, at run time, each row of a product's input per token (8 bits, one scale a token: max|x|/127), and multiplies in integers through ONNX Runtime's integer GEMM (MatMulIntegerToFloat, src/models/quantize-int8.ts); its output head stays float32 (quantized too, it saved about 7 % of the scoring's CPU time and raised the gap to the float32 teacher by half: docs/distill.md), as do embeddings, norms and biases; teacher_block_size is not read. The targets change beyond float32 rounding (docs/distill.md, \"The teacher's precision\", has the measured gap), so the teacher cache records the precision and a cache made at another is refused. seq_kd's generations are not quantized (refused with seq_kd); f16 is refused (ONNX Runtime's CPU provider has no fast float16 product), as is any device but the CPU.",
   },
   teacher_block_size: { type: 'int', default: 32, min: 16, max: 256, group: GROUP, doc: 'values per quantization block of teacher_dtype q8/q4 (a power of two, 16–256; refused with f32 and int8, which have no blocks)' },
   lmbda: {
@@ -179,7 +179,7 @@ export async function distill(o: DistillOptions): Promise<DistillResult> {
   const s = own as unknown as DistillSettings;
   const K = s.distill_topk;
   const { sampling, generation } = samplingSettings(s, named);
-  const teacherQuant = teacherPrecision(s, named, runtimeOf(config).ep ?? 'cpu');
+  const { quant: teacherQuant, dtype: teacherDtype } = teacherPrecision(s, named, runtimeOf(config).ep ?? 'cpu');
   // Refused before the run folder is made: a teacher that is no folder, or reads other token ids.
   const teacher = TeacherSpec.of(o.teacher, o.teacherRef, named.has('teacher_weight') ? s.teacher_weight : undefined);
   teacher.checkTokenizer(o.model, loadTokenizer(o.model));
@@ -191,7 +191,7 @@ export async function distill(o: DistillOptions): Promise<DistillResult> {
       config,
       record: () => ({
         teacher: o.teacher, data: o.data, kind: method.kind, loss: 'gkd', loss_params: loss.terms[0].params, distill_topk: K,
-        ...(teacherQuant ? { teacher_dtype: s.teacher_dtype, ...('int8' in teacherQuant ? {} : { teacher_block_size: s.teacher_block_size }) } : {}),
+        ...(teacherQuant ? { teacher_dtype: teacherDtype, ...('int8' in teacherQuant ? {} : { teacher_block_size: s.teacher_block_size }) } : {}),
         ...(o.teacherRef !== undefined ? { teacher_ref: o.teacherRef, teacher_weight: teacher.weight } : {}),
         ...(generation ? { seq_kd: s.seq_kd, lmbda: s.lmbda, ...Object.fromEntries(SAMPLING_KEYS.map((k) => [k, s[k]])) } : {}),
         ...(multi ? { agent: multi.record, ...Object.fromEntries(Object.keys(AGENT_SETTINGS).map((k) => [k, (s as unknown as Record<string, unknown>)[k]])) } : {}),
@@ -220,11 +220,13 @@ const round2 = (x: number) => Math.round(x * 100) / 100;
  * than the CPU (teacherQuant's refusals), teacher_block_size at f32 or int8 (nothing reads it), and seq_kd (its teacher
  * generates through the decoder, whose weights are baked in float32).
  */
-function teacherPrecision(s: DistillSettings, named: ReadonlySet<string>, ep: string): TeacherQuant | null {
-  const quant = teacherQuant(s.teacher_dtype, s.teacher_block_size, ep, { dtype: 'teacher_dtype', block: 'teacher_block_size' });
-  if ((!quant || 'int8' in quant) && named.has('teacher_block_size')) throw new UserError(`teacher_block_size=${s.teacher_block_size}: read by teacher_dtype q8/q4 only, and teacher_dtype is ${s.teacher_dtype}; set teacher_dtype=q8 or q4, or leave teacher_block_size out`, { setting: 'teacher_block_size' });
-  if (quant && s.seq_kd) throw new UserError(`teacher_dtype=${s.teacher_dtype} with seq_kd: the quantized teacher is its top-K scorer only, and seq_kd's generations would come from the float32 teacher; leave teacher_dtype at f32 with seq_kd`, { setting: 'teacher_dtype' });
-  return quant;
+function teacherPrecision(s: DistillSettings, named: ReadonlySet<string>, ep: string): { quant: TeacherQuant | null; dtype: string } {
+  const dtype = resolveTeacherDtype(s.teacher_dtype, ep, s.seq_kd);
+  const quant = teacherQuant(dtype, s.teacher_block_size, ep, { dtype: 'teacher_dtype', block: 'teacher_block_size' });
+  const is = s.teacher_dtype === dtype ? dtype : `${s.teacher_dtype} (${dtype} here)`;
+  if ((!quant || 'int8' in quant) && named.has('teacher_block_size')) throw new UserError(`teacher_block_size=${s.teacher_block_size}: read by teacher_dtype q8/q4 only, and teacher_dtype is ${is}; set teacher_dtype=q8 or q4, or leave teacher_block_size out`, { setting: 'teacher_block_size' });
+  if (quant && s.seq_kd) throw new UserError(`teacher_dtype=${s.teacher_dtype} with seq_kd: the quantized teacher is its top-K scorer only, and seq_kd's generations would come from the float32 teacher; leave teacher_dtype at auto or f32 with seq_kd`, { setting: 'teacher_dtype' });
+  return { quant, dtype };
 }
 
 /**

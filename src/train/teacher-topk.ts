@@ -159,8 +159,18 @@ export interface Int8Quant {
 /** The teacher's products: MatMulNBits blocks (q8/q4), or the W8A8 integer GEMM (int8). */
 export type TeacherQuant = ProductQuant | Int8Quant;
 
-/** The precisions teacher_dtype takes (f16 declared to be refused in one line). */
-export const TEACHER_DTYPES = ['f32', 'f16', 'q8', 'q4', 'int8'] as const;
+/** The precisions teacher_dtype takes (f16 declared to be refused in one line; auto resolved by resolveTeacherDtype). */
+export const TEACHER_DTYPES = ['auto', 'f32', 'f16', 'q8', 'q4', 'int8'] as const;
+
+/**
+ * teacher_dtype=auto, the default: int8 where its integer GEMM runs and the teacher does nothing but
+ * score (the CPU, without seq_kd, whose generations come from the float32 decoder), f32 elsewhere.
+ * Any other value is returned as given.
+ */
+export function resolveTeacherDtype(dtype: string, ep: string, seqKd: boolean): string {
+  if (dtype !== 'auto') return dtype;
+  return ep === 'cpu' && !seqKd ? 'int8' : 'f32';
+}
 
 /** teacher_dtype=int8's variant: per-token activations, the head float32 (docs/distill.md, "The teacher's precision"). */
 export const INT8_TEACHER: Int8Quant = { int8: true, act: 'token', head: false };
@@ -170,6 +180,7 @@ export const INT8_TEACHER: Int8Quant = { int8: true, act: 'token', head: false }
  * (productQuant's refusals), or int8's W8A8 products (CPU only: the integer GEMM is the CPU provider's).
  */
 export function teacherQuant(dtype: string, block: number, ep: string, names: { dtype: string; block: string }): TeacherQuant | null {
+  dtype = resolveTeacherDtype(dtype, ep, false);
   if (dtype !== 'int8') {
     if (!(TEACHER_DTYPES as readonly string[]).includes(dtype)) throw new UserError(`${names.dtype}: "${dtype}" is not one of ${TEACHER_DTYPES.join(', ')}`, { setting: names.dtype });
     return productQuant(dtype, block, ep, names);
