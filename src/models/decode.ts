@@ -42,7 +42,7 @@ export interface DecodeGraphOptions {
    */
   weightFirst?: boolean;
   /**
-   * With `past`: `present.*` are past ++ new (`[B, KV, P+S, hd]`) and any number S of new tokens per
+   * With `past`: `present.*` are past ++ new (`[B, KV, P+S, hd]`; see `presentNew`) and any number S of new tokens per
    * row attends over both (a row's cache extended by several tokens in one run). Without it a step
    * feeds one token per row and returns only its new keys/values.
    */

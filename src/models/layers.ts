@@ -356,7 +356,8 @@ function stepAttentionByRow(g: Graph, ix: DecodeIndex, q: Tensor, k: CachedKV, v
  * A decode graph's past keys/values by name. `inPlace` (prefzoo's own step graph): the caller keeps
  * the cache and writes each step's new keys/values into it, so `present` is only the new ones and
  * attention reads the two parts apart. Without it (graphs for other runtimes, e.g. the transformers.js
- * export), `present` is past ++ new, as HF's caches return it.
+ * export), `present` is past ++ new, as HF's caches return it; with `newOnly` as well (attention over
+ * the concatenation) `present` is only the new keys/values (the CPU extend graph: the caller keeps its cache).
  */
 export type PastCache = Map<string, Tensor> & { inPlace?: boolean; newOnly?: boolean };
 
