@@ -123,7 +123,12 @@ describe('fused decoding graphs', () => {
       }
       // float32 rounding of a two-layer network: a few units in the last place of the largest logit.
       expect(worst).toBeLessThan(64 * 2 ** -23 * scale);
-      for (let s = 0; s < un.logps.length; s++) for (let r = 0; r < un.logps[s].length; r++) expect(Math.abs(fu.logps[s][r] - un.logps[s][r])).toBeLessThan(1e-5);
+      // A log-probability at temperature t, (l − max)/t − log Σ e^((l − max)/t), moves by at most twice
+      // its logits' largest change over t: the same float32 rounding bound, carried through (a fixed
+      // 1e-5 sat at the edge: 0.92e-5 on qwen2, 1.05e-5 once the step's attention products changed
+      // their summation order).
+      const logpBound = (2 * 64 * 2 ** -23 * scale) / 0.7;
+      for (let s = 0; s < un.logps.length; s++) for (let r = 0; r < un.logps[s].length; r++) expect(Math.abs(fu.logps[s][r] - un.logps[s][r])).toBeLessThan(logpBound);
     });
   }
 });

@@ -6,7 +6,7 @@
  * between a run's wall time and its kernels is the runtime's own cost (feeding inputs, allocating
  * and copying outputs into JavaScript).
  *
- *   node --import tsx scripts/bench/decode-profile.ts [--preset small] [--batch 32] [--prompt 32] [--new 32] [--top 15]
+ *   node --import tsx scripts/bench/decode-profile.ts [--preset small] [--batch 32] [--prompt 32] [--new 32] [--top 15] [--threads N] [--baked]
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -26,6 +26,7 @@ const { values: a } = parseArgs({
     new: { type: 'string', default: '32' },
     top: { type: 'string', default: '15' },
     threads: { type: 'string' },
+    baked: { type: 'boolean', default: false },
   },
 });
 const preset = a.preset as Preset;
@@ -35,7 +36,7 @@ const N = Number(a.new);
 const config = presetConfig(presetArch(preset) ?? 'llama', preset, {});
 const weights = initWeights(config, 0);
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-decode-profile-'));
-const dec = await Decoder.create(config, weights, { runtime: { profilePrefix: path.join(dir, 'decode'), threads: a.threads ? Number(a.threads) : undefined } });
+const dec = await Decoder.create(config, weights, { bake: a.baked, runtime: { profilePrefix: path.join(dir, 'decode'), threads: a.threads ? Number(a.threads) : undefined } });
 const reqs = () => Array.from({ length: B }, (_, i) => ({ promptIds: Array.from({ length: P }, (_, t) => 16 + ((i * 7919 + t * 104729) % 4080)), rng: sampleRandom(1, i, 0) }));
 const opts = { temperature: 1, stopIds: [], padId: 0, batchSize: B };
 await generateIds([{ decoder: dec, weight: 1 }], reqs(), { ...opts, maxNewTokens: 4 }); // warm-up

@@ -42,11 +42,17 @@ export interface DecodeGraphOptions {
    */
   weightFirst?: boolean;
   /**
-   * With `past`: `present.*` are past ++ new (`[B, KV, P+S, hd]`) and any number S of new tokens per
+   * With `past`: `present.*` are past ++ new (`[B, KV, P+S, hd]`; see `presentNew`) and any number S of new tokens per
    * row attends over both (a row's cache extended by several tokens in one run). Without it a step
    * feeds one token per row and returns only its new keys/values.
    */
   concatPast?: boolean;
+  /**
+   * With `concatPast`: `present.*` are only the new positions' keys/values (`[B, KV, S, hd]`), as a
+   * step's: attention still runs over past ++ new (so its numbers are a whole prefill's), but the
+   * caller that keeps its own cache is not handed the past back.
+   */
+  presentNew?: boolean;
   /**
    * Build with ONNX Runtime's fused decoding ops where the family has them (the llama family: each
    * residual sum and the RMSNorm after it as SkipSimplifiedLayerNormalization, the rotary embedding as
@@ -63,6 +69,13 @@ export interface DecodeGraphOptions {
    * other runtimes and the WebGPU backend keep float32.
    */
   rowInvariant?: boolean;
+  /**
+   * A step's attention products with one query row each, the grouped query heads of a key/value head
+   * against the cache broadcast (layers.ts's `stepAttentionByRow`): on the CPU, MLAS then reads the
+   * cache in place instead of packing a copy of it per product (docs/performance.md, "The step's
+   * attention one query row a product"). Graphs with a past only, whose KV heads are grouped. Default false.
+   */
+  rowProducts?: boolean;
 }
 
 /**
@@ -92,7 +105,7 @@ export function buildDecodeGraph(config: ModelConfig, o: DecodeGraphOptions): Gr
   const { layers, kvHeads, headDim } = cacheShape(config);
   let past: PastCache | null = null;
   if (o.past) {
-    past = Object.assign(new Map<string, Tensor>(), { inPlace: !o.concatPast });
+    past = Object.assign(new Map<string, Tensor>(), { inPlace: !o.concatPast, newOnly: o.concatPast && o.presentNew });
     for (let i = 0; i < layers; i++) {
       for (const kv of ['key', 'value'] as const) past.set(pastName(i, kv), g.input(pastName(i, kv), 'float32', ['batch', kvHeads, 'past', headDim]));
     }
@@ -102,7 +115,7 @@ export function buildDecodeGraph(config: ModelConfig, o: DecodeGraphOptions): Gr
     : declareParameters(g, config, { dtype: 'float32', lora: o.lora });
   const P = new Params(params, config, o.lora);
   const family = familyFor(config);
-  const ix = { ...decodeIndex(g, ids, attn, family.window(config)), softmax64: o.rowInvariant ?? false };
+  const ix = { ...decodeIndex(g, ids, attn, family.window(config)), softmax64: o.rowInvariant ?? false, rowProducts: o.rowProducts ?? false };
   const hidden = family.decode(g, config, P, ix, past, { fused: o.fused });
   const headW = family.headWeight(config, P);
   // Only each row's last new position needs logits: [B·S, D] → [B, S, D] → [B, D].

@@ -76,7 +76,7 @@ export class Decoder {
   private readonly sessions = new Map<string, Promise<Session>>();
   /** The cache buffers of the last generation, for the next one (see `recycle`). */
   private spare: Float32Array[] = [];
-  /** The extend run's keys/values outputs (past ++ new), written in place run after run (see `extend`). */
+  /** The extend run's new keys/values outputs, written in place run after run (see `extend`). */
   private readonly extendOut = new Map<string, Float32Array>();
   /** On WebGPU: the sessions and weights of generation on the device (generate-device.ts). */
   readonly device: DeviceDecode | null;
@@ -137,7 +137,11 @@ export class Decoder {
     // and the extend run (its new tokens after the capacity, a cut copy's or the row's own) take
     // the softmax in float64 on the CPU instead (docs/performance.md, "Fused decoding").
     const rowInvariant = (this.build.runtime?.ep ?? 'cpu') === 'cpu' && (kind === 'prefill' || kind === 'extend');
-    const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst, fused: this.build.fused, rowInvariant });
+    // A step's attention products one query row each on the CPU (MLAS reads the cache in place; see
+    // layers.ts's `stepAttentionByRow`). An extend returns only its new keys/values (the cache is the caller's).
+    const cpu = (this.build.runtime?.ep ?? 'cpu') === 'cpu';
+    const rowProducts = cpu && (kind === 'step' || kind === 'stepSmall');
+    const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', presentNew: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst, fused: this.build.fused, rowInvariant, rowProducts });
     if (quant) {
       quantizeProducts(g, quant, (name, transposed) => this.quantized(name, transposed));
       const inputs = new Set(g.inputs.map((i) => i.name));
@@ -350,18 +354,19 @@ export class Decoder {
     const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', BigInt64Array.from(ids, BigInt), [1, S]), attention_mask: cache.rowMask(row, S) };
     Object.assign(feeds, cache.rowPast(row));
     if (pick) Object.assign(feeds, pickFeeds(pick, 1));
-    // The keys/values come back as past ++ new (`[1, KV, capacity + S, hd]`) and only the last S are
-    // kept: ONNX Runtime writes them into buffers kept from run to run instead of new ones copied
-    // into JavaScript (a served request's extend returned its whole prompt's cache, 5 MB on small).
+    // Attention runs over past ++ new (a whole prefill's numbers), but the graph returns only the S
+    // new keys/values (`[1, KV, S, hd]`), which ONNX Runtime writes into buffers kept from run to run:
+    // returning past ++ new (5 MB on small for a served request's prompt) cost a third of the run
+    // (docs/performance.md, "The step's attention one query row a product").
     const { layers, kvHeads: KV, headDim: hd } = cacheShape(this.config);
-    const size = KV * (cache.capacity + S) * hd;
+    const size = KV * S * hd;
     const fetches: Record<string, OrtTensor | null> = pick ? (pick.head === 'sample' ? { token: null, logprob: null } : { token: null }) : { logits: null };
     for (let i = 0; i < layers; i++) {
       for (const kv of ['key', 'value'] as const) {
         const name = presentName(i, kv);
         let buf = this.extendOut.get(name);
         if (!buf || buf.length < size) this.extendOut.set(name, (buf = new Float32Array(size)));
-        fetches[name] = toOrt('float32', buf.subarray(0, size), [1, KV, cache.capacity + S, hd]) as OrtTensor;
+        fetches[name] = toOrt('float32', buf.subarray(0, size), [1, KV, S, hd]) as OrtTensor;
       }
     }
     const out = await (await this.session('extend', headOf(pick))).run(feeds, fetches);
@@ -582,8 +587,8 @@ export class SlotCache {
   }
 
   /**
-   * Writes the last `n` positions of an extend run's `src(presentName)` (`[1, KV, T, hd]`, past ++
-   * new) into row `row`'s next `n` slots.
+   * Writes the last `n` positions of an extend run's `src(presentName)` (`[1, KV, T, hd]`, its new
+   * positions) into row `row`'s next `n` slots.
    */
   writeTail(row: number, src: (name: string) => Float32Array, n: number): void {
     const { layers, kvHeads: KV, headDim: hd } = this.geom;

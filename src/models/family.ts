@@ -54,6 +54,8 @@ export interface DecodeIndex {
    * a cache's capacity).
    */
   softmax64?: boolean;
+  /** A step's attention products one query row each (see decode.ts's `rowProducts`; layers.ts's `stepAttentionByRow`). */
+  rowProducts?: boolean;
 }
 
 /** LoRA adapter of one projection: y += scale · (x Aᵀ) Bᵀ with A `[r, in]`, B `[out, r]`. */

@@ -308,6 +308,7 @@ export interface CachedKV {
  */
 export function cachedAttention(g: Graph, ix: DecodeIndex, q: Tensor, k: CachedKV, v: CachedKV, H: number, KV: number, hd: number): Tensor {
   const group = H / KV;
+  if (ix.rowProducts && k.past && v.past && group > 1) return stepAttentionByRow(g, ix, q, k, v, H, KV, hd);
   const qg = group === 1 ? q : g.reshape(q, [0, KV, -1, hd]); // [B, KV, group·S, hd]
   const scores = (keys: Tensor) => g.matmul(qg, g.transpose(keys, [0, 1, 3, 2])); // [B, KV, group·S, ·]
   let s = k.past ? g.concat([scores(k.past), scores(k.cur)], -1) : scores(k.cur);
@@ -329,18 +330,45 @@ export function cachedAttention(g: Graph, ix: DecodeIndex, q: Tensor, k: CachedK
 }
 
 /**
+ * `cachedAttention` of a step (one new token per row, S = 1) with each query head its own product
+ * row: q `[B, KV, group, 1, hd]` against the cache broadcast `[B, KV, 1, P, hd]`, so each product has
+ * one row. ONNX Runtime's MatMul hands each to MLAS one by one, and MLAS multiplies a one-row product
+ * by reading the other operand in place (its M = 1 kernels), where the grouped form's two rows made
+ * it pack (copy) the cache's slice first: at a batch of 16 over ~330 slots the cache is ~88 MB a
+ * step, read once here, read and copied there. A head's group partners read the same slice again
+ * from the core's cache. Each output sums its slots in slot order whatever the cache's capacity
+ * (masked slots add exact zeros), so a row's numbers still do not depend on the rows beside it.
+ */
+function stepAttentionByRow(g: Graph, ix: DecodeIndex, q: Tensor, k: CachedKV, v: CachedKV, H: number, KV: number, hd: number): Tensor {
+  const group = H / KV;
+  const rows = g.reshape(q, [0, KV, group, 1, hd]); // [B, KV, group, 1, hd]
+  const each = (x: Tensor) => g.unsqueeze(x, [2]); // [B, KV, ·, hd] → [B, KV, 1, ·, hd]
+  const scores = (keys: Tensor) => g.matmul(rows, g.transpose(each(keys), [0, 1, 2, 4, 3])); // [B, KV, group, 1, ·]
+  const s = g.reshape(g.concat([scores(k.past!), scores(k.cur)], -1), [0, H, 1, -1]); // [B, H, 1, P+1]
+  const p = g.reshape(g.softmax(g.add(s, ix.mask), -1), [0, KV, group, 1, -1]);
+  const pPast = g.slice(p, [0], [-1], [-1]);
+  const pCur = g.slice(p, [-1], [2 ** 40], [-1]);
+  const ctx = g.reshape(g.add(g.matmul(pPast, each(v.past!)), g.matmul(pCur, each(v.cur))), [0, H, 1, hd]); // [B, H, 1, hd]
+  return g.reshape(g.transpose(ctx, [0, 2, 1, 3]), [-1, H * hd]);
+}
+
+/**
  * A decode graph's past keys/values by name. `inPlace` (prefzoo's own step graph): the caller keeps
  * the cache and writes each step's new keys/values into it, so `present` is only the new ones and
  * attention reads the two parts apart. Without it (graphs for other runtimes, e.g. the transformers.js
- * export), `present` is past ++ new, as HF's caches return it.
+ * export), `present` is past ++ new, as HF's caches return it; with `newOnly` as well (attention over
+ * the concatenation) `present` is only the new keys/values (the CPU extend graph: the caller keeps its cache).
  */
-export type PastCache = Map<string, Tensor> & { inPlace?: boolean };
+export type PastCache = Map<string, Tensor> & { inPlace?: boolean; newOnly?: boolean };
 
 /** The layer's keys and values for attention, and the `present` outputs (see {@link PastCache}). */
 export function extendCache(g: Graph, layer: number, k: Tensor, v: Tensor, past: PastCache | null): [CachedKV, CachedKV] {
   const part = (kv: 'key' | 'value', x: Tensor): CachedKV => {
     const p = past?.get(pastName(layer, kv)) ?? null;
-    if (p && !past!.inPlace) return { past: null, cur: g.output(g.concat([p, x], 2), presentName(layer, kv)) };
+    if (p && !past!.inPlace) {
+      const all = g.concat([p, x], 2);
+      return { past: null, cur: past!.newOnly ? (g.output(x, presentName(layer, kv)), all) : g.output(all, presentName(layer, kv)) };
+    }
     g.output(x, presentName(layer, kv));
     return { past: p, cur: x };
   };
