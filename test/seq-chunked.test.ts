@@ -12,24 +12,13 @@ import type { Chunking } from '../src/models/layers.ts';
 import { gradients } from '../src/autodiff/index.ts';
 import { Graph } from '../src/onnx/graph.ts';
 import { serializeModel } from '../src/onnx/proto.ts';
-import { Session, toOrt, type Feeds } from '../src/runtime/session.ts';
+import { Session } from '../src/runtime/session.ts';
 import { Normal } from '../src/random.ts';
 import type { Arch, ModelConfig } from '../src/models/config.ts';
-import { pad, randomIds, randomWeights, testConfig, type PaddedBatch } from './helpers/model-fixtures.ts';
+import { feedsOf, pad, randomIds, randomWeights, testConfig, worst, type PaddedBatch } from './helpers/model-fixtures.ts';
 import { referenceLogps } from './helpers/reference-forward.ts';
 
 const rng = new Normal(11);
-
-/** Largest |a − b| relative to the largest |b|. */
-function worst(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  let scale = 0;
-  let d = 0;
-  for (let i = 0; i < b.length; i++) {
-    scale = Math.max(scale, Math.abs(b[i]));
-    d = Math.max(d, Math.abs(a[i] - b[i]));
-  }
-  return d / scale;
-}
 
 /** Loss Σ c_b·logp_b, its gradients by every parameter, and the logits; with the Split nodes each scope holds. */
 async function run(config: ModelConfig, b: PaddedBatch, chunking?: Chunking) {
@@ -50,15 +39,8 @@ async function run(config: ModelConfig, b: PaddedBatch, chunking?: Chunking) {
   gradients(g, loss, names.map((n) => params.get(n)!)).forEach((d, i) => g.output(d!, `grad:${names[i]}`));
   // The chunking's own Splits: their first piece's dim is named `rows_0` or `query_0` (layers.ts splitEven).
   const splits = (dim: string) => g.nodes.filter((n) => n.op === 'Split' && g.tensor(n.outputs[0]).shape?.includes(dim)).length;
-  const T = b.ids[0].length;
-  const feeds: Feeds = {
-    input_ids: toOrt('int64', BigInt64Array.from(b.ids.flat().map(BigInt)), [B, T]),
-    attention_mask: toOrt('int64', BigInt64Array.from(b.attention.flat().map(BigInt)), [B, T]),
-    loss_mask: toOrt('float32', Float32Array.from(b.loss.flat()), [B, T]),
-  };
-  for (const n of names) feeds[n] = toOrt('float32', Float32Array.from(weights.get(n)!.data), g.tensor(n).staticShape!);
   const s = await Session.create(serializeModel(g));
-  const out = await s.run(feeds);
+  const out = await s.run(feedsOf(g, b, weights, names));
   await s.release();
   return { out, names, weights, mlpSplits: splits('rows_0'), attnSplits: splits('query_0') };
 }
