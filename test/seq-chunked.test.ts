@@ -6,7 +6,7 @@
  * the graph was built for (empty runs and blocks) runs too.
  */
 import { describe, expect, it } from 'vitest';
-import { headChunksOf, sequenceLogps } from '../src/models/logps.ts';
+import { sequenceLogps } from '../src/models/logps.ts';
 import { buildCausalLM, declareParameters } from '../src/models/index.ts';
 import type { Chunking } from '../src/models/layers.ts';
 import { gradients } from '../src/autodiff/index.ts';
@@ -108,14 +108,5 @@ describe('the training forward in pieces under a tensor bound', () => {
     };
     expect(Buffer.compare(bytes({ rows: 4, len: 64 }), bytes())).toBe(0);
     expect(Buffer.compare(bytes({ rows: 4, len: 64, bound: 1000 }), bytes())).not.toBe(0);
-  });
-
-  it('keeps the head slices of a vocabulary and adds what the scored rows need', () => {
-    const qwen = testConfig('qwen2', { extra: { vocab_size: 151936 } });
-    expect(headChunksOf(qwen)).toBe(19);
-    // 1,024 scored rows (the 0.5B bench at 256 tokens): 54 rows a slice, 31.3 MiB, under 32 MiB.
-    expect(headChunksOf(qwen, 1024)).toBe(19);
-    // 4,096 (at 1,024 tokens): ⌈4096·151936·4 / 32 MiB⌉.
-    expect(headChunksOf(qwen, 4096)).toBe(Math.ceil((4096 * 151936 * 4) / 2 ** 25));
   });
 });

@@ -298,16 +298,8 @@ function finish(rows: TokenizedExample[], feeds: Feeds, K: number, o: CollateOpt
   return { feeds };
 }
 
-/**
- * A collated batch's size as the training graph's chunking reads it (TrainProblem.longest): rows and
- * length of `input_ids`, and the rows the head scores (packed: `score_index`; else the counted
- * positions of `loss_mask`, at most one per position).
- */
-export function batchShapeOf(c: Collated): { rows: number; len: number; scored: number } {
-  const ids = c.feeds.input_ids;
-  const index = c.feeds.score_index;
-  let scored = 0;
-  if (index) scored = index.dims[0];
-  else for (const v of c.feeds.loss_mask.data as Float32Array | Float64Array) if (v) scored++;
-  return { rows: ids.dims[0], len: ids.dims[1], scored };
+/** A collated batch's size as the training graph's chunking reads it (TrainProblem.longest): rows and length of `input_ids`. */
+export function batchShapeOf(c: Collated): { rows: number; len: number } {
+  const [rows, len] = c.feeds.input_ids.dims;
+  return { rows, len };
 }

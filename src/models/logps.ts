@@ -12,7 +12,7 @@
 import { Graph, type Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from './config.ts';
 import { type CausalLM, type CausalLMOptions, buildCausalLM } from './index.ts';
-import { type FloatDType, lmHead, piecesUnder, reshapeRt, reshapeTo } from './layers.ts';
+import { type FloatDType, lmHead, reshapeRt, reshapeTo } from './layers.ts';
 import { declareParameters, modelParameterShapes, parameterInitializers } from './params.ts';
 import type { FloatTensor } from './checkpoint.ts';
 
@@ -41,13 +41,13 @@ export interface SequenceLogps {
  * Slices of the output head: about 8,192 vocabulary entries' worth each, so one slice's `[rows, V]`
  * logits are alive at a time (a Qwen vocabulary of 151,936 tokens: 19 slices). The training graph
  * slices under recomputation, the scoring graphs (`buildLogpsGraph`, the online reference) always:
- * 4,096 scored rows are 2.5 GB of logits at once, and the next two ops' as much again. Given the
- * most rows a batch scores, more slices where needed to keep one slice's logits under glibc's mmap
- * bound (layers.ts TENSOR_BOUND): Qwen's vocabulary at 4,096 rows takes 75.
+ * 4,096 scored rows are 2.5 GB of logits at once, and the next two ops' as much again. Not more
+ * slices for longer batches: each slice's backward makes a `[V, D]` gradient of the head weight of
+ * its own (519 MiB at Qwen2.5-0.5B's shape), and 75 slices at 4,096 scored rows ran the 1,024-token
+ * proxy step out of memory (docs/performance.md, issue 46).
  */
-export function headChunksOf(c: ModelConfig, scored?: number): number {
-  const bySize = scored ? piecesUnder(scored * c.vocab_size * 4) : 1;
-  return Math.max(1, Math.ceil(c.vocab_size / 8192), bySize);
+export function headChunksOf(c: ModelConfig): number {
+  return Math.max(1, Math.ceil(c.vocab_size / 8192));
 }
 
 /** Large enough for any Slice end. */

@@ -45,10 +45,9 @@ export interface TrainProblem {
   /** The loss reads no reference log-probs (SFT, SimPO, ORPO): the batch carries no `ref_logps`, and no reference is scored. */
   noReference?: boolean;
   /**
-   * The largest micro-batch the graph is built for: `rows` × `len` input ids, `scored` rows through
-   * the head. Under recomputation the MLP, attention and head then run in as many pieces as keep each
-   * tensor under glibc's 32 MiB mmap bound at that shape (layers.ts TENSOR_BOUND); absent, or where a
-   * tensor already fits: the graph as without it.
+   * The largest micro-batch the graph is built for: `rows` × `len` input ids. Under recomputation the
+   * MLP and attention then run in as many pieces as keep each tensor under glibc's 32 MiB mmap bound
+   * at that shape (layers.ts TENSOR_BOUND); absent, or where a tensor already fits: the graph as without it.
    */
   longest?: BatchShape;
 }
@@ -57,7 +56,6 @@ export interface TrainProblem {
 export interface BatchShape {
   rows: number;
   len: number;
-  scored: number;
 }
 
 const F = 'float32' as const;
@@ -200,12 +198,12 @@ export function buildSpec(p: TrainProblem, weights: ReadonlyMap<string, BaseTens
         : { inputIds: batch.input_ids, attentionMask: batch.attention_mask };
       // Under recomputation attention also runs in pieces (at most 4 groups of key/value heads).
       // ... and, built for a known longest batch, the MLP over runs of rows and attention over blocks of queries.
-      const chunking = p.recompute && p.longest ? { rows: p.longest.rows, len: p.longest.len } : undefined;
+      const chunking = p.recompute && p.longest ? { ...p.longest } : undefined;
       const model = buildCausalLM(g, p.config, paramMap, inputs, { lora: p.lora, attentionPieces: p.recompute ? 4 : undefined, chunking });
       const stats = mode === 'train';
       // Under recomputation the output head runs in slices too, each a segment (src/models/logps.ts);
       // the eval graph's forward then holds one slice's logits at a time as well.
-      const headChunks = p.recompute ? headChunksOf(p.config, p.longest?.scored) : 1;
+      const headChunks = p.recompute ? headChunksOf(p.config) : 1;
       const seq = p.packed
         ? scoredLogps(g, model, batch.score_index, batch.score_target, batch.score_select, { stats, headChunks })
         : sequenceLogps(g, model, batch.loss_mask, { stats, dense: p.dense, headChunks });
