@@ -3,7 +3,7 @@
  * Float64Array, bitmaps. apache-arrow's generic builders cost a virtual call chain per value, which
  * made conversion ~13x slower than parsing; these cost one Buffer.write per string.
  */
-import * as arrow from 'apache-arrow';
+import * as arrow from './arrow.ts';
 import { COLUMN_CLASS, type Message, type Text, type TextMode, columnType, hasToolFields, messageType } from './schema.ts';
 
 /** Validity bitmap, allocated only once a null appears (most columns never have one). */

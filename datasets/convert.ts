@@ -2,7 +2,7 @@
  * The conversion pipeline: readers → format adapter → validation → column builders → Parquet sink.
  * Streams: only the batch being built and the row group being written are in memory.
  */
-import * as arrow from 'apache-arrow';
+import * as arrow from './arrow.ts';
 import { open, rename, rm, stat, type FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { BadInputError, UserError } from '../src/errors.ts';

@@ -4,8 +4,8 @@
  */
 import { mkdirSync } from 'node:fs';
 import { basename, join } from 'node:path';
-import { Table } from 'apache-arrow';
-import type * as arrow from 'apache-arrow';
+import { Table } from './arrow.ts';
+import type * as arrow from './arrow.ts';
 import { canonicalMeta, readCanonicalBatches, resolveDataset } from './parquet.ts';
 import { convert } from './convert.ts';
 import type { Kind, Message, PrefzooMeta, Role, Text, ToolCall, ToolSpec } from './schema.ts';

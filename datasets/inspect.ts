@@ -2,7 +2,7 @@
  * `prefzoo inspect`: what a data file holds — schema, kind, rows, and how long its text fields are.
  * Columnar inputs are measured from Arrow offsets (no string decoding); record inputs from the strings.
  */
-import * as arrow from 'apache-arrow';
+import * as arrow from './arrow.ts';
 import { UserError } from '../src/errors.ts';
 import { detectFormat } from './formats/index.ts';
 import { parquetFooter, readParquetBatches } from './parquet.ts';

@@ -4,7 +4,7 @@
  * disk, so memory stays bounded by a few batches, not a file; shards and the final file appear under
  * their real names only once everything succeeded.
  */
-import * as arrow from 'apache-arrow';
+import * as arrow from './arrow.ts';
 import type * as PW from 'parquet-wasm';
 import { existsSync, openAsBlob, readdirSync, statSync } from 'node:fs';
 import { readFile, rename, rm } from 'node:fs/promises';

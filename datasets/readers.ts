@@ -3,8 +3,7 @@
  * Each yields records in small arrays (one await per chunk, not per record) with the line or row
  * each came from, so every later error can name its place in the file.
  */
-import * as arrow from 'apache-arrow';
-import { parse as parseCsv } from '@fast-csv/parse';
+import * as arrow from './arrow.ts';
 import { createReadStream } from 'node:fs';
 import { open, readFile, stat } from 'node:fs/promises';
 import { Transform, type Readable } from 'node:stream';
@@ -366,6 +365,8 @@ function stripBom(): Transform {
 
 /** CSV/TSV with a header row: RFC 4180 quoting, CRLF, BOM. Rows are numbered from 1 after the header. */
 async function* csvItems(src: Source, delimiter: string): AsyncGenerator<Item[]> {
+  // fast-csv is imported only for CSV/TSV input, not with every command that reads data.
+  const { parse: parseCsv } = await import('@fast-csv/parse');
   const parser = parseCsv({ headers: false, delimiter, ignoreEmpty: true });
   const bytes = byteStream(src);
   bytes.on('error', (e) => parser.destroy(e));

@@ -2,7 +2,7 @@
  * The canonical preference-data schemas (docs/data.md): three kinds, each a set of named columns
  * whose Arrow types depend only on the column name and on whether text is plain or conversational.
  */
-import * as arrow from 'apache-arrow';
+import * as arrow from './arrow.ts';
 
 import { type Kind, KINDS, type Message, ROLES, type Role, type Text, type ToolCall, type ToolSpec } from './names.ts';
 

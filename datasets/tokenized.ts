@@ -4,7 +4,7 @@
  * built straight into Arrow offset/value buffers. Reading them back lets the trainer skip
  * tokenization for a file `prefzoo tokenize` wrote.
  */
-import * as arrow from 'apache-arrow';
+import * as arrow from './arrow.ts';
 import { readFileSync } from 'node:fs';
 import { writeFileAtomic } from '../src/io/atomic.ts';
 import type { Kind } from './schema.ts';

@@ -1,6 +1,6 @@
 // Readers, column builders, the Parquet writer (zstd, metadata, shards, atomic rename), inspect, CLI.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import * as arrow from 'apache-arrow';
+import * as arrow from '../datasets/arrow.ts';
 import * as pw from 'parquet-wasm';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { spawnSync } from 'node:child_process';

@@ -7,7 +7,9 @@
  * the same tokens, and the sampling head draws the same tokens with the same log-probabilities; the
  * extend graph (a row's cache extended by several tokens in one run) too. For the llama family members
  * whose decode differs: llama, qwen2 (q/k/v biases), gemma (norm weights 1 + w) and phi3 (partial
- * rotary, sliding window).
+ * rotary, sliding window). And a row's numbers are the same to the bit alone and among others (the
+ * CPU graphs' float64 attention softmax): prefill in a left-padded group, steps over a cache whose
+ * capacity the other rows set, and the extend graph.
  */
 import { describe, expect, it } from 'vitest';
 import { Decoder, type Pick, type Picked } from '../src/models/decoder.ts';
@@ -123,4 +125,73 @@ describe('fused decoding graphs', () => {
       for (let s = 0; s < un.logps.length; s++) for (let r = 0; r < un.logps[s].length; r++) expect(Math.abs(fu.logps[s][r] - un.logps[s][r])).toBeLessThan(1e-5);
     });
   }
+});
+
+/**
+ * Row 0's logits (prefill, each step, then an extend run) decoded alone in a cache of `capacity`
+ * slots, or among `others` rows with longer prompts (row 0 left-padded in their prefill group).
+ */
+async function rowTrace(dec: Decoder, V: number, others: number, capacity: number): Promise<Float32Array[]> {
+  const n = 1 + others;
+  const S = others ? 9 : PAIR[0].length;
+  const ids: number[] = [];
+  const mask: number[] = [];
+  for (let r = 0; r < n; r++) {
+    const p = r === 0 ? PAIR[0] : LONG.map((t) => (t + 3 * r) % V);
+    ids.push(...Array(S - p.length).fill(0), ...p);
+    mask.push(...Array(S - p.length).fill(0), ...p.map(() => 1));
+  }
+  const cache = dec.newCache(n + 2, capacity, 64);
+  cache.addRows(n);
+  const out: Float32Array[] = [];
+  out.push((await dec.prefill(cache, 0, i64(ids), i64(mask), n)).logits!.slice(0, V));
+  for (let s = 0; s < 6; s++) {
+    const next = Array.from({ length: n }, (_, r) => (7 * s + 5 * r + 1) % V);
+    out.push((await dec.step(i64(next), cache)).logits!.slice(0, V));
+  }
+  out.push((await dec.extend(cache, 0, [3, 17, 4])).logits!.slice(0, V));
+  return out;
+}
+
+describe('batch invariance', () => {
+  for (const arch of ['llama', 'phi3'] as const) {
+    it(`${arch}: a row's logits are the same to the bit alone and among 8 others (prefill left-padded, a cache of another capacity, extend), fused and unfused`, async () => {
+      const c = testConfig(arch);
+      const w = randomWeights(c, 11);
+      for (const fused of [true, false]) {
+        // Baked weights, as the server decodes (fed ones go through other products: see docs/performance.md).
+        const dec = await Decoder.create(c, w, { fused, bake: true });
+        const alone = await rowTrace(dec, c.vocab_size, 0, 13);
+        const among = await rowTrace(dec, c.vocab_size, 8, 40);
+        await dec.release();
+        const bits = (x: Float32Array) => Buffer.from(x.buffer, x.byteOffset, x.byteLength).toString('hex');
+        expect(among.map(bits)).toEqual(alone.map(bits));
+      }
+    });
+  }
+});
+
+describe('past max_position_embeddings', () => {
+  it('a cache with more slots than the rotary tables switches the decoder to the unfused graphs, which decode on past the last position', async () => {
+    const c = testConfig('llama'); // max_position_embeddings 64
+    const w = randomWeights(c, 5);
+    const V = c.vocab_size;
+    const run = async (fused: boolean) => {
+      const dec = await Decoder.create(c, w, { fused });
+      const short = dec.newCache(1, 16, 64);
+      expect(dec.fused).toBe(fused);
+      dec.recycle(short);
+      const cache = dec.newCache(1, 16, 80);
+      expect(dec.fused).toBe(false);
+      cache.addRows(1);
+      await dec.prefill(cache, 0, i64(LONG), i64(LONG.map(() => 1)), 1);
+      let last = new Float32Array(0);
+      for (let s = 0; s < 70 - LONG.length; s++) last = (await dec.step(i64([(s * 7 + 1) % V]), cache)).logits!.slice();
+      expect(cache.cols[0]).toBe(70);
+      await dec.release();
+      return last;
+    };
+    const [a, b] = await Promise.all([run(true), run(false)]);
+    expect(Array.from(a)).toEqual(Array.from(b));
+  });
 });

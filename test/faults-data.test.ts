@@ -10,7 +10,7 @@ import { openAsBlob } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import * as pw from 'parquet-wasm';
-import * as arrow from 'apache-arrow';
+import * as arrow from '../datasets/arrow.ts';
 import { initModelFolder } from '../src/models/init.ts';
 import { readCanonical, writeCanonical } from '../datasets/parquet.ts';
 import { cli, expectOneLineError, holds, killWhen, signalWhen, smallDisk, temporaries, type SmallDisk } from './helpers/faults.ts';

@@ -461,6 +461,10 @@ describe('grpo loss: the sampler–trainer correction (sampling_token_logps)', (
       // TRL's mismatch metrics: |o − s| over the counted tokens.
       const diffs = x.old_token_logps.flatMap((row, b) => row.map((o, t) => Math.abs(o - x.sampling_token_logps![b][t])).filter((_, t) => x.completion_mask[b][t] === 1));
       expect(ref.metrics['sampling/sampling_logp_difference/max']).toBe(Math.max(...diffs));
+      // prefzoo's KL estimate: k3 = r − 1 − log r with r = e^(o − s), the trainer over the sampler, averaged over the counted tokens.
+      const k3 = x.old_token_logps.flatMap((row, b) => row.map((o, t) => { const r = Math.exp(o - x.sampling_token_logps![b][t]); return r - 1 - Math.log(r); }).filter((_, t) => x.completion_mask[b][t] === 1));
+      expect(ref.metrics['sampling/sampling_kl']).toBeCloseTo(k3.reduce((a, v) => a + v, 0) / k3.length, 12);
+      expect(ref.metrics['sampling/sampling_kl']).toBeGreaterThan(0);
       if (!p.vllm_importance_sampling_correction) {
         expect(ref.metrics['sampling/importance_sampling_ratio/mean']).toBeUndefined();
         expect(ref.loss).toBeCloseTo(trlLoss(batchOf(makeBatch(11)), x.policy_token_logps, p), 14);
@@ -479,6 +483,36 @@ describe('grpo loss: the sampler–trainer correction (sampling_token_logps)', (
       expect(Math.abs(ref.loss - trlLoss(batchOf(makeBatch(11)), x.policy_token_logps, { ...p, off_policy_mask_threshold: null }))).toBeGreaterThan(1e-6);
     });
   }
+});
+
+describe('grpo loss: the sampler–trainer KL estimate (sampling/sampling_kl) at the gaps of a float32 or q8 sampler', () => {
+  it('float32 gives the float64 k3 to 1e-3 relative at |o − s| of 1e-6 … 0.3, and at only 1e-6 … 3e-4 (where e^d − 1 − d written out in float32 is off by a third)', async () => {
+    const x0 = makeBatch(11);
+    const m = x0.completion_mask;
+    // Gaps spread over four decades, signs mixed, one large one (the series' other side).
+    const gaps = [1e-6, -3e-6, 1e-5, -2e-5, 1e-4, -3e-4, 1e-3, -2e-3, 1e-2, -0.03, 0.3];
+    let k = 0;
+    const sampling = x0.old_token_logps.map((row, b) => row.map((o, t) => (m[b][t] ? o - gaps[k++ % gaps.length] : 7)));
+    const p = { ...DEFAULTS } as P;
+    const b32: HostBatch = Object.fromEntries(Object.entries(hostBatch({ ...batchOf(x0), sampling_token_logps: sampling }, p)).map(([key, t]) => [key, { dims: t.dims, data: t.data.map(Math.fround) }]));
+    const o32 = b32.old_token_logps.data;
+    const s32 = b32.sampling_token_logps.data;
+    let want = 0;
+    let n = 0;
+    for (let i = 0; i < o32.length; i++) if (b32.completion_mask.data[i] === 1) { want += Math.expm1(o32[i] - s32[i]) - (o32[i] - s32[i]); n++; }
+    want /= n;
+    const got = (await runLossOnnx(resolveLoss('grpo', {}), b32, { dtype: 'float32' })).metrics['sampling/sampling_kl'];
+    expect(Math.abs(got - want) / want).toBeLessThan(1e-3);
+    // Only the small gaps (a q8 sampler's): the mean is ~1e-8, under float32's spacing near 1, and the series carries it alone.
+    const tiny = [1e-6, -3e-6, 1e-5, -2e-5, 1e-4, -3e-4];
+    const small = b32.sampling_token_logps.data.map((v, i) => (b32.completion_mask.data[i] === 1 ? Math.fround(o32[i] - tiny[i % tiny.length]) : v));
+    let want2 = 0;
+    for (let i = 0; i < o32.length; i++) if (b32.completion_mask.data[i] === 1) want2 += Math.expm1(o32[i] - small[i]) - (o32[i] - small[i]);
+    want2 /= n;
+    const got2 = (await runLossOnnx(resolveLoss('grpo', {}), { ...b32, sampling_token_logps: { dims: b32.sampling_token_logps.dims, data: small } }, { dtype: 'float32' })).metrics['sampling/sampling_kl'];
+    expect(want2).toBeLessThan(1e-7);
+    expect(Math.abs(got2 - want2) / want2).toBeLessThan(1e-3);
+  });
 });
 
 describe('grpo loss: off-policy sequence masking (DeepSeek-V3.2)', () => {

@@ -54,7 +54,7 @@ function grpoRun(): string {
       frac_reward_zero_std: step / 20, entropy: 2 - step / 10, entropy_coef: 0.005 * (step % 3), kl: 0.001 * step,
       'clip_ratio/low_mean': 0.01, 'clip_ratio/high_mean': 0.02, 'clip_ratio/region_mean': 0.03,
       'completions/mean_length': 2, 'completions/min_length': 1, 'completions/max_length': 2, 'completions/mean_terminated_length': 1.5, 'completions/clipped_ratio': 0.25,
-      'sampling/sampling_logp_difference/mean': 1e-4, 'sampling/sampling_logp_difference/max': 3e-4,
+      'sampling/sampling_logp_difference/mean': 1e-4, 'sampling/sampling_logp_difference/max': 3e-4, 'sampling/sampling_kl': 5e-9,
       'sampling/importance_sampling_ratio/min': 0.999, 'sampling/importance_sampling_ratio/mean': 1, 'sampling/importance_sampling_ratio/max': 1.001,
     });
   }
@@ -69,7 +69,7 @@ function grpoRun(): string {
 const RL_PANELS = [
   'loss', 'reward (mean ± std over the round)', 'reward per function (mean ± std)', 'share of groups with zero reward spread', 'entropy (nats per token)', 'entropy_coef',
   'KL to the reference (k3)', 'clip ratios', 'completion length (tokens)', 'share of completions cut at max_completion_length',
-  'sampler–trainer log-prob difference |old − sampling|', 'sampler correction ratio',
+  'sampler–trainer log-prob difference |old − sampling|', 'sampler–trainer KL (k3 estimate)', 'sampler correction ratio',
 ];
 
 describe('report of an RL run', () => {
@@ -81,7 +81,7 @@ describe('report of an RL run', () => {
     expect(html).not.toContain('implicit-reward accuracy');
     // Two evaluations in each of the two panels that have them: points, no line between them.
     expect(html.match(/<circle class="eval"/g)!.length).toBe(4);
-    expect(html.match(/<path /g)!.length).toBe(1 + 1 + 2 + 1 + 1 + 1 + 1 + 3 + 4 + 1 + 2 + 3);
+    expect(html.match(/<path /g)!.length).toBe(1 + 1 + 2 + 1 + 1 + 1 + 1 + 3 + 4 + 1 + 2 + 1 + 3);
     expect(html.match(/<polygon class="spread"/g)!.length).toBe(3);
     expect(html).toContain('Sampled completions (rewards and advantages)');
     expect(html).not.toContain('No sample generations');

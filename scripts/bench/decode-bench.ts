@@ -36,7 +36,7 @@ export interface GenerateBenchOptions {
   baked?: boolean;
   /** Products over block-quantized weights (q8/q4, MatMulNBits; `prefzoo bench --generate --dtype`); default f32. */
   quant?: ProductQuant | null;
-  /** The host decode graphs with ONNX Runtime's fused ops (Decoder's `fused`; default false); true: `bench --generate --fused`. */
+  /** The host decode graphs with ONNX Runtime's fused ops (Decoder's `fused`; default: on the CPU); false: `bench --generate --unfused`. */
   fused?: boolean;
   runtime?: RuntimeOptions;
   skipPeak?: boolean;
@@ -50,6 +50,7 @@ export interface GenerateBenchResult {
   arch: string;
   preset: string;
   params: number;
+  /** Whether the weights are inputs of the graphs or baked into them (always baked when quantized: MatMulNBits is prepacked only from initializers). */
   weights: 'fed' | 'baked';
   /** Whether the decode graphs use ONNX Runtime's fused ops (docs/performance.md, "Fused decoding"). */
   fused: boolean;
@@ -217,7 +218,7 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
     arch,
     preset: o.preset,
     params: countParameters(config),
-    weights: o.baked ? 'baked' : 'fed',
+    weights: o.baked || o.quant ? 'baked' : 'fed',
     fused,
     nodes_per_step: nodes,
     dtype: o.quant ? `q${o.quant.bits} (block ${o.quant.block})` : 'f32',

@@ -107,7 +107,7 @@ export interface ServeBenchResult {
   load_average: number;
 }
 
-const TOOLS: OpenAI.Chat.Completions.ChatCompletionTool[] = [
+export const TOOLS: OpenAI.Chat.Completions.ChatCompletionTool[] = [
   { type: 'function', function: { name: 'lookup', description: 'Looks a key up.', parameters: { type: 'object', properties: { key: { type: 'string' } }, required: ['key'] } } },
 ];
 
@@ -121,7 +121,7 @@ const median = (xs: number[]) => pct(xs, 50);
 const r1 = (x: number) => Math.round(x * 10) / 10;
 const r2 = (x: number) => Math.round(x * 100) / 100;
 
-interface Answer {
+export interface Answer {
   ids: number[];
   prompt: number;
   sent: number;
@@ -133,7 +133,7 @@ interface Answer {
  * The clients (serve-client.mjs), in a worker thread: `ask(requests)` sends them together and
  * resolves with their answers in order.
  */
-function clientThread(baseURL: string): { ask: (requests: { i: number; maxTokens: number }[]) => Promise<Answer[]>; close: () => Promise<number> } {
+export function clientThread(baseURL: string): { ask: (requests: { i: number; maxTokens: number }[]) => Promise<Answer[]>; close: () => Promise<number> } {
   const worker = new Worker(new URL('./serve-client.mjs', import.meta.url), { workerData: { baseURL, tools: TOOLS } });
   const waiting = new Map<number, { resolve: (a: Answer[]) => void; reject: (e: Error) => void }>();
   let next = 0;

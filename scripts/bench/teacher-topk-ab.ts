@@ -15,6 +15,7 @@ import { scoringRuntime, TeacherTopK, type TeacherRow } from '../../src/train/te
 import { LoadedTeacher } from '../../src/train/teacher-model.ts';
 import type { TokenizedExample } from '../../datasets/examples.ts';
 import type { RuntimeOptions } from '../../src/runtime/session.ts';
+import type { ProductQuant } from '../../src/models/quantize.ts';
 import { teacherShape } from './distill-bench.ts';
 
 const [rows, prompt, fresh, rounds] = process.argv.slice(2).map(Number);
@@ -40,15 +41,22 @@ const examples: TokenizedExample[] = Array.from({ length: R }, (_, r) => ({
   src: r,
 }) as unknown as TokenizedExample);
 
-const variants: { name: string; runtime: RuntimeOptions }[] = [
-  { name: 'low-memory runtime: no arena, no memory pattern (before)', runtime: { ...LOW_MEMORY_RUNTIME } },
-  { name: 'arena, memory pattern', runtime: {} },
-  { name: 'arena, no memory pattern (after: scoringRuntime)', runtime: scoringRuntime({}) },
-];
+const variants: { name: string; runtime: RuntimeOptions; quant?: ProductQuant }[] = process.env.AB === 'dtype'
+  ? [
+      { name: 'f32 (scoringRuntime)', runtime: scoringRuntime({}) },
+      { name: 'q8, int8 activations (teacher_dtype=q8)', runtime: scoringRuntime({}), quant: { bits: 8, block: 32 } },
+      { name: 'q8, float32 activations (accuracy_level 0)', runtime: scoringRuntime({}), quant: { bits: 8, block: 32, accuracy: 0 } },
+      { name: 'q4, int8 activations (teacher_dtype=q4)', runtime: scoringRuntime({}), quant: { bits: 4, block: 32 } },
+    ]
+  : [
+      { name: 'low-memory runtime: no arena, no memory pattern (before)', runtime: { ...LOW_MEMORY_RUNTIME } },
+      { name: 'arena, memory pattern', runtime: {} },
+      { name: 'arena, no memory pattern (after: scoringRuntime)', runtime: scoringRuntime({}) },
+    ];
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
 let first: TeacherRow[] | null = null;
 for (const v of variants) {
-  const t = await TeacherTopK.create(new LoadedTeacher({ config, weights }, null, 1), { K: 32, limit: config.vocab_size, runtime: v.runtime, padId: 0 });
+  const t = await TeacherTopK.create(new LoadedTeacher({ config, weights }, null, 1), { K: 32, limit: config.vocab_size, runtime: v.runtime, padId: 0, quant: v.quant });
   const run = () => t.score(examples, { batchSize: 2 * R, padTo: 1 });
   await run();
   const wall: number[] = [];

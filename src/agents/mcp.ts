@@ -6,11 +6,22 @@
  */
 import { readFileSync } from 'node:fs';
 import { basename } from 'node:path';
-import { Client } from '@modelcontextprotocol/sdk/client/index.js';
-import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
-import { ErrorCode, McpError } from '@modelcontextprotocol/sdk/types.js';
+import type { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import type { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { UserError } from '../errors.ts';
 import type { ToolSpec } from '../chat.ts';
+
+/**
+ * The SDK (with zod, ~0.4 s of CPU to import) is loaded when the first server starts, not with every
+ * command that could start one.
+ */
+const loadSdk = () =>
+  Promise.all([import('@modelcontextprotocol/sdk/client/index.js'), import('@modelcontextprotocol/sdk/client/stdio.js'), import('@modelcontextprotocol/sdk/types.js')]);
+let sdk: ReturnType<typeof loadSdk> | null = null;
+function mcpSdk(): ReturnType<typeof loadSdk> {
+  sdk ??= loadSdk();
+  return sdk;
+}
 
 /** How to start one server. */
 export interface McpServerSpec {
@@ -220,6 +231,7 @@ export class McpServer implements ToolProvider {
   private async connect(): Promise<void> {
     const spec = this.spec;
     const env = spec.inheritEnv ? { ...(process.env as Record<string, string>), ...(spec.env ?? {}) } : spec.env;
+    const [{ Client }, { StdioClientTransport }] = await mcpSdk();
     const transport = new StdioClientTransport({ command: spec.command, args: spec.args ?? [], env, cwd: spec.cwd, stderr: 'pipe' });
     transport.stderr?.on('data', (d: Buffer) => {
       const text = this.stderrPartial + d.toString();
@@ -280,6 +292,7 @@ export class McpServer implements ToolProvider {
       const r = await this.client.callTool({ name, arguments: args }, undefined, { signal: options.signal, timeout: options.timeoutMs });
       return { content: mcpResultText(r as { content?: unknown; structuredContent?: unknown }), isError: r.isError === true };
     } catch (e) {
+      const [, , { ErrorCode, McpError }] = await mcpSdk();
       if (this.exited || (e instanceof McpError && e.code === ErrorCode.ConnectionClosed)) {
         this.exited = true;
         await settle();

@@ -6,13 +6,13 @@
  * `z.toJSONSchema` (the input side: fields with defaults are optional to the model).
  */
 import { existsSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
-// Named exports: the default export of these CommonJS modules reads differently under NodeNext (the build).
-import { Ajv, type ValidateFunction } from 'ajv';
-import { Ajv2019 } from 'ajv/dist/2019.js';
-import { Ajv2020 } from 'ajv/dist/2020.js';
-import { z } from 'zod';
+import type { Ajv, ValidateFunction } from 'ajv';
+import type { Ajv2019 } from 'ajv/dist/2019.js';
+import type { Ajv2020 } from 'ajv/dist/2020.js';
+import type { z } from 'zod';
 import { UserError } from '../errors.ts';
 import type { ToolSpec } from '../chat.ts';
 import type { ToolContext, ToolDef } from './types.ts';
@@ -29,16 +29,24 @@ export interface LoadedTool {
   origin: string;
 }
 
+// ajv and zod are required when a schema is first compiled or converted, not with every command that
+// could load tools (with the MCP SDK, ~0.5 s of CPU at start-up). zod keeps its registry on
+// globalThis, so this copy reads the descriptions of schemas made by a tools module's own import.
+const require = createRequire(import.meta.url);
+
 type Validators = { d7: Ajv; d2019: Ajv2019; d2020: Ajv2020 };
 let validators: Validators | null = null;
 
 /** A validator for a JSON Schema, by the draft its `$schema` names (draft-07 when it names none). */
 export function compileSchema(schema: Record<string, unknown>, what: string): ValidateFunction {
-  validators ??= {
-    d7: new Ajv({ strict: false, allErrors: false, validateFormats: false }),
-    d2019: new Ajv2019({ strict: false, allErrors: false, validateFormats: false }),
-    d2020: new Ajv2020({ strict: false, allErrors: false, validateFormats: false }),
-  };
+  if (!validators) {
+    const options = { strict: false, allErrors: false, validateFormats: false };
+    validators = {
+      d7: new (require('ajv') as typeof import('ajv')).Ajv(options),
+      d2019: new (require('ajv/dist/2019.js') as typeof import('ajv/dist/2019.js')).Ajv2019(options),
+      d2020: new (require('ajv/dist/2020.js') as typeof import('ajv/dist/2020.js')).Ajv2020(options),
+    };
+  }
   const id = typeof schema.$schema === 'string' ? schema.$schema : '';
   const ajv = id.includes('2020-12') ? validators.d2020 : id.includes('2019-09') ? validators.d2019 : validators.d7;
   try {
@@ -81,7 +89,7 @@ function inputSchemaOf(schema: unknown, what: string): { json: Record<string, un
   if (isZod(schema)) {
     let json: Record<string, unknown>;
     try {
-      json = z.toJSONSchema(schema, { target: 'draft-7', io: 'input', unrepresentable: 'any' }) as Record<string, unknown>;
+      json = (require('zod') as typeof import('zod')).z.toJSONSchema(schema, { target: 'draft-7', io: 'input', unrepresentable: 'any' }) as Record<string, unknown>;
     } catch (e) {
       throw new UserError(`${what}: zod cannot export its schema as JSON Schema (${(e as Error).message.split('\n')[0]})`);
     }

@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { makeMeta } from '../../datasets/schema.ts';
 import type { Example } from '../../datasets/examples.ts';
 import type { TrainConfig } from '../train/config.ts';
-import { writeDemoEval } from '../train/demo-eval.ts';
+import { runRolloutDtype, writeDemoEval } from '../train/demo-eval.ts';
 import { train, type TrainResult } from '../train/trainer.ts';
 import type { OnlineDemoOptions } from './online.ts';
 import { agentRollout, evaluateRewards, type AgentRolloutSettings, type AgentSources } from '../online/grpo/index.ts';
@@ -38,6 +38,8 @@ export interface AgentDemoResult {
   num_turns_final: number;
   heldout_prompts: number;
   samples_per_prompt: number;
+  /** The precision the GRPO run sampled its rollouts in (`--param rollout_dtype=q4`); the held-out evaluations sample the saved models in f32. */
+  rollout_dtype: string;
   steps: number;
   seconds: number;
   /** The GRPO run folder (metrics.jsonl, final/, demo_eval.json): `prefzoo report` takes it. */
@@ -116,6 +118,7 @@ export function finishAgentDemo(
     num_turns_final: evals.after.metrics['num_turns/mean'] ?? 0,
     heldout_prompts: o.heldoutPrompts,
     samples_per_prompt: EVAL_SAMPLES,
+    rollout_dtype: runRolloutDtype(o.run),
     steps: o.steps,
     seconds: Math.round((Date.now() - o.t0) / 100) / 10,
     run: o.run,

@@ -23,7 +23,7 @@ import { makeMeta } from '../../datasets/schema.ts';
 import type { Example } from '../../datasets/examples.ts';
 import { initModelFolder } from '../models/init.ts';
 import { SeededRandom } from '../random.ts';
-import { writeDemoEval } from '../train/demo-eval.ts';
+import { runRolloutDtype, writeDemoEval } from '../train/demo-eval.ts';
 import { writeFileAtomic } from '../io/atomic.ts';
 import type { TrainConfig } from '../train/config.ts';
 import { train } from '../train/trainer.ts';
@@ -49,6 +49,8 @@ export interface GrpoDemoResult {
   reward_mean_final: number;
   heldout_prompts: number;
   samples_per_prompt: number;
+  /** The precision the run sampled in (`--param rollout_dtype=q4`); the final evaluation samples the same way. */
+  rollout_dtype: string;
   steps: number;
   seconds: number;
   run: string;
@@ -188,6 +190,7 @@ export async function runGrpoDemo(o: GrpoDemoOptions): Promise<GrpoDemoResult> {
     reward_mean_final: avg(trainRewards.slice(-5)),
     heldout_prompts: heldout.length,
     samples_per_prompt: EVAL_SAMPLES,
+    rollout_dtype: runRolloutDtype(run),
     steps: r.steps,
     seconds: Math.round((Date.now() - t0) / 100) / 10,
     run,

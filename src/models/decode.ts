@@ -55,6 +55,12 @@ export interface DecodeGraphOptions {
    * keep standard ONNX ops.
    */
   fused?: boolean;
+  /**
+   * Attention's softmax in float64 (CPU only), so that a row's numbers do not depend on the cache's
+   * capacity, and so on the rows decoding beside it (see layers.ts's `cachedAttention`). Default
+   * false: the graphs for other runtimes and the WebGPU backend keep float32.
+   */
+  rowInvariant?: boolean;
 }
 
 /**
@@ -94,7 +100,7 @@ export function buildDecodeGraph(config: ModelConfig, o: DecodeGraphOptions): Gr
     : declareParameters(g, config, { dtype: 'float32', lora: o.lora });
   const P = new Params(params, config, o.lora);
   const family = familyFor(config);
-  const ix = decodeIndex(g, ids, attn, family.window(config));
+  const ix = { ...decodeIndex(g, ids, attn, family.window(config)), softmax64: o.rowInvariant ?? false };
   const hidden = family.decode(g, config, P, ix, past, { fused: o.fused });
   const headW = family.headWeight(config, P);
   // Only each row's last new position needs logits: [B·S, D] → [B, S, D] → [B, D].

@@ -40,11 +40,10 @@ export interface DecoderOptions {
   quant?: ProductQuant | null;
   /**
    * The host graphs with ONNX Runtime's fused decoding ops (decode.ts's `fused`; CPU provider only,
-   * default false). Not the default: with them a row's log-probabilities move in the last bits with
-   * the rows decoding beside it, so a seeded request would no longer draw the same numbers alone and
-   * among others (test/serve-engine.test.ts, a resumed run's sampler log-probs in
-   * test/grpo-agent.test.ts). The WebGPU backend keeps its unfused graphs (docs/performance.md,
-   * "Fused decoding"), so true is refused there.
+   * the default there). The WebGPU backend keeps its unfused graphs (docs/performance.md, "Fused
+   * decoding"), so true is refused there. A cache made for more slots than the model's
+   * `max_position_embeddings` (the fused graphs' rotary tables end there) switches the decoder to
+   * the unfused graphs, which extrapolate the angles.
    */
   fused?: boolean;
   /**
@@ -77,6 +76,8 @@ export class Decoder {
   private readonly sessions = new Map<string, Promise<Session>>();
   /** The cache buffers of the last generation, for the next one (see `recycle`). */
   private spare: Float32Array[] = [];
+  /** The extend run's keys/values outputs (past ++ new), written in place run after run (see `extend`). */
+  private readonly extendOut = new Map<string, Float32Array>();
   /** On WebGPU: the sessions and weights of generation on the device (generate-device.ts). */
   readonly device: DeviceDecode | null;
   /** With `quant`: the values last fed, each weight's quantized buffers (kept for the next update), those made from the current values, and the parameters no graph reads as floats. */
@@ -117,7 +118,7 @@ export class Decoder {
     if (bake && o.quant) throw new Error('decoder: quant feeds its weights; it cannot also bake them');
     const cpu = (runtime.ep ?? 'cpu') === 'cpu';
     if (o.fused && !cpu) throw new Error(`decoder: the fused decoding graphs run on the CPU provider only, not ${runtime.ep}`);
-    const fused = o.fused ?? false;
+    const fused = o.fused ?? cpu;
     const d = new Decoder(config, modelParameterShapes(config, { lora: o.lora }), bake, { weights: bake ? weights : undefined, lora: o.lora, runtime, prefillTokens: o.prefillTokens ?? 256, quant: o.quant, fused, frozen: o.frozen });
     if (!bake) d.setWeights((name) => weights.get(name)?.data);
     return d;
@@ -127,7 +128,10 @@ export class Decoder {
   private graph(kind: GraphKind, head: DecodeHead): Graph {
     const quant = this.build.quant;
     const weightFirst = !quant && kind !== 'stepSmall' && (this.build.runtime?.ep ?? 'cpu') === 'cpu';
-    const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst, fused: this.build.fused });
+    // On the CPU the attention softmax runs in float64: a row's numbers then do not depend on the
+    // cache's capacity, which the rows decoding beside it set (docs/performance.md, "Fused decoding").
+    const rowInvariant = (this.build.runtime?.ep ?? 'cpu') === 'cpu';
+    const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst, fused: this.build.fused, rowInvariant });
     if (quant) {
       quantizeProducts(g, quant, (name, transposed) => this.quantized(name, transposed));
       const inputs = new Set(g.inputs.map((i) => i.name));
@@ -167,6 +171,17 @@ export class Decoder {
   /** The step graph a cache made for `maxRows` rows runs (see `step`: one or two rows fed as x·Wᵀ). */
   private stepKind(maxRows: number): GraphKind {
     return maxRows <= 2 && !this.baked && !this.build.quant ? 'stepSmall' : 'step';
+  }
+
+  /**
+   * From now on the unfused graphs: the fused ones' rotary tables end at max_position_embeddings (a
+   * later position is an error of the run). Sessions built so far go.
+   */
+  private unfuse(): void {
+    this.build.fused = false;
+    const old = [...this.sessions.values()];
+    this.sessions.clear();
+    for (const s of old) void s.then((x) => x.release(), () => undefined);
   }
 
   /** Whether the host graphs use the fused decoding ops (`DecoderOptions.fused`). */
@@ -262,6 +277,8 @@ export class Decoder {
 
   /** A new cache for up to `maxRows` rows, with room for `capacity` slots to start and `maxCapacity` reserved. */
   newCache(maxRows: number, capacity: number, maxCapacity = capacity): SlotCache {
+    const positions = (this.config as { max_position_embeddings?: number }).max_position_embeddings;
+    if (this.build.fused && positions !== undefined && Math.max(capacity, maxCapacity) > positions) this.unfuse();
     const c = new SlotCache(cacheShape(this.config), maxRows, capacity, this.vocabSize, maxCapacity, this.spare);
     this.spare = [];
     return c;
@@ -326,8 +343,22 @@ export class Decoder {
     const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', BigInt64Array.from(ids, BigInt), [1, S]), attention_mask: cache.rowMask(row, S) };
     Object.assign(feeds, cache.rowPast(row));
     if (pick) Object.assign(feeds, pickFeeds(pick, 1));
-    const out = await (await this.session('extend', headOf(pick))).run(feeds);
-    cache.writeTail(row, (name) => out[name].data as Float32Array, S);
+    // The keys/values come back as past ++ new (`[1, KV, capacity + S, hd]`) and only the last S are
+    // kept: ONNX Runtime writes them into buffers kept from run to run instead of new ones copied
+    // into JavaScript (a served request's extend returned its whole prompt's cache, 5 MB on small).
+    const { layers, kvHeads: KV, headDim: hd } = cacheShape(this.config);
+    const size = KV * (cache.capacity + S) * hd;
+    const fetches: Record<string, OrtTensor | null> = pick ? (pick.head === 'sample' ? { token: null, logprob: null } : { token: null }) : { logits: null };
+    for (let i = 0; i < layers; i++) {
+      for (const kv of ['key', 'value'] as const) {
+        const name = presentName(i, kv);
+        let buf = this.extendOut.get(name);
+        if (!buf || buf.length < size) this.extendOut.set(name, (buf = new Float32Array(size)));
+        fetches[name] = toOrt('float32', buf.subarray(0, size), [1, KV, cache.capacity + S, hd]) as OrtTensor;
+      }
+    }
+    const out = await (await this.session('extend', headOf(pick))).run(feeds, fetches);
+    cache.writeTail(row, (name) => this.extendOut.get(name)!.subarray(0, size), S);
     if (!pick) return { logits: out.logits.data as Float32Array };
     return pick.head === 'sample' ? { tokens: out.token.data as BigInt64Array, logps: out.logprob.data as Float64Array } : { tokens: out.token.data as BigInt64Array };
   }
@@ -349,6 +380,7 @@ export class Decoder {
   async release(): Promise<void> {
     const all = await Promise.allSettled(this.sessions.values());
     this.sessions.clear();
+    this.extendOut.clear();
     for (const r of all) if (r.status === 'fulfilled') await r.value.release();
     await this.device?.release();
   }

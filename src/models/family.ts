@@ -65,6 +65,11 @@ export interface DecodeIndex {
   mask: Tensor;
   /** `[2]` runtime (B, S). */
   shapeBS: Tensor;
+  /**
+   * Attention's softmax in float64 (see decode.ts's `rowInvariant`): a row's probabilities then do
+   * not depend on how long the softmax row is (the cache's capacity, which the batch sets).
+   */
+  softmax64?: boolean;
 }
 
 /** LoRA adapter of one projection: y += scale · (x Aᵀ) Bᵀ with A `[r, in]`, B `[out, r]`. */

@@ -24,6 +24,12 @@ export class CpuBackend implements DecodeBackend {
   private batch: SlotCache[] | null = null;
   private order: number[] = [];
   private readonly parked = new Map<number, SlotCache[]>();
+  /**
+   * Buffers of one-row caches let go (a parked row joined the batch or was freed), per part, for the
+   * next one-row cache: a server parks, copies and joins a row per request, and a new cache's
+   * buffers are zeroed pages the kernel maps on first touch. At most `maxBatch` sets are kept.
+   */
+  private readonly spare: Float32Array[][][] = [];
 
   constructor(
     private readonly decoders: Decoder[],
@@ -53,7 +59,26 @@ export class CpuBackend implements DecodeBackend {
 
   private rowCaches(slots: number): SlotCache[] {
     const cap = Math.ceil((slots + 1) / SLOT_CHUNK) * SLOT_CHUNK;
-    return this.decoders.map((d) => new SlotCache(cacheShape(d.config), 1, cap, d.vocabSize));
+    return this.rowCache(cap, cap);
+  }
+
+  /** One-row caches (one per part) of `capacity` slots and `maxCapacity` reserved, on kept buffers where some are long enough. */
+  private rowCache(capacity: number, maxCapacity: number): SlotCache[] {
+    return this.decoders.map((d, k) => {
+      const shape = cacheShape(d.config);
+      const size = shape.kvHeads * Math.max(capacity, maxCapacity) * shape.headDim;
+      const kept = this.spare[k] ?? [];
+      const i = kept.findIndex((set) => set[0].length >= size);
+      return new SlotCache(shape, 1, capacity, d.vocabSize, maxCapacity, i < 0 ? [] : kept.splice(i, 1)[0]);
+    });
+  }
+
+  /** Keeps a one-row cache's buffers for `rowCache` (stale values are masked, as in a grown cache). */
+  private letGo(own: SlotCache[] | undefined): void {
+    own?.forEach((c, k) => {
+      const kept = (this.spare[k] ??= []);
+      if (kept.length < this.o.maxBatch) kept.push(c.release());
+    });
   }
 
   async leave(rows: readonly number[], park: (row: number) => boolean): Promise<void> {
@@ -90,6 +115,7 @@ export class CpuBackend implements DecodeBackend {
       const batch = this.batchCaches(own[0].cols[0], room);
       batch.forEach((c, k) => c.copyRow(own[k], 0, c.addRows(1)));
       this.parked.delete(r);
+      this.letGo(own);
       this.order.push(r);
     }
   }
@@ -153,7 +179,7 @@ export class CpuBackend implements DecodeBackend {
     if (n > caches[0].cols[b]) throw new Error(`generation: row ${from} has ${caches[0].cols[b]} slots, not ${n}`);
     // A cut copy holds exactly its slots: an extend run after it then sees the prompt's positions at
     // the columns a prefill of the whole prompt has, so its numbers are the prefill's to the bit.
-    const own = slots === undefined ? this.rowCaches(n) : this.decoders.map((d) => new SlotCache(cacheShape(d.config), 1, n, d.vocabSize, Math.max(n, room)));
+    const own = slots === undefined ? this.rowCaches(n) : this.rowCache(n, Math.max(n, room));
     own.forEach((c, k) => (c.addRows(1), c.copyRow(caches[k], b, 0, n)));
     this.parked.set(to, own);
   }
@@ -169,6 +195,7 @@ export class CpuBackend implements DecodeBackend {
   }
 
   free(row: number): void {
+    this.letGo(this.parked.get(row));
     this.parked.delete(row);
   }
 
@@ -181,5 +208,6 @@ export class CpuBackend implements DecodeBackend {
     this.recycle();
     this.order = [];
     this.parked.clear();
+    this.spare.length = 0;
   }
 }

@@ -382,6 +382,11 @@ export interface CachedKV {
  * probabilities split back and each part multiplied by its own values. With a cache, S is 1 (the
  * step graph's one new token per row). Cache slots the mask hides
  * (zero in the attention mask) get probability 0, so a preallocated cache may hold unfilled slots.
+ * With `ix.softmax64` the softmax runs in float64 (its input and output cast): ONNX Runtime's float32
+ * Softmax sums a row in an order that depends on the row's length, so the same scores with more
+ * masked slots after them (a cache of larger capacity, which the other rows set) could give
+ * probabilities one unit in the last place apart; summed in float64 and rounded to float32, the
+ * difference vanishes except when a probability lies within ~1e-16 of a float32 rounding boundary.
  * Grouped queries fold into the row axis, as in `attention`. Returns `[B·S, H·hd]`.
  */
 export function cachedAttention(g: Graph, ix: DecodeIndex, q: Tensor, k: CachedKV, v: CachedKV, H: number, KV: number, hd: number): Tensor {
@@ -390,7 +395,8 @@ export function cachedAttention(g: Graph, ix: DecodeIndex, q: Tensor, k: CachedK
   const scores = (keys: Tensor) => g.matmul(qg, g.transpose(keys, [0, 1, 3, 2])); // [B, KV, group·S, ·]
   let s = k.past ? g.concat([scores(k.past), scores(k.cur)], -1) : scores(k.cur);
   if (group > 1) s = g.reshape(s, [0, H, -1, 0]); // [B, H, S, P+S]
-  let p = g.softmax(g.add(s, ix.mask), -1);
+  const masked = g.add(s, ix.mask);
+  let p = ix.softmax64 ? g.cast(g.softmax(g.cast(masked, 'float64'), -1), 'float32') : g.softmax(masked, -1);
   if (group > 1) p = g.reshape(p, [0, KV, -1, 0]);
   let ctx: Tensor;
   if (v.past) {

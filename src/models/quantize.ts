@@ -109,10 +109,10 @@ export function quantizeInto(W: Float32Array, q: QuantizedWeight, transposed = f
   }
 }
 
-/** `W` `[N, K]` quantized into new buffers. */
-export function quantizeBlocks(W: Float32Array, N: number, K: number, bits: QuantBits, block: number): QuantizedWeight {
+/** `W` `[N, K]` (or, `transposed`, `W` `[K, N]` whose transpose is the weight) quantized into new buffers. */
+export function quantizeBlocks(W: Float32Array, N: number, K: number, bits: QuantBits, block: number, transposed = false): QuantizedWeight {
   const q = allocQuantized(N, K, bits, block);
-  quantizeInto(W, q);
+  quantizeInto(W, q, transposed);
   return q;
 }
 

@@ -8,7 +8,7 @@
 import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import * as arrow from 'apache-arrow';
+import * as arrow from '../../datasets/arrow.ts';
 import { readCanonical, writeCanonical } from '../../datasets/parquet.ts';
 import { orderColumns } from '../../datasets/schema.ts';
 import type { ArtifactSpec } from '../artifacts/build.ts';

@@ -6,7 +6,7 @@
  * max_new_tokens cut the answer). Written to a temporary name, then renamed.
  */
 import { writeFileAtomic } from '../io/atomic.ts';
-import * as arrow from 'apache-arrow';
+import * as arrow from '../../datasets/arrow.ts';
 import * as pw from 'parquet-wasm';
 import { columnBuilder } from '../../datasets/columns.ts';
 import { columnType, hasToolFields } from '../../datasets/schema.ts';

@@ -4,7 +4,7 @@
  * then `--param key=value`; keys that are not settings are the loss's parameters, such as `beta`.
  */
 import { readFileSync } from 'node:fs';
-import { parse as parseYaml } from 'yaml';
+import { createRequire } from 'node:module';
 import { BadInputError, UserError } from '../errors.ts';
 import { getLoss, listLosses, parseLossSpec } from '../../losses/index.ts';
 import { coerceSetting, commandDecl, commandDefaults, defaultsOf, refuseUnhonoured, TRAIN_SETTINGS, unknownSetting, type SettingDecl, type TrainSettings } from './settings.ts';
@@ -77,7 +77,8 @@ function readConfigFile(file: string, own: Record<string, SettingDecl>): { value
   let parsed: unknown;
   try {
     const text = readFileSync(file, 'utf8');
-    parsed = yaml ? parseYaml(text) : JSON.parse(text);
+    // yaml is required only here, not with every command that resolves settings.
+    parsed = yaml ? (createRequire(import.meta.url)('yaml') as typeof import('yaml')).parse(text) : JSON.parse(text);
   } catch (e) {
     throw new UserError(`${file}: ${(e as Error).message.split('\n')[0]}`);
   }

@@ -30,6 +30,21 @@ export interface DemoEval {
   values?: Record<string, number>;
 }
 
+/**
+ * The precision a demo's GRPO run sampled its rollouts in (RUN/config.json's rollout_dtype, given as
+ * `--param rollout_dtype=…`; f32 where the run records none), for the demo's --json line: the seed
+ * tables per dtype (scripts/bench/dtype-table.sh) read it there.
+ */
+export function runRolloutDtype(runDir: string): string {
+  const file = join(runDir, 'config.json');
+  try {
+    const v = (JSON.parse(readFileSync(file, 'utf8')) as { rollout_dtype?: unknown }).rollout_dtype;
+    return typeof v === 'string' ? v : 'f32';
+  } catch {
+    throw new UserError(`${file}: unreadable or invalid JSON`);
+  }
+}
+
 /** Writes RUN/demo_eval.json atomically and returns its path. */
 export function writeDemoEval(runDir: string, ev: DemoEval): string {
   const file = join(runDir, DEMO_EVAL_FILE);

@@ -45,6 +45,7 @@ import { runOnline, splitDraws, type OnlineContext, type OnlineMethod, type Onli
 import { modelParamSpecs, optimizerOf, runtimeOf, type MicroBatch } from './run.ts';
 import { declareCommand, defineSettings, ONLINE_LOOP_SETTINGS, ROLLOUT, type SettingsOf } from './settings.ts';
 import { readTeacherCache, teacherCacheIdentity, writeTeacherCache } from './teacher-cache.ts';
+import { productQuant, type ProductQuant } from '../models/quantize.ts';
 import { logitsAt, scoreIndex, scoringRuntime, TeacherTopK, type TeacherRow } from './teacher-topk.ts';
 import { TEACHER_SETTINGS, TeacherSpec } from './teacher-model.ts';
 import { seqKdFiles, seqKdIdentity, teacherGenerations } from './seq-kd.ts';
@@ -65,6 +66,12 @@ export const DISTILL_SETTINGS = defineSettings({
     doc: "train on the teacher's own generations for the data's prompts (made once with the sampling settings, cached in RUN/data) instead of the data's responses; with lmbda, the micro-batches that are not on-policy",
   },
   ...TEACHER_SETTINGS,
+  teacher_dtype: {
+    type: 'enum', choices: ['f32', 'f16', 'q8', 'q4'], default: 'f32', group: GROUP,
+    doc: "the precision of the teacher's top-K scoring (q8/q4: its linear weights block-quantized once, the products MatMulNBits; CPU only)",
+    more: "q8 and q4 quantize every linear weight of the teacher (its output head included; both models of an AlignDistil pair, whose joined head stays float32) once, when its scorer is opened, into blocks of teacher_block_size values by ggml's Q8_0 / Q4_0 rules, and its top-K forward multiplies through ONNX Runtime's MatMulNBits with int8 activations, as rollout_dtype's generation graphs do (src/models/quantize.ts); embeddings, norms and biases stay float32. The targets change beyond float32 rounding (docs/distill.md, \"The teacher's precision\", has the measured gap), so the teacher cache records the precision and a cache made at another is refused. seq_kd's generations are not quantized (refused with seq_kd); f16 is refused (ONNX Runtime's CPU provider has no fast float16 product), as is any device but the CPU.",
+  },
+  teacher_block_size: { type: 'int', default: 32, min: 16, max: 256, group: GROUP, doc: 'values per quantization block of teacher_dtype q8/q4 (a power of two, 16–256)' },
   lmbda: {
     type: 'number', default: 0, min: 0, max: 1, group: ON_POLICY, trl: 'lmbda',
     doc: "the chance that a micro-batch is the student's own samples for its rows' prompts, scored by the teacher's top K fresh (0: the data's responses only; 1 with beta=1: on-policy distillation)",
@@ -173,17 +180,19 @@ export async function distill(o: DistillOptions): Promise<DistillResult> {
   const s = own as unknown as DistillSettings;
   const K = s.distill_topk;
   const { sampling, generation } = samplingSettings(s, named);
+  const teacherQuant = teacherPrecision(s, named, runtimeOf(config).ep ?? 'cpu');
   // Refused before the run folder is made: a teacher that is no folder, or reads other token ids.
   const teacher = TeacherSpec.of(o.teacher, o.teacherRef, named.has('teacher_weight') ? s.teacher_weight : undefined);
   teacher.checkTokenizer(o.model, loadTokenizer(o.model));
   const multi = await openMultiTurn(o.multiTurn, s);
-  const method = new Distillation(o, config, loss, K, sampling, s.seq_kd ? generation : null, teacher, multi);
+  const method = new Distillation(o, config, loss, K, sampling, s.seq_kd ? generation : null, teacher, multi, teacherQuant);
   let r: Awaited<ReturnType<typeof runOnline>>;
   try {
     r = await runOnline(o, (x) => method.load(x), method, {
       config,
       record: () => ({
         teacher: o.teacher, data: o.data, kind: method.kind, loss: 'gkd', loss_params: loss.terms[0].params, distill_topk: K,
+        ...(teacherQuant ? { teacher_dtype: s.teacher_dtype, teacher_block_size: s.teacher_block_size } : {}),
         ...(o.teacherRef !== undefined ? { teacher_ref: o.teacherRef, teacher_weight: teacher.weight } : {}),
         ...(generation ? { seq_kd: s.seq_kd, lmbda: s.lmbda, ...Object.fromEntries(SAMPLING_KEYS.map((k) => [k, s[k]])) } : {}),
         ...(multi ? { agent: multi.record, ...Object.fromEntries(Object.keys(AGENT_SETTINGS).map((k) => [k, (s as unknown as Record<string, unknown>)[k]])) } : {}),
@@ -205,6 +214,19 @@ export async function distill(o: DistillOptions): Promise<DistillResult> {
 }
 
 const round2 = (x: number) => Math.round(x * 100) / 100;
+
+/**
+ * The teacher's products under teacher_dtype: null (f32), or q8/q4 blocks of teacher_block_size;
+ * refused in one line: f16, a block size that is no power of two, a device other than the CPU
+ * (productQuant's refusals), teacher_block_size at f32 (nothing reads it), and seq_kd (its teacher
+ * generates through the decoder, whose weights are baked in float32).
+ */
+function teacherPrecision(s: DistillSettings, named: ReadonlySet<string>, ep: string): ProductQuant | null {
+  const quant = productQuant(s.teacher_dtype, s.teacher_block_size, ep, { dtype: 'teacher_dtype', block: 'teacher_block_size' });
+  if (!quant && named.has('teacher_block_size')) throw new UserError(`teacher_block_size=${s.teacher_block_size}: read by teacher_dtype q8/q4 only, and teacher_dtype is f32; set teacher_dtype=q8 or q4, or leave teacher_block_size out`, { setting: 'teacher_block_size' });
+  if (quant && s.seq_kd) throw new UserError(`teacher_dtype=${s.teacher_dtype} with seq_kd: the quantized teacher is its top-K scorer only, and seq_kd's generations would come from the float32 teacher; leave teacher_dtype at f32 with seq_kd`, { setting: 'teacher_dtype' });
+  return quant;
+}
 
 /**
  * The multi-turn sources of a run, loaded, or null without them — then an agent setting away from
@@ -390,6 +412,8 @@ class Distillation implements OnlineMethod<number, Round> {
     private readonly teacher: TeacherSpec,
     /** Multi-turn rollouts (tools, MCP, an environment) for the on-policy micro-batches, or null. */
     private readonly multi: MultiTurnRun | null = null,
+    /** teacher_dtype q8/q4: the teacher's products quantized (null: float32). */
+    private readonly teacherQuant: ProductQuant | null = null,
   ) {}
 
   /** The data stage (train's reading and tokenization) and the teacher stage (its cache). */
@@ -436,7 +460,7 @@ class Distillation implements OnlineMethod<number, Round> {
   /** The teacher's top K of every row: the run's cache when it was made by this teacher on these rows, else computed and cached. */
   private async teacherStage(run: string, student: ModelConfig, info: (line: string) => void): Promise<TeacherRow[]> {
     const { config, o, K } = this;
-    const identity = teacherCacheIdentity({ teacher: o.teacher, pair: this.teacher.ref !== null ? { ref: this.teacher.ref, weight: this.teacher.weight } : undefined, dataFiles: [o.data], truncation: config, rows: this.rows, topk: K });
+    const identity = teacherCacheIdentity({ teacher: o.teacher, pair: this.teacher.ref !== null ? { ref: this.teacher.ref, weight: this.teacher.weight } : undefined, dataFiles: [o.data], truncation: config, rows: this.rows, topk: K, quant: this.teacherQuant });
     const cached = await readTeacherCache(run, identity);
     let rows: TeacherRow[];
     if (cached) {
@@ -488,7 +512,7 @@ class Distillation implements OnlineMethod<number, Round> {
     const limit = Math.min(teacher.config.vocab_size, student.vocab_size);
     if (limit < teacher.config.vocab_size) info(`teacher: ${teacher.config.vocab_size} embedding rows, the student ${student.vocab_size}; its distribution is taken over the first ${limit} ids`);
     if (K > limit) throw new UserError(`distill_topk=${K}: more than the ${limit} token ids the teacher and student share`);
-    return TeacherTopK.create(teacher, { K, limit, runtime: scoringRuntime(runtimeOf(config)), padId: this.tok.padId ?? 0 });
+    return TeacherTopK.create(teacher, { K, limit, runtime: scoringRuntime(runtimeOf(config)), padId: this.tok.padId ?? 0, quant: this.teacherQuant });
   }
 
   draws(config: TrainConfig): { size: number; count: number } {

@@ -209,6 +209,7 @@ function panelsOf(rows: MetricRow[]): Panel[] {
         { key: 'sampling/sampling_logp_difference/max', label: 'max' },
       ],
     },
+    one('sampling/sampling_kl', 'sampler–trainer KL (k3 estimate)', 'KL'),
     {
       title: 'sampler correction ratio',
       series: [

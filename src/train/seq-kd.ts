@@ -11,7 +11,7 @@
  */
 import { createHash } from 'node:crypto';
 import { join } from 'node:path';
-import * as arrow from 'apache-arrow';
+import * as arrow from '../../datasets/arrow.ts';
 import { UserError } from '../errors.ts';
 import type { GenerateRequest, MixturePart } from '../models/generate.ts';
 import { sampleRandom } from '../models/sampling.ts';

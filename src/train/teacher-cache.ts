@@ -10,7 +10,7 @@
 import { createHash } from 'node:crypto';
 import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import * as arrow from 'apache-arrow';
+import * as arrow from '../../datasets/arrow.ts';
 import { UserError } from '../errors.ts';
 import { writeFileAtomic } from '../io/atomic.ts';
 import { f16BitsToFloat, float32ToF16 } from '../models/safetensors.ts';
@@ -34,6 +34,8 @@ export interface TeacherCacheIdentity {
   tokens: string;
   /** K of the top K (distill_topk). */
   topk: number;
+  /** teacher_dtype q8/q4 and its block size (absent for the float32 teacher). */
+  teacher_dtype?: string;
 }
 
 const FIELD_NAMES: Record<keyof TeacherCacheIdentity, string> = {
@@ -46,9 +48,10 @@ const FIELD_NAMES: Record<keyof TeacherCacheIdentity, string> = {
   tokenization: 'tokenization settings',
   tokens: 'token ids',
   topk: 'distill_topk',
+  teacher_dtype: 'teacher_dtype',
 };
 
-export function teacherCacheIdentity(o: { teacher: string; pair?: { ref: string; weight: number }; dataFiles: readonly string[]; truncation: TruncationConfig; rows: readonly TokenizedExample[]; topk: number }): TeacherCacheIdentity {
+export function teacherCacheIdentity(o: { teacher: string; pair?: { ref: string; weight: number }; dataFiles: readonly string[]; truncation: TruncationConfig; rows: readonly TokenizedExample[]; topk: number; quant?: { bits: number; block: number } | null }): TeacherCacheIdentity {
   const h = createHash('sha256').update(tokenDigest(o.rows));
   // Which tokens count (tool results and other turns masked out) decides which positions are cached.
   for (const r of o.rows) h.update(r.responseMasks ? Uint8Array.from(r.responseMasks[0]) : Uint8Array.of(2));
@@ -60,6 +63,8 @@ export function teacherCacheIdentity(o: { teacher: string; pair?: { ref: string;
     tokenization: { max_length: o.truncation.max_length, max_prompt_length: o.truncation.max_prompt_length, truncation: o.truncation.truncation },
     tokens: h.digest('hex'),
     topk: o.topk,
+    // Absent at float32, so caches made before the setting existed still match a float32 teacher.
+    ...(o.quant ? { teacher_dtype: `q${o.quant.bits}/${o.quant.block}` } : {}),
   };
 }
 

@@ -14,6 +14,7 @@ import type { ModelConfig } from '../models/config.ts';
 import type { CausalLM, CausalLMInputs } from '../models/index.ts';
 import { lmHead } from '../models/layers.ts';
 import { collate } from '../models/batch.ts';
+import { quantizeBlocks, quantizeProducts, type ProductQuant } from '../models/quantize.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import { startProgress, type ProgressFactory } from '../progress.ts';
 import { loadTokenizer, type LoadedTokenizer } from '../tokenize/index.ts';
@@ -93,6 +94,24 @@ export function scoringRuntime(r: RuntimeOptions): RuntimeOptions {
   return { ...(r.ep ? { ep: r.ep } : {}), ...(r.threads ? { threads: r.threads } : {}), memPattern: false };
 }
 
+/**
+ * Turns the products of `g` over fed weights into `MatMulNBits` over those weights quantized once
+ * (each weight's `[N, K]` rows, or the transpose of a `[K, N]` one), baked in; returns the feeds the
+ * graph still reads (the weights no float product reads any more are dropped).
+ */
+export function quantizeTeacher(g: Graph, feeds: Feeds, quant: ProductQuant): Feeds {
+  quantizeProducts(g, quant, (name, transposed) => {
+    const t = feeds[name];
+    if (!t || t.type !== 'float32' || t.dims.length !== 2) return null;
+    const [r, c] = t.dims.map(Number);
+    // An [N, K] weight (nn.Linear), or a [K, N] one (GPT-2's Conv1D) whose transpose is quantized.
+    const [N, K] = transposed ? [c, r] : [r, c];
+    return quantizeBlocks(t.data as Float32Array, N, K, quant.bits, quant.block, transposed);
+  });
+  const read = new Set(g.inputs.map((i) => i.name));
+  return Object.fromEntries(Object.entries(feeds).filter(([name]) => read.has(name)));
+}
+
 /** The teacher's top K over rows, batched on one session whose parameters are fed from the weight arrays. */
 export class TeacherTopK {
   private constructor(
@@ -102,8 +121,17 @@ export class TeacherTopK {
     private readonly padId: number,
   ) {}
 
-  static async create(teacher: TeacherForward, o: { K: number; limit: number; runtime: RuntimeOptions; padId: number }): Promise<TeacherTopK> {
-    return new TeacherTopK(await Session.fromGraph(buildTopKGraph(teacher, o.K, o.limit), o.runtime), teacher.feeds(), o.K, o.padId);
+  /**
+   * With `quant` (teacher_dtype q8/q4) the teacher's linear weights, the head included, are
+   * block-quantized once here and baked into the session as `MatMulNBits` products (the rollouts'
+   * quantizer, src/models/quantize.ts): the teacher is frozen, so nothing is quantized again. Its
+   * embeddings, norms and biases stay float32 and are fed as before.
+   */
+  static async create(teacher: TeacherForward, o: { K: number; limit: number; runtime: RuntimeOptions; padId: number; quant?: ProductQuant | null }): Promise<TeacherTopK> {
+    const g = buildTopKGraph(teacher, o.K, o.limit);
+    let feeds = teacher.feeds();
+    if (o.quant) feeds = quantizeTeacher(g, feeds, o.quant);
+    return new TeacherTopK(await Session.fromGraph(g, o.runtime), feeds, o.K, o.padId);
   }
 
   /** Every row's targets (rows of one response each), `batchSize` rows per forward, length-sorted batches. */

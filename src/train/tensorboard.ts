@@ -12,8 +12,9 @@
  */
 import { appendFileSync, mkdirSync } from 'node:fs';
 import { hostname } from 'node:os';
+import { createRequire } from 'node:module';
 import { join } from 'node:path';
-import protobuf from 'protobufjs';
+import type * as Protobuf from 'protobufjs';
 
 /** CRC-32C lookup table (reflected polynomial 0x82F63B78). */
 const CRC_TABLE = (() => {
@@ -49,44 +50,53 @@ export function tfRecord(data: Uint8Array): Buffer {
   return out;
 }
 
-/** The parts of tensorflow/core/util/event.proto and framework/summary.proto this writer emits. */
-const root = protobuf.Root.fromJSON({
-  nested: {
-    tensorflow: {
-      nested: {
-        Event: {
-          oneofs: { what: { oneof: ['file_version', 'summary', 'session_log'] } },
-          fields: {
-            wall_time: { type: 'double', id: 1 },
-            step: { type: 'int64', id: 2 },
-            file_version: { type: 'string', id: 3 },
-            summary: { type: 'Summary', id: 5 },
-            session_log: { type: 'SessionLog', id: 7 },
+/**
+ * The parts of tensorflow/core/util/event.proto and framework/summary.proto this writer emits, built
+ * when the first writer opens: protobufjs is required then, not with every training command.
+ */
+let eventType: Protobuf.Type | null = null;
+function tfEvent(): Protobuf.Type {
+  if (eventType) return eventType;
+  const protobuf = createRequire(import.meta.url)('protobufjs') as typeof Protobuf;
+  const root = protobuf.Root.fromJSON({
+    nested: {
+      tensorflow: {
+        nested: {
+          Event: {
+            oneofs: { what: { oneof: ['file_version', 'summary', 'session_log'] } },
+            fields: {
+              wall_time: { type: 'double', id: 1 },
+              step: { type: 'int64', id: 2 },
+              file_version: { type: 'string', id: 3 },
+              summary: { type: 'Summary', id: 5 },
+              session_log: { type: 'SessionLog', id: 7 },
+            },
           },
-        },
-        Summary: {
-          fields: { value: { rule: 'repeated', type: 'Value', id: 1 } },
-          nested: {
-            Value: {
-              // A oneof member is written even when 0 (proto3 drops plain zero fields); TensorBoard
-              // tells a scalar by which member of `value` is set.
-              oneofs: { value: { oneof: ['simple_value'] } },
-              fields: {
-                tag: { type: 'string', id: 1 },
-                simple_value: { type: 'float', id: 2 },
+          Summary: {
+            fields: { value: { rule: 'repeated', type: 'Value', id: 1 } },
+            nested: {
+              Value: {
+                // A oneof member is written even when 0 (proto3 drops plain zero fields); TensorBoard
+                // tells a scalar by which member of `value` is set.
+                oneofs: { value: { oneof: ['simple_value'] } },
+                fields: {
+                  tag: { type: 'string', id: 1 },
+                  simple_value: { type: 'float', id: 2 },
+                },
               },
             },
           },
-        },
-        SessionLog: {
-          fields: { status: { type: 'SessionStatus', id: 1 }, msg: { type: 'string', id: 3 } },
-          nested: { SessionStatus: { values: { STATUS_UNSPECIFIED: 0, START: 1, STOP: 2, CHECKPOINT: 3 } } },
+          SessionLog: {
+            fields: { status: { type: 'SessionStatus', id: 1 }, msg: { type: 'string', id: 3 } },
+            nested: { SessionStatus: { values: { STATUS_UNSPECIFIED: 0, START: 1, STOP: 2, CHECKPOINT: 3 } } },
+          },
         },
       },
     },
-  },
-});
-const EventType = root.lookupType('tensorflow.Event');
+  });
+  eventType = root.lookupType('tensorflow.Event');
+  return eventType;
+}
 
 /** The version string TensorBoard expects in the first event of a file. */
 export const FILE_VERSION = 'brain.Event:2';
@@ -112,7 +122,8 @@ export class TensorBoardWriter {
   }
 
   private write(event: Record<string, unknown>): void {
-    appendFileSync(this.file, tfRecord(EventType.encode(EventType.fromObject(event)).finish()));
+    const type = tfEvent();
+    appendFileSync(this.file, tfRecord(type.encode(type.fromObject(event)).finish()));
   }
 
   /** One event holding every finite number of `values` as a scalar under its tag, at `step`. */

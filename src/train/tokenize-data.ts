@@ -3,7 +3,7 @@
  * dataset with the model's tokenizer and chat template, streaming one input batch at a time to
  * Parquet shards (temporary names, then renamed; nothing is left on an error).
  */
-import * as arrow from 'apache-arrow';
+import * as arrow from '../../datasets/arrow.ts';
 import { ParquetSink, parquetFooter, readCanonicalBatches, resolveDataset } from '../../datasets/parquet.ts';
 import { META_KEY, type Kind } from '../../datasets/schema.ts';
 import { withTokenColumns, tokenColumnNames } from '../../datasets/tokenized.ts';

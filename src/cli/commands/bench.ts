@@ -45,7 +45,7 @@ export function register(program: Command): void {
     .option('--runs <n>', 'with --generate: timed generations, the median counts (default 3); with --rollout and --serve: rounds each way (default 1)')
     .option('--baked', 'with --generate: bake the weights into the graphs (as prefzoo generate) instead of feeding them')
     .option('--dtype <dtype>', 'with --generate and --rollout: precision of the products, f32 or q8/q4 (the fed weights block-quantized, MatMulNBits; CPU only) (default f32)')
-    .option('--fused', "with --generate: the decode graphs with ONNX Runtime's fused ops (SkipSimplifiedLayerNormalization, RotaryEmbedding; not the default: batch-dependent rounding); the JSON's nodes_per_step counts either")
+    .option('--unfused', "with --generate: the decode graphs without ONNX Runtime's fused ops (SkipSimplifiedLayerNormalization, RotaryEmbedding), which are the CPU default; the JSON's nodes_per_step counts either")
     .option('--block-size <n>', 'with --generate --dtype q8/q4: values per quantization block (default 32)')
     .option('--rollout', 'time a GRPO-shaped generation round instead, with and without shared prompts and continuous batching (scripts/bench/rollout-bench.ts)')
     .option('--prompts <n>', 'with --rollout: prompts in the round (default 8)')
@@ -58,15 +58,16 @@ export function register(program: Command): void {
     .option('--distill', "time an on-policy distillation step instead (scripts/bench/distill-bench.ts): the student's sampling, the teacher's top-K scoring (a teacher of about 4× the --preset's parameters) and the update, and the top-K cache's bytes per token")
     .option('--rows <n>', 'with --distill: prompts per step (batch_size; default 8)')
     .option('--topk <n>', 'with --distill: K of the teacher\'s top K (distill_topk; default 32)')
+    .option('--teacher-dtype <list>', "with --distill: the teacher's precisions (teacher_dtype: f32, q8, q4), comma-separated, each timed by its own run on the same models, and each after the first compared with the first's top K (default f32)")
     .option('--json', 'print one JSON line')
-    .action(async (o: { distill?: boolean; rows?: string; topk?: string; serve?: boolean; clients?: string; maxTokens?: string; model?: string; peer?: string; rollout?: boolean; prompts?: string; generations?: string; generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; fused?: boolean; dtype?: string; blockSize?: string; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; loadIn4bit?: string | boolean; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
+    .action(async (o: { distill?: boolean; rows?: string; topk?: string; teacherDtype?: string; serve?: boolean; clients?: string; maxTokens?: string; model?: string; peer?: string; rollout?: boolean; prompts?: string; generations?: string; generate?: boolean; arch?: string; batch?: string; prompt?: string; new?: string; runs?: string; baked?: boolean; unfused?: boolean; dtype?: string; blockSize?: string; preset: string; lora?: string | boolean; gradientCheckpointing?: boolean; baseDtype: string; loadIn4bit?: string | boolean; steps?: string; warmup?: string; pairs?: string; seq?: string; threads?: string; optLevel?: string; peak: boolean; sharePrompt: boolean; update?: string; json?: boolean; device: string; computeDtype: string }) => {
       // The dtype flags are train's settings of the same names: checked against their rows of the table.
       const computeDtype = coerceSetting('compute_dtype', TRAIN_SETTINGS.compute_dtype, o.computeDtype, '--compute-dtype') as TrainConfig['compute_dtype'];
       const baseDtype = coerceSetting('base_dtype', TRAIN_SETTINGS.base_dtype, o.baseDtype, '--base-dtype') as TrainConfig['base_dtype'];
       if (o.computeDtype === 'float16' && o.device === 'cpu') throw new UserError('--compute-dtype float16 is for the GPU (--device webgpu or cuda)');
       if (!(PRESETS as readonly string[]).includes(o.preset)) throw new UserError(`--preset: "${o.preset}" is not one of ${PRESETS.join(', ')}`);
       if (o.distill) {
-        const other = { '--serve': o.serve, '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--fused': o.fused, '--dtype': o.dtype, '--block-size': o.blockSize, '--batch': o.batch, '--runs': o.runs, '--prompts': o.prompts, '--generations': o.generations, '--clients': o.clients, '--max-tokens': o.maxTokens, '--model': o.model, '--peer': o.peer, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--load-in-4bit': o.loadIn4bit, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
+        const other = { '--serve': o.serve, '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--unfused': o.unfused, '--dtype': o.dtype, '--block-size': o.blockSize, '--batch': o.batch, '--runs': o.runs, '--prompts': o.prompts, '--generations': o.generations, '--clients': o.clients, '--max-tokens': o.maxTokens, '--model': o.model, '--peer': o.peer, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--load-in-4bit': o.loadIn4bit, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
         refuseUnused('--distill', other);
         if (o.device !== 'cpu') throw new UserError('--device: --distill times the CPU (distill runs on the CPU only)');
         if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --distill trains in float32');
@@ -80,15 +81,16 @@ export function register(program: Command): void {
           warmup: positiveInt('--warmup', o.warmup, 1),
           topk: positiveInt('--topk', o.topk, 32),
           threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1),
+          teacherDtypes: teacherDtypes(o.teacherDtype),
           log: (line) => process.stderr.write(`bench: ${line}\n`),
         });
         process.stdout.write(o.json ? JSON.stringify(r) + '\n' : formatDistillBench(r));
         return;
       }
-      for (const [flag, v] of [['--rows', o.rows], ['--topk', o.topk]] as const) if (v !== undefined) throw new UserError(`${flag} is a --distill setting`);
+      for (const [flag, v] of [['--rows', o.rows], ['--topk', o.topk], ['--teacher-dtype', o.teacherDtype]] as const) if (v !== undefined) throw new UserError(`${flag} is a --distill setting`);
       const serveOnly = { '--clients': o.clients, '--max-tokens': o.maxTokens, '--model': o.model, '--peer': o.peer };
       if (o.serve) {
-        const other = { '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--fused': o.fused, '--dtype': o.dtype, '--block-size': o.blockSize, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--prompts': o.prompts, '--generations': o.generations, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--load-in-4bit': o.loadIn4bit, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
+        const other = { '--rollout': o.rollout, '--generate': o.generate, '--arch': o.arch, '--baked': o.baked, '--unfused': o.unfused, '--dtype': o.dtype, '--block-size': o.blockSize, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--prompts': o.prompts, '--generations': o.generations, '--lora': o.lora, '--gradient-checkpointing': o.gradientCheckpointing, '--load-in-4bit': o.loadIn4bit, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel, '--no-share-prompt': o.sharePrompt === false ? true : undefined };
         refuseUnused('--serve', other);
         if (o.device !== 'cpu') throw new UserError('--device: --serve times the CPU server (prefzoo serve --device webgpu is not benchmarked here)');
         if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --serve decodes in float32');
@@ -112,7 +114,7 @@ export function register(program: Command): void {
       if (serveFlag) throw new UserError(`${serveFlag[0]} is a --serve setting`);
       if (o.rollout) {
         if (o.generate) throw new UserError('--rollout and --generate are two benchmarks: choose one');
-        const other = { '--arch': o.arch, '--baked': o.baked, '--fused': o.fused, '--gradient-checkpointing': o.gradientCheckpointing, '--load-in-4bit': o.loadIn4bit, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel };
+        const other = { '--arch': o.arch, '--baked': o.baked, '--unfused': o.unfused, '--gradient-checkpointing': o.gradientCheckpointing, '--load-in-4bit': o.loadIn4bit, '--steps': o.steps, '--warmup': o.warmup, '--pairs': o.pairs, '--seq': o.seq, '--update': o.update, '--opt-level': o.optLevel };
         refuseUnused('--rollout', other);
         if (o.computeDtype !== 'float32') throw new UserError('--compute-dtype: --rollout decodes in float32 (--dtype q8/q4 quantizes its weights)');
         const quant = productQuant(o.dtype ?? 'f32', positiveInt('--block-size', o.blockSize, 32), device(o.device), { dtype: '--dtype', block: '--block-size' });
@@ -134,7 +136,7 @@ export function register(program: Command): void {
         return;
       }
       for (const [flag, v] of [['--prompts', o.prompts], ['--generations', o.generations]] as const) if (v !== undefined) throw new UserError(`${flag} is a --rollout setting`);
-      const generateOnly = { '--arch': o.arch, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--runs': o.runs, '--baked': o.baked, '--fused': o.fused, '--dtype': o.dtype, '--block-size': o.blockSize };
+      const generateOnly = { '--arch': o.arch, '--batch': o.batch, '--prompt': o.prompt, '--new': o.new, '--runs': o.runs, '--baked': o.baked, '--unfused': o.unfused, '--dtype': o.dtype, '--block-size': o.blockSize };
       if (!o.generate) {
         const bad = Object.entries(generateOnly).find(([, v]) => v !== undefined);
         if (bad) throw new UserError(`${bad[0]} is a --generate setting`);
@@ -158,7 +160,7 @@ export function register(program: Command): void {
           runs: positiveInt('--runs', o.runs, 3),
           baked: o.baked ?? false,
           quant,
-          fused: o.fused ?? false,
+          fused: o.unfused ? false : undefined,
           runtime: { ep: device(o.device), threads: o.threads === undefined ? undefined : positiveInt('--threads', o.threads, 1) },
           skipPeak: !o.peak,
           log: (line) => process.stderr.write(`bench: ${line}\n`),
@@ -222,4 +224,12 @@ export function register(program: Command): void {
       const w = Math.max(...lines.map(([k]) => k.length));
       process.stdout.write(lines.map(([k, v]) => `${k.padEnd(w)}  ${v}`).join('\n') + '\n');
     });
+}
+
+/** --teacher-dtype's list, each checked as distill's teacher_dtype is (f16 and unknown names refused in one line). */
+function teacherDtypes(list: string | undefined): string[] | undefined {
+  if (list === undefined) return undefined;
+  const dtypes = list.split(',').map((d) => d.trim());
+  for (const d of dtypes) productQuant(d, 32, 'cpu', { dtype: '--teacher-dtype', block: 'teacher_block_size' });
+  return dtypes;
 }
