@@ -3,7 +3,7 @@
  * MLP runs over runs of rows and attention over blocks of queries, as many as keep each tensor under a
  * bound (here forced small). Chunked and whole give the same logits, log-probs and gradients to float32
  * rounding, the log-probs match a float64 forward written on the host, and a batch shorter than the one
- * the graph was built for (empty runs and blocks) runs too.
+ * the graph was built for runs too, one with fewer rows and positions than pieces (empty runs and blocks) included.
  */
 import { describe, expect, it } from 'vitest';
 import { sequenceLogps } from '../src/models/logps.ts';
@@ -90,8 +90,18 @@ describe('the training forward in pieces under a tensor bound', () => {
     const config = testConfig('qwen2');
     const { b } = batchOf(config, [6, 4], 6);
     // Built for 3 × 8 (4 runs of 6 rows, 2 blocks of 4 queries), run over 2 × 6: runs of 3 rows, blocks of 3.
-    // (A batch with fewer rows or positions than pieces would leave runs empty: not supported.)
-    const chunked = await run(config, b, { rows: 3, len: 8, bound: 1000 });
+    const chunked = await run(config, b, { rows: 3, len: 9, bound: 300 });
+    expect([chunked.mlpSplits, chunked.attnSplits]).toEqual([2, 4]);
+    expectSame(chunked, await run(config, b));
+  });
+
+  it('runs a batch with fewer rows and positions than pieces: empty runs and blocks add nothing', async () => {
+    const config = testConfig('qwen2');
+    const { b } = batchOf(config, [3, 2], 3);
+    // Built for 3 × 9 under a 300-byte bound: 15 runs of rows and 7 blocks of queries, of which a
+    // 2 × 3 batch fills 6 runs and 3 blocks and leaves the others empty. Before the blocks guarded
+    // their keys and values, the embedding's gradient came out 38× too large here.
+    const chunked = await run(config, b, { rows: 3, len: 9, bound: 300 });
     expect([chunked.mlpSplits, chunked.attnSplits]).toEqual([2, 4]);
     expectSame(chunked, await run(config, b));
   });

@@ -247,11 +247,16 @@ function blockedAttention(g: Graph, bi: BatchIndex, q: Tensor, kT: Tensor, v: Te
     const Tj = `query_${j}`;
     const GT = mulDims(group, Tj);
     const qg = group === 1 ? qj : reshapeTo(g, qj, [0, kvHeads, -1, headDim], [B, kvHeads, GT, headDim]);
+    // A block left empty (a batch with fewer positions than blocks) sums its key and value gradients
+    // over no queries, and ONNX Runtime's FusedMatMul (its optimizer's MatMul of a Transpose) then
+    // leaves its output unwritten: the block reads keys and values through Where(block not empty),
+    // whose gradient is 0 there whatever that product holds.
+    const filled = g.greater(g.dim(qj, 2), 0); // [1]
     const pieces = keys.map((kk, k) => {
-      const s = reshapeTo(g, g.matmul(take(qg, k), kk), [0, per * group, -1, 0], [B, per * group, Tj, T]);
+      const s = reshapeTo(g, g.matmul(take(qg, k), g.where(filled, kk, 0)), [0, per * group, -1, 0], [B, per * group, Tj, T]);
       const p = g.softmax(g.add(s, masks[j]), -1);
       const pg = group === 1 ? p : reshapeTo(g, p, [0, per, -1, 0], [B, per, GT, T]);
-      return g.matmul(pg, values[k]); // [B, per, G·T_j, hd]
+      return g.matmul(pg, g.where(filled, values[k], 0)); // [B, per, G·T_j, hd]
     });
     const joined = parts === 1 ? pieces[0] : g.concat(pieces, 1); // [B, KV, G·T_j, hd]
     return group === 1 ? joined : reshapeTo(g, joined, [0, heads, -1, headDim], [B, heads, Tj, headDim]);
