@@ -9,7 +9,7 @@ import { describe, expect, it } from 'vitest';
 import { sequenceLogps } from '../src/models/logps.ts';
 import { buildCausalLM, declareParameters } from '../src/models/index.ts';
 import type { Chunking } from '../src/models/layers.ts';
-import { gradients } from '../src/autodiff/index.ts';
+import { type GradientOptions, gradients } from '../src/autodiff/index.ts';
 import { Graph } from '../src/onnx/graph.ts';
 import { serializeModel } from '../src/onnx/proto.ts';
 import { Session } from '../src/runtime/session.ts';
@@ -21,7 +21,7 @@ import { referenceLogps } from './helpers/reference-forward.ts';
 const rng = new Normal(11);
 
 /** Loss Σ c_b·logp_b, its gradients by every parameter, and the logits; with the Split nodes each scope holds. */
-async function run(config: ModelConfig, b: PaddedBatch, chunking?: Chunking) {
+async function run(config: ModelConfig, b: PaddedBatch, chunking?: Chunking, grad: GradientOptions = {}) {
   const weights = randomWeights(config, 5);
   const g = new Graph('seq-chunked');
   const inputIds = g.input('input_ids', 'int64', ['batch', 'seq']);
@@ -36,13 +36,15 @@ async function run(config: ModelConfig, b: PaddedBatch, chunking?: Chunking) {
   g.output(logp, 'logp');
   g.output(model.logits(), 'logits');
   const names = [...params.keys()];
-  gradients(g, loss, names.map((n) => params.get(n)!)).forEach((d, i) => g.output(d!, `grad:${names[i]}`));
+  gradients(g, loss, names.map((n) => params.get(n)!), grad).forEach((d, i) => g.output(d!, `grad:${names[i]}`));
   // The chunking's own Splits: their first piece's dim is named `rows_0` or `query_0` (layers.ts splitEven).
   const splits = (dim: string) => g.nodes.filter((n) => n.op === 'Split' && g.tensor(n.outputs[0]).shape?.includes(dim)).length;
   const s = await Session.create(serializeModel(g));
   const out = await s.run(feedsOf(g, b, weights, names));
   await s.release();
-  return { out, names, weights, mlpSplits: splits('rows_0'), attnSplits: splits('query_0') };
+  // Gemms summing into a running gradient (GradientOptions.gemmSums): the ones with a C input.
+  const gemmSums = g.nodes.filter((n) => n.op === 'Gemm' && (n.inputs[2] ?? '') !== '').length;
+  return { out, names, weights, mlpSplits: splits('rows_0'), attnSplits: splits('query_0'), gemmSums };
 }
 
 /** Chunked against whole: logits, log-probs and every gradient to float32 rounding. */
@@ -104,6 +106,17 @@ describe('the training forward in pieces under a tensor bound', () => {
     const chunked = await run(config, b, { rows: 3, len: 9, bound: 300 });
     expect([chunked.mlpSplits, chunked.attnSplits]).toEqual([2, 4]);
     expectSame(chunked, await run(config, b));
+  });
+
+  it('sums the pieces\' weight gradients in place (each Gemm onto the running sum): the same gradients', async () => {
+    const config = testConfig('qwen2');
+    const { b } = batchOf(config, [9, 5, 8], 9);
+    const chunking = { rows: 3, len: 9, bound: 500 };
+    const added = await run(config, b, chunking, { eagerSums: true });
+    const folded = await run(config, b, chunking, { eagerSums: true, gemmSums: true });
+    // The forward's own (biased projections) in both; folded, at least the MLP's three weights per layer.
+    expect(folded.gemmSums - added.gemmSums).toBeGreaterThanOrEqual(3 * Number(config.num_hidden_layers));
+    expectSame(folded, await run(config, b));
   });
 
   it('leaves the graph byte for byte as without chunking where every tensor fits under the bound', () => {

@@ -80,6 +80,13 @@ export interface ArtifactSpec {
    * then recomputes a segment's activations from its inputs (src/autodiff/recompute.ts).
    */
   recompute?: (node: Node) => string | null;
+  /**
+   * Under recomputation, sum the weight gradients of a forward built in pieces in place: each
+   * piece's Gemm takes the running sum as its C (autodiff GradientOptions.gemmSums). Asked after the
+   * forward is built: true where it was cut into pieces (TrainProblem.longest), so other graphs stay
+   * as they were built before.
+   */
+  gemmSums?: () => boolean;
 }
 
 function graphIO(g: Graph): GraphIO {
@@ -145,7 +152,7 @@ export function buildTrainingGraph(spec: ArtifactSpec, target: ArtifactTarget = 
   const wrt = trainable.map((p) => params[p.name]);
   const firstBackward = g.nodes.length;
   const lowMemory = spec.recompute !== undefined;
-  const grads = gradients(g, fwd.loss, wrt, { eagerSums: lowMemory, scatterAdd: target === 'webgpu' ? 'elements' : 'sorted' });
+  const grads = gradients(g, fwd.loss, wrt, { eagerSums: lowMemory, gemmSums: lowMemory && (spec.gemmSums?.() ?? false), scatterAdd: target === 'webgpu' ? 'elements' : 'sorted' });
   const accumulate = spec.gradientAccumulation ?? true;
   // A tensor that is the gradient of two parameters must not take either one's running sum.
   const seen = new Map<string, number>();

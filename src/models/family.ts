@@ -53,6 +53,8 @@ export interface Chunking {
   rows: number;
   len: number;
   bound?: number;
+  /** Set by the builders: the most pieces any block of the graph was cut into (1 or absent: none was). */
+  built?: number;
 }
 
 /** Index tensors shared by the layers of one decode graph. */

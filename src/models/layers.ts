@@ -197,6 +197,7 @@ export function attention(g: Graph, bi: BatchIndex, q: Tensor, kT: Tensor, v: Te
   const c = bi.chunking;
   const blocks = c ? Math.min(piecesUnder(c.rows * (heads / parts) * c.len * c.len * dtypeBytes(bi.dtype), c.bound), c.len) : 1;
   if (blocks > 1) {
+    c!.built = Math.max(c!.built ?? 1, blocks);
     ctx = blockedAttention(g, bi, q, kT, v, heads, kvHeads, headDim, parts, blocks);
   } else if (parts > 1) {
     // The same products per head, in `parts` groups of whole key/value heads (and their query heads).
@@ -314,6 +315,7 @@ export function chunkRows(g: Graph, bi: BatchIndex, x: Tensor, width: number, f:
   const c = bi.chunking;
   const K = c ? Math.min(piecesUnder(c.rows * c.len * width * dtypeBytes(bi.dtype), c.bound), c.rows * c.len) : 1;
   if (K <= 1) return f(x);
+  c!.built = Math.max(c!.built ?? 1, K);
   const ys = splitEven(g, x, 0, K, 'rows').map(f);
   return joinEven(g, ys, 0, [bi.N, ys[0].shape?.[1] ?? '?']);
 }
