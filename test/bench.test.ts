@@ -185,10 +185,13 @@ describe('prefzoo bench --serve', () => {
         expect(p[k].p90).toBeLessThanOrEqual(p[k].p99);
       }
       expect(p.ttft_ms.p99).toBeLessThanOrEqual(p.latency_ms.p99);
+      // The server's process and the clients' (a process of their own) each did work in the pass.
+      expect(p.cpu_s, pass).toBeGreaterThan(0);
+      expect(p.client_cpu_s, pass).toBeGreaterThan(0);
     }
     expect(j.concurrent.tokens).toBe(j.sequential.tokens);
     expect(j.speedup).toBeCloseTo(j.concurrent.tokens_per_s / j.sequential.tokens_per_s, 1);
-    for (const k of ['decode_batch1_tokens_per_s', 'generate_batch1_tokens_per_s', 'decode_ratio']) expect(j[k], k).toBeGreaterThan(0);
+    for (const k of ['decode_batch1_tokens_per_s', 'generate_batch1_tokens_per_s', 'decode_ratio', 'cpu_speedup']) expect(j[k], k).toBeGreaterThan(0);
   }, 120_000);
 
   it('prints its fields as a table without --json', async () => {
@@ -217,8 +220,9 @@ describe('prefzoo bench --distill', () => {
     expect(j.teacher_params).toBe(countParameters({ ...student, ...j.teacher_shape }));
     expect(j.teacher_shape.hidden_size).toBe(2 * (student as LlamaConfig).hidden_size);
     expect(j.step_seconds).toHaveLength(2);
-    for (const s of j.step_seconds) for (const k of ['sample', 'teacher', 'update']) expect(s[k], k).toBeGreaterThan(0);
+    for (const s of j.step_seconds) for (const k of ['sample', 'teacher', 'update', 'sample_cpu', 'teacher_cpu']) expect(s[k], k).toBeGreaterThan(0);
     expect(j.teacher_over_sampling).toBeCloseTo(j.teacher_s / j.sample_s, 1);
+    expect(j.teacher_over_sampling_cpu).toBeCloseTo(j.teacher_cpu_s / j.sample_cpu_s, 1);
     expect(j.mean_completion_length).toBeGreaterThan(0);
     expect(j.mean_completion_length).toBeLessThanOrEqual(6);
     // The cache: 3 steps × 2 rows, each response cut to its 6 tokens; bytes per token from the file written.

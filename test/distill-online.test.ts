@@ -55,7 +55,7 @@ const recorder = () => {
 
 const rowsOf = (run: string) => readFileSync(join(run, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
 /** The metrics rows' wall-clock fields. */
-const CLOCKS = new Set(['tokens/s', 'distill/sample_seconds', 'distill/teacher_seconds']);
+const CLOCKS = new Set(['tokens/s', 'distill/sample_seconds', 'distill/teacher_seconds', 'distill/sample_cpu_seconds', 'distill/teacher_cpu_seconds']);
 /** A metrics row without its clocks. */
 const timeless = (r: Record<string, number>) => Object.fromEntries(Object.entries(r).filter(([k]) => !CLOCKS.has(k)));
 
@@ -99,6 +99,8 @@ describe('prefzoo distill, on-policy (lmbda)', () => {
     // The clocks of the step: what the command's last line sums over steps.
     expect(row['distill/sample_seconds']).toBeGreaterThan(0);
     expect(row['distill/teacher_seconds']).toBeGreaterThan(0);
+    expect(row['distill/sample_cpu_seconds']).toBeGreaterThan(0);
+    expect(row['distill/teacher_cpu_seconds']).toBeGreaterThan(0);
     expect(Math.abs(row['distill/sample_seconds'] - r.onPolicy!.sampleSeconds)).toBeLessThanOrEqual(0.006);
     expect(Math.abs(row['distill/teacher_seconds'] - r.onPolicy!.teacherSeconds)).toBeLessThanOrEqual(0.006);
     // The KLs over the K + 1 outcomes, against the same float64 computation.

@@ -72,7 +72,7 @@ const recorder = () => {
   return { got, onSamples: (s: { step: number; rows: readonly number[]; promptIds: readonly (readonly number[])[]; ids: readonly (readonly number[])[]; masks?: readonly (readonly number[])[] }) => got.push({ step: s.step, rows: [...s.rows], promptIds: s.promptIds.map((p) => [...p]), ids: s.ids.map((x) => [...x]), masks: (s.masks ?? []).map((x) => [...x]) }) };
 };
 const rowsOf = (run: string) => readFileSync(join(run, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
-const CLOCKS = new Set(['tokens/s', 'distill/sample_seconds', 'distill/teacher_seconds']);
+const CLOCKS = new Set(['tokens/s', 'distill/sample_seconds', 'distill/teacher_seconds', 'distill/sample_cpu_seconds', 'distill/teacher_cpu_seconds']);
 const timeless = (r: Record<string, number>) => Object.fromEntries(Object.entries(r).filter(([k]) => !CLOCKS.has(k)));
 const weightsOf = (d: string) => loadModel(d) as { config: ModelConfig; weights: RefWeights };
 const agents = () => distillAgents({ tools: [toolsMjs], env: envMjs });

@@ -11,7 +11,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { gguf } from '@huggingface/gguf';
-import { getLlama, type Llama, type Token } from 'node-llama-cpp';
+import { getLlama, type Llama } from 'node-llama-cpp';
 import type { Arch } from '../src/models/config.ts';
 import { parameterShapes } from '../src/models/config.ts';
 import { loadModel } from '../src/models/load.ts';
@@ -25,7 +25,7 @@ import { readExportSource } from '../src/export/source.ts';
 import { exportGguf } from '../src/export/gguf.ts';
 import { permuteRotary } from '../src/models/llama.ts';
 import { quantizeQ4_0, quantizeQ8_0 } from '../src/export/gguf-file.ts';
-import { EXPORT_ARCHS, EXPORT_PROMPT, noisyTinyModel } from './helpers/export-fixtures.ts';
+import { EXPORT_ARCHS, EXPORT_PROMPT, llamaGreedy as greedyIn, noisyTinyModel, f16, f32Values } from './helpers/export-fixtures.ts';
 import { prefzoo } from './helpers/cli.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'pz-export-gguf-'));
@@ -35,29 +35,7 @@ const messages: Message[] = [{ role: 'user', content: EXPORT_PROMPT }];
 const NO_WINDOW: Partial<Record<Arch, Record<string, unknown>>> = { mistral: { sliding_window: null }, phi3: { sliding_window: null } };
 
 let llama: Llama;
-
-/**
- * llama.cpp's greedy continuation of `ids`: `n` tokens, or those before an end-of-generation token
- * (which it does not yield). One thread: the suite shares two cores with ONNX Runtime.
- */
-async function llamaGreedy(file: string, ids: number[], n: number): Promise<number[]> {
-  const model = await llama.loadModel({ modelPath: file });
-  try {
-    const ctx = await model.createContext({ contextSize: 64, threads: 1 });
-    try {
-      const got: number[] = [];
-      for await (const t of ctx.getSequence().evaluate(ids as Token[], { temperature: 0 })) {
-        got.push(t);
-        if (got.length === n) break;
-      }
-      return got;
-    } finally {
-      await ctx.dispose();
-    }
-  } finally {
-    await model.dispose();
-  }
-}
+const llamaGreedy = (file: string, ids: number[], n: number) => greedyIn(llama, file, ids, n);
 
 describe('export --format gguf, loaded by llama.cpp', () => {
   const dirs = new Map<Arch, string>();
@@ -169,9 +147,9 @@ describe('export --format gguf, loaded by llama.cpp', () => {
   it('refuses what llama.cpp would run differently, in one line', async () => {
     const dir = noisyTinyModel(root, 'gpt2-scaled', 'gpt2', { scale_attn_by_inverse_layer_idx: true });
     expect(() => exportGguf(readExportSource(dir), join(root, 'x.gguf'))).toThrow(/scale_attn_by_inverse_layer_idx/);
-    const r = await prefzoo('export', '--model', dirs.get('gemma')!, '--format', 'gguf', '--dtype', 'q4_K_M', '-o', join(root, 'x.gguf'));
+    const r = await prefzoo('export', '--model', dirs.get('gemma')!, '--format', 'gguf', '--dtype', 'q5_k_m', '-o', join(root, 'x.gguf'));
     expect(r.code).not.toBe(0);
-    expect(r.stderr.trim()).toMatch(/^[^\n]*--dtype: "q4_K_M" is not one of f32, f16, q8_0, q4_0 for --format gguf[^\n]*$/);
+    expect(r.stderr.trim()).toMatch(/^[^\n]*--dtype: "q5_k_m" is not one of f32, f16, q8_0, q4_0, q4_k_m for --format gguf[^\n]*$/);
     expect(() => quantizeQ4_0(new Float32Array(48))).toThrow(/^Q4_0: 48 values are not whole blocks of 32$/);
   });
 
@@ -281,19 +259,6 @@ describe('export --format gguf, loaded by llama.cpp', () => {
     expect(Array.from(quantizeQ4_0(new Float32Array(32)))).toEqual([0x00, 0x80, ...new Array(16).fill(0x88)]);
   });
 });
-
-/** `n` little-endian float32 values of `buf` from byte `at`. */
-function f32Values(buf: Buffer, at: number, n: number): Float32Array {
-  return Float32Array.from({ length: n }, (_, i) => buf.readFloatLE(at + 4 * i));
-}
-
-/** IEEE binary16 bits → number (written here, apart from the exporter's float16 code). */
-function f16(bits: number): number {
-  const e = (bits >> 10) & 31;
-  const f = bits & 1023;
-  const v = e === 0 ? f * 2 ** -24 : e === 31 ? (f ? NaN : Infinity) : (1 + f / 1024) * 2 ** (e - 15);
-  return bits & 0x8000 ? -v : v;
-}
 
 /** `n` values of Q4_0 blocks from byte `at`, in float64: x = (q − 8)·d, q the low nibbles then the high. */
 function dequantQ4_0(buf: Buffer, at: number, n: number): Float64Array {

@@ -5,7 +5,8 @@
  * `distill` itself, on-policy (lmbda = 1, beta = 1: every micro-batch the student's samples of
  * `--new` tokens for `--rows` prompts of `--prompt` tokens, scored by the teacher's top K), for
  * `--warmup` untimed and `--steps` timed steps. Each timed step is split as the run's own metrics
- * rows split it (`distill/sample_seconds`, `distill/teacher_seconds`), the rest of the step (from one
+ * rows split it (`distill/sample_seconds`, `distill/teacher_seconds`, and their process CPU seconds
+ * `distill/sample_cpu_seconds`, `distill/teacher_cpu_seconds`), the rest of the step (from one
  * step's progress to the next) being the update: the training graph's forward, backward and AdamW,
  * with the micro-batch's collation. Prints the medians, the ratio teacher scoring ÷ sampling (the
  * issue's target: ≤ 1.5), and the size of the offline top-K cache at K = `--topk`: the teacher's
@@ -56,8 +57,12 @@ export interface DistillBenchVariant {
   teacher_s: number;
   update_s: number;
   step_s: number;
-  step_seconds: { sample: number; teacher: number; update: number }[];
+  step_seconds: { sample: number; teacher: number; update: number; sample_cpu: number; teacher_cpu: number }[];
   teacher_over_sampling: number;
+  /** Medians of the process CPU seconds (every thread's) of the same phases, and their ratio: less disturbed by other work on the machine than the wall clock. */
+  sample_cpu_s: number;
+  teacher_cpu_s: number;
+  teacher_over_sampling_cpu: number;
   mean_completion_length: number;
   /**
    * Beside the first precision: its top K on the cache's rows (the teacher's targets of the same
@@ -153,22 +158,25 @@ export async function runDistillBench(o: DistillBenchOptions): Promise<DistillBe
       await distill({ teacher, model: student, data, out, params, reporter });
       log(`distill ran in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
       const rows = readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Record<string, number>);
-      const steps: { sample: number; teacher: number; update: number }[] = [];
+      const steps: DistillBenchVariant['step_seconds'] = [];
       const lengths: number[] = [];
       for (let i = o.warmup; i < o.warmup + o.steps; i++) {
         const row = rows[i];
         const step = (marks[i] - marks[i - 1]) / 1000;
         const sample = row['distill/sample_seconds'];
         const teacherS = row['distill/teacher_seconds'];
-        steps.push({ sample: r3(sample), teacher: r3(teacherS), update: r3(step - sample - teacherS) });
+        steps.push({ sample: r3(sample), teacher: r3(teacherS), update: r3(step - sample - teacherS), sample_cpu: r3(row['distill/sample_cpu_seconds']), teacher_cpu: r3(row['distill/teacher_cpu_seconds']) });
         lengths.push(row['distill/completion_length']);
       }
       const sample_s = median(steps.map((x) => x.sample));
       const teacher_s = median(steps.map((x) => x.teacher));
+      const sample_cpu_s = median(steps.map((x) => x.sample_cpu));
+      const teacher_cpu_s = median(steps.map((x) => x.teacher_cpu));
       variants.push({
         teacher_dtype: dtype, sample_s, teacher_s, update_s: median(steps.map((x) => x.update)),
         step_s: r3(median(steps.map((x) => x.sample + x.teacher + x.update))), step_seconds: steps,
         teacher_over_sampling: Math.round((teacher_s / sample_s) * 100) / 100,
+        sample_cpu_s, teacher_cpu_s, teacher_over_sampling_cpu: Math.round((teacher_cpu_s / sample_cpu_s) * 100) / 100,
         mean_completion_length: r3(lengths.reduce((a, v) => a + v, 0) / lengths.length),
       });
     }
@@ -213,6 +221,9 @@ export async function runDistillBench(o: DistillBenchOptions): Promise<DistillBe
       step_s: variants[0].step_s,
       step_seconds: variants[0].step_seconds,
       teacher_over_sampling: variants[0].teacher_over_sampling,
+      sample_cpu_s: variants[0].sample_cpu_s,
+      teacher_cpu_s: variants[0].teacher_cpu_s,
+      teacher_over_sampling_cpu: variants[0].teacher_over_sampling_cpu,
       cache: { file_bytes: fileBytes, tokens, bytes_per_token: Math.round((fileBytes / tokens) * 10) / 10, full_logits_bytes_per_token: full, fraction: Math.round((fileBytes / tokens / full) * 1e5) / 1e5 },
       load_average: Math.round(os.loadavg()[0] * 100) / 100,
       variants,
@@ -256,7 +267,8 @@ export function formatDistillBench(r: DistillBenchResult): string {
     ['update_s', `${r.update_s} (forward, backward, AdamW)`],
     ['step_s', `${r.step_s} (medians of ${r.step_seconds.length} steps: ${r.step_seconds.map((x) => `${x.sample}+${x.teacher}+${x.update}`).join(', ')})`],
     ['teacher/sampling', `${r.teacher_over_sampling}× (target ≤ 1.5)`],
-    ...r.variants.slice(r.variants.length > 1 ? 0 : 1).map((v): [string, string] => [`teacher_dtype=${v.teacher_dtype}`, `sampling ${v.sample_s}, teacher ${v.teacher_s}, update ${v.update_s}: teacher/sampling ${v.teacher_over_sampling}×${v.gap ? `; top ${r.topk} against ${r.variants[0].teacher_dtype}'s: |Δ log p| mean ${v.gap.mean_abs_logp}, max ${v.gap.max_abs_logp}, ids agree ${v.gap.topk_agreement}` : ''}`]),
+    ['cpu_s', `sampling ${r.sample_cpu_s}, teacher ${r.teacher_cpu_s}: ${r.teacher_over_sampling_cpu}× (process CPU seconds, every thread's; medians)`],
+    ...r.variants.slice(r.variants.length > 1 ? 0 : 1).map((v): [string, string] => [`teacher_dtype=${v.teacher_dtype}`, `sampling ${v.sample_s}, teacher ${v.teacher_s}, update ${v.update_s}: teacher/sampling ${v.teacher_over_sampling}× (CPU s ${v.sample_cpu_s}, ${v.teacher_cpu_s}: ${v.teacher_over_sampling_cpu}×)${v.gap ? `; top ${r.topk} against ${r.variants[0].teacher_dtype}'s: |Δ log p| mean ${v.gap.mean_abs_logp}, max ${v.gap.max_abs_logp}, ids agree ${v.gap.topk_agreement}` : ''}`]),
     ['topk_cache', `${r.cache.bytes_per_token} bytes per token (${r.cache.file_bytes.toLocaleString('en-US')} bytes, ${r.cache.tokens} tokens) against ${r.cache.full_logits_bytes_per_token.toLocaleString('en-US')} of float32 logits: 1/${Math.round(1 / r.cache.fraction)} (target ≤ 1/20)`],
     ['load_average', `${r.load_average} (other work on the machine slows every figure)`],
   ];

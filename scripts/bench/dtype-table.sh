@@ -5,10 +5,16 @@
 # metrics.jsonl (the training rows) the sampler–trainer gap — sampling/sampling_logp_difference/mean
 # and /max, sampling/sampling_kl (k3 estimate of KL(sampler ‖ trainer)) — and the importance-sampling
 # correction ratio's spread (sampling/importance_sampling_ratio/min|mean|max). A run already in OUT is
-# not run again. The accuracies do not depend on the machine's load (a seed gives the same figures).
+# not run again. The accuracies do not depend on the machine's load (a seed gives the same figures),
+# but they do on the code: a change to the decode graphs' rounding alone moves a seed's trajectory
+# (issue 45: grpo q4 seed 1 0.854 on main 3753d71, 0.991 after 7321616), so each run's commit is kept
+# in OUT/M-D-S.commit (git's HEAD, "+dirty" with uncommitted changes; DTYPE_TABLE_COMMIT names it
+# where there is no git, e.g. a `git archive` snapshot) and the table says which commits it mixes.
+# The CLI runs the sources (bin/prefzoo.mjs through tsx): do not edit them while a table runs.
 #
 #   scripts/bench/dtype-table.sh [OUT] [DTYPES] [METHODS] [SEEDS]
 #     defaults: tmp/dtype-table "f32 q8 q4" "grpo tools" "0 1 2 3 4 5 6 7 8 9"
+#     a DTYPE q4bN / q8bN adds --param rollout_block_size=N (q4b16: q4 in blocks of 16)
 #   nice -n 10 scripts/bench/dtype-table.sh tmp/dt "q4" > tmp/dt.md 2>&1 &
 #   scripts/bench/dtype-table.sh tmp/dt "f32 q8 q4" "grpo tools" ""     (only prints what OUT holds)
 set -euo pipefail
@@ -18,13 +24,18 @@ dtypes=${2:-f32 q8 q4}
 methods=${3:-grpo tools}
 seeds=${4-0 1 2 3 4 5 6 7 8 9}
 mkdir -p "$out"
+commit=${DTYPE_TABLE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+if [ -z "${DTYPE_TABLE_COMMIT:-}" ] && [ -n "$(git status --porcelain -- src losses 2>/dev/null)" ]; then commit="$commit+dirty"; fi
 for m in $methods; do
   for d in $dtypes; do
     for s in $seeds; do
       f="$out/$m-$d-$s.json"
       [ -s "$f" ] && continue
+      params=(--param "rollout_dtype=${d%%b*}")
+      [[ $d == *b* ]] && params+=(--param "rollout_block_size=${d#*b}")
       /usr/bin/time -f '%U %S %e' -o "$out/$m-$d-$s.time" \
-        node bin/prefzoo.mjs demo --method "$m" --seed "$s" --param "rollout_dtype=$d" --json -o "$out/$m-$d-$s" > "$f.tmp"
+        node bin/prefzoo.mjs demo --method "$m" --seed "$s" "${params[@]}" --json -o "$out/$m-$d-$s" > "$f.tmp"
+      echo "$commit" > "$out/$m-$d-$s.commit"
       mv "$f.tmp" "$f"
     done
   done
@@ -51,7 +62,9 @@ for (const m of methods) {
     const rows = fs.readFileSync(path.join(r.run, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l))
       .filter((x) => x.split === undefined && typeof x[`${K}sampling_logp_difference/mean`] === 'number');
     const [u, s] = fs.readFileSync(path.join(out, f.replace(/\.json$/, '.time')), 'utf8').trim().split(/\s+/).map(Number);
-    (runs[hit[1]] ??= {})[Number(hit[2])] = { r, rows, cpu: u + s };
+    const cf = path.join(out, f.replace(/\.json$/, '.commit'));
+    const commit = fs.existsSync(cf) ? fs.readFileSync(cf, 'utf8').trim() : 'unrecorded';
+    (runs[hit[1]] ??= {})[Number(hit[2])] = { r, rows, cpu: u + s, commit };
   }
   const have = dtypes.filter((d) => runs[d]);
   if (!have.length) continue;
@@ -69,6 +82,11 @@ for (const m of methods) {
   }
   console.log(`| seeds | | ${have.map((d) => fin(d).length).join(' | ')} |`);
   console.log(`| CPU s (median) | | ${have.map((d) => median(Object.values(runs[d]).map((x) => x.cpu)).toFixed(0)).join(' | ')} |`);
+  // Runs of one table made from different code are not one experiment: say so.
+  const commits = {};
+  for (const d of have) for (const x of Object.values(runs[d])) commits[x.commit] = (commits[x.commit] ?? 0) + 1;
+  const names = Object.keys(commits);
+  console.log(`\n${names.length === 1 ? 'every run from commit' : '**runs from different commits**:'} ${names.map((c) => `${c} (${commits[c]})`).join(', ')}`);
   console.log(`\n### prefzoo demo --method ${m}: sampler–trainer gap over the training rows (every seed's logged rows)\n`);
   console.log('| rollout_dtype | seeds | logp difference: mean | its max (largest row) | KL (k3), mean | IS ratio: min (smallest row) | median of the rows\' means | max (largest row) |');
   console.log('|---|---|---|---|---|---|---|---|');

@@ -1,8 +1,8 @@
 /**
  * The endpoint's throughput and latency (`prefzoo bench --serve`): `prefzoo serve`'s server started
  * in this process (startServer over a ServeEngine, weights baked as `prefzoo serve` bakes them),
- * then `--clients` chat requests from the `openai` SDK (in a worker thread, serve-client.mjs: a real
- * client is never in the server's thread), each offering a tool, streaming, with a fixed
+ * then `--clients` chat requests from the `openai` SDK (in a child process, serve-client.mjs: a real
+ * client is never in the server's process), each offering a tool, streaming, with a fixed
  * seed and `max_tokens`: once one after another, then all at once. Each request asks
  * `return_token_ids`, so every drawn token arrives as its own chunk: time to first token is the
  * first chunk carrying an id, the tokens are counted as they arrive (a random model draws the stop
@@ -20,11 +20,11 @@
  *
  *   prefzoo bench --serve [--preset small | --model DIR] [--clients 16] [--max-tokens 64] [--threads 2] [--runs 1] [--peer llama.cpp] [--json]
  */
-import { spawnSync } from 'node:child_process';
+import { fork, spawnSync } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import os, { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Worker } from 'node:worker_threads';
+import { fileURLToPath } from 'node:url';
 import type OpenAI from 'openai';
 import { UserError } from '../../src/errors.ts';
 import { exportGguf } from '../../src/export/gguf.ts';
@@ -66,8 +66,10 @@ export interface Pass {
   latency_ms: Percentiles;
   /** Request sent → its first token's chunk, ms. */
   ttft_ms: Percentiles;
-  /** Process CPU time of the pass (server and clients: one process), s. */
+  /** The server process's CPU time over the pass (user + system; the clients run in their own process), s. */
   cpu_s: number;
+  /** The clients' process CPU time over the pass, s. */
+  client_cpu_s: number;
 }
 
 export interface PeerResult {
@@ -95,6 +97,8 @@ export interface ServeBenchResult {
   concurrent: Pass;
   /** concurrent.tokens_per_s / sequential.tokens_per_s. */
   speedup: number;
+  /** The server's CPU per token one after another over its CPU per token all at once (medians of the runs' ratios): the speedup in the server's work, which other load on the machine disturbs less than wall time. */
+  cpu_speedup: number;
   /** Whether the two passes drew the same ids, request by request. */
   same_tokens: boolean;
   /** A client's decode rate at batch 1: median over the one-after-another requests. */
@@ -130,37 +134,48 @@ export interface Answer {
 }
 
 /**
- * The clients (serve-client.mjs), in a worker thread: `ask(requests)` sends them together and
- * resolves with their answers in order.
+ * The clients (serve-client.mjs), in a child process: `ask(requests)` sends them together and
+ * resolves with their answers in order; `cpu()` is the clients' process CPU (user + system, s) as of
+ * its last answer, so a pass's client CPU is the difference over it.
  */
-export function clientThread(baseURL: string): { ask: (requests: { i: number; maxTokens: number }[]) => Promise<Answer[]>; close: () => Promise<number> } {
-  const worker = new Worker(new URL('./serve-client.mjs', import.meta.url), { workerData: { baseURL, tools: TOOLS } });
+export function clientProcess(baseURL: string): { ask: (requests: { i: number; maxTokens: number }[]) => Promise<Answer[]>; cpu: () => number; close: () => Promise<void> } {
+  const child = fork(fileURLToPath(new URL('./serve-client.mjs', import.meta.url)), [JSON.stringify({ baseURL, tools: TOOLS })], { execArgv: [], stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
   const waiting = new Map<number, { resolve: (a: Answer[]) => void; reject: (e: Error) => void }>();
   let next = 0;
+  let cpu = 0;
+  let closing = false;
   const fail = (e: Error) => {
     for (const w of waiting.values()) w.reject(e);
     waiting.clear();
   };
-  worker.on('message', (m: { id: number; answers?: Answer[]; error?: string }) => {
+  child.on('message', (m: { id: number; answers?: Answer[]; error?: string; cpu: number }) => {
+    cpu = m.cpu / 1e6;
     const w = waiting.get(m.id);
     waiting.delete(m.id);
     if (m.error !== undefined) w?.reject(new UserError(m.error));
     else w?.resolve(m.answers!);
   });
-  worker.on('error', fail);
-  worker.on('exit', (code) => fail(new Error(`bench --serve: the clients' thread exited (${code})`)));
+  child.on('error', fail);
+  child.on('exit', (code) => closing || fail(new Error(`bench --serve: the clients' process exited (${code})`)));
   return {
     ask: (requests) =>
       new Promise<Answer[]>((resolve, reject) => {
         const id = next++;
         waiting.set(id, { resolve, reject });
-        worker.postMessage({ id, requests });
+        child.send({ id, requests });
       }),
-    close: () => worker.terminate(),
+    cpu: () => cpu,
+    close: async () => {
+      closing = true;
+      if (child.exitCode !== null) return;
+      const exited = new Promise((r) => child.once('exit', r));
+      child.disconnect();
+      await exited;
+    },
   };
 }
 
-function pass(answers: Answer[], ms: number, cpu: NodeJS.CpuUsage): Pass {
+function pass(answers: Answer[], ms: number, cpu: NodeJS.CpuUsage, clientCpu: number): Pass {
   const tokens = answers.reduce((s, a) => s + a.ids.length, 0);
   return {
     tokens,
@@ -169,6 +184,7 @@ function pass(answers: Answer[], ms: number, cpu: NodeJS.CpuUsage): Pass {
     latency_ms: percentiles(answers.map((a) => a.last - a.sent)),
     ttft_ms: percentiles(answers.map((a) => a.first - a.sent)),
     cpu_s: r2((cpu.user + cpu.system) / 1e6),
+    client_cpu_s: r2(clientCpu),
   };
 }
 
@@ -192,7 +208,7 @@ export async function runServeBench(o: ServeBenchOptions): Promise<ServeBenchRes
     const decoder = await Decoder.create(src.config, src.weights, { runtime: { ...SERVE_RUNTIME, ...runtime }, bake: true });
     const engine = new ServeEngine(decoder, tok, { maxBatch: Math.max(32, o.clients) });
     const server = await startServer({ engine, model: 'bench', port: 0, limits: { maxConcurrency: Math.max(64, o.clients) } });
-    const clients = clientThread(server.url);
+    const clients = clientProcess(server.url);
     const ask = async (i: number, maxTokens: number) => (await clients.ask([{ i, maxTokens }]))[0];
     const askAll = (maxTokens: number) => clients.ask(Array.from({ length: N }, (_, i) => ({ i, maxTokens })));
     const N = o.clients;
@@ -205,6 +221,7 @@ export async function runServeBench(o: ServeBenchOptions): Promise<ServeBenchRes
     // figures taken minutes apart at most, not the server's runs against one reference at the end.
     const gens: number[] = [];
     const ratios: number[] = [];
+    const cpuRatios: number[] = [];
     let promptTokens = 0;
     try {
       log(`${o.model ?? o.preset}, ${o.threads} threads, ${N} clients, max_tokens ${o.maxTokens}: warming up`);
@@ -215,15 +232,21 @@ export async function runServeBench(o: ServeBenchOptions): Promise<ServeBenchRes
       await askAll(o.maxTokens);
       for (let r = 0; r < o.runs; r++) {
         let c0 = process.cpuUsage();
+        let k0 = clients.cpu();
         let t0 = performance.now();
         const one: Answer[] = [];
         for (let i = 0; i < N; i++) one.push(await ask(i, o.maxTokens));
-        seq.push(pass(one, performance.now() - t0, process.cpuUsage(c0)));
+        const seqCpu = process.cpuUsage(c0);
+        seq.push(pass(one, performance.now() - t0, seqCpu, clients.cpu() - k0));
         log(`run ${r + 1}/${o.runs}: one after another ${seq[r].tokens_per_s} tokens/s`);
         c0 = process.cpuUsage();
+        k0 = clients.cpu();
         t0 = performance.now();
         const all = await askAll(o.maxTokens);
-        con.push(pass(all, performance.now() - t0, process.cpuUsage(c0)));
+        const conCpu = process.cpuUsage(c0);
+        con.push(pass(all, performance.now() - t0, conCpu, clients.cpu() - k0));
+        const perToken = (c: NodeJS.CpuUsage, tokens: number) => (c.user + c.system) / tokens;
+        cpuRatios.push(perToken(seqCpu, seq[r].tokens) / perToken(conCpu, con[r].tokens));
         log(`run ${r + 1}/${o.runs}: all at once ${con[r].tokens_per_s} tokens/s`);
         same &&= all.every((a, i) => JSON.stringify(a.ids) === JSON.stringify(one[i].ids));
         const rates = one.filter((a) => a.ids.length > 1).map((a) => (a.ids.length - 1) / ((a.last - a.first) / 1000));
@@ -268,6 +291,7 @@ export async function runServeBench(o: ServeBenchOptions): Promise<ServeBenchRes
       sequential,
       concurrent,
       speedup: r2(concurrent.tokens_per_s / sequential.tokens_per_s),
+      cpu_speedup: r2(median(cpuRatios)),
       same_tokens: same,
       decode_batch1_tokens_per_s: r1(decode),
       generate_batch1_tokens_per_s: r1(median(gens)),
@@ -304,13 +328,13 @@ function runPeer(src: ReturnType<typeof readExportSource>, tmp: string, o: { cli
 /** One line per figure, for the terminal. */
 export function formatServeBench(r: ServeBenchResult): string {
   const p = (x: Percentiles) => `p50 ${x.p50}, p90 ${x.p90}, p99 ${x.p99} ms`;
-  const pass = (x: Pass) => `${x.tokens_per_s} tokens/s (${x.tokens} tokens in ${x.seconds} s, process CPU ${x.cpu_s} s)`;
+  const pass = (x: Pass) => `${x.tokens_per_s} tokens/s (${x.tokens} tokens in ${x.seconds} s; CPU: server ${x.cpu_s} s, clients ${x.client_cpu_s} s)`;
   const lines: [string, string][] = [
     ['model', `${r.model}, ${r.params.toLocaleString('en-US')} parameters, ${r.device}, ${r.threads} threads`],
     ['requests', `${r.clients} streamed chat requests with a tool (openai SDK), max_tokens ${r.max_tokens}, prompts of ${r.prompt_tokens} tokens, seeded`],
     ['sequential', pass(r.sequential)],
     ['concurrent', pass(r.concurrent)],
-    ['speedup', `${r.speedup}× (all at once against one after another${r.same_tokens ? ', the same tokens' : ', NOT the same tokens'})`],
+    ['speedup', `${r.speedup}× (all at once against one after another${r.same_tokens ? ', the same tokens' : ', NOT the same tokens'}); in the server's CPU per token ${r.cpu_speedup}×`],
     ['latency_sequential', p(r.sequential.latency_ms)],
     ['latency_concurrent', p(r.concurrent.latency_ms)],
     ['ttft_sequential', p(r.sequential.ttft_ms)],

@@ -1,13 +1,14 @@
-// The clients of `prefzoo bench --serve` (serve-bench.ts), in a thread of their own: a real client is
-// never in the server's thread, and the openai SDK's parsing of each streamed chunk would otherwise
-// run between the server's decode steps. Plain JavaScript (a worker is started from a file URL, and
-// the compiled bench has no TypeScript loader). Each message asks for requests sent together and
-// answers with their token ids and when they were sent, and when the first and last tokens arrived
-// (this thread's clock: only differences are read).
-import { parentPort, workerData } from 'node:worker_threads';
+// The clients of `prefzoo bench --serve` (serve-bench.ts), in a process of their own: a real client is
+// never in the server's process, the openai SDK's parsing of each streamed chunk would otherwise run
+// between the server's decode steps, and the server's process CPU is then the server's alone (this
+// process reports its own beside each answer). Plain JavaScript (the compiled bench has no
+// TypeScript loader). Started with `{ baseURL, tools }` as JSON in its one argument. Each message asks
+// for requests sent together and answers with their token ids and when they were sent, and when the
+// first and last tokens arrived (this process's clock: only differences are read).
 import OpenAI from 'openai';
 
-const client = new OpenAI({ baseURL: workerData.baseURL, apiKey: 'bench', maxRetries: 0 });
+const { baseURL, tools } = JSON.parse(process.argv[2]);
+const client = new OpenAI({ baseURL, apiKey: 'bench', maxRetries: 0 });
 
 /** One streamed chat request (seeded, one chunk per drawn token with vLLM's return_token_ids). */
 async function ask(i, maxTokens) {
@@ -15,7 +16,7 @@ async function ask(i, maxTokens) {
   const stream = await client.chat.completions.create({
     model: 'bench',
     messages: [{ role: 'user', content: `Look up the key k${i} and tell me its value.` }],
-    tools: workerData.tools,
+    tools,
     max_tokens: maxTokens,
     temperature: 1,
     seed: 1000 + i,
@@ -43,10 +44,18 @@ async function ask(i, maxTokens) {
   return { ids, prompt, sent, first, last: Math.max(last, performance.now()) };
 }
 
-parentPort.on('message', async ({ id, requests }) => {
+/** This process's CPU so far (user + system), µs. */
+const cpu = () => {
+  const u = process.cpuUsage();
+  return u.user + u.system;
+};
+
+process.on('message', async ({ id, requests }) => {
   try {
-    parentPort.postMessage({ id, answers: await Promise.all(requests.map((r) => ask(r.i, r.maxTokens))) });
+    const answers = await Promise.all(requests.map((r) => ask(r.i, r.maxTokens)));
+    process.send({ id, answers, cpu: cpu() });
   } catch (e) {
-    parentPort.postMessage({ id, error: String(e?.message ?? e) });
+    process.send({ id, error: String(e?.message ?? e), cpu: cpu() });
   }
 });
+process.on('disconnect', () => process.exit(0));

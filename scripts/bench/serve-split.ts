@@ -2,8 +2,8 @@
  * Where `prefzoo bench --serve`'s time goes: the same 16 seeded chat requests with a tool (the
  * bench's prompts, seeds and budget), one after another and all at once, each way twice in one
  * process — on the serving engine alone (`ServeEngine.run`, no HTTP) and through the server with the
- * bench's `openai`-SDK clients in their worker thread (serve-bench.ts). Per pass: tokens/s, the
- * process CPU (user and system: every thread, the clients' included), and the generation session's
+ * bench's `openai`-SDK clients in their own process (serve-bench.ts). Per pass: tokens/s, the
+ * server process's CPU (user and system; the clients' own process apart, printed beside it), and the generation session's
  * timers (forward: the batch's steps; prefill; sample; bookkeeping: the rest, the rows' extend runs
  * and cache copies and the turns the HTTP side gets between steps). The engine's own ratio is the
  * ceiling the HTTP side can only lower; the CPU added per token through HTTP is the server's and the
@@ -23,7 +23,7 @@ import { initModelFolder } from '../../src/models/init.ts';
 import { SERVE_RUNTIME, ServeEngine } from '../../src/serve/engine.ts';
 import { choiceRandom, startServer } from '../../src/serve/http.ts';
 import { loadTokenizer } from '../../src/tokenize/index.ts';
-import { clientThread, TOOLS } from './serve-bench.ts';
+import { clientProcess, TOOLS } from './serve-bench.ts';
 
 const { values: a } = parseArgs({ options: { preset: { type: 'string', default: 'small' }, clients: { type: 'string', default: '16' }, 'max-tokens': { type: 'string', default: '64' }, threads: { type: 'string', default: '2' }, rounds: { type: 'string', default: '2' } } });
 const N = Number(a.clients);
@@ -36,7 +36,7 @@ const tok = loadTokenizer(src.dir);
 const decoder = await Decoder.create(src.config, src.weights, { runtime: { ...SERVE_RUNTIME, ep: 'cpu', threads: Number(a.threads) }, bake: true });
 const engine = new ServeEngine(decoder, tok, { maxBatch: Math.max(32, N) });
 const server = await startServer({ engine, model: 'bench', port: 0, limits: { maxConcurrency: Math.max(64, N) } });
-const clients = clientThread(server.url);
+const clients = clientProcess(server.url);
 const timers = new Map<string, number>();
 setGenerateTimer((label, ms) => timers.set(label, (timers.get(label) ?? 0) + ms));
 
@@ -58,12 +58,13 @@ try {
     for (const [name, f] of passes) {
       timers.clear();
       const c0 = process.cpuUsage();
+      const k0 = clients.cpu();
       const t0 = performance.now();
       const n = await f();
       const s = (performance.now() - t0) / 1000;
       const c = process.cpuUsage(c0);
       const t = Object.fromEntries([...timers].map(([k, v]) => [k, Math.round(v)]));
-      console.log(`${name.padEnd(26)} ${n} tokens, ${s.toFixed(2)} s, ${(n / s).toFixed(1)} tokens/s, CPU ${((c.user + c.system) / 1e6).toFixed(2)} s (system ${(c.system / 1e6).toFixed(2)}), ms ${JSON.stringify(t)}`);
+      console.log(`${name.padEnd(26)} ${n} tokens, ${s.toFixed(2)} s, ${(n / s).toFixed(1)} tokens/s, CPU ${((c.user + c.system) / 1e6).toFixed(2)} s (system ${(c.system / 1e6).toFixed(2)}), clients' CPU ${(clients.cpu() - k0).toFixed(2)} s, ms ${JSON.stringify(t)}`);
     }
   }
 } finally {

@@ -7,16 +7,11 @@
  * median wall and process CPU (user + system) seconds, and whether its top-K equals the first's.
  */
 import os from 'node:os';
-import { presetConfig, type ModelConfig } from '../../src/models/config.ts';
-import type { FloatTensor } from '../../src/models/checkpoint.ts';
-import { modelParameterShapes } from '../../src/models/params.ts';
 import { LOW_MEMORY_RUNTIME } from '../../src/train/run.ts';
 import { scoringRuntime, TeacherTopK, type TeacherRow } from '../../src/train/teacher-topk.ts';
-import { LoadedTeacher } from '../../src/train/teacher-model.ts';
-import type { TokenizedExample } from '../../datasets/examples.ts';
 import type { RuntimeOptions } from '../../src/runtime/session.ts';
 import type { ProductQuant } from '../../src/models/quantize.ts';
-import { teacherShape } from './distill-bench.ts';
+import { fillerRows, fillerTeacher } from './teacher-filler.ts';
 
 const [rows, prompt, fresh, rounds] = process.argv.slice(2).map(Number);
 const R = rows || 8;
@@ -24,22 +19,9 @@ const P = prompt || 32;
 const N = fresh || 64;
 const ROUNDS = rounds || 2;
 
-const student = presetConfig('llama', 'small');
-const config = { ...presetConfig('llama', 'small'), ...teacherShape(student, 'llama', 'small').shape } as ModelConfig;
-let x = 12345;
-const weights = new Map<string, FloatTensor>();
-for (const [name, shape] of modelParameterShapes(config)) {
-  const n = shape.reduce((a, b) => a * b, 1);
-  const data = new Float32Array(n);
-  if (/norm\.weight$/.test(name)) data.fill(1);
-  else for (let i = 0; i < n; i++) data[i] = (((x = (x * 1103515245 + 12345) >>> 0) >>> 8) / 2 ** 24 - 0.5) * 0.04;
-  weights.set(name, { shape, data });
-}
-const examples: TokenizedExample[] = Array.from({ length: R }, (_, r) => ({
-  promptIds: Array.from({ length: P }, (_, t) => 16 + ((r * 7919 + t * 104729) % 4000)),
-  responseIds: [Array.from({ length: N }, (_, t) => 16 + ((r * 31 + t * 7477) % 4000))],
-  src: r,
-}) as unknown as TokenizedExample);
+const teacher = fillerTeacher();
+const config = teacher.config;
+const examples = fillerRows(R, P, N);
 
 const variants: { name: string; runtime: RuntimeOptions; quant?: ProductQuant }[] = process.env.AB === 'dtype'
   ? [
@@ -56,7 +38,7 @@ const variants: { name: string; runtime: RuntimeOptions; quant?: ProductQuant }[
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
 let first: TeacherRow[] | null = null;
 for (const v of variants) {
-  const t = await TeacherTopK.create(new LoadedTeacher({ config, weights }, null, 1), { K: 32, limit: config.vocab_size, runtime: v.runtime, padId: 0, quant: v.quant });
+  const t = await TeacherTopK.create(teacher, { K: 32, limit: config.vocab_size, runtime: v.runtime, padId: 0, quant: v.quant });
   const run = () => t.score(examples, { batchSize: 2 * R, padTo: 1 });
   await run();
   const wall: number[] = [];

@@ -89,13 +89,16 @@ const TEACHER_SFT: Partial<TrainConfig> = { ...SHORT, batch_size: 32, learning_r
 /**
  * On-policy distillation: 128 prompts a step, one sample each of at most 2 tokens (a digit and the
  * end): as many completions a step as GRPO's 16 prompts × 8. The loss is the forward KL (beta=0)
- * from the teacher's top 16 and the rest at every sampled token, learning rate 5e-3. The reverse KL
- * (beta=1) is slower here: it cannot raise a token the student gives next to no mass (docs/distill.md, "Demo").
+ * from the teacher's top 16 and the rest at every sampled token. The reverse KL (beta=1) is slower
+ * here: it cannot raise a token the student gives next to no mass. AdamW with adam_beta1 0.7 (not
+ * 0.9) at learning rate 5e-3, constant: with 0.9 the student sat at chance for 8–9 steps after the
+ * first on seed 8 and took 13 steps on seed 3, more than a quarter of GRPO's there (docs/distill.md,
+ * "Demo", "Seeds 3 and 8").
  */
-const DISTILL: Partial<TrainConfig> = { ...SHORT, batch_size: 128, learning_rate: 5e-3, warmup_steps: 0, lr_scheduler: 'constant', logging_steps: 1 };
-const DISTILL_PARAMS = ['lmbda=1', 'beta=0', 'distill_topk=16', 'max_completion_length=2', 'sampling_temperature=1'];
+export const DISTILL: Partial<TrainConfig> = { ...SHORT, batch_size: 128, learning_rate: 5e-3, adam_beta1: 0.7, warmup_steps: 0, lr_scheduler: 'constant', logging_steps: 1 };
+export const DISTILL_PARAMS = ['lmbda=1', 'beta=0', 'distill_topk=16', 'max_completion_length=2', 'sampling_temperature=1'];
 const DISTILL_BUDGET = 100;
-const GRPO_BUDGET = 400;
+export const GRPO_BUDGET = 400;
 const EVAL_EVERY = 5;
 const TARGET_SHARE = 0.9;
 const EVAL_SAMPLES = 8;
@@ -129,14 +132,7 @@ export async function runDistillDemo(o: DistillDemoOptions): Promise<DistillDemo
     intro: (n) => `demo: student a tiny llama (${n.toLocaleString('en-US')} parameters); method distill (on-policy: lmbda=1, beta=${lossParams.beta}) against grpo from the same start`,
   });
   try {
-    // The teacher: a bigger llama with the student's tokenizer, taught the task by SFT.
-    const init = initModelFolder(join(dir, 'teacher-model'), 'llama', 'tiny', o.seed + 1000, {}, TEACHER_SHAPE); // weights of its own, not π_0's seed
-    info(`demo: teacher a llama of hidden ${TEACHER_SHAPE.hidden_size}, ${TEACHER_SHAPE.num_hidden_layers} layers (${init.parameters.toLocaleString('en-US')} parameters), SFT on the task's answers`);
-    const rows: Example[] = task.trainPrompts.map((p) => ({ prompt: p, responses: [lastDigit(p), lastDigit(p)] }));
-    const teacher = await train({
-      model: join(dir, 'teacher-model'), data: 'teacher.jsonl', rows: { kind: 'pairwise', meta: makeMeta('pairwise', 'plain', 'demo'), examples: rows, files: [] },
-      loss: 'sft', out: join(dir, 'teacher'), base: { ...TEACHER_SFT, seed: o.seed, ...(o.teacherSteps ? { max_steps: o.teacherSteps } : {}) }, reporter: o.reporter, overwrite: true,
-    });
+    const teacher = await trainTeacher(dir, o.seed, task, o);
     const teacherAcc = await accuracyOfFolder(task, teacher.finalDir);
     const startAcc = await accuracyOfFolder(task, task.startDir);
     const share = o.targetShare ?? TARGET_SHARE;
@@ -152,9 +148,7 @@ export async function runDistillDemo(o: DistillDemoOptions): Promise<DistillDemo
       return accuracy >= target;
     };
 
-    // On-policy distillation: the prompts only (KTO-shaped rows: completion and label are placeholders lmbda=1 never reads).
-    const promptsOnly = join(dir, 'distill-prompts.jsonl');
-    writeFileAtomic(promptsOnly, task.trainPrompts.map((p) => JSON.stringify({ prompt: p, completion: '-', label: true }) + '\n').join(''));
+    const promptsOnly = distillPrompts(dir, task);
     const distillCurve: { step: number; accuracy: number }[] = [];
     const run = join(dir, 'distill');
     const d = await distill({
@@ -193,7 +187,7 @@ export async function runDistillDemo(o: DistillDemoOptions): Promise<DistillDemo
       distill_budget: distillBudget,
       grpo_budget: grpoBudget,
       eval_every: evalEvery,
-      teacher_parameters: init.parameters,
+      teacher_parameters: teacher.parameters,
       student_parameters: task.parameters,
       heldout_prompts: task.heldout.length,
       samples_per_prompt: EVAL_SAMPLES,
@@ -217,6 +211,25 @@ export async function runDistillDemo(o: DistillDemoOptions): Promise<DistillDemo
   }
 }
 
+/** The teacher: a bigger llama with the student's tokenizer, taught the task by SFT (in DIR/teacher; its model in teacher/final). */
+export async function trainTeacher(dir: string, seed: number, task: RecallLastTask, o: { reporter?: DistillDemoOptions['reporter']; teacherSteps?: number } = {}): Promise<{ finalDir: string; seconds: number; parameters: number }> {
+  const init = initModelFolder(join(dir, 'teacher-model'), 'llama', 'tiny', seed + 1000, {}, TEACHER_SHAPE); // weights of its own, not π_0's seed
+  o.reporter?.info(`demo: teacher a llama of hidden ${TEACHER_SHAPE.hidden_size}, ${TEACHER_SHAPE.num_hidden_layers} layers (${init.parameters.toLocaleString('en-US')} parameters), SFT on the task's answers`);
+  const rows: Example[] = task.trainPrompts.map((p) => ({ prompt: p, responses: [lastDigit(p), lastDigit(p)] }));
+  const t = await train({
+    model: join(dir, 'teacher-model'), data: 'teacher.jsonl', rows: { kind: 'pairwise', meta: makeMeta('pairwise', 'plain', 'demo'), examples: rows, files: [] },
+    loss: 'sft', out: join(dir, 'teacher'), base: { ...TEACHER_SFT, seed, ...(o.teacherSteps ? { max_steps: o.teacherSteps } : {}) }, reporter: o.reporter, overwrite: true,
+  });
+  return { finalDir: t.finalDir, seconds: t.seconds, parameters: init.parameters };
+}
+
+/** On-policy distillation's data, DIR/distill-prompts.jsonl: the prompts only (KTO-shaped rows: completion and label are placeholders lmbda=1 never reads). */
+export function distillPrompts(dir: string, task: RecallLastTask): string {
+  const file = join(dir, 'distill-prompts.jsonl');
+  writeFileAtomic(file, task.trainPrompts.map((p) => JSON.stringify({ prompt: p, completion: '-', label: true }) + '\n').join(''));
+  return file;
+}
+
 /** The first evaluated step at or above the target, or null. */
 function reached(curve: readonly { step: number; accuracy: number }[], target: number): number | null {
   return curve.find((c) => c.accuracy >= target)?.step ?? null;
@@ -229,7 +242,7 @@ function lastAt(curve: readonly { step: number; accuracy: number }[], step: numb
 }
 
 /** A model folder's held-out accuracy (the task's evaluation). */
-async function accuracyOfFolder(task: RecallLastTask, dir: string): Promise<number> {
+export async function accuracyOfFolder(task: RecallLastTask, dir: string): Promise<number> {
   const m = await ModelSampler.load(dir);
   try {
     return (await task.accuracy(m.tok, m.decoder)).perFunction.accuracy;

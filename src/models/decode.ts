@@ -56,9 +56,11 @@ export interface DecodeGraphOptions {
    */
   fused?: boolean;
   /**
-   * Attention's softmax in float64 (CPU only), so that a row's numbers do not depend on the cache's
-   * capacity, and so on the rows decoding beside it (see layers.ts's `cachedAttention`). Default
-   * false: the graphs for other runtimes and the WebGPU backend keep float32.
+   * Attention's softmax in float64 (CPU only), so that a row's numbers do not depend on the columns
+   * its values sit at, and so on the rows decoding beside it (see layers.ts's `cachedAttention`).
+   * The CPU decoder asks it for its prefill and extend graphs; its step graph keeps float32 and gets
+   * the same from the cache's layout (decoder.ts's `STEP_ALIGN`). Default false: the graphs for
+   * other runtimes and the WebGPU backend keep float32.
    */
   rowInvariant?: boolean;
 }

@@ -128,9 +128,15 @@ export class Decoder {
   private graph(kind: GraphKind, head: DecodeHead): Graph {
     const quant = this.build.quant;
     const weightFirst = !quant && kind !== 'stepSmall' && (this.build.runtime?.ep ?? 'cpu') === 'cpu';
-    // On the CPU the attention softmax runs in float64: a row's numbers then do not depend on the
-    // cache's capacity, which the rows decoding beside it set (docs/performance.md, "Fused decoding").
-    const rowInvariant = (this.build.runtime?.ep ?? 'cpu') === 'cpu';
+    // A row's numbers must not depend on the rows decoding beside it. ONNX Runtime's float32 Softmax
+    // sums a row in SIMD lanes by column (MLAS: one accumulator of 4, 8 or 16 lanes, each adding its
+    // columns in order), so only where a row's columns sit matters. A step's past is a row's own
+    // slots from 0 (SlotCache keeps no holes) then masked ones, and its new token sits at column
+    // `capacity`, a multiple of STEP_ALIGN (`Decoder.step`): the same lanes whatever the capacity, the
+    // extra masked slots adding (near) zeros. The prefill (a left-padded group shifts a row's columns)
+    // and the extend run (its new tokens after the capacity, a cut copy's or the row's own) take
+    // the softmax in float64 on the CPU instead (docs/performance.md, "Fused decoding").
+    const rowInvariant = (this.build.runtime?.ep ?? 'cpu') === 'cpu' && (kind === 'prefill' || kind === 'extend');
     const g = buildDecodeGraph(this.config, { past: kind !== 'prefill', concatPast: kind === 'extend', weights: this.build.weights, lora: this.build.lora, head, weightFirst, fused: this.build.fused, rowInvariant });
     if (quant) {
       quantizeProducts(g, quant, (name, transposed) => this.quantized(name, transposed));
@@ -316,7 +322,8 @@ export class Decoder {
    * buffers (valid until its next step).
    */
   async step(ids: BigInt64Array, cache: SlotCache, pick?: Pick): Promise<Picked> {
-    cache.reserve(cache.length + 1);
+    // The new token at a column that is a multiple of STEP_ALIGN (see `graph`'s float32 softmax).
+    cache.reserve(alignUp(Math.max(cache.length + 1, cache.capacity)));
     const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', ids, [cache.rows, 1]), attention_mask: cache.stepMask() };
     Object.assign(feeds, cache.pastFeeds());
     if (pick) Object.assign(feeds, pickFeeds(pick, cache.rows));
@@ -404,9 +411,19 @@ function pickFeeds(pick: Pick, rows: number, first = 0): Feeds {
 export const SLOT_CHUNK = 32;
 
 /**
+ * A stepped cache's capacity is a multiple of this: the widest SIMD accumulator of MLAS's softmax sum
+ * (AVX-512: 16 lanes; AVX2 8, NEON/SSE/WebAssembly 4), so a step's new token lands in lane 0 whatever
+ * the capacity (see `Decoder.graph`). SLOT_CHUNK is a multiple of it.
+ */
+export const STEP_ALIGN = 16;
+
+/** `n` rounded up to a multiple of STEP_ALIGN. */
+export const alignUp = (n: number) => Math.ceil(n / STEP_ALIGN) * STEP_ALIGN;
+
+/**
  * A batch's key/value cache in place: per layer and kind one `[B, KV, capacity, hd]` buffer; row b
- * has its first `cols[b]` slots written, and `mask` `[B, capacity]` marks the real ones (left
- * padding and unwritten slots are 0), so rows of different lengths share the buffer and a step. A
+ * has its first `cols[b]` slots written (a left-padded prompt's padding is not kept), and `mask`
+ * `[B, capacity]` marks the real ones (unwritten slots are 0), so rows of different lengths share the buffer and a step. A
  * step feeds the whole buffer with its mask and writes each row's new keys/values into that row's
  * next slot; when the slots run out the buffers grow by a chunk. Each buffer is allocated once with
  * room for `maxRows` rows of `maxCapacity` slots (pages the generation never reaches are never
@@ -436,7 +453,8 @@ export class SlotCache {
     reuse: Float32Array[] = [],
   ) {
     const { layers, kvHeads: KV, headDim: hd } = geom;
-    this.maxCapacity = Math.max(capacity, maxCapacity);
+    // Reserved to a multiple of STEP_ALIGN, so a step's alignment never reallocates.
+    this.maxCapacity = alignUp(Math.max(capacity, maxCapacity));
     const size = maxRows * KV * this.maxCapacity * hd;
     // Reused buffers hold an earlier cache's values; unwritten slots are masked, as after growing.
     const spare = reuse.filter((b) => b.length >= size);
@@ -472,23 +490,49 @@ export class SlotCache {
   }
 
   /**
-   * Writes the prompt's `n` positions of rows `first`…`first + count − 1` (`src(presentName)`:
-   * `[count, KV, n, hd]`, `mask` `[count, n]`) into their slots 0…n−1.
+   * Writes the real positions of a prompt of `n` (`src(presentName)`: `[count, KV, n, hd]`, `mask`
+   * `[count, n]`) of rows `first`…`first + count − 1` into their slots 0, 1, …: a left-padded row's
+   * padding is dropped, so a row's slots are the same however its prefill group was padded (a
+   * step's float32 softmax then sums its columns in the same lanes; see `Decoder.graph`). The
+   * positions its keys were rotated by are the mask's counts, not slots, so nothing else changes.
    */
   writePrompt(src: (name: string) => Float32Array, n: number, first: number, count: number, mask: BigInt64Array): void {
     this.reserve(n);
     const { layers, kvHeads: KV, headDim: hd } = this.geom;
     const cap = this.capacity;
+    // Each row's real positions, as runs [from, to) of the prompt.
+    const runs: [number, number][][] = [];
+    for (let b = 0; b < count; b++) {
+      const row: [number, number][] = [];
+      for (let t = 0; t < n; t++) {
+        if (mask[b * n + t] === 0n) continue;
+        const last = row[row.length - 1];
+        if (last && last[1] === t) last[1]++;
+        else row.push([t, t + 1]);
+      }
+      runs.push(row);
+    }
     for (let i = 0; i < layers; i++) {
       for (const kv of ['key', 'value'] as const) {
         const from = src(presentName(i, kv));
         const to = this.buffers.get(pastName(i, kv))!;
-        for (let r = 0; r < count * KV; r++) to.set(from.subarray(r * n * hd, (r + 1) * n * hd), (first * KV + r) * cap * hd);
+        for (let b = 0; b < count; b++) {
+          for (let h = 0; h < KV; h++) {
+            const r = b * KV + h;
+            let slot = 0;
+            for (const [t0, t1] of runs[b]) {
+              to.set(from.subarray((r * n + t0) * hd, (r * n + t1) * hd), ((first * KV + r) * cap + slot) * hd);
+              slot += t1 - t0;
+            }
+          }
+        }
       }
     }
     for (let b = 0; b < count; b++) {
-      this.mask.set(mask.subarray(b * n, (b + 1) * n), (first + b) * cap);
-      this.cols[first + b] = n;
+      const len = runs[b].reduce((s, [t0, t1]) => s + t1 - t0, 0);
+      this.mask.fill(0n, (first + b) * cap, (first + b + 1) * cap);
+      this.mask.fill(1n, (first + b) * cap, (first + b) * cap + len);
+      this.cols[first + b] = len;
     }
   }
 

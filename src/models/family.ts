@@ -69,7 +69,8 @@ export interface DecodeIndex {
   shapeBS: Tensor;
   /**
    * Attention's softmax in float64 (see decode.ts's `rowInvariant`): a row's probabilities then do
-   * not depend on how long the softmax row is (the cache's capacity, which the batch sets).
+   * not depend on which columns its values sit at (a left-padded prefill group, an extend run after
+   * a cache's capacity).
    */
   softmax64?: boolean;
 }
@@ -277,6 +278,11 @@ export interface GgufNames<C extends ModelConfig = ModelConfig> {
   metadata(c: C): Record<string, GgufValue>;
   /** Refuses, in one line naming the field, a config llama.cpp would run differently. */
   check?(c: C): void;
+  /**
+   * The layer count at which llama.cpp classes this architecture as a 70B model, whose q4_k_m mix then
+   * gives `attn_v` Q5_K (a type prefzoo's writer does not produce); absent: no such class.
+   */
+  seventyBLayers?: number;
 }
 
 /**

@@ -6,7 +6,7 @@
  * into the batch.
  */
 import { cacheShape } from './decode.ts';
-import { SLOT_CHUNK, SlotCache, type Decoder, type Pick, type Picked } from './decoder.ts';
+import { SLOT_CHUNK, SlotCache, alignUp, type Decoder, type Pick, type Picked } from './decoder.ts';
 import type { DecodeBackend, PickSpec, PrefillGroup, RunOut } from './backend.ts';
 
 export interface CpuBackendOptions {
@@ -51,7 +51,8 @@ export class CpuBackend implements DecodeBackend {
   private batchCaches(slots: number, room = this.o.slots): SlotCache[] {
     if (!this.batch) {
       room = Math.max(room, slots);
-      const capacity = Math.max(slots, Math.min(Math.ceil((slots + 1) / SLOT_CHUNK) * SLOT_CHUNK, room));
+      // A multiple of STEP_ALIGN from the start, as a step needs it (else its first step moves the rows apart).
+      const capacity = alignUp(Math.max(slots, Math.min(Math.ceil((slots + 1) / SLOT_CHUNK) * SLOT_CHUNK, room)));
       this.batch = this.decoders.map((d) => d.newCache(this.o.maxBatch, capacity, room));
     }
     return this.batch;

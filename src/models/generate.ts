@@ -608,7 +608,7 @@ export class GenerationSession {
         r.where = 'batch';
         answers.push({ row: r, out, i });
       });
-      // Left-padded rows' caches start with padding: only rows prefilled at their own length are kept.
+      // Only rows prefilled at their own length are kept (the device backend's cache keeps a left-padded row's padding).
       if (!run.pad) for (const r of run.rows) await this.keepPrefix(r);
       for (const r of run.rows) {
         if (kept(r) && !this.prompts.has(r.key)) {

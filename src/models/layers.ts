@@ -390,10 +390,11 @@ export interface CachedKV {
  * step graph's one new token per row). Cache slots the mask hides
  * (zero in the attention mask) get probability 0, so a preallocated cache may hold unfilled slots.
  * With `ix.softmax64` the softmax runs in float64 (its input and output cast): ONNX Runtime's float32
- * Softmax sums a row in an order that depends on the row's length, so the same scores with more
- * masked slots after them (a cache of larger capacity, which the other rows set) could give
- * probabilities one unit in the last place apart; summed in float64 and rounded to float32, the
- * difference vanishes except when a probability lies within ~1e-16 of a float32 rounding boundary.
+ * Softmax sums a row in SIMD lanes by column, so the same scores at other columns (a left-padded
+ * prefill, new tokens after a cache of another capacity) could give probabilities one unit in the
+ * last place apart; summed in float64 and rounded to float32, the difference vanishes except when a
+ * probability lies within ~1e-16 of a float32 rounding boundary. (The CPU step graph keeps float32:
+ * its caches keep each row's columns in place instead; decoder.ts's `STEP_ALIGN`.)
  * Grouped queries fold into the row axis, as in `attention`. Returns `[B·S, H·hd]`.
  */
 export function cachedAttention(g: Graph, ix: DecodeIndex, q: Tensor, k: CachedKV, v: CachedKV, H: number, KV: number, hd: number): Tensor {

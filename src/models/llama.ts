@@ -129,7 +129,7 @@ export const LLAMA_MEMBER: LlamaMember = {
   model_type: 'llama',
   hfClass: 'LlamaForCausalLM',
   defaults: { vocab_size: 32000, intermediate_size: 11008, max_position_embeddings: 2048 },
-  gguf: { arch: 'llama', permuteQK: true, activations: ['silu'] },
+  gguf: { arch: 'llama', permuteQK: true, activations: ['silu'], seventyBLayers: 80 },
   released: {
     'smollm2-360m': {
       model_type: 'llama', vocab_size: 49152, hidden_size: 960, intermediate_size: 2560, num_hidden_layers: 32, num_attention_heads: 15,
@@ -151,7 +151,7 @@ const QWEN2_MEMBER: LlamaMember = {
   },
   biases: () => ({ qkv: true, o: false }),
   noBiasSwitch: true,
-  gguf: { arch: 'qwen2', activations: ['silu'] },
+  gguf: { arch: 'qwen2', activations: ['silu'], seventyBLayers: 80 },
   released: {
     'qwen2.5-0.5b': {
       model_type: 'qwen2', vocab_size: 151936, hidden_size: 896, intermediate_size: 4864, num_hidden_layers: 24, num_attention_heads: 14,
@@ -446,6 +446,8 @@ function llamaCacheShape(c: LlamaConfig): { layers: number; kvHeads: number; hea
 export interface LlamaGguf {
   /** `general.architecture`. */
   arch: string;
+  /** {@link GgufNames.seventyBLayers}. */
+  seventyBLayers?: number;
   /** Layer tensor names beyond or instead of llama's (HF after `model.layers.N.` → GGUF after `blk.N.`). */
   layer?: Record<string, string>;
   /**
@@ -512,6 +514,7 @@ function llamaGguf(m: LlamaMember, o: LlamaGguf): GgufNames<LlamaConfig> {
   const layer = { ...GGUF_LAYER, ...o.layer };
   return {
     arch: o.arch,
+    ...(o.seventyBLayers !== undefined ? { seventyBLayers: o.seventyBLayers } : {}),
     tensorName(hf) {
       const l = /^model\.layers\.(\d+)\.(.+)$/.exec(hf);
       if (l) return layer[l[2]] ? `blk.${l[1]}.${layer[l[2]]}` : null;

@@ -13,7 +13,7 @@ export const MISTRAL = llamaFamily({
   hfClass: 'MistralForCausalLM',
   defaults: { vocab_size: 32000, intermediate_size: 14336, max_position_embeddings: 4096 * 32, num_key_value_heads: 8 },
   // llama.cpp runs Mistral as `llama`, without the window: the GGUF context is cut to it.
-  gguf: { arch: 'llama', permuteQK: true, windowAsContext: true, activations: ['silu'] },
+  gguf: { arch: 'llama', permuteQK: true, windowAsContext: true, activations: ['silu'], seventyBLayers: 80 },
   fields(r, _c, _where) {
     // HF's MistralConfig default is 4096; an explicit null turns the window off.
     return { sliding_window: r.raw.sliding_window === null ? null : r.int('sliding_window', 4096) };

@@ -387,10 +387,11 @@ class Distillation implements OnlineMethod<number, Round> {
   sampleMs = 0;
   teacherMs = 0;
   /**
-   * Each sampled round's wall-clock seconds of sampling and of the teacher's scoring, for its metrics
-   * row: kept beside the round, never in it (a round may be saved in a checkpoint, which repeats to the bit).
+   * Each sampled round's wall-clock and process CPU seconds (every thread's, ONNX Runtime's included)
+   * of sampling and of the teacher's scoring, for its metrics row: kept beside the round, never in it
+   * (a round may be saved in a checkpoint, which repeats to the bit).
    */
-  private readonly clocks = new WeakMap<Round, { sample: number; teacher: number }>();
+  private readonly clocks = new WeakMap<Round, { sample: number; teacher: number; sampleCpu: number; teacherCpu: number }>();
   /** With seq_kd: how the teacher's generations were had. */
   seqKd: DistillResult['seqKd'] | null = null;
   private rows: TokenizedExample[] = [];
@@ -545,15 +546,23 @@ class Distillation implements OnlineMethod<number, Round> {
     this.microBatchCount += batches.length;
     this.sampledCount += on.length;
     if (on.length === 0) return batches;
+    const cpuSince = (c0: NodeJS.CpuUsage) => {
+      const c = process.cpuUsage(c0);
+      return (c.user + c.system) / 1e6;
+    };
     let t0 = performance.now();
+    let c0 = process.cpuUsage();
     const sampledRows = this.multi ? await this.multiTurn(ctx, on, seeds.find((x) => x !== null)!, info.step) : await this.oneTurn(ctx, batches, seeds);
     const sampleMs = performance.now() - t0;
+    const sampleCpu = cpuSince(c0);
     this.sampleMs += sampleMs;
     t0 = performance.now();
+    c0 = process.cpuUsage();
     const targets = await this.scorer!.score(sampledRows, { batchSize: this.config.batch_size * 2, padTo: this.config.pad_to_multiple_of });
     const teacherMs = performance.now() - t0;
+    const teacherCpu = cpuSince(c0);
     this.teacherMs += teacherMs;
-    this.clocks.set(batches, { sample: sampleMs / 1000, teacher: teacherMs / 1000 });
+    this.clocks.set(batches, { sample: sampleMs / 1000, teacher: teacherMs / 1000, sampleCpu, teacherCpu });
     let r = 0;
     for (const b of on) {
       b.sampled!.targets = b.rows.map(() => {
@@ -621,8 +630,9 @@ class Distillation implements OnlineMethod<number, Round> {
 
   /**
    * The step's share of on-policy micro-batches and their mean sample length (lmbda > 0 only: an
-   * offline run's rows are as before); on a step that sampled, the wall-clock seconds of sampling and
-   * of the teacher's scoring (clock fields, as tokens/s: not repeated by a rerun, not in checkpoints).
+   * offline run's rows are as before); on a step that sampled, the wall-clock and process CPU seconds
+   * of sampling and of the teacher's scoring (clock fields, as tokens/s: not repeated by a rerun, not
+   * in checkpoints).
    */
   metrics(round: Round): Record<string, number> {
     if (!this.sampling) return {};
@@ -634,7 +644,7 @@ class Distillation implements OnlineMethod<number, Round> {
       ...on[0]?.sampled!.agent,
       'distill/on_policy': on.length / round.length,
       ...(lengths.length ? { 'distill/completion_length': lengths.reduce((a, v) => a + v, 0) / lengths.length } : {}),
-      ...(clock ? { 'distill/sample_seconds': clock.sample, 'distill/teacher_seconds': clock.teacher } : {}),
+      ...(clock ? { 'distill/sample_seconds': clock.sample, 'distill/teacher_seconds': clock.teacher, 'distill/sample_cpu_seconds': clock.sampleCpu, 'distill/teacher_cpu_seconds': clock.teacherCpu } : {}),
     };
   }
 

@@ -34,11 +34,13 @@ export interface TeacherRow {
 /**
  * The positions whose next token is counted, as flat indices b·T + t into the `[B, T]` batch
  * (position t predicts token t + 1, so a counted token at t + 1 names position t), in row-major
- * order: the order the teacher's rows are cached in and the training graph reads them.
+ * order: the order the teacher's rows are cached in and the training graph reads them. `stride`: the
+ * row length of the batch the indices point into, when it is not the mask's `T` (the teacher's input
+ * cut short of each row's last token, {@link TeacherTopK.score}).
  */
-export function scoreIndex(lossMask: Float32Array, B: number, T: number): BigInt64Array {
+export function scoreIndex(lossMask: Float32Array, B: number, T: number, stride = T): BigInt64Array {
   const out: bigint[] = [];
-  for (let b = 0; b < B; b++) for (let t = 1; t < T; t++) if (lossMask[b * T + t] !== 0) out.push(BigInt(b * T + t - 1));
+  for (let b = 0; b < B; b++) for (let t = 1; t < T; t++) if (lossMask[b * T + t] !== 0) out.push(BigInt(b * stride + t - 1));
   return BigInt64Array.from(out);
 }
 
@@ -72,16 +74,45 @@ export function buildTopKGraph(teacher: TeacherForward, K: number, limit: number
   const index = g.input('score_index', 'int64', ['scored']);
   const model = teacher.forward(g, { inputIds, attentionMask });
   const logp = g.logSoftmax(logitsAt(g, model, index, limit), -1); // [M, V]
-  const [vals, ids] = g.op('TopK', [logp, g.ints([K])], { axis: attr.int(1), largest: attr.int(1), sorted: attr.int(1) }, [
-    { dtype: 'float32', shape: ['scored', K] },
-    { dtype: 'int64', shape: ['scored', K] },
-  ]);
-  // 1 outside the K ids, 0 at them.
-  const outside = g.scatterElements(g.constantOfShape(g.shapeOf(logp), 1), ids, g.constantOfShape(g.shapeOf(ids), 0), 1);
+  const { vals, ids, rest } = K < model.config.vocab_size ? topKAndRest(g, logp, K) : topKAndRestMasked(g, logp, K);
   g.output(vals, 'topk_logps');
   g.output(ids, 'topk_ids');
-  g.output(logSumExpMasked(g, logp, outside, 1), 'rest_logp');
+  g.output(rest, 'rest_logp');
   return g;
+}
+
+/** ONNX TopK of the `[M, V]` rows, sorted, the lower id first among equal values (ONNX's tie rule). */
+function topK(g: Graph, logp: Tensor, k: number): [Tensor, Tensor] {
+  return g.op('TopK', [logp, g.ints([k])], { axis: attr.int(1), largest: attr.int(1), sorted: attr.int(1) }, [
+    { dtype: 'float32', shape: ['scored', k] },
+    { dtype: 'int64', shape: ['scored', k] },
+  ]) as [Tensor, Tensor];
+}
+
+/**
+ * The K most likely ids and the log of the mass outside them from one TopK of K + 1 (K < V): the
+ * (K + 1)-th value m is the largest log-prob outside the K, so shifted by it every one of the K reads
+ * exp(min(x − m, 0)) = 1 and every other id exp(x − m) ≤ 1, and
+ *
+ *   rest = m + log(Σ_v exp(min(logp_v − m, 0)) − K),
+ *
+ * the sum at least K + 1 (m's own id counts 1), so taking the K away leaves the outside sum to float32
+ * rounding of a sum ≤ K + V. Four passes over `[M, V]` (Sub, Clip, Exp, ReduceSum) where the mask of
+ * {@link topKAndRestMasked} took ten (docs/performance.md, "Distillation").
+ */
+export function topKAndRest(g: Graph, logp: Tensor, K: number): { vals: Tensor; ids: Tensor; rest: Tensor } {
+  const [vals1, ids1] = topK(g, logp, K + 1);
+  const m = g.slice(vals1, [K], [K + 1], [1]); // [M, 1]
+  const s = g.sub(g.reduceSum(g.exp(g.clip(g.sub(logp, m), undefined, 0)), [1], true), K);
+  return { vals: g.slice(vals1, [0], [K], [1]), ids: g.slice(ids1, [0], [K], [1]), rest: g.squeeze(g.add(g.log(s), m), [1]) };
+}
+
+/** The K most likely ids and the rest as a masked log-sum-exp over the ids outside them (any K ≤ V; at K = V the rest is empty). */
+export function topKAndRestMasked(g: Graph, logp: Tensor, K: number): { vals: Tensor; ids: Tensor; rest: Tensor } {
+  const [vals, ids] = topK(g, logp, K);
+  // 1 outside the K ids, 0 at them.
+  const outside = g.scatterElements(g.constantOfShape(g.shapeOf(logp), 1), ids, g.constantOfShape(g.shapeOf(ids), 0), 1);
+  return { vals, ids, rest: logSumExpMasked(g, logp, outside, 1) };
 }
 
 /**
@@ -134,7 +165,13 @@ export class TeacherTopK {
     return new TeacherTopK(await Session.fromGraph(g, o.runtime), feeds, o.K, o.padId);
   }
 
-  /** Every row's targets (rows of one response each), `batchSize` rows per forward, length-sorted batches. */
+  /**
+   * Every row's targets (rows of one response each), `batchSize` rows per forward, length-sorted
+   * batches. The forward stops short of the batch's last column: a row's last token predicts nothing
+   * that is scored and no scored position attends to it (attention is causal), so the input is each
+   * row less its last token — the longest row's length less one, rounded up to `padTo` — and the
+   * targets are those of the whole rows to float32 rounding.
+   */
   async score(rows: readonly TokenizedExample[], o: { batchSize: number; padTo: number; progress?: ProgressFactory }): Promise<TeacherRow[]> {
     const K = this.K;
     const out: TeacherRow[] = new Array(rows.length);
@@ -146,8 +183,15 @@ export class TeacherTopK {
         const idx = order.slice(s, s + o.batchSize);
         const c = collate(idx.map((i) => rows[i]), { kind: 'single', padTo: o.padTo, padId: this.padId, dtype: 'float32' });
         const T = c.length;
-        const index = scoreIndex(c.feeds.loss_mask.data as Float32Array, idx.length, T);
-        const r = await this.session.run({ ...this.params, input_ids: c.feeds.input_ids, attention_mask: c.feeds.attention_mask, score_index: toOrt('int64', index, [index.length]) });
+        const longest = Math.max(...idx.map((i) => len(rows[i])));
+        const Tin = Math.min(T, Math.max(1, Math.ceil((longest - 1) / o.padTo) * o.padTo));
+        const index = scoreIndex(c.feeds.loss_mask.data as Float32Array, idx.length, T, Tin);
+        const r = await this.session.run({
+          ...this.params,
+          input_ids: firstColumns(c.feeds.input_ids, idx.length, T, Tin),
+          attention_mask: firstColumns(c.feeds.attention_mask, idx.length, T, Tin),
+          score_index: toOrt('int64', index, [index.length]),
+        });
         const lp = r.topk_logps.data as Float32Array;
         const ids = r.topk_ids.data as BigInt64Array;
         const rest = r.rest_logp.data as Float32Array;
@@ -155,7 +199,7 @@ export class TeacherTopK {
         let m = 0;
         idx.forEach((orig, b) => {
           let n = 0;
-          while (m + n < index.length && Number(index[m + n]) < (b + 1) * T) n++;
+          while (m + n < index.length && Number(index[m + n]) < (b + 1) * Tin) n++;
           out[orig] = { ids: Int32Array.from(ids.subarray(m * K, (m + n) * K), Number), logps: lp.slice(m * K, (m + n) * K), rest: rest.slice(m, m + n) };
           m += n;
         });
@@ -170,6 +214,15 @@ export class TeacherTopK {
   async release(): Promise<void> {
     await this.session.release();
   }
+}
+
+/** The first `cols` columns of an int64 `[B, T]` tensor. */
+function firstColumns(t: Feeds[string], B: number, T: number, cols: number): Feeds[string] {
+  if (cols === T) return t;
+  const src = t.data as BigInt64Array;
+  const out = new BigInt64Array(B * cols);
+  for (let b = 0; b < B; b++) out.set(src.subarray(b * T, b * T + cols), b * cols);
+  return toOrt('int64', out, [B, cols]);
 }
 
 /**

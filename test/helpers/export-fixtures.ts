@@ -5,9 +5,10 @@
  * norms and biases are not their neutral 1 and 0.
  */
 import { join } from 'node:path';
+import type { Llama, Token } from 'node-llama-cpp';
 import type { Arch } from '../../src/models/config.ts';
 import { saveCheckpoint } from '../../src/models/checkpoint.ts';
-import { initModelFolder } from '../../src/models/init.ts';
+import { type ShapeField, initModelFolder } from '../../src/models/init.ts';
 import { loadModel } from '../../src/models/load.ts';
 import { Normal } from '../../src/random.ts';
 import { loadTokenizer } from '../../src/tokenize/index.ts';
@@ -19,12 +20,13 @@ export const EXPORT_PROMPT = 'The capital of France is';
 
 /**
  * Writes `root/name`: the tiny `arch` with noisy weights; `config` overrides config fields (e.g. a
- * sliding window). Gemma's embedding, scaled by √hidden and tied to the head, keeps small noise, or
- * every position would predict its own token back.
+ * sliding window); `shape` changes the preset's sizes before the weights are made (a wider model).
+ * Gemma's embedding, scaled by √hidden and tied to the head, keeps small noise, or every position
+ * would predict its own token back.
  */
-export function noisyTinyModel(root: string, name: string, arch: Arch, config: Record<string, unknown> = {}): string {
+export function noisyTinyModel(root: string, name: string, arch: Arch, config: Record<string, unknown> = {}, shape: Partial<Record<ShapeField, number>> = {}): string {
   const dir = join(root, name);
-  initModelFolder(dir, arch, 'tiny', 1);
+  initModelFolder(dir, arch, 'tiny', 1, {}, shape);
   const m = loadModel(dir);
   const tokens = loadTokenizer(dir).vocabSize;
   const rng = new Normal(7);
@@ -39,4 +41,41 @@ export function noisyTinyModel(root: string, name: string, arch: Arch, config: R
   }
   saveCheckpoint(dir, m.weights, { config: { ...m.config, ...config } as typeof m.config });
   return dir;
+}
+
+/**
+ * llama.cpp's greedy continuation of `ids` (node-llama-cpp's `llama`): `n` tokens, or those before an
+ * end-of-generation token (which it does not yield). One thread: the suite shares two cores with
+ * ONNX Runtime.
+ */
+export async function llamaGreedy(llama: Llama, file: string, ids: number[], n: number): Promise<number[]> {
+  const model = await llama.loadModel({ modelPath: file });
+  try {
+    const ctx = await model.createContext({ contextSize: 64, threads: 1 });
+    try {
+      const got: number[] = [];
+      for await (const t of ctx.getSequence().evaluate(ids as Token[], { temperature: 0 })) {
+        got.push(t);
+        if (got.length === n) break;
+      }
+      return got;
+    } finally {
+      await ctx.dispose();
+    }
+  } finally {
+    await model.dispose();
+  }
+}
+
+/** `n` little-endian float32 values of `buf` from byte `at`. */
+export function f32Values(buf: Buffer, at: number, n: number): Float32Array {
+  return Float32Array.from({ length: n }, (_, i) => buf.readFloatLE(at + 4 * i));
+}
+
+/** IEEE binary16 bits → number (written for the tests, apart from the exporter's float16 code). */
+export function f16(bits: number): number {
+  const e = (bits >> 10) & 31;
+  const f = bits & 1023;
+  const v = e === 0 ? f * 2 ** -24 : e === 31 ? (f ? NaN : Infinity) : (1 + f / 1024) * 2 ** (e - 15);
+  return bits & 0x8000 ? -v : v;
 }

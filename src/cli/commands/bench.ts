@@ -32,7 +32,7 @@ export function register(program: Command): void {
     .option('--seq <n>', 'tokens per sequence, half prompt and half completion (default 256)')
     .option('--device <device>', `${DEVICE_HELP}; on a device the JSON also says where each graph's nodes run`, 'cpu')
     .option('--compute-dtype <dtype>', `${TRAIN_SETTINGS.compute_dtype.choices.join(' or ')}: ${TRAIN_SETTINGS.compute_dtype.doc} (train's compute_dtype)`, TRAIN_SETTINGS.compute_dtype.default)
-    .option('--threads <n>', 'intra-op threads (default: ONNX Runtime picks one per core; with --serve, 2)')
+    .option('--threads <n>', 'intra-op threads (default: one per core; with --serve, 2)')
     .option('--opt-level <level>', 'graph optimisation level: disabled, basic, extended or all (default extended)')
     .option('--no-peak', 'skip the MatMul peak measurement')
     .option('--no-share-prompt', "one sequence per response, each computing its prompt (the trainer's share_prompt=false)")

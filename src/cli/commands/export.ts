@@ -16,7 +16,7 @@ export function register(program: Command): void {
     .requiredOption('--format <format>', 'onnx or gguf')
     .requiredOption('-o, --out <path>', 'onnx: the folder to write (replaced when complete); gguf: the .gguf file')
     .option('--adapter <dir>', 'a PEFT LoRA adapter folder to merge into --model before exporting')
-    .option('--dtype <list>', `onnx: one or more of ${ONNX_NAMES.join(', ')} (comma-separated; fp16 → onnx/model_fp16.onnx, q8 → onnx/model_quantized.onnx), default fp32; gguf: one of ${GGUF_DTYPES.join(', ')}, default f32 (q8_0, q4_0: matrices in blocks of 32 values, norms and biases f32, a matrix whose rows are not whole blocks f16; see docs/export.md)`)
+    .option('--dtype <list>', `onnx: one or more of ${ONNX_NAMES.join(', ')} (comma-separated; fp16 → onnx/model_fp16.onnx, q8 → onnx/model_quantized.onnx), default fp32; gguf: one of ${GGUF_DTYPES.join(', ')}, default f32 (q8_0, q4_0: matrices in blocks of 32 values, norms and biases f32, a matrix whose rows are not whole blocks f16; q4_k_m: llama.cpp's Q4_K_M mix of Q4_K and Q6_K; see docs/export.md)`)
     .option('--json', 'print one JSON line: format, out, files or bytes')
     .action((o: { model: string; format: string; out: string; adapter?: string; dtype?: string; json?: boolean }) => {
       if (o.format !== 'onnx' && o.format !== 'gguf') throw new UserError(`--format: "${o.format}" is not one of onnx, gguf`);
