@@ -91,8 +91,12 @@ session.endProfiling();
 await session.release();
 
 const file = fs.readdirSync(dir).filter((f) => f.startsWith(`profile_${a.graph}`) && f.endsWith('.json')).map((f) => path.join(dir, f)).sort().pop()!;
-interface Ev { cat: string; name: string; dur: number; args?: { op_name?: string; output_size?: string; output_type_shape?: unknown } }
-const events = (JSON.parse(fs.readFileSync(file, 'utf8')) as Ev[]).filter((e) => e.cat === 'Node' && e.name.endsWith('_kernel_time'));
+interface Ev { cat: string; name: string; dur: number; args?: { op_name?: string; output_size?: string; output_type_shape?: unknown; mem_bytes_in_use?: string; mem_peak_bytes?: string } }
+const allEvents = JSON.parse(fs.readFileSync(file, 'utf8')) as Ev[];
+const events = allEvents.filter((e) => e.cat === 'Node' && e.name.endsWith('_kernel_time'));
+// The bytes ONNX Runtime's allocator holds for live tensors after each node: reported only where it
+// keeps statistics (its arena). Beside peak RSS it separates live tensors from what the heap keeps.
+const liveGB = allEvents.reduce((m, e) => Math.max(m, Number(e.args?.mem_bytes_in_use ?? 0)), 0) / 2 ** 30;
 const bigOutputs = new Map<string, { op: string; mib: number; shape: string }>();
 // The first run in the file is the warm-up: keep the last `runs` occurrences of each node.
 const perNode = new Map<string, { op: string; durs: number[] }>();
@@ -125,7 +129,7 @@ function table(title: string, key: (node: string, op: string) => string, top: nu
 }
 
 const median = (xs: number[]) => [...xs].sort((x, y) => x - y)[Math.floor(xs.length / 2)];
-console.log(`${a.graph} graph, ${preset}, opt ${runtime.optLevel}, threads ${runtime.threads ?? 'default'}: wall ${median(wall).toFixed(0)} ms/run, cpu ${median(cpu).toFixed(0)} ms/run of which system ${median(sys).toFixed(0)} ms (medians of ${runs}; with --threads 1 the cpu time is the work, whatever else runs), sum of per-node fastest kernels ${total.toFixed(0)} ms, ${perNode.size} nodes after optimisation; arena ${runtime.arena === false ? 'off' : 'on'}; peak RSS ${(process.resourceUsage().maxRSS / 2 ** 20).toFixed(2)} GB; load average ${os.loadavg()[0].toFixed(1)}`);
+console.log(`${a.graph} graph, ${preset}, opt ${runtime.optLevel}, threads ${runtime.threads ?? 'default'}: wall ${median(wall).toFixed(0)} ms/run, cpu ${median(cpu).toFixed(0)} ms/run of which system ${median(sys).toFixed(0)} ms (medians of ${runs}; with --threads 1 the cpu time is the work, whatever else runs), sum of per-node fastest kernels ${total.toFixed(0)} ms, ${perNode.size} nodes after optimisation; arena ${runtime.arena === false ? 'off' : 'on'}; peak RSS ${(process.resourceUsage().maxRSS / 2 ** 20).toFixed(2)} GB${liveGB > 0 ? `, ONNX Runtime's peak bytes in use ${liveGB.toFixed(2)} GB` : ''}; load average ${os.loadavg()[0].toFixed(1)}`);
 const region = (name: string) => {
   if (name.startsWith('optimizer/')) return 'optimizer';
   const grad = name.includes('grad/') ? 'grad ' : 'fwd  ';

@@ -113,7 +113,11 @@ export class TrainingArtifacts {
     let s = this.sessions.get(file);
     if (!s) {
       // The eval graph is a forward: it keeps ONNX Runtime's arena where the step goes without it.
-      const runtime = file === this.manifest.eval.file ? forwardRuntime(this.runtime) : this.runtime;
+      // So do the gradient graphs of a forward built in pieces: each tensor under glibc's 32 MiB mmap
+      // bound, the arena's regions are reused from piece to piece, where without it glibc's heap
+      // kept far more than the live tensors (docs/performance.md, "The training forward in pieces").
+      const arena = file === this.manifest.eval.file || (this.manifest.inPieces === true && file !== this.manifest.optimizer.file);
+      const runtime = arena ? forwardRuntime(this.runtime) : this.runtime;
       s = Session.create(path.join(this.dir, file), runtime, this.outputLocations(file));
       this.sessions.set(file, s);
     }

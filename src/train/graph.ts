@@ -57,6 +57,8 @@ export interface TrainProblem {
 export interface BatchShape {
   rows: number;
   len: number;
+  /** The bound in bytes each tensor is kept under (absent: layers.ts TENSOR_BOUND); tests set it small. */
+  bound?: number;
 }
 
 const F = 'float32' as const;
