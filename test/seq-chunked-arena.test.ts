@@ -3,8 +3,8 @@
  * every piece under glibc's 32 MiB mmap bound, the arena reuses its regions from piece to piece, where
  * without it glibc's heap held four times the live tensors. The manifest says so (`inPieces`) only for
  * a graph that was cut; the training artifacts then open the training and fused-step graphs without
- * `arena: false` under the memory-saving runtime, the optimizer graph with it, and the step gives the
- * loss and gradients of the graph built whole.
+ * `arena: false` under the memory-saving runtime, the optimizer graph with it, let each go after its
+ * run and open it again for the next; and the step gives the loss and gradients of the graph built whole.
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -52,7 +52,7 @@ function watchCreate(): Map<string, RuntimeOptions[]> {
   return calls;
 }
 
-/** Loss and gradients of one micro-batch, then an update through the optimizer graph, then the fused step. */
+/** Loss and gradients of one micro-batch, an update through the optimizer graph, then two fused steps. */
 async function step(dir: string) {
   const art = await TrainingArtifacts.load(dir, { threads: 1, ...LOW_MEMORY_RUNTIME }, { update: 'graph' });
   const m = readManifest(dir);
@@ -60,8 +60,9 @@ async function step(dir: string) {
   const grads = Object.fromEntries(art.trainableNames.map((n) => [n, Float32Array.from(art.store.data(gradName(n)) as Float32Array)]));
   await art.optimizerStep(1e-3);
   const fused = await art.trainStep(batch.feeds, { lr: 1e-3 });
+  const again = await art.trainStep(batch.feeds, { lr: 1e-3 });
   await art.release();
-  return { loss: metrics.loss, fused: fused.loss, grads, manifest: m };
+  return { loss: metrics.loss, fused: fused.loss, again: again.loss, grads, manifest: m };
 }
 
 describe('the arena for a training graph built in pieces', () => {
@@ -94,9 +95,14 @@ describe('the arena for a training graph built in pieces', () => {
       for (const o of calls.get(f)!) expect(o, f).not.toHaveProperty('arena');
     }
     for (const o of calls.get(m.optimizer.file)!) expect(o.arena).toBe(false);
+    // Each gradient session with the arena is let go after its run (its regions not kept beside the
+    // update) and opened again by the next: the fused step's twice (at load, after the first step).
+    expect([wholeCalls.get(m.training.file)!.length, wholeCalls.get(m.step!.file)!.length]).toEqual([1, 1]);
+    expect([calls.get(m.training.file)!.length, calls.get(m.step!.file)!.length]).toEqual([1, 2]);
     // The same step either way, to float32 rounding.
     expect(Math.abs(b.loss - a.loss)).toBeLessThan(1e-5);
     expect(Math.abs(b.fused - a.fused)).toBeLessThan(1e-5);
+    expect(Math.abs(b.again - a.again)).toBeLessThan(1e-5);
     expect(b.fused).not.toBe(b.loss); // the update moved the parameters
     for (const [name, g] of Object.entries(a.grads)) {
       expect(g.some((x) => x !== 0), name).toBe(true);

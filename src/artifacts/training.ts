@@ -137,6 +137,20 @@ export class TrainingArtifacts {
     await (await s).release();
   }
 
+  /**
+   * After a gradient run that kept the arena under a runtime without it (a forward built in pieces):
+   * the session is let go, so the regions its run grew are not resident beside the optimizer update
+   * (the moments' pages, the gradients' copies); the next gradient run opens it again. Kept, they took
+   * the 0.5B step at 1,024 tokens past 13.6 GB while the update ran (docs/performance.md).
+   */
+  private async releaseStepArena(file: string): Promise<void> {
+    if (this.runtime.arena !== false || this.manifest.inPieces !== true) return;
+    const s = this.sessions.get(file);
+    if (!s) return;
+    this.sessions.delete(file);
+    await (await s).release();
+  }
+
   /** On the GPU: the outputs that become store entries stay on the device; loss and metrics come back. */
   private outputLocations(file: string): Record<string, OutputLocation> | undefined {
     if (!this.transfer) return undefined;
@@ -227,6 +241,7 @@ export class TrainingArtifacts {
     const feeds = this.feedsFor(m.inputs, batch, extra, m.file);
     const fetch = [m.loss, ...m.metrics];
     const out = await this.store.run(await this.session(m.file), feeds, this.gradUpdates, fetch);
+    await this.releaseStepArena(m.file);
     this.pending++;
     const metrics: Metrics = {};
     for (const name of fetch) metrics[name] = scalarOf(out[name], name);
@@ -312,6 +327,7 @@ export class TrainingArtifacts {
     const feeds = this.feedsFor(m.inputs, batch, extra, m.file);
     const fetch = [t.loss, ...t.metrics, OPTIM_IO.gradNorm];
     const out = await this.store.run(await this.session(m.file), feeds, this.optUpdates, fetch, (r) => Number.isFinite(scalarOf(r[t.loss], t.loss)));
+    await this.releaseStepArena(m.file);
     const metrics: Metrics = {};
     for (const name of fetch) metrics[name] = scalarOf(out[name], name);
     if (Number.isFinite(metrics[t.loss])) this.step++;
