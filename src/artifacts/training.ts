@@ -131,9 +131,14 @@ export class TrainingArtifacts {
    */
   private async releaseEvalArena(): Promise<void> {
     if (this.runtime.arena !== false) return;
-    const s = this.sessions.get(this.manifest.eval.file);
+    await this.letGo(this.manifest.eval.file);
+  }
+
+  /** Closes the session of `file`, if open; the next use opens it again. */
+  private async letGo(file: string): Promise<void> {
+    const s = this.sessions.get(file);
     if (!s) return;
-    this.sessions.delete(this.manifest.eval.file);
+    this.sessions.delete(file);
     await (await s).release();
   }
 
@@ -145,10 +150,7 @@ export class TrainingArtifacts {
    */
   private async releaseStepArena(file: string): Promise<void> {
     if (this.runtime.arena !== false || this.manifest.inPieces !== true) return;
-    const s = this.sessions.get(file);
-    if (!s) return;
-    this.sessions.delete(file);
-    await (await s).release();
+    await this.letGo(file);
   }
 
   /** On the GPU: the outputs that become store entries stay on the device; loss and metrics come back. */
