@@ -14,7 +14,7 @@ import { Session, toOrt, type Feeds } from '../src/runtime/session.ts';
 import { Normal } from '../src/random.ts';
 import type { ModelConfig } from '../src/models/config.ts';
 import type { FloatTensor } from '../src/models/checkpoint.ts';
-import { pad, randomIds, randomWeights, testConfig, type PaddedBatch } from './helpers/model-fixtures.ts';
+import { feedsOf, pad, randomIds, randomWeights, testConfig, worst } from './helpers/model-fixtures.ts';
 import { referenceLogps } from './helpers/reference-forward.ts';
 
 // A vocabulary of three slices' worth (headChunksOf: 8,192 entries a slice).
@@ -23,18 +23,6 @@ const weights = randomWeights(config, 3);
 const rng = new Normal(4);
 const rows = [9, 5, 8].map((n) => ({ ids: randomIds(n, config.vocab_size, rng), loss: Array.from({ length: n }, (_, t) => (t >= 3 ? 1 : 0)) }));
 const batch = pad(rows, 9, ['left', 'right', 'left']);
-
-function feedsOf(g: Graph, b: PaddedBatch, w: Map<string, FloatTensor>, names: Iterable<string>): Feeds {
-  const B = b.ids.length;
-  const T = b.ids[0].length;
-  const feeds: Feeds = {
-    input_ids: toOrt('int64', BigInt64Array.from(b.ids.flat().map(BigInt)), [B, T]),
-    attention_mask: toOrt('int64', BigInt64Array.from(b.attention.flat().map(BigInt)), [B, T]),
-    loss_mask: toOrt('float32', Float32Array.from(b.loss.flat()), [B, T]),
-  };
-  for (const n of names) feeds[n] = toOrt('float32', Float32Array.from(w.get(n)!.data), g.tensor(n).staticShape!);
-  return feeds;
-}
 
 /** The scoring graph with `headChunks` (undefined: its default): outputs, and how many head slices it holds. */
 async function score(c: ModelConfig, headChunks?: number) {
@@ -45,17 +33,6 @@ async function score(c: ModelConfig, headChunks?: number) {
   const out = await s.run(feedsOf(g, batch, weights, params));
   await s.release();
   return { logp: Float64Array.from(out.logp.data as Float32Array), tokenLogps: Float64Array.from(out.token_logps.data as Float32Array), slices };
-}
-
-/** Largest |a − b| relative to the largest |b| (float32 rounding of sums over 17k logits: ~1e-6). */
-function worst(a: ArrayLike<number>, b: ArrayLike<number>): number {
-  let scale = 0;
-  let d = 0;
-  for (let i = 0; i < b.length; i++) {
-    scale = Math.max(scale, Math.abs(b[i]));
-    d = Math.max(d, Math.abs(a[i] - b[i]));
-  }
-  return d / scale;
 }
 
 describe('the output head in slices over the scored rows', () => {

@@ -10,7 +10,8 @@
  * --gradient-checkpointing profiles the recomputing graph under the runtime the trainer gives it
  * (no arena, no memory pattern), as the bench does with the same flag. --layers keeps the first N
  * decoder layers of the preset (a cheap proxy that keeps its width and vocabulary); --lora R puts
- * rank-R adapters on every projection, as `bench --lora`.
+ * rank-R adapters on every projection, as `bench --lora`. --big MIB lists the nodes whose outputs
+ * exceed MIB MiB (glibc maps a block above 32 MiB afresh: docs/performance.md, issue 46).
  */
 import fs from 'node:fs';
 import os from 'node:os';
@@ -38,6 +39,7 @@ const { values: a } = parseArgs({
     layers: { type: 'string' },
     lora: { type: 'string' },
     arena: { type: 'string' },
+    big: { type: 'string' },
   },
 });
 const preset = a.preset as Preset;
@@ -89,8 +91,13 @@ session.endProfiling();
 await session.release();
 
 const file = fs.readdirSync(dir).filter((f) => f.startsWith(`profile_${a.graph}`) && f.endsWith('.json')).map((f) => path.join(dir, f)).sort().pop()!;
-interface Ev { cat: string; name: string; dur: number; args?: { op_name?: string; thread_scheduling_stats?: unknown } }
-const events = (JSON.parse(fs.readFileSync(file, 'utf8')) as Ev[]).filter((e) => e.cat === 'Node' && e.name.endsWith('_kernel_time'));
+interface Ev { cat: string; name: string; dur: number; args?: { op_name?: string; output_size?: string; output_type_shape?: unknown; mem_bytes_in_use?: string; mem_peak_bytes?: string } }
+const allEvents = JSON.parse(fs.readFileSync(file, 'utf8')) as Ev[];
+const events = allEvents.filter((e) => e.cat === 'Node' && e.name.endsWith('_kernel_time'));
+// The bytes ONNX Runtime's allocator holds for live tensors after each node: reported only where it
+// keeps statistics (its arena). Beside peak RSS it separates live tensors from what the heap keeps.
+const liveGB = allEvents.reduce((m, e) => Math.max(m, Number(e.args?.mem_bytes_in_use ?? 0)), 0) / 2 ** 30;
+const bigOutputs = new Map<string, { op: string; mib: number; shape: string }>();
 // The first run in the file is the warm-up: keep the last `runs` occurrences of each node.
 const perNode = new Map<string, { op: string; durs: number[] }>();
 for (const e of events) {
@@ -98,6 +105,8 @@ for (const e of events) {
   const n = perNode.get(name) ?? { op: e.args?.op_name ?? '?', durs: [] };
   n.durs.push(e.dur);
   perNode.set(name, n);
+  const mib = Number(e.args?.output_size ?? 0) / 2 ** 20;
+  if (a.big && mib > Number(a.big)) bigOutputs.set(name, { op: n.op, mib, shape: JSON.stringify(e.args?.output_type_shape ?? []) });
 }
 const ms = (us: number) => us / 1000;
 // Each node's fastest run: on a shared machine a kernel is only ever slowed down by others, so the
@@ -120,7 +129,7 @@ function table(title: string, key: (node: string, op: string) => string, top: nu
 }
 
 const median = (xs: number[]) => [...xs].sort((x, y) => x - y)[Math.floor(xs.length / 2)];
-console.log(`${a.graph} graph, ${preset}, opt ${runtime.optLevel}, threads ${runtime.threads ?? 'default'}: wall ${median(wall).toFixed(0)} ms/run, cpu ${median(cpu).toFixed(0)} ms/run of which system ${median(sys).toFixed(0)} ms (medians of ${runs}; with --threads 1 the cpu time is the work, whatever else runs), sum of per-node fastest kernels ${total.toFixed(0)} ms, ${perNode.size} nodes after optimisation; arena ${runtime.arena === false ? 'off' : 'on'}; peak RSS ${(process.resourceUsage().maxRSS / 2 ** 20).toFixed(2)} GB; load average ${os.loadavg()[0].toFixed(1)}`);
+console.log(`${a.graph} graph, ${preset}, opt ${runtime.optLevel}, threads ${runtime.threads ?? 'default'}: wall ${median(wall).toFixed(0)} ms/run, cpu ${median(cpu).toFixed(0)} ms/run of which system ${median(sys).toFixed(0)} ms (medians of ${runs}; with --threads 1 the cpu time is the work, whatever else runs), sum of per-node fastest kernels ${total.toFixed(0)} ms, ${perNode.size} nodes after optimisation; arena ${runtime.arena === false ? 'off' : 'on'}; peak RSS ${(process.resourceUsage().maxRSS / 2 ** 20).toFixed(2)} GB${liveGB > 0 ? `, ONNX Runtime's peak bytes in use ${liveGB.toFixed(2)} GB` : ''}; load average ${os.loadavg()[0].toFixed(1)}`);
 const region = (name: string) => {
   if (name.startsWith('optimizer/')) return 'optimizer';
   const grad = name.includes('grad/') ? 'grad ' : 'fwd  ';
@@ -131,4 +140,17 @@ table('by op type', (_, op) => op, Number(a.top));
 table('by region', (name) => region(name), 30);
 table('by node', (name, op) => `${op}  ${name}`, Number(a.top));
 table('by node, matmuls left out', (name, op) => (/Gemm|MatMul/.test(op) ? 'matmuls' : `${op}  ${name}`), Number(a.top));
+if (a.big) {
+  const byOp = new Map<string, { n: number; mib: number; shapes: Set<string> }>();
+  for (const b of bigOutputs.values()) {
+    const s = byOp.get(b.op) ?? { n: 0, mib: 0, shapes: new Set<string>() };
+    s.n++;
+    s.mib = Math.max(s.mib, b.mib);
+    s.shapes.add(b.shape);
+    byOp.set(b.op, s);
+  }
+  console.log(`\nnodes with outputs over ${a.big} MiB: ${bigOutputs.size}`);
+  for (const [op, s] of [...byOp].sort((x, y) => y[1].n - x[1].n)) console.log(`  ${String(s.n).padStart(5)}×  ${op.padEnd(20)} largest ${s.mib.toFixed(1)} MiB  ${[...s.shapes].slice(0, 4).join(' ')}`);
+  for (const [name, b] of [...bigOutputs].slice(0, Number(a.top))) console.log(`  ${b.mib.toFixed(1).padStart(8)} MiB  ${b.op}  ${name}`);
+}
 if (!a.keep) fs.rmSync(dir, { recursive: true, force: true });

@@ -20,7 +20,7 @@ import { measureMatmulPeak } from '../../src/runtime/peak.ts';
 import { checkDevice, type RuntimeOptions } from '../../src/runtime/session.ts';
 import { describePlacement, placement } from '../../src/runtime/placement.ts';
 import { readManifest, type ArtifactTarget } from '../../src/artifacts/manifest.ts';
-import { collate } from '../../src/models/batch.ts';
+import { batchShapeOf, collate } from '../../src/models/batch.ts';
 import type { TokenizedExample } from '../../datasets/examples.ts';
 import { problemOf, problemSpec } from '../../src/train/problem.ts';
 import { DEFAULT_CONFIG, type TrainConfig } from '../../src/train/config.ts';
@@ -253,8 +253,11 @@ export function prepareBench(dir: string, preset: Preset, pairs: number, seqLen:
   for (const [k, t] of initTensors(config, 0)) weights.set(k, quantized.has(k) ? quantizeQ4(t, settings.quant_block_size) : t);
   const lora = loraOf(settings);
   if (lora) for (const [k, v] of initLora(config, lora, 0)) weights.set(k, v);
-  // The problem train and artifacts build from the same settings (src/train/problem.ts).
-  const problem = problemOf(settings, { model: config, kind: 'pairwise', loss: resolveLoss('dpo'), lora, dataKeys: new Set() });
+  // The problem train and artifacts build from the same settings (src/train/problem.ts), for the
+  // batch the bench feeds (its chunking, under recomputation, is sized to it).
+  const rows = benchPairs(config.vocab_size, pairs, seqLen);
+  const longest = batchShapeOf(collate(rows, benchCollate(tok.padId, sharePrompt)));
+  const problem = problemOf(settings, { model: config, kind: 'pairwise', loss: resolveLoss('dpo'), lora, dataKeys: new Set(), longest });
   const spec = problemSpec(problem, weights, settings);
   weights.clear();
   const trainableParams = spec.params.filter((p) => p.trainable).reduce((n, p) => n + p.shape.reduce((a, b) => a * b, 1), 0);
@@ -264,7 +267,12 @@ export function prepareBench(dir: string, preset: Preset, pairs: number, seqLen:
   const artDir = path.join(dir, 'artifacts');
   // The bench never accumulates micro-batches, as the trainer at gradient_accumulation_steps=1.
   buildArtifacts(spec, artDir, artifactsOf(settings));
-  return { config, params: countParameters(config), trainableParams, artDir, initial, rows: benchPairs(config.vocab_size, pairs, seqLen), padId: tok.padId, packed: !!problem.packed };
+  return { config, params: countParameters(config), trainableParams, artDir, initial, rows, padId: tok.padId, packed: !!problem.packed };
+}
+
+/** How the bench collates its pairs. */
+function benchCollate(padId: number, packed: boolean) {
+  return { kind: 'pairwise' as const, padTo: 64, padId, dtype: 'float32' as const, packed };
 }
 
 async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void): Promise<BenchResult> {
@@ -298,7 +306,7 @@ async function benchIn(dir: string, o: BenchOptions, log: (line: string) => void
   const advice = mallocAdvice(o.gradientCheckpointing ?? false, device);
   if (advice) log(advice);
 
-  const collateOpts = { kind: 'pairwise' as const, padTo: 64, padId, dtype: 'float32' as const, packed: sharePrompt };
+  const collateOpts = benchCollate(padId, sharePrompt);
   const c0 = collate(rows, collateOpts);
   const evalRuns = Math.max(1, Math.min(o.steps, 5));
   const evalTimes: number[] = [];

@@ -80,6 +80,13 @@ export interface ArtifactSpec {
    * then recomputes a segment's activations from its inputs (src/autodiff/recompute.ts).
    */
   recompute?: (node: Node) => string | null;
+  /**
+   * Under recomputation, sum the weight gradients of a forward built in pieces in place: each
+   * piece's Gemm takes the running sum as its C (autodiff GradientOptions.gemmSums). Asked after the
+   * forward is built: true where it was cut into pieces (TrainProblem.longest), so other graphs stay
+   * as they were built before.
+   */
+  gemmSums?: () => boolean;
 }
 
 function graphIO(g: Graph): GraphIO {
@@ -129,7 +136,7 @@ function checkSpec(spec: ArtifactSpec): void {
  * gradient is ScatterElements(add): the sorted segment sums need TopK, Unique and float64, which
  * that provider lacks (and its scatter-adds are not repeatable anyway: docs/architecture.md, Determinism).
  */
-export function buildTrainingGraph(spec: ArtifactSpec, target: ArtifactTarget = 'cpu'): { graph: Graph; metrics: string[] } {
+export function buildTrainingGraph(spec: ArtifactSpec, target: ArtifactTarget = 'cpu'): { graph: Graph; metrics: string[]; inPieces: boolean } {
   const g = new Graph('training');
   const { params, batch } = declareInputs(g, spec);
   const fwd = spec.buildForward(g, params, batch, 'train');
@@ -145,7 +152,8 @@ export function buildTrainingGraph(spec: ArtifactSpec, target: ArtifactTarget = 
   const wrt = trainable.map((p) => params[p.name]);
   const firstBackward = g.nodes.length;
   const lowMemory = spec.recompute !== undefined;
-  const grads = gradients(g, fwd.loss, wrt, { eagerSums: lowMemory, scatterAdd: target === 'webgpu' ? 'elements' : 'sorted' });
+  const inPieces = lowMemory && (spec.gemmSums?.() ?? false);
+  const grads = gradients(g, fwd.loss, wrt, { eagerSums: lowMemory, gemmSums: inPieces, scatterAdd: target === 'webgpu' ? 'elements' : 'sorted' });
   const accumulate = spec.gradientAccumulation ?? true;
   // A tensor that is the gradient of two parameters must not take either one's running sum.
   const seen = new Map<string, number>();
@@ -163,7 +171,7 @@ export function buildTrainingGraph(spec: ArtifactSpec, target: ArtifactTarget = 
   });
   if (spec.recompute) recomputeSegments(g, firstBackward, spec.recompute);
   pruneGraph(g, new Set(accumulate ? trainable.map((p) => gradAccName(p.name)) : []));
-  return { graph: g, metrics };
+  return { graph: g, metrics, inPieces };
 }
 
 /**
@@ -259,6 +267,8 @@ export function buildArtifacts(spec: ArtifactSpec, outDir: string, opts: { targe
     },
     eval: { file: ARTIFACT_FILES.eval, ...graphIO(evalGraph) },
     step: { file: ARTIFACT_FILES.step, ...graphIO(stepGraph) },
+    // Written only where true, so a manifest of a graph not cut into pieces is as before.
+    ...(training.inPieces ? { inPieces: true } : {}),
     optimizer: {
       file: ARTIFACT_FILES.optimizer,
       ...graphIO(opt.graph),

@@ -65,6 +65,12 @@ export interface ArtifactsManifest {
    */
   step?: GraphIO & { file: string };
   optimizer: GraphIO & { file: string; dtype: 'float32' | 'float64'; config: ResolvedOptimizerConfig; stateSlots: string[] };
+  /**
+   * True where the training forward was built in pieces that keep every tensor under glibc's 32 MiB
+   * mmap bound (TrainProblem.longest; models/layers.ts TENSOR_BOUND): its gradient sessions then keep
+   * ONNX Runtime's arena, whose regions those pieces reuse (artifacts/training.ts). Absent: not cut.
+   */
+  inPieces?: boolean;
   loss: { name: string; params: Record<string, unknown> } | null;
   modelConfig: unknown;
 }

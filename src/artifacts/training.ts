@@ -113,7 +113,11 @@ export class TrainingArtifacts {
     let s = this.sessions.get(file);
     if (!s) {
       // The eval graph is a forward: it keeps ONNX Runtime's arena where the step goes without it.
-      const runtime = file === this.manifest.eval.file ? forwardRuntime(this.runtime) : this.runtime;
+      // So do the gradient graphs of a forward built in pieces: each tensor under glibc's 32 MiB mmap
+      // bound, the arena's regions are reused from piece to piece, where without it glibc's heap
+      // kept far more than the live tensors (docs/performance.md, "The training forward in pieces").
+      const arena = file === this.manifest.eval.file || (this.manifest.inPieces === true && file !== this.manifest.optimizer.file);
+      const runtime = arena ? forwardRuntime(this.runtime) : this.runtime;
       s = Session.create(path.join(this.dir, file), runtime, this.outputLocations(file));
       this.sessions.set(file, s);
     }
@@ -127,10 +131,26 @@ export class TrainingArtifacts {
    */
   private async releaseEvalArena(): Promise<void> {
     if (this.runtime.arena !== false) return;
-    const s = this.sessions.get(this.manifest.eval.file);
+    await this.letGo(this.manifest.eval.file);
+  }
+
+  /** Closes the session of `file`, if open; the next use opens it again. */
+  private async letGo(file: string): Promise<void> {
+    const s = this.sessions.get(file);
     if (!s) return;
-    this.sessions.delete(this.manifest.eval.file);
+    this.sessions.delete(file);
     await (await s).release();
+  }
+
+  /**
+   * After a gradient run that kept the arena under a runtime without it (a forward built in pieces):
+   * the session is let go, so the regions its run grew are not resident beside the optimizer update
+   * (the moments' pages, the gradients' copies); the next gradient run opens it again. Kept, they took
+   * the 0.5B step at 1,024 tokens past 13.6 GB while the update ran (docs/performance.md).
+   */
+  private async releaseStepArena(file: string): Promise<void> {
+    if (this.runtime.arena !== false || this.manifest.inPieces !== true) return;
+    await this.letGo(file);
   }
 
   /** On the GPU: the outputs that become store entries stay on the device; loss and metrics come back. */
@@ -223,6 +243,7 @@ export class TrainingArtifacts {
     const feeds = this.feedsFor(m.inputs, batch, extra, m.file);
     const fetch = [m.loss, ...m.metrics];
     const out = await this.store.run(await this.session(m.file), feeds, this.gradUpdates, fetch);
+    await this.releaseStepArena(m.file);
     this.pending++;
     const metrics: Metrics = {};
     for (const name of fetch) metrics[name] = scalarOf(out[name], name);
@@ -308,6 +329,7 @@ export class TrainingArtifacts {
     const feeds = this.feedsFor(m.inputs, batch, extra, m.file);
     const fetch = [t.loss, ...t.metrics, OPTIM_IO.gradNorm];
     const out = await this.store.run(await this.session(m.file), feeds, this.optUpdates, fetch, (r) => Number.isFinite(scalarOf(r[t.loss], t.loss)));
+    await this.releaseStepArena(m.file);
     const metrics: Metrics = {};
     for (const name of fetch) metrics[name] = scalarOf(out[name], name);
     if (Number.isFinite(metrics[t.loss])) this.step++;

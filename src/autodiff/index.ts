@@ -3,7 +3,7 @@
  * d(y)/d(wrt[i]): a forward sweep marks what depends on `wrt`, one reverse sweep over the nodes
  * calls each op's rule (rules.ts) and sums the gradients of tensors with several consumers.
  */
-import { Graph, Tensor, type Node } from '../onnx/graph.ts';
+import { attr, Graph, Tensor, type Node } from '../onnx/graph.ts';
 import { isFloat } from '../onnx/dtype.ts';
 import { RULES, NON_DIFFERENTIABLE, type RuleContext, type ScatterAdd } from './rules.ts';
 import { expandLike } from './shape.ts';
@@ -19,6 +19,13 @@ export interface GradientOptions {
    * of one Sum at first use: the contributions need not all be alive at once (recomputation).
    */
   eagerSums?: boolean;
+  /**
+   * With `eagerSums`: a contribution made by a Gemm without a C input takes the running sum as its C
+   * (β = 1) instead of an Add after it. ONNX Runtime's Gemm writes into C's buffer, so the pieces of a
+   * chunked forward (head slices, runs of rows) sum their weight gradients into one tensor, where an
+   * Add chain makes two fresh ones per piece (`[V, D]`, 519 MiB at Qwen2.5-0.5B's head: issue 46).
+   */
+  gemmSums?: boolean;
   /** How a gather's gradient adds the rows of a repeated index; default 'sorted' (rules.ts, ScatterAdd). */
   scatterAdd?: ScatterAdd;
 }
@@ -67,11 +74,29 @@ export function gradients(g: Graph, y: Tensor, wrt: Tensor[], opts: GradientOpti
         if (!d || !needs[i]) return;
         const name = node.inputs[i];
         const parts = pending.get(name) ?? [];
-        pending.set(name, opts.eagerSums && parts.length ? [g.add(parts[0], d)] : [...parts, d]);
+        pending.set(name, opts.eagerSums && parts.length ? [sumInto(g, parts[0], d, opts.gemmSums ?? false)] : [...parts, d]);
       });
     }
     return wrt.map((t) => (live.has(t.name) ? total(t.name) : null));
   });
+}
+
+/**
+ * `sum + d`: folded into d's Gemm as its C when `gemm` and nothing has read d yet (a rule's fresh
+ * output; both are contributions to one tensor's gradient, so of one shape), else an Add.
+ */
+function sumInto(g: Graph, sum: Tensor, d: Tensor, gemm: boolean): Tensor {
+  const node = g.producer.get(d.name);
+  if (gemm && node?.op === 'Gemm' && node.domain === '' && (node.inputs.length < 3 || node.inputs[2] === '') && node.outputs.length === 1 && sum.dtype === d.dtype) {
+    let read = false;
+    for (let k = g.nodes.length - 1; k >= 0 && g.nodes[k] !== node; k--) if (g.nodes[k].inputs.includes(d.name)) read = true;
+    if (!read) {
+      node.inputs[2] = sum.name;
+      node.attrs.beta = attr.float(1);
+      return d;
+    }
+  }
+  return g.add(sum, d);
 }
 
 function context(g: Graph, node: Node, dy: (Tensor | null)[], needs: boolean[], scatterAdd: ScatterAdd): RuleContext {

@@ -297,3 +297,9 @@ function finish(rows: TokenizedExample[], feeds: Feeds, K: number, o: CollateOpt
   }
   return { feeds };
 }
+
+/** A collated batch's size as the training graph's chunking reads it (TrainProblem.longest): rows and length of `input_ids`. */
+export function batchShapeOf(c: Collated): { rows: number; len: number } {
+  const [rows, len] = c.feeds.input_ids.dims;
+  return { rows, len };
+}

@@ -36,6 +36,25 @@ export interface BatchIndex {
    * one piece's `[B, heads/pieces, T, T]` scores are alive at a time instead of all heads'.
    */
   pieces?: number;
+  /**
+   * The largest batch the graph is built for (CausalLMOptions.chunking): the training forward then
+   * runs its MLP in pieces of rows and attention in blocks of queries, as many as keep each piece's
+   * tensors under `bound` bytes at that shape (src/models/layers.ts, `piecesUnder`).
+   */
+  chunking?: Chunking;
+}
+
+/**
+ * A batch shape for chunking: `rows` × `len` input ids, each tensor under `bound` bytes (default
+ * layers.ts's TENSOR_BOUND). Numbers fixed when the graph is built; the pieces' sizes follow the
+ * batch at run time (K near-equal runs), so a shorter batch gets smaller pieces.
+ */
+export interface Chunking {
+  rows: number;
+  len: number;
+  bound?: number;
+  /** Set by the builders: the most pieces any block of the graph was cut into (1 or absent: none was). */
+  built?: number;
 }
 
 /** Index tensors shared by the layers of one decode graph. */

@@ -9,7 +9,7 @@
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import { UserError } from '../errors.ts';
 import { type Family, type GgufNames, type Gpt2Config, type LoraModule, type ModelParams, type OnnxNames, ggufValue as gv } from './family.ts';
-import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, decodeHeads, extendCache, layerNorm, project, reshapeTo, splitHeads } from './layers.ts';
+import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, chunkRows, decodeHeads, extendCache, layerNorm, project, reshapeTo, splitHeads } from './layers.ts';
 
 /** MLP width: `n_inner`, or 4 · n_embd when the file says null. */
 export function gpt2Inner(c: Gpt2Config): number {
@@ -60,7 +60,7 @@ function gpt2Hidden(g: Graph, c: Gpt2Config, P: ModelParams, bi: BatchIndex): Te
       const h1 = g.add(h, attnOut);
       const mlpOut = g.scope('mlp', () => {
         const x = layerNorm(g, h1, P.get(p + 'ln_2.weight'), P.get(p + 'ln_2.bias'), eps);
-        return proj('mlp.c_proj', activation(g, c.activation_function, proj('mlp.c_fc', x)));
+        return chunkRows(g, bi, x, gpt2Inner(c), (x) => proj('mlp.c_proj', activation(g, c.activation_function, proj('mlp.c_fc', x))));
       });
       return g.add(h1, mlpOut);
     });

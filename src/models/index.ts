@@ -6,7 +6,7 @@
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from './config.ts';
 import { familyFor } from './families.ts';
-import { type BatchIndex, type FloatDType, batchIndex, lmHead, packedBatchIndex } from './layers.ts';
+import { type BatchIndex, type Chunking, type FloatDType, batchIndex, lmHead, packedBatchIndex } from './layers.ts';
 import type { LoraConfig } from './lora.ts';
 import { Params, VALUE_HEAD_BIAS, VALUE_HEAD_WEIGHT } from './params.ts';
 
@@ -32,6 +32,8 @@ export interface CausalLMOptions {
   batch?: BatchIndex;
   /** Attention in up to this many pieces over the key/value heads, to bound its memory (BatchIndex.pieces). */
   attentionPieces?: number;
+  /** The largest batch the graph is built for: the MLP and attention in pieces that keep each tensor under a bound there (BatchIndex.chunking). */
+  chunking?: Chunking;
 }
 
 export interface CausalLM {
@@ -64,7 +66,7 @@ export function buildCausalLM(g: Graph, config: ModelConfig, params: Map<string,
     return batchIndex(g, inputs.inputIds, inputs.attentionMask, dtype, window);
   };
   const shared = opts.batch ?? indexOf();
-  const bi = opts.attentionPieces ? { ...shared, pieces: opts.attentionPieces } : shared;
+  const bi = opts.attentionPieces || opts.chunking ? { ...shared, ...(opts.attentionPieces ? { pieces: opts.attentionPieces } : {}), ...(opts.chunking ? { chunking: opts.chunking } : {}) } : shared;
   const hidden = family.hidden(g, config, P, bi);
   const headWeight = family.headWeight(config, P);
   let logits: Tensor | undefined;

@@ -6,11 +6,11 @@
  * to `[B, heads, T, head_dim]`. The second half holds the blocks of KV-cached decoding (src/models/decode.ts).
  */
 import { attr, Graph, Tensor, type Dim, type Shape } from '../onnx/graph.ts';
-import type { Activation, Adapter, BatchIndex, DecodeIndex, FloatDType } from './family.ts';
+import type { Activation, Adapter, BatchIndex, Chunking, DecodeIndex, FloatDType } from './family.ts';
 
 // The batch, decode and adapter types are declared in family.ts, which the family files and this file
 // both stand on; re-exported here for the modules that build graphs from layers.
-export type { Adapter, BatchIndex, DecodeIndex, FloatDType };
+export type { Adapter, BatchIndex, Chunking, DecodeIndex, FloatDType };
 
 /**
  * Additive mask value: exp(x − 1e9) is exactly 0 in float32 and float64, yet a row whose keys are all
@@ -193,7 +193,13 @@ export function attention(g: Graph, bi: BatchIndex, q: Tensor, kT: Tensor, v: Te
   const group = heads / kvHeads;
   let ctx: Tensor;
   const parts = piecesOf(kvHeads, bi.pieces ?? 1);
-  if (parts > 1) {
+  // One block's scores `[B, heads/parts, T_k, T]` under the bound at the batch shape the graph is built for.
+  const c = bi.chunking;
+  const blocks = c ? Math.min(piecesUnder(c.rows * (heads / parts) * c.len * c.len * dtypeBytes(bi.dtype), c.bound), c.len) : 1;
+  if (blocks > 1) {
+    c!.built = Math.max(c!.built ?? 1, blocks);
+    ctx = blockedAttention(g, bi, q, kT, v, heads, kvHeads, headDim, parts, blocks);
+  } else if (parts > 1) {
     // The same products per head, in `parts` groups of whole key/value heads (and their query heads).
     const per = kvHeads / parts;
     const GT = mulDims(group, T);
@@ -223,10 +229,95 @@ export function attention(g: Graph, bi: BatchIndex, q: Tensor, kT: Tensor, v: Te
   return reshapeTo(g, merged, [-1, heads * headDim], [N, heads * headDim]);
 }
 
+/**
+ * Attention in blocks of queries: the query rows and the mask cut into K runs along T, each block
+ * scored against every key (`[B, heads, T_k, T]`) with its own softmax, and the contexts joined
+ * again along T. Same products row by row as {@link attention}'s; within a block, the heads in
+ * `parts` groups of key/value heads as there.
+ */
+function blockedAttention(g: Graph, bi: BatchIndex, q: Tensor, kT: Tensor, v: Tensor, heads: number, kvHeads: number, headDim: number, parts: number, blocks: number): Tensor {
+  const { B, T } = bi;
+  const group = heads / kvHeads;
+  const per = kvHeads / parts;
+  const take = (x: Tensor, k: number) => (parts === 1 ? x : g.slice(x, [k * per], [(k + 1) * per], [1]));
+  const keys = Array.from({ length: parts }, (_, k) => take(kT, k));
+  const values = Array.from({ length: parts }, (_, k) => take(v, k));
+  const qs = splitEven(g, q, 2, blocks, 'query');
+  const masks = splitEven(g, bi.mask, 2, blocks, 'query');
+  const ctxs = qs.map((qj, j) => {
+    const Tj = `query_${j}`;
+    const GT = mulDims(group, Tj);
+    const qg = group === 1 ? qj : reshapeTo(g, qj, [0, kvHeads, -1, headDim], [B, kvHeads, GT, headDim]);
+    // A block left empty (a batch with fewer positions than blocks) sums its key and value gradients
+    // over no queries, and ONNX Runtime's FusedMatMul (its optimizer's MatMul of a Transpose) then
+    // leaves its output unwritten: the block reads keys and values through Where(block not empty),
+    // whose gradient is 0 there whatever that product holds.
+    const filled = g.greater(g.dim(qj, 2), 0); // [1]
+    const pieces = keys.map((kk, k) => {
+      const s = reshapeTo(g, g.matmul(take(qg, k), g.where(filled, kk, 0)), [0, per * group, -1, 0], [B, per * group, Tj, T]);
+      const p = g.softmax(g.add(s, masks[j]), -1);
+      const pg = group === 1 ? p : reshapeTo(g, p, [0, per, -1, 0], [B, per, GT, T]);
+      return g.matmul(pg, g.where(filled, values[k], 0)); // [B, per, G·T_j, hd]
+    });
+    const joined = parts === 1 ? pieces[0] : g.concat(pieces, 1); // [B, KV, G·T_j, hd]
+    return group === 1 ? joined : reshapeTo(g, joined, [0, heads, -1, headDim], [B, heads, Tj, headDim]);
+  });
+  return joinEven(g, ctxs, 2, [B, heads, T, headDim]);
+}
+
 /** The largest divisor of `kvHeads` that is at most `wanted`. */
 function piecesOf(kvHeads: number, wanted: number): number {
   for (let p = Math.min(wanted, kvHeads); p > 1; p--) if (kvHeads % p === 0) return p;
   return 1;
+}
+
+/**
+ * glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX, 32 MiB). Without ONNX Runtime's
+ * arena (the gradient sessions' LOW_MEMORY_RUNTIME) every op output is a malloc; one above this is a
+ * fresh mapping the kernel zero-fills page by page at each allocation, one at or below it is recycled
+ * inside the heap (docs/performance.md, issue 46). The chunked training forward keeps its tensors under it.
+ */
+export const TENSOR_BOUND = 32 * 2 ** 20;
+
+function dtypeBytes(dtype: FloatDType): number {
+  return dtype === 'float64' ? 8 : 4;
+}
+
+/** How many near-equal pieces keep a tensor of `bytes` under `bound`: 1 when it already is. */
+export function piecesUnder(bytes: number, bound = TENSOR_BOUND): number {
+  return Math.max(1, Math.ceil(bytes / bound));
+}
+
+/**
+ * `x` cut along `axis` into `K` runs of near-equal sizes taken at run time, ⌊(k+1)·n/K⌋ − ⌊k·n/K⌋ of
+ * its n entries (a run is empty when n < K): one Split, whose gradient is one Concat. Piece k's dim is
+ * named `${name}_k`, so the ops after it see matching shapes.
+ */
+export function splitEven(g: Graph, x: Tensor, axis: number, K: number, name: string): Tensor[] {
+  const n = g.dim(x, axis); // [1]
+  const cuts = g.div(g.mul(n, g.ints(Array.from({ length: K + 1 }, (_, k) => k))), g.ints([K])); // [K + 1]
+  const sizes = g.sub(g.slice(cuts, [1], [K + 1]), g.slice(cuts, [0], [K]));
+  const outs = Array.from({ length: K }, (_, k) => ({ dtype: x.dtype, shape: x.shape ? x.shape.map((d, i) => (i === axis ? `${name}_${k}` : d)) : null }));
+  return g.op('Split', [x, sizes], { axis: attr.int(axis) }, outs);
+}
+
+/** The pieces of {@link splitEven} joined again along `axis`, as `shape`. */
+export function joinEven(g: Graph, xs: Tensor[], axis: number, shape: Shape): Tensor {
+  return g.op('Concat', xs, { axis: attr.int(axis) }, [{ dtype: xs[0].dtype, shape }])[0];
+}
+
+/**
+ * A row-wise block `f` (an MLP) of `x [N, D]`, in as many runs of rows as keep its widest tensor
+ * (`width` columns) under the bound at the batch shape the graph is built for (`bi.chunking`); one
+ * run, `f(x)` itself, without chunking or when the widest tensor fits.
+ */
+export function chunkRows(g: Graph, bi: BatchIndex, x: Tensor, width: number, f: (x: Tensor) => Tensor): Tensor {
+  const c = bi.chunking;
+  const K = c ? Math.min(piecesUnder(c.rows * c.len * width * dtypeBytes(bi.dtype), c.bound), c.rows * c.len) : 1;
+  if (K <= 1) return f(x);
+  c!.built = Math.max(c!.built ?? 1, K);
+  const ys = splitEven(g, x, 0, K, 'rows').map(f);
+  return joinEven(g, ys, 0, [bi.N, ys[0].shape?.[1] ?? '?']);
 }
 
 /** `[N, heads·hd]` → `[B, T, heads, hd]`. */

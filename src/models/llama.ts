@@ -13,7 +13,7 @@
 import type { Graph, Tensor } from '../onnx/graph.ts';
 import { UserError } from '../errors.ts';
 import { type Activation, type Family, type FieldReader, type GgufNames, type LlamaConfig, type LoraModule, type ModelParams, type LlamaType, type OnnxNames, type SpecialIds, ggufValue as gv } from './family.ts';
-import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, extendCache, fusedRmsNorm, project, reshapeRt, rmsNorm, rotaryEmbedding, splitHeads } from './layers.ts';
+import { type BatchIndex, type DecodeIndex, activation, attention, cachedAttention, chunkRows, extendCache, fusedRmsNorm, project, reshapeRt, rmsNorm, rotaryEmbedding, splitHeads } from './layers.ts';
 
 /** A projection of layer tensors by module name (`self_attn.q_proj`), with its LoRA adapter when on. */
 export type Proj = (name: string, x: Tensor, hasBias: boolean) => Tensor;
@@ -271,6 +271,8 @@ export interface Attend {
   fused?: { rotate(x: Tensor, n: number, query: boolean): Tensor };
   /** Layer i's attention of q `[B, T, H, hd]` (scaled) over k, v `[B, T, KV, hd]` → context `[N, H·hd]`. */
   attend(layer: number, q: Tensor, k: Tensor, v: Tensor): Tensor;
+  /** The training forward's MLP over runs of rows (layers.ts `chunkRows`; `width`: its widest tensor's columns); absent: at once. */
+  rows?(x: Tensor, width: number, f: (x: Tensor) => Tensor): Tensor;
 }
 
 /** The decoder: embeddings, every layer, the final norm → `[N, D]`. */
@@ -281,6 +283,8 @@ function llamaStack(fam: LlamaMember, g: Graph, c: LlamaConfig, P: ModelParams, 
   const rd = rotaryDim(fam, c);
   const bias = attentionBiases(fam, c);
   const weight = (w: string) => (fam.normWeight ? fam.normWeight(g, P.get(w)) : P.get(w));
+  // The MLP's widest tensor: the widest projection of a layer (phi3's gate_up: 2·ffn).
+  const mlpWidth = Math.max(...layerProjections(fam, c, '').filter((m) => m.name.startsWith('mlp.')).map((m) => Math.max(m.in, m.out)));
   const norm = (x: Tensor, w: string) => rmsNorm(g, x, weight(w), c.rms_norm_eps);
   // Fused: `carry` is the last block's output, not yet added to the residual stream `h`: the next
   // norm takes the sum and the norm in one node and hands the sum back.
@@ -324,9 +328,12 @@ function llamaStack(fam: LlamaMember, g: Graph, c: LlamaConfig, P: ModelParams, 
         let x: Tensor;
         if (at.fused) [x, h1] = addNorm(hIn, p + 'post_attention_layernorm.weight');
         else x = norm(h1!, p + 'post_attention_layernorm.weight');
-        if (fam.mlp) return fam.mlp(g, c, p, x, proj);
-        const gate = activation(g, c.hidden_act, proj('mlp.gate_proj', x, c.mlp_bias));
-        return proj('mlp.down_proj', g.mul(gate, proj('mlp.up_proj', x, c.mlp_bias)), c.mlp_bias);
+        const mlp = (x: Tensor): Tensor => {
+          if (fam.mlp) return fam.mlp(g, c, p, x, proj);
+          const gate = activation(g, c.hidden_act, proj('mlp.gate_proj', x, c.mlp_bias));
+          return proj('mlp.down_proj', g.mul(gate, proj('mlp.up_proj', x, c.mlp_bias)), c.mlp_bias);
+        };
+        return at.rows ? at.rows(x, mlpWidth, mlp) : mlp(x);
       });
       if (!at.fused) return g.add(h1!, mlpOut);
       carry = mlpOut;
@@ -349,6 +356,7 @@ function llamaHidden(m: LlamaMember, g: Graph, c: LlamaConfig, P: ModelParams, b
   return llamaStack(m, g, c, P, bi.flatIds, {
     heads: (x, n) => splitHeads(g, bi, x, n, hd),
     rope: ropeTables(m, g, c, bi.positions, bi.dtype),
+    rows: (x, width, f) => chunkRows(g, bi, x, width, f),
     attend: (_i, q, k, v) =>
       attention(
         g,

@@ -41,7 +41,11 @@ export interface SequenceLogps {
  * Slices of the output head: about 8,192 vocabulary entries' worth each, so one slice's `[rows, V]`
  * logits are alive at a time (a Qwen vocabulary of 151,936 tokens: 19 slices). The training graph
  * slices under recomputation, the scoring graphs (`buildLogpsGraph`, the online reference) always:
- * 4,096 scored rows are 2.5 GB of logits at once, and the next two ops' as much again.
+ * 4,096 scored rows are 2.5 GB of logits at once, and the next two ops' as much again. Not more
+ * slices for longer batches: 75 slices at 4,096 scored rows ran the 1,024-token proxy step out of
+ * memory when each slice's backward made a `[V, D]` head-weight gradient of its own (519 MiB at
+ * Qwen2.5-0.5B's shape), summed by Adds; a chunked graph now sums them in place (autodiff
+ * `gemmSums`), not measured with more slices (docs/performance.md, issue 46).
  */
 export function headChunksOf(c: ModelConfig): number {
   return Math.max(1, Math.ceil(c.vocab_size / 8192));

@@ -19,7 +19,8 @@
  * raised the 1,024-token peak past issue 15's bar, its shrinkage and extension strategy are not
  * reachable from onnxruntime-node, and `GLIBC_TUNABLES=glibc.malloc.hugetlb=1` kept the speed but
  * peaked at 12.9–14.4 GB, so the step still goes without both (docs/performance.md, "Real sequence
- * lengths").
+ * lengths") — except a step whose forward was built in pieces under the bound (artifacts.json's
+ * `inPieces`): there every tensor's block is reused by the arena, and its gradient sessions keep it.
  */
 
 /** The value advised. */

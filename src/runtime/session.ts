@@ -59,7 +59,9 @@ export interface RuntimeOptions {
  * Without the arena every tensor over glibc's 32 MiB mmap ceiling is a fresh mapping zero-filled on
  * every run, past 256 positions at the 0.5B shape (its 2-layer proxy's eval: 1.47 CPU ms per token at
  * 1,024 tokens with the arena, 9.2 at 512 without); a forward holds no gradients, so what its arena
- * keeps is small beside a step's peak (docs/performance.md, "Real sequence lengths").
+ * keeps is small beside a step's peak (docs/performance.md, "Real sequence lengths"). The gradient
+ * sessions of a forward built in pieces take it too (artifacts/training.ts): no piece passes the
+ * ceiling, so the arena's regions are reused from piece to piece.
  */
 export function forwardRuntime(r: RuntimeOptions): RuntimeOptions {
   const { arena: _, ...kept } = r;

@@ -12,6 +12,7 @@ import { attr, type Graph, type Node, type Tensor } from '../onnx/graph.ts';
 import type { ModelConfig } from '../models/config.ts';
 import type { BaseTensor } from '../models/quantize-base.ts';
 import { buildCausalLM, valueHead, type LoraConfig } from '../models/index.ts';
+import type { Chunking } from '../models/layers.ts';
 import { headChunksOf, scoredLogps, sequenceLogps, type SequenceLogps } from '../models/logps.ts';
 import { modelParamSpecs } from './run.ts';
 import { canPack } from '../models/batch.ts';
@@ -44,6 +45,20 @@ export interface TrainProblem {
   rationale?: boolean;
   /** The loss reads no reference log-probs (SFT, SimPO, ORPO): the batch carries no `ref_logps`, and no reference is scored. */
   noReference?: boolean;
+  /**
+   * The largest micro-batch the graph is built for: `rows` × `len` input ids. Under recomputation the
+   * MLP and attention then run in as many pieces as keep each tensor under glibc's 32 MiB mmap bound
+   * at that shape (layers.ts TENSOR_BOUND); absent, or where a tensor already fits: the graph as without it.
+   */
+  longest?: BatchShape;
+}
+
+/** A micro-batch's size for chunking (TrainProblem.longest). */
+export interface BatchShape {
+  rows: number;
+  len: number;
+  /** The bound in bytes each tensor is kept under (absent: layers.ts TENSOR_BOUND); tests set it small. */
+  bound?: number;
 }
 
 const F = 'float32' as const;
@@ -171,6 +186,7 @@ function tokenStatMetrics(g: Graph, p: TrainProblem, seq: SequenceLogps): Record
 }
 
 export function buildSpec(p: TrainProblem, weights: ReadonlyMap<string, BaseTensor>, optimizer: OptimizerConfig): ArtifactSpec {
+  const chunking: Chunking | undefined = p.recompute && p.longest ? { ...p.longest } : undefined;
   if (p.packed && (!canPack(p.kind, p.kl) || p.valueHead)) throw new Error(`buildSpec: ${p.kind} batches${p.kl ? ' with KL pairs' : ''}${p.valueHead ? ' with a value head' : ''} cannot share prompts`);
   return {
     params: modelParamSpecs(p.config, weights, p.lora, p.valueHead, p.baseDtype, p.base4bit),
@@ -178,6 +194,8 @@ export function buildSpec(p: TrainProblem, weights: ReadonlyMap<string, BaseTens
     optimizer,
     loss: { name: p.loss.spec, params: Object.fromEntries(p.loss.terms.map((t) => [t.loss.name, t.params])) },
     modelConfig: p.config,
+    // Read after the forward is built: only a forward that was cut into pieces sums in place.
+    gemmSums: () => (chunking?.built ?? 1) > 1,
     recompute: p.recompute || p.baseDtype === 'float16' || p.base4bit ? (n) => (p.recompute ? modelSegment(n) : null) ?? widenSegment(n) : undefined,
     buildForward(g, params, batch, mode) {
       const paramMap = new Map(Object.entries(params));
@@ -185,7 +203,8 @@ export function buildSpec(p: TrainProblem, weights: ReadonlyMap<string, BaseTens
         ? { inputIds: batch.input_ids, packed: { positionIds: batch.position_ids, segmentIds: batch.segment_ids } }
         : { inputIds: batch.input_ids, attentionMask: batch.attention_mask };
       // Under recomputation attention also runs in pieces (at most 4 groups of key/value heads).
-      const model = buildCausalLM(g, p.config, paramMap, inputs, { lora: p.lora, attentionPieces: p.recompute ? 4 : undefined });
+      // ... and, built for a known longest batch, the MLP over runs of rows and attention over blocks of queries.
+      const model = buildCausalLM(g, p.config, paramMap, inputs, { lora: p.lora, attentionPieces: p.recompute ? 4 : undefined, chunking });
       const stats = mode === 'train';
       // Under recomputation the output head runs in slices too, each a segment (src/models/logps.ts);
       // the eval graph's forward then holds one slice's logits at a time as well.

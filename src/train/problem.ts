@@ -14,7 +14,7 @@ import { parameterShapes, type ModelConfig } from '../models/config.ts';
 import { checkBlock, type BaseTensor } from '../models/quantize-base.ts';
 import type { LoraConfig } from '../models/index.ts';
 import type { TrainConfig } from './config.ts';
-import { buildSpec, PROVIDED_KEYS, type TrainProblem } from './graph.ts';
+import { type BatchShape, buildSpec, PROVIDED_KEYS, type TrainProblem } from './graph.ts';
 import { optimizerOf } from './run.ts';
 
 export interface ProblemInputs {
@@ -28,6 +28,8 @@ export interface ProblemInputs {
   dataKeys?: Set<string>;
   /** A resumed run keeps the batch layout its artifacts were built with. */
   packed?: boolean;
+  /** The largest micro-batch the graph will see (TrainProblem.longest), when known. */
+  longest?: BatchShape;
 }
 
 /** Whether the loss reads KTO's mismatched KL pairs from single rows. */
@@ -75,6 +77,7 @@ export function problemOf(c: TrainConfig, i: ProblemInputs): TrainProblem {
     baseDtype: c.base_dtype,
     ...(c.load_in_4bit ? { base4bit: base4bitOf(c, i.model) } : {}),
     ...(readsReference(i.loss, i.kind) ? {} : { noReference: true }),
+    ...(i.longest ? { longest: i.longest } : {}),
   };
 }
 

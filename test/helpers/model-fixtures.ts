@@ -151,3 +151,27 @@ export async function runModel(c: ModelConfig, weights: Map<string, FloatTensor>
 export function randomIds(n: number, vocab: number, rng: Normal): number[] {
   return Array.from({ length: n }, () => Math.floor(rng.uniform() * vocab));
 }
+
+/** Largest |a − b| relative to the largest |b|. */
+export function worst(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  let scale = 0;
+  let d = 0;
+  for (let i = 0; i < b.length; i++) {
+    scale = Math.max(scale, Math.abs(b[i]));
+    d = Math.max(d, Math.abs(a[i] - b[i]));
+  }
+  return d / scale;
+}
+
+/** Feeds of a padded batch (ids, attention and loss masks) and the parameters `names` from `w`. */
+export function feedsOf(g: Graph, b: PaddedBatch, w: Map<string, FloatTensor>, names: Iterable<string>): Feeds {
+  const B = b.ids.length;
+  const T = b.ids[0].length;
+  const feeds: Feeds = {
+    input_ids: toOrt('int64', BigInt64Array.from(b.ids.flat().map(BigInt)), [B, T]),
+    attention_mask: toOrt('int64', BigInt64Array.from(b.attention.flat().map(BigInt)), [B, T]),
+    loss_mask: toOrt('float32', Float32Array.from(b.loss.flat()), [B, T]),
+  };
+  for (const n of names) feeds[n] = toOrt('float32', Float32Array.from(w.get(n)!.data), g.tensor(n).staticShape!);
+  return feeds;
+}
