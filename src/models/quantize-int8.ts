@@ -14,6 +14,7 @@
  * have outlier tokens, which a per-tensor scale lets flatten every other row (docs/distill.md).
  */
 import type { Graph, Tensor } from '../onnx/graph.ts';
+import { rewriteFedProducts } from './quantize.ts';
 
 /** An `[N, K]` weight as int8 `[K, N]` (row-major) with one float32 scale per output column n. */
 export interface Int8Weight {
@@ -106,30 +107,5 @@ export function int8Initializers(g: Graph, name: string, w: Int8Weight): { q: Te
  * embedding stays: its Gather still reads the float32 table). Returns the names quantized.
  */
 export function int8Products(g: Graph, act: ActivationQuant, quantized: (name: string, transposed: boolean) => Int8Weight | null): string[] {
-  const fed = new Map(g.inputs.map((i) => [i.name, i]));
-  const done = new Set<string>();
-  const nodes = [...g.nodes];
-  g.nodes.length = 0;
-  for (const node of nodes) {
-    const [x, w, c] = node.inputs;
-    const transB = node.attrs.transB?.kind === 'int' && node.attrs.transB.value === 1;
-    const plain = node.op === 'Gemm' && node.domain === '' && !node.attrs.transA?.value && node.attrs.alpha === undefined && node.attrs.beta === undefined;
-    const q = plain && fed.get(w)?.shape?.length === 2 ? quantized(w, !transB) : null;
-    if (!q) {
-      g.nodes.push(node);
-      continue;
-    }
-    const { y } = matmulInt8(g, g.tensor(x), int8Initializers(g, w, q), { N: q.N, act });
-    const out = c ? g.add(y, g.tensor(c)) : y;
-    // The last node written now produces the Gemm's output under its name.
-    const last = g.nodes[g.nodes.length - 1];
-    last.outputs = [node.outputs[0]];
-    g.producer.set(node.outputs[0], last);
-    g.values.delete(out.name);
-    done.add(w);
-  }
-  const read = new Set(g.nodes.flatMap((n) => n.inputs));
-  const outputs = new Set(g.outputs.map((v) => v.name));
-  for (let i = g.inputs.length - 1; i >= 0; i--) if (!read.has(g.inputs[i].name) && !outputs.has(g.inputs[i].name) && done.has(g.inputs[i].name)) g.inputs.splice(i, 1);
-  return [...done];
+  return rewriteFedProducts(g, quantized, (x, w, q) => matmulInt8(g, x, int8Initializers(g, w, q), { N: q.N, act }).y);
 }

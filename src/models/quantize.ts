@@ -172,8 +172,25 @@ export interface ProductQuant {
  * tied embedding stays: its Gather still reads the float32 table). Returns the names quantized.
  */
 export function quantizeProducts(g: Graph, o: ProductQuant, quantized: (name: string, transposed: boolean) => QuantizedWeight | null): string[] {
+  return rewriteFedProducts(g, quantized, (x, w, q) => {
+    const packed = g.values.has(`${w}.q`) ? g.tensor(`${w}.q`) : g.initializer(`${w}.q`, { dtype: 'uint8', dims: q.packedShape, data: q.packed });
+    const scales = g.values.has(`${w}.scales`) ? g.tensor(`${w}.scales`) : g.initializer(`${w}.scales`, { dtype: 'float32', dims: [q.scales.length], data: q.scales });
+    return matmulNBits(g, x, { packed, scales }, { N: q.N, K: q.K, bits: o.bits, block: o.block, accuracy: o.accuracy ?? 4 });
+  });
+}
+
+/**
+ * The rewrite both quantized product forms share (MatMulNBits here, the W8A8 integer GEMM in
+ * quantize-int8.ts): every plain `Gemm(x, W[, C])` of `g` (no transA, alpha or beta) whose W is a fed
+ * 2-D weight that `quantized` answers for (asked for W's transpose when the Gemm has no transB: GPT-2's
+ * Conv1D `[K, N]`) becomes `emit(x, W's name, its quantized form)`, C added after, the last node
+ * written producing the Gemm's output under its name. Fed weights no node reads any more leave the
+ * graph's inputs (a tied embedding stays: its Gather still reads the float32 table). Returns the names
+ * rewritten.
+ */
+export function rewriteFedProducts<Q>(g: Graph, quantized: (name: string, transposed: boolean) => Q | null, emit: (x: Tensor, w: string, q: Q) => Tensor): string[] {
   const fed = new Map(g.inputs.map((i) => [i.name, i]));
-  const done: string[] = [];
+  const done = new Set<string>();
   const nodes = [...g.nodes];
   g.nodes.length = 0;
   for (const node of nodes) {
@@ -185,27 +202,18 @@ export function quantizeProducts(g: Graph, o: ProductQuant, quantized: (name: st
       g.nodes.push(node);
       continue;
     }
-    const packed = g.values.has(`${w}.q`) ? g.tensor(`${w}.q`) : g.initializer(`${w}.q`, { dtype: 'uint8', dims: q.packedShape, data: q.packed });
-    const scales = g.values.has(`${w}.scales`) ? g.tensor(`${w}.scales`) : g.initializer(`${w}.scales`, { dtype: 'float32', dims: [q.scales.length], data: q.scales });
-    const out = node.outputs[0];
-    const y = matmulNBits(g, g.tensor(x), { packed, scales }, { N: q.N, K: q.K, bits: o.bits, block: o.block, accuracy: o.accuracy ?? 4 });
+    const y = emit(g.tensor(x), w, q);
+    const out = c ? g.add(y, g.tensor(c)) : y;
     const last = g.nodes[g.nodes.length - 1];
-    if (c) {
-      const add = g.add(y, g.tensor(c));
-      g.nodes[g.nodes.length - 1].outputs = [out];
-      g.producer.set(out, g.nodes[g.nodes.length - 1]);
-      g.values.delete(add.name);
-    } else {
-      last.outputs = [out];
-      g.producer.set(out, last);
-      g.values.delete(y.name);
-    }
-    done.push(w);
+    last.outputs = [node.outputs[0]];
+    g.producer.set(node.outputs[0], last);
+    g.values.delete(out.name);
+    done.add(w);
   }
   const read = new Set(g.nodes.flatMap((n) => n.inputs));
   const outputs = new Set(g.outputs.map((v) => v.name));
-  for (let i = g.inputs.length - 1; i >= 0; i--) if (!read.has(g.inputs[i].name) && !outputs.has(g.inputs[i].name) && done.includes(g.inputs[i].name)) g.inputs.splice(i, 1);
-  return [...new Set(done)];
+  for (let i = g.inputs.length - 1; i >= 0; i--) if (!read.has(g.inputs[i].name) && !outputs.has(g.inputs[i].name) && done.has(g.inputs[i].name)) g.inputs.splice(i, 1);
+  return [...done];
 }
 
 /** The precisions generation takes: f32, f16 (refused on the CPU), q8, q4. */
