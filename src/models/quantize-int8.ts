@@ -14,7 +14,31 @@
  * have outlier tokens, which a per-tensor scale lets flatten every other row (docs/distill.md).
  */
 import type { Graph, Tensor } from '../onnx/graph.ts';
+import { readFileSync } from 'node:fs';
 import { rewriteFedProducts } from './quantize.ts';
+
+let vnni: boolean | undefined;
+
+/**
+ * Whether this machine is known to multiply uint8 × int8 without saturating: an x86-64 CPU whose
+ * /proc/cpuinfo flags name VNNI (avx512_vnni, avx_vnni) or AMX-INT8, where ONNX Runtime's u8×s8
+ * kernels add four products straight into 32 bits. Without VNNI they add pairs of products in 16
+ * bits first (vpmaddubsw), which saturates for activations near 255 against weights near ±127 (why
+ * ONNX Runtime's own quantizer offers 7-bit weights, reduce_range, for such CPUs). Other machines
+ * (arm64, or x86-64 where no flags can be read) answer false: not known, so not assumed.
+ */
+export function int8ExactHere(): boolean {
+  if (vnni === undefined) {
+    let flags = '';
+    try {
+      if (process.arch === 'x64' && process.platform === 'linux') flags = readFileSync('/proc/cpuinfo', 'utf8').match(/^flags\s*:(.*)$/m)?.[1] ?? '';
+    } catch {
+      flags = '';
+    }
+    vnni = /\b(avx512_vnni|avx_vnni|amx_int8)\b/.test(flags);
+  }
+  return vnni;
+}
 
 /** An `[N, K]` weight as int8 `[K, N]` (row-major) with one float32 scale per output column n. */
 export interface Int8Weight {

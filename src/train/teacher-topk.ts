@@ -15,7 +15,7 @@ import type { CausalLM, CausalLMInputs } from '../models/index.ts';
 import { lmHead } from '../models/layers.ts';
 import { collate } from '../models/batch.ts';
 import { productQuant, quantizeBlocks, quantizeProducts, type ProductQuant } from '../models/quantize.ts';
-import { int8Products, quantizeInt8Columns, type ActivationQuant } from '../models/quantize-int8.ts';
+import { int8ExactHere, int8Products, quantizeInt8Columns, type ActivationQuant } from '../models/quantize-int8.ts';
 import { Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
 import { startProgress, type ProgressFactory } from '../progress.ts';
 import { loadTokenizer, type LoadedTokenizer } from '../tokenize/index.ts';
@@ -163,13 +163,14 @@ export type TeacherQuant = ProductQuant | Int8Quant;
 export const TEACHER_DTYPES = ['auto', 'f32', 'f16', 'q8', 'q4', 'int8'] as const;
 
 /**
- * teacher_dtype=auto, the default: int8 where its integer GEMM runs and the teacher does nothing but
- * score (the CPU, without seq_kd, whose generations come from the float32 decoder), f32 elsewhere.
+ * teacher_dtype=auto, the default: int8 where its integer GEMM runs exactly and the teacher does
+ * nothing but score (the CPU, with VNNI: `int8ExactHere`; without seq_kd, whose generations come from
+ * the float32 decoder), f32 elsewhere.
  * Any other value is returned as given.
  */
-export function resolveTeacherDtype(dtype: string, ep: string, seqKd: boolean): string {
+export function resolveTeacherDtype(dtype: string, ep: string, seqKd: boolean, vnni = int8ExactHere()): string {
   if (dtype !== 'auto') return dtype;
-  return ep === 'cpu' && !seqKd ? 'int8' : 'f32';
+  return ep === 'cpu' && !seqKd && vnni ? 'int8' : 'f32';
 }
 
 /** teacher_dtype=int8's variant: per-token activations, the head float32 (docs/distill.md, "The teacher's precision"). */
