@@ -79,7 +79,13 @@ describe('teacher_dtype=int8: the W8A8 product', () => {
     expect(t.scales).toEqual(w.scales);
   });
 
-  it('equals a float64 product of its own integers and scales to float32 rounding; each token quantized on its own scale', async () => {
+  it('is refused in one line on a CPU not known to have VNNI (its products can saturate there)', () => {
+    expect(() => teacherQuant('int8', 32, 'cpu', { dtype: 'teacher_dtype', block: 'teacher_block_size' }, false)).toThrow(/^teacher_dtype=int8: this CPU is not known to have VNNI/);
+    expect(teacherQuant('int8', 32, 'cpu', { dtype: 'teacher_dtype', block: 'teacher_block_size' }, true)).toEqual(INT8_TEACHER);
+  });
+
+  // The int8 kernels run exactly only with VNNI (int8ExactHere): elsewhere teacher_dtype=int8 is refused, above.
+  it.skipIf(!int8ExactHere())('equals a float64 product of its own integers and scales to float32 rounding; each token quantized on its own scale', async () => {
     const { y, u, s } = await int8Product(x, M, Kin, w);
     for (let m = 0; m < M; m++) {
       let amax = 0;
@@ -109,7 +115,7 @@ describe('teacher_dtype=int8: the W8A8 product', () => {
 
 const scored = (rows: readonly TokenizedExample[], quant: TeacherQuant | null) => scoredAt(teacher, rows, K, quant);
 
-describe('teacher_dtype=int8: the scorer', () => {
+describe.skipIf(!int8ExactHere())('teacher_dtype=int8: the scorer (a CPU with VNNI)', () => {
   it("top K against the float32 teacher's float64 forward: |Δ log p| mean ≤ 0.15, max ≤ 0.75, ids agree ≥ 0.9 (as q8's bounds)", async () => {
     const ref = loadModel(teacher) as { config: ModelConfig; weights: RefWeights };
     const rows = teacherRows(ref.config.vocab_size);
@@ -135,10 +141,9 @@ describe('teacher_dtype=int8: the scorer', () => {
     expect(Number.isFinite(r.last.loss)).toBe(true);
     const again = await distill({ teacher, model: student, data: pairs, out: run, resume: true, params: [...params, 'max_steps=2', 'teacher_dtype=int8'] });
     expect(again.cached).toBe(true);
-    // auto, the default, is int8 on a CPU with VNNI (the same cache serves it), f32 on others (refused).
-    const byDefault = distill({ teacher, model: student, data: pairs, out: run, resume: true, params: [...params, 'max_steps=3'] });
-    if (int8ExactHere()) expect((await byDefault).cached).toBe(true);
-    else await expect(byDefault).rejects.toThrow(/teacher\.parquet: cached by a run with different teacher_dtype/);
+    // auto, the default, is int8 on a CPU with VNNI, as here: the same cache serves it.
+    const byDefault = await distill({ teacher, model: student, data: pairs, out: run, resume: true, params: [...params, 'max_steps=3'] });
+    expect(byDefault.cached).toBe(true);
     expect([resolveTeacherDtype('auto', 'cpu', false, true), resolveTeacherDtype('auto', 'cpu', true, true), resolveTeacherDtype('auto', 'webgpu', false, true), resolveTeacherDtype('auto', 'cpu', false, false), resolveTeacherDtype('q8', 'cpu', true)]).toEqual(['int8', 'f32', 'f32', 'f32', 'q8']);
     await expect(distill({ teacher, model: student, data: pairs, out: run, resume: true, params: [...params, 'max_steps=4', 'teacher_dtype=q8'] }))
       .rejects.toThrow(/teacher\.parquet: cached by a run with different teacher_dtype/);

@@ -178,15 +178,17 @@ export const INT8_TEACHER: Int8Quant = { int8: true, act: 'token', head: false }
 
 /**
  * The teacher's products under `dtype`: null for f32, q8/q4's MatMulNBits blocks of `block`
- * (productQuant's refusals), or int8's W8A8 products (CPU only: the integer GEMM is the CPU provider's).
+ * (productQuant's refusals), or int8's W8A8 products (CPU only: the integer GEMM is the CPU provider's;
+ * and only where `vnni`, see int8ExactHere: elsewhere its products can saturate).
  */
-export function teacherQuant(dtype: string, block: number, ep: string, names: { dtype: string; block: string }): TeacherQuant | null {
-  dtype = resolveTeacherDtype(dtype, ep, false);
+export function teacherQuant(dtype: string, block: number, ep: string, names: { dtype: string; block: string }, vnni = int8ExactHere()): TeacherQuant | null {
+  dtype = resolveTeacherDtype(dtype, ep, false, vnni);
   if (dtype !== 'int8') {
     if (!(TEACHER_DTYPES as readonly string[]).includes(dtype)) throw new UserError(`${names.dtype}: "${dtype}" is not one of ${TEACHER_DTYPES.join(', ')}`, { setting: names.dtype });
     return productQuant(dtype, block, ep, names);
   }
   if (ep !== 'cpu') throw new UserError(`${names.dtype}=int8: the integer products (MatMulIntegerToFloat) are ONNX Runtime's CPU kernels; on ${ep} use f32`, { setting: names.dtype });
+  if (!vnni) throw new UserError(`${names.dtype}=int8: this CPU is not known to have VNNI, without which ONNX Runtime's uint8 × int8 products can saturate; use q8 or f32`, { setting: names.dtype });
   return INT8_TEACHER;
 }
 
