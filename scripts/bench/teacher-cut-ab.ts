@@ -47,7 +47,7 @@ for (const dtype of dtypes) {
   g.output(t.vals, 'topk_logps');
   g.output(t.ids, 'topk_ids');
   g.output(t.rest, 'rest_logp');
-  const params = quant ? quantizeTeacher(g, teacher.feeds(), quant) : teacher.feeds();
+  const params = quant ? quantizeTeacher(g, teacher.feeds(), quant, V) : teacher.feeds();
   const session = await Session.fromGraph(g, scoringRuntime({}));
   const c = collate(examples, { kind: 'single', padTo: 1, padId: 0, dtype: 'float32' });
   const index = scoreIndex(c.feeds.loss_mask.data as Float32Array, R, c.length);

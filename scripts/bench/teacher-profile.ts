@@ -29,7 +29,7 @@ const examples = fillerRows(R, P, N);
 const g = buildTopKGraph(teacher, 32, config.vocab_size);
 let params = teacher.feeds();
 const quant = productQuant(dtype, 32, 'cpu', { dtype: 'dtype', block: 'block' });
-if (quant) params = quantizeTeacher(g, params, quant);
+if (quant) params = quantizeTeacher(g, params, quant, config.vocab_size);
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'prefzoo-teacher-profile-'));
 const session = await Session.fromGraph(g, { ...scoringRuntime({}), profilePrefix: path.join(dir, 'p') });
 // As TeacherTopK.score feeds it: the rows (all P + N long) less their last token, the positions scored of the whole rows.

@@ -26,9 +26,10 @@ export interface RuntimeOptions {
    */
   ep?: ExecutionProvider;
   /**
-   * Intra-op threads. Default on the CPU: `PREFZOO_THREADS` if set, else one per core this process may
-   * use (`os.availableParallelism()`), set explicitly: left to ONNX Runtime (intra_op_num_threads 0) this 2-core machine ran its products on
-   * one core (bench --generate --batch 16: 781 decode tokens/s against 1,223 with 2 set, side by side).
+   * Intra-op threads. Default on the CPU (`defaultCpuThreads`): `PREFZOO_THREADS` if set, else one per
+   * core this process may use, set explicitly because ONNX Runtime's own default (intra_op_num_threads 0)
+   * ran a 2-core machine's products on one core (bench --generate --batch 16: 781 decode tokens/s
+   * against 1,223 with 2 set, side by side).
    */
   threads?: number;
   /** Graph optimisation level (default 'extended': measured faster than 'all' for training graphs). */

@@ -127,24 +127,6 @@ export function scoringRuntime(r: RuntimeOptions): RuntimeOptions {
 }
 
 /**
- * Turns the products of `g` over fed weights into `MatMulNBits` over those weights quantized once
- * (each weight's `[N, K]` rows, or the transpose of a `[K, N]` one), baked in; returns the feeds the
- * graph still reads (the weights no float product reads any more are dropped).
- */
-export function quantizeTeacher(g: Graph, feeds: Feeds, quant: ProductQuant): Feeds {
-  quantizeProducts(g, quant, (name, transposed) => {
-    const t = feeds[name];
-    if (!t || t.type !== 'float32' || t.dims.length !== 2) return null;
-    const [r, c] = t.dims.map(Number);
-    // An [N, K] weight (nn.Linear), or a [K, N] one (GPT-2's Conv1D) whose transpose is quantized.
-    const [N, K] = transposed ? [c, r] : [r, c];
-    return quantizeBlocks(t.data as Float32Array, N, K, quant.bits, quant.block, transposed);
-  });
-  const read = new Set(g.inputs.map((i) => i.name));
-  return Object.fromEntries(Object.entries(feeds).filter(([name]) => read.has(name)));
-}
-
-/**
  * teacher_dtype=int8: the W8A8 teacher (src/models/quantize-int8.ts): int8 weights per output channel,
  * the activations quantized per token (`act`, 'tensor' only for the benches' comparison), on ONNX
  * Runtime's integer GEMM; `head` whether the output head (the products over the vocabulary) is
@@ -199,19 +181,31 @@ export function teacherDtypeLabel(q: TeacherQuant): string {
 }
 
 /**
- * Turns the products of `g` over fed weights into W8A8 products over those weights' int8 columns,
- * quantized once and baked in (the head's, `[V, hidden]`, only with `q.head`); returns the feeds the
- * graph still reads.
+ * Turns the products of `g` over fed weights into quantized products over those weights, quantized
+ * once and baked in: `MatMulNBits` blocks (q8/q4), or W8A8 products over int8 columns (int8; the
+ * head's, `[vocab, hidden]`, only with `quant.head`). Each weight is taken as `[N, K]` (nn.Linear's),
+ * or as the transpose of a `[K, N]` one (GPT-2's Conv1D). Returns the feeds the graph still reads
+ * (the weights no float product reads any more are dropped).
  */
-export function quantizeTeacherInt8(g: Graph, feeds: Feeds, q: Int8Quant, vocab: number): Feeds {
-  int8Products(g, q.act, (name, transposed) => {
+export function quantizeTeacher(g: Graph, feeds: Feeds, quant: TeacherQuant, vocab: number): Feeds {
+  const weight = (name: string, transposed: boolean) => {
     const t = feeds[name];
     if (!t || t.type !== 'float32' || t.dims.length !== 2) return null;
     const [r, c] = t.dims.map(Number);
     const [N, K] = transposed ? [c, r] : [r, c];
-    if (N === vocab && !q.head) return null;
-    return quantizeInt8Columns(t.data as Float32Array, N, K, transposed);
-  });
+    return { data: t.data as Float32Array, N, K };
+  };
+  if ('int8' in quant) {
+    int8Products(g, quant.act, (name, transposed) => {
+      const w = weight(name, transposed);
+      return w && (w.N !== vocab || quant.head) ? quantizeInt8Columns(w.data, w.N, w.K, transposed) : null;
+    });
+  } else {
+    quantizeProducts(g, quant, (name, transposed) => {
+      const w = weight(name, transposed);
+      return w && quantizeBlocks(w.data, w.N, w.K, quant.bits, quant.block, transposed);
+    });
+  }
   const read = new Set(g.inputs.map((i) => i.name));
   return Object.fromEntries(Object.entries(feeds).filter(([name]) => read.has(name)));
 }
@@ -235,7 +229,7 @@ export class TeacherTopK {
   static async create(teacher: TeacherForward, o: { K: number; limit: number; runtime: RuntimeOptions; padId: number; quant?: TeacherQuant | null }): Promise<TeacherTopK> {
     const g = buildTopKGraph(teacher, o.K, o.limit);
     let feeds = teacher.feeds();
-    if (o.quant) feeds = 'int8' in o.quant ? quantizeTeacherInt8(g, feeds, o.quant, teacher.config.vocab_size) : quantizeTeacher(g, feeds, o.quant);
+    if (o.quant) feeds = quantizeTeacher(g, feeds, o.quant, teacher.config.vocab_size);
     return new TeacherTopK(await Session.fromGraph(g, o.runtime), feeds, o.K, o.padId);
   }
 
