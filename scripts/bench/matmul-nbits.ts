@@ -12,7 +12,7 @@
  * Prints the fastest and median of `--runs` runs; the variants alternate run by run so that load from
  * other processes falls on all alike.
  *
- *   node --import tsx scripts/bench/matmul-nbits.ts [--shapes "1376x512 512x1376 32000x512"] [--batch "1 8"] [--block 32] [--accuracy "0 4"] [--runs 30] [--threads 2]
+ *   node --import tsx scripts/bench/matmul-nbits.ts [--shapes "1376x512 512x1376 32000x512"] [--batch "1 8"] [--block 32] [--bits "4 8"] [--accuracy "0 4"] [--runs 30] [--threads 2] [--baked-only]
  *   (the 0.5B widths: --shapes "4864x896 896x4864 151936x896")
  */
 import { parseArgs } from 'node:util';
@@ -25,7 +25,10 @@ const { values: a } = parseArgs({
     shapes: { type: 'string', default: '1376x512 512x1376 32000x512' },
     batch: { type: 'string', default: '1 8' },
     block: { type: 'string', default: '32' },
+    bits: { type: 'string', default: '4 8' },
     accuracy: { type: 'string', default: '0 4' },
+    /** Leave out the fed quantized weights (their unpacked path is 4–1,000× slower: minutes at 30 runs). */
+    'baked-only': { type: 'boolean', default: false },
     runs: { type: 'string', default: '30' },
     threads: { type: 'string', default: '2' },
   },
@@ -81,7 +84,7 @@ for (const shape of list(a.shapes)) {
   const [N, K] = shape.split('x').map(Number);
   const W = new Float32Array(N * K).map((_, i) => 0.05 * Math.sin(i * 0.7 + 0.3));
   const variants: (Variant & { q?: ReturnType<typeof quantizeBlocks> })[] = [await float32(N, K, W, 'gemm'), await float32(N, K, W, 'weight-first')];
-  for (const bits of [4, 8] as const) for (const acc of list(a.accuracy).map(Number)) for (const baked of [false, true]) variants.push(await nbits(N, K, W, bits, acc, baked));
+  for (const bits of list(a.bits).map(Number) as QuantBits[]) for (const acc of list(a.accuracy).map(Number)) for (const baked of a['baked-only'] ? [true] : [false, true]) variants.push(await nbits(N, K, W, bits, acc, baked));
   for (const M of list(a.batch).map(Number)) {
     const x = new Float32Array(M * K).map((_, i) => Math.cos(i * 1.3));
     const row: Record<string, unknown> = { N, K, M, block };
