@@ -4,14 +4,16 @@
  * the dequantized weight (accuracy 0: the float32 product within rounding; accuracy 4: the
  * activations quantized to int8 per block, which the reference does too), and the quantized decoder
  * against the float32 decoder fed the dequantized weights (quantized-vs-dequantized: the same logits
- * within rounding, every product of every graph kind rewritten).
+ * within rounding, every product of every graph kind rewritten); a one- or two-row quantized step on
+ * one intra-op thread, drawing as a two-thread one.
  */
 import { describe, expect, it } from 'vitest';
 import { Graph } from '../src/onnx/graph.ts';
 import { Session, toOrt } from '../src/runtime/session.ts';
 import { allocQuantized, dequantizeBlocks, matmulNBits, quantizeBlocks, quantizeInto, type QuantBits } from '../src/models/quantize.ts';
 import { quantizeQ4_0, quantizeQ8_0 } from '../src/export/gguf-file.ts';
-import { Decoder, GenerationSession } from '../src/models/generate.ts';
+import { Decoder, GenerationSession, generateIds } from '../src/models/generate.ts';
+import { sampleRandom } from '../src/models/sampling.ts';
 import { SeededRandom, uniform } from '../src/random.ts';
 import { randomWeights, testConfig } from './helpers/model-fixtures.ts';
 import type { FloatTensor } from '../src/models/checkpoint.ts';
@@ -186,5 +188,30 @@ describe('quantized decoder', () => {
       for (const d of [quant, ref, plain, ref2]) await d.release();
     });
   }
+
+  it("a one-row step runs on one intra-op thread unless the runtime names a count, and draws as a two-thread session's", async () => {
+    const c = testConfig('llama');
+    const w = randomWeights(c, 9);
+    const saved = process.env.PREFZOO_THREADS;
+    process.env.PREFZOO_THREADS = '3';
+    try {
+      const quant = { bits: 4, block: 16 } as const;
+      const one = await Decoder.create(c, w, { quant });
+      const two = await Decoder.create(c, w, { quant, runtime: { threads: 2 } });
+      const plain = await Decoder.create(c, w, {});
+      // One or two rows: one thread; a larger batch and the float32 decoder: the default (PREFZOO_THREADS here).
+      expect([one.stepThreads(1), one.stepThreads(2), one.stepThreads(3), two.stepThreads(1), plain.stepThreads(1)]).toEqual([1, 1, 3, 2, 3]);
+      const draw = (dec: Decoder) =>
+        generateIds([{ decoder: dec, weight: 1 }], [{ promptIds: [3, 9, 1, 4, 7], rng: sampleRandom(4, 0, 0) }], { temperature: 1, maxNewTokens: 12, stopIds: [], padId: 0, batchSize: 1, logprobs: true });
+      const [a, b] = [await draw(one), await draw(two)];
+      expect(a[0].ids).toEqual(b[0].ids);
+      expect(a[0].logps).toEqual(b[0].logps);
+      expect(a[0].logps!.length).toBe(12);
+      for (const d of [one, two, plain]) await d.release();
+    } finally {
+      if (saved === undefined) delete process.env.PREFZOO_THREADS;
+      else process.env.PREFZOO_THREADS = saved;
+    }
+  });
 
 });

@@ -58,6 +58,8 @@ export interface GenerateBenchResult {
   nodes_per_step: { graph: number; runtime: number | null };
   /** f32, or q8/q4 with its block size. */
   dtype: string;
+  /** Intra-op threads of the step session (CPU; a q8/q4 step of one or two rows runs on one unless `--threads` names a count). */
+  step_threads: number | null;
   /**
    * q8/q4: the milliseconds a weight update adds to the next generation (quantizing the weights and
    * making its sessions, measured as a two-token generation after `setWeights` less one without),
@@ -158,6 +160,7 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
   const dec = await Decoder.create(config, weights, { ...(o.quant ? { quant: o.quant } : { bake: o.baked ?? false }), runtime: o.runtime, fused: o.fused });
   // The bench samples at temperature 1: the step graph's head is `sample-t1` (the logits on WebGPU).
   const nodes = await dec.stepNodes(B, 'sample-t1');
+  const stepThreads = dec.stepThreads(B);
   const V = config.vocab_size;
   const reqs = (seed: number): GenerateRequest[] =>
     Array.from({ length: B }, (_, i) => ({ promptIds: Array.from({ length: P }, (_, t) => 16 + ((i * 7919 + t * 104729) % (Math.min(V, 4096) - 16))), rng: sampleRandom(seed, i, 0) }));
@@ -212,7 +215,8 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
   const flops = decodeStepFlops(config, B, P + N / 2);
   const peak = o.skipPeak ? null : (await measureMatmulPeak(o.runtime)).gflops;
   const bw = memoryBandwidth();
-  const weightBytes = matmulParams(config) * 4;
+  // q8/q4: every matrix weight is read as its blocks (bits a value and a float32 scale a block; a short last block's padding left out).
+  const weightBytes = matmulParams(config) * (o.quant ? (o.quant.bits + 32 / o.quant.block) / 8 : 4);
   return {
     engine: 'prefzoo',
     arch,
@@ -222,6 +226,7 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
     fused,
     nodes_per_step: nodes,
     dtype: o.quant ? `q${o.quant.bits} (block ${o.quant.block})` : 'f32',
+    step_threads: stepThreads,
     ...(update ?? {}),
     device: o.runtime?.ep ?? 'cpu',
     batch: B,
@@ -258,7 +263,7 @@ export async function runGenerateBench(o: GenerateBenchOptions): Promise<Generat
 export function formatGenerateBench(r: GenerateBenchResult): string {
   const lines: [string, string][] = [
     ['model', `${r.arch} ${r.preset}, ${r.params.toLocaleString('en-US')} parameters, weights ${r.weights}, ${r.dtype}, ${r.device}, ${r.fused ? 'fused' : 'unfused'} graphs`],
-    ['nodes_per_step', `${r.nodes_per_step.graph} built, ${r.nodes_per_step.runtime ?? 'not read'} after ONNX Runtime's optimisations`],
+    ['nodes_per_step', `${r.nodes_per_step.graph} built, ${r.nodes_per_step.runtime ?? 'not read'} after ONNX Runtime's optimisations${r.step_threads === null ? '' : `; ${r.step_threads} intra-op thread${r.step_threads === 1 ? '' : 's'}`}`],
     ...(r.update_ms !== undefined ? ([['update_ms', `${r.update_ms} (a weight update's cost to the next generation, ${r.update_cpu_ms} ms of process CPU; quantizing ${r.quantize_ms}, making sessions ${r.session_ms})`]] as [string, string][]) : []),
     ['shape', `batch ${r.batch}, prompt ${r.prompt_tokens}, ${r.new_tokens} new tokens, multinomial sampling`],
     ['prefill_ms', String(r.prefill_ms)],

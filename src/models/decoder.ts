@@ -10,7 +10,7 @@ import type { ModelConfig } from './config.ts';
 import type { FloatTensor } from './checkpoint.ts';
 import type { LoraConfig } from './lora.ts';
 import { modelParameterShapes } from './params.ts';
-import { optimizedNodeCount, Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
+import { defaultCpuThreads, optimizedNodeCount, Session, toOrt, type Feeds, type OrtTensor, type RuntimeOptions } from '../runtime/session.ts';
 import type { Graph } from '../onnx/graph.ts';
 import { serializeModelInto } from '../onnx/proto.ts';
 import { buildDecodeGraph, cacheShape, pastName, presentName, type DecodeHead } from './decode.ts';
@@ -67,7 +67,10 @@ export type Pick = { head: 'greedy'; limit: number } | { head: 'sample'; limit: 
  */
 export type Picked = { tokens: BigInt64Array; logps?: Float64Array; logits?: undefined } | { logits: Float32Array; tokens?: undefined };
 
-/** `stepSmall`: the step graph of a batch of one or two rows (see `step`). */
+/**
+ * `stepSmall`: the step graph of a batch of one or two rows (see `step`): its products as x·Wᵀ, and
+ * with `quant` (whose step graph is that already) a session of one intra-op thread.
+ */
 type GraphKind = 'prefill' | 'step' | 'stepSmall' | 'extend';
 
 export class Decoder {
@@ -166,7 +169,7 @@ export class Decoder {
           const frozen = this.build.frozen;
           const rebuilds = !frozen || [...this.current].some((name) => !frozen.has(name));
           this.modelBytes = rebuilds ? new Uint8Array(bytes.buffer) : null;
-          return Session.create(bytes, this.build.runtime);
+          return Session.create(bytes, this.runtimeOf(kind));
         });
         this.creating = s.catch(() => undefined);
       } else s = Session.fromGraph(g, this.build.runtime);
@@ -178,9 +181,21 @@ export class Decoder {
     return s;
   }
 
+  /** A session's runtime: with `quant`, a one- or two-row step on one intra-op thread unless the runtime names a count (see `step`). */
+  private runtimeOf(kind: GraphKind): RuntimeOptions | undefined {
+    const runtime = this.build.runtime;
+    return this.build.quant && kind === 'stepSmall' ? { ...runtime, threads: runtime?.threads ?? 1 } : runtime;
+  }
+
+  /** Intra-op threads of the step session a cache of `maxRows` rows runs (CPU; null on a device). */
+  stepThreads(maxRows: number): number | null {
+    if (this.device) return null;
+    return this.runtimeOf(this.stepKind(maxRows))?.threads ?? defaultCpuThreads();
+  }
+
   /** The step graph a cache made for `maxRows` rows runs (see `step`: one or two rows fed as x·Wᵀ). */
   private stepKind(maxRows: number): GraphKind {
-    return maxRows <= 2 && !this.baked && !this.build.quant ? 'stepSmall' : 'step';
+    return maxRows <= 2 && !this.baked ? 'stepSmall' : 'step';
   }
 
   /**
@@ -336,6 +351,11 @@ export class Decoder {
     // pad the one column to a panel of 16 and multiply all of them; at two rows packing W costs less
     // than the padding still (docs/performance.md: 1.09× a step; at four, even). Baked weights are
     // x·Wᵀ in every step graph already (prepacked), and a second session would copy them again.
+    // Quantized products (MatMulNBits) are x·Wᵀ in every graph too; their one- and two-row step runs on
+    // one intra-op thread unless the runtime names a count: a q4 row's step is ~57 products of 20–40 µs
+    // each and as many small ops, too short to pay for the hand-off to a second thread, and the wait for
+    // that thread when another process holds its core made the step's time swing (docs/performance.md,
+    // "Against llama.cpp at the same precision", session 20).
     // Only a cache made for at most two rows takes it: a larger batch that shrinks to two rows at its
     // tail keeps its own graph, as a second session for those last steps would raise the run's peak
     // memory (measured +10 MB on a rollout: its arena and plan, beside the batch's) for a few steps.
