@@ -58,7 +58,7 @@ export interface GenerateBenchResult {
   nodes_per_step: { graph: number; runtime: number | null };
   /** f32, or q8/q4 with its block size. */
   dtype: string;
-  /** Intra-op threads of the step session (CPU; a q8/q4 step of one or two rows runs on one unless `--threads` names a count). */
+  /** Intra-op threads of the step session (CPU; a q8/q4 step of one or two rows of a model of at most 100M parameters runs on one unless `--threads` names a count). */
   step_threads: number | null;
   /**
    * q8/q4: the milliseconds a weight update adds to the next generation (quantizing the weights and

@@ -73,6 +73,14 @@ export type Picked = { tokens: BigInt64Array; logps?: Float64Array; logits?: und
  */
 type GraphKind = 'prefill' | 'step' | 'stepSmall' | 'extend';
 
+/**
+ * The largest model whose quantized one- or two-row step runs on one intra-op thread by default: measured
+ * at `small` (56M parameters, 26 MB of q4 blocks; docs/performance.md, "Against llama.cpp at the same
+ * precision", session 20). A wider model's products are long enough to share between threads (not
+ * measured at 0.5B: it keeps every core).
+ */
+const ONE_THREAD_PARAMS = 100e6;
+
 export class Decoder {
   private params: Feeds = {};
   /** Prefill, step and extend sessions by head, built on first use (a decoder that only samples never builds the logits graphs). */
@@ -181,10 +189,14 @@ export class Decoder {
     return s;
   }
 
-  /** A session's runtime: with `quant`, a one- or two-row step on one intra-op thread unless the runtime names a count (see `step`). */
+  /**
+   * A session's runtime: with `quant`, a one- or two-row step of a model of at most
+   * `ONE_THREAD_PARAMS` parameters on one intra-op thread unless the runtime names a count (see `step`).
+   */
   private runtimeOf(kind: GraphKind): RuntimeOptions | undefined {
     const runtime = this.build.runtime;
-    return this.build.quant && kind === 'stepSmall' ? { ...runtime, threads: runtime?.threads ?? 1 } : runtime;
+    const params = [...this.shapes.values()].reduce((n, shape) => n + shape.reduce((a, b) => a * b, 1), 0);
+    return this.build.quant && kind === 'stepSmall' && params <= ONE_THREAD_PARAMS ? { ...runtime, threads: runtime?.threads ?? 1 } : runtime;
   }
 
   /** Intra-op threads of the step session a cache of `maxRows` rows runs (CPU; null on a device). */
@@ -351,11 +363,11 @@ export class Decoder {
     // pad the one column to a panel of 16 and multiply all of them; at two rows packing W costs less
     // than the padding still (docs/performance.md: 1.09× a step; at four, even). Baked weights are
     // x·Wᵀ in every step graph already (prepacked), and a second session would copy them again.
-    // Quantized products (MatMulNBits) are x·Wᵀ in every graph too; their one- and two-row step runs on
-    // one intra-op thread unless the runtime names a count: a q4 row's step is ~57 products of 20–40 µs
-    // each and as many small ops, too short to pay for the hand-off to a second thread, and the wait for
-    // that thread when another process holds its core made the step's time swing (docs/performance.md,
-    // "Against llama.cpp at the same precision", session 20).
+    // Quantized products (MatMulNBits) are x·Wᵀ in every graph too; their one- and two-row step of a
+    // small model runs on one intra-op thread unless the runtime names a count (`ONE_THREAD_PARAMS`):
+    // `small`'s q4 row is 57 products of 20–40 µs and ~375 smaller kernels, too short to gain from a
+    // second thread, and where another process held the second core, waiting for it made the step
+    // slower and uneven (docs/performance.md, "Against llama.cpp at the same precision", session 20).
     // Only a cache made for at most two rows takes it: a larger batch that shrinks to two rows at its
     // tail keeps its own graph, as a second session for those last steps would raise the run's peak
     // memory (measured +10 MB on a rollout: its arena and plan, beside the batch's) for a few steps.
