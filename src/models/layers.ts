@@ -7,6 +7,7 @@
  */
 import { attr, Graph, Tensor, type Dim, type Shape } from '../onnx/graph.ts';
 import type { Activation, Adapter, BatchIndex, Chunking, DecodeIndex, FloatDType } from './family.ts';
+import { UserError } from '../errors.ts';
 
 // The batch, decode and adapter types are declared in family.ts, which the family files and this file
 // both stand on; re-exported here for the modules that build graphs from layers.
@@ -283,8 +284,21 @@ function dtypeBytes(dtype: FloatDType): number {
   return dtype === 'float64' ? 8 : 4;
 }
 
+/**
+ * The bound the builders cut to when a batch shape names none: TENSOR_BOUND, or the bytes in the
+ * environment variable PREFZOO_TENSOR_BOUND (a test knob: a tiny model's `prefzoo train` cut into
+ * pieces, which at the real bound only long batches of real widths are).
+ */
+export function tensorBound(): number {
+  const v = process.env.PREFZOO_TENSOR_BOUND;
+  if (v === undefined || v === '') return TENSOR_BOUND;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 1) throw new UserError(`PREFZOO_TENSOR_BOUND=${v}: not a whole number of bytes ≥ 1`);
+  return n;
+}
+
 /** How many near-equal pieces keep a tensor of `bytes` under `bound`: 1 when it already is. */
-export function piecesUnder(bytes: number, bound = TENSOR_BOUND): number {
+export function piecesUnder(bytes: number, bound = tensorBound()): number {
   return Math.max(1, Math.ceil(bytes / bound));
 }
 
