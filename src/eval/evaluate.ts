@@ -13,7 +13,7 @@ import { DEFAULT_TRUNCATION, loadData, tokenizeExamples, type Example, type Toke
 import type { ModelConfig } from '../models/config.ts';
 import type { FloatTensor } from '../models/checkpoint.ts';
 import type { Kind } from '../../datasets/schema.ts';
-import { Scorer } from '../models/scorer.ts';
+import { Scorer, scoredLongest } from '../models/scorer.ts';
 import { TIE_RTOL, tieTolRef } from '../../losses/core/metrics.ts';
 import { groupBy, kendallTau, listwiseMetrics, pairwiseMetrics, rocAuc, mean } from './metrics.ts';
 
@@ -136,7 +136,7 @@ export class Evaluator {
     };
     const { rows, truncated } = tokenizeExamples(data.examples, tok, trunc, data.tokens);
     if (truncated) o.reporter?.info(`eval: ${truncated} of ${rows.length} rows truncated to max_length ${trunc.max_length} / max_prompt_length ${trunc.max_prompt_length}`);
-    const rs = await Scorer.create(ref.config, ref.weights, o.runtime ?? {}, tok.padId ?? 0);
+    const rs = await Scorer.create(ref.config, ref.weights, o.runtime ?? {}, tok.padId ?? 0, scoredLongest(data.kind, rows, { batchSize: o.batchSize }));
     const rl = (await rs.score(data.kind, rows, { batchSize: o.batchSize ?? 8, label: 'reference log-probs', progress: o.reporter?.progress })).logps;
     await rs.release();
     checkFinite(rl, 'reference', o.ref, o.data);
@@ -151,7 +151,7 @@ export class Evaluator {
   async evaluate(policySource: ModelSource = this.o.policy): Promise<EvalSummary> {
     const beta = betaOf(this.o.params);
     const policy = resolveModel(policySource);
-    const ps = await Scorer.create(policy.config, policy.weights, this.o.runtime ?? {}, this.padId);
+    const ps = await Scorer.create(policy.config, policy.weights, this.o.runtime ?? {}, this.padId, scoredLongest(this.kind as Kind, this.rows, { batchSize: this.o.batchSize }));
     const pl = (await ps.score(this.kind as Kind, this.rows, { batchSize: this.o.batchSize ?? 8, label: 'policy log-probs', progress: this.o.reporter?.progress })).logps;
     await ps.release();
     checkFinite(pl, 'policy', policySource, this.o.data);

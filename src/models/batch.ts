@@ -298,6 +298,30 @@ function finish(rows: TokenizedExample[], feeds: Feeds, K: number, o: CollateOpt
   return { feeds };
 }
 
+/**
+ * The largest `input_ids` shape a batch of at most `size` of these rows collates to under `o`
+ * (TrainProblem.longest, a scorer's chunking), without collating: `size` times the most rows one
+ * example makes (sequences; packed, groups), by the longest row one example makes, rounded up to
+ * `padTo`. A bound, not always a batch's shape: the two maxima may come from different examples.
+ */
+export function longestBatch(rows: readonly TokenizedExample[], size: number, o: Pick<CollateOptions, 'kind' | 'padTo' | 'kl' | 'packed' | 'rationale'>): { rows: number; len: number } {
+  const full: CollateOptions = { ...o, padId: 0, dtype: 'float32' };
+  let per = 1;
+  let len = 2;
+  for (const r of rows) {
+    if (o.packed) {
+      const groups = packGroups([r], o.kind === 'listwise' ? r.responseIds.length : 2, full);
+      per = Math.max(per, groups.length);
+      for (const x of groups) len = Math.max(len, x.prompt.length + x.responses.reduce((n, y) => n + y.ids.length, 0));
+    } else {
+      const seqs = sequences([r], full);
+      per = Math.max(per, seqs.length);
+      for (const x of seqs) len = Math.max(len, x.prompt.length + x.response.length);
+    }
+  }
+  return { rows: Math.min(size, rows.length) * per, len: roundUp(len, o.padTo) };
+}
+
 /** A collated batch's size as the training graph's chunking reads it (TrainProblem.longest): rows and length of `input_ids`. */
 export function batchShapeOf(c: Collated): { rows: number; len: number } {
   const [rows, len] = c.feeds.input_ids.dims;

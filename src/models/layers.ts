@@ -7,6 +7,7 @@
  */
 import { attr, Graph, Tensor, type Dim, type Shape } from '../onnx/graph.ts';
 import type { Activation, Adapter, BatchIndex, Chunking, DecodeIndex, FloatDType } from './family.ts';
+import { UserError } from '../errors.ts';
 
 // The batch, decode and adapter types are declared in family.ts, which the family files and this file
 // both stand on; re-exported here for the modules that build graphs from layers.
@@ -231,9 +232,11 @@ export function attention(g: Graph, bi: BatchIndex, q: Tensor, kT: Tensor, v: Te
 
 /**
  * Attention in blocks of queries: the query rows and the mask cut into K runs along T, each block
- * scored against every key (`[B, heads, T_k, T]`) with its own softmax, and the contexts joined
- * again along T. Same products row by row as {@link attention}'s; within a block, the heads in
- * `parts` groups of key/value heads as there.
+ * scored with its own softmax against the keys up to its last query (`[B, heads, T_k, end_k]`: the
+ * mask is causal, so a later key has probability 0 for every query of the block, an exact 0 in
+ * float32, and its score and product are skipped: the K blocks do about (K + 1)/2K of the whole
+ * products), and the contexts joined again along T. Same products row by row as {@link attention}'s
+ * over the keys that count; within a block, the heads in `parts` groups of key/value heads as there.
  */
 function blockedAttention(g: Graph, bi: BatchIndex, q: Tensor, kT: Tensor, v: Tensor, heads: number, kvHeads: number, headDim: number, parts: number, blocks: number): Tensor {
   const { B, T } = bi;
@@ -244,8 +247,18 @@ function blockedAttention(g: Graph, bi: BatchIndex, q: Tensor, kT: Tensor, v: Te
   const values = Array.from({ length: parts }, (_, k) => take(v, k));
   const qs = splitEven(g, q, 2, blocks, 'query');
   const masks = splitEven(g, bi.mask, 2, blocks, 'query');
+  // Block j's queries end at cuts[j + 1]; no query of it attends a key at or past that position
+  // (a query that attends no key at all, a left pad's, gets the mean of the keys its block scores:
+  // nothing reads it). At least one key, so that an empty block's shapes stay inferable.
+  const cuts = evenCuts(g, g.dim(q, 2), blocks);
+  const ends = Array.from({ length: blocks }, (_, j) => g.max(g.slice(cuts, [j + 1], [j + 2]), g.ints([1])));
+  const upTo = (x: Tensor, axis: number, j: number) => {
+    const shape = x.shape ? x.shape.map((d, i) => (i === axis ? `keys_${j}` : d)) : null;
+    return g.op('Slice', [x, g.ints([0]), ends[j], g.ints([axis])], {}, [{ dtype: x.dtype, shape }])[0];
+  };
   const ctxs = qs.map((qj, j) => {
     const Tj = `query_${j}`;
+    const Kj = `keys_${j}`;
     const GT = mulDims(group, Tj);
     const qg = group === 1 ? qj : reshapeTo(g, qj, [0, kvHeads, -1, headDim], [B, kvHeads, GT, headDim]);
     // A block left empty (a batch with fewer positions than blocks) sums its key and value gradients
@@ -253,11 +266,12 @@ function blockedAttention(g: Graph, bi: BatchIndex, q: Tensor, kT: Tensor, v: Te
     // leaves its output unwritten: the block reads keys and values through Where(block not empty),
     // whose gradient is 0 there whatever that product holds.
     const filled = g.greater(g.dim(qj, 2), 0); // [1]
+    const mask = upTo(masks[j], 3, j); // [B, 1, T_j, end_j]
     const pieces = keys.map((kk, k) => {
-      const s = reshapeTo(g, g.matmul(take(qg, k), g.where(filled, kk, 0)), [0, per * group, -1, 0], [B, per * group, Tj, T]);
-      const p = g.softmax(g.add(s, masks[j]), -1);
-      const pg = group === 1 ? p : reshapeTo(g, p, [0, per, -1, 0], [B, per, GT, T]);
-      return g.matmul(pg, g.where(filled, values[k], 0)); // [B, per, G·T_j, hd]
+      const s = reshapeTo(g, g.matmul(take(qg, k), g.where(filled, upTo(kk, 3, j), 0)), [0, per * group, -1, 0], [B, per * group, Tj, Kj]);
+      const p = g.softmax(g.add(s, mask), -1);
+      const pg = group === 1 ? p : reshapeTo(g, p, [0, per, -1, 0], [B, per, GT, Kj]);
+      return g.matmul(pg, g.where(filled, upTo(values[k], 2, j), 0)); // [B, per, G·T_j, hd]
     });
     const joined = parts === 1 ? pieces[0] : g.concat(pieces, 1); // [B, KV, G·T_j, hd]
     return group === 1 ? joined : reshapeTo(g, joined, [0, heads, -1, headDim], [B, heads, Tj, headDim]);
@@ -283,8 +297,21 @@ function dtypeBytes(dtype: FloatDType): number {
   return dtype === 'float64' ? 8 : 4;
 }
 
+/**
+ * The bound the builders cut to when a batch shape names none: TENSOR_BOUND, or the bytes in the
+ * environment variable PREFZOO_TENSOR_BOUND (a test knob: a tiny model's `prefzoo train` cut into
+ * pieces, which at the real bound only long batches of real widths are).
+ */
+export function tensorBound(): number {
+  const v = process.env.PREFZOO_TENSOR_BOUND;
+  if (v === undefined || v === '') return TENSOR_BOUND;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 1) throw new UserError(`PREFZOO_TENSOR_BOUND=${v}: not a whole number of bytes ≥ 1`);
+  return n;
+}
+
 /** How many near-equal pieces keep a tensor of `bytes` under `bound`: 1 when it already is. */
-export function piecesUnder(bytes: number, bound = TENSOR_BOUND): number {
+export function piecesUnder(bytes: number, bound = tensorBound()): number {
   return Math.max(1, Math.ceil(bytes / bound));
 }
 
@@ -294,11 +321,15 @@ export function piecesUnder(bytes: number, bound = TENSOR_BOUND): number {
  * named `${name}_k`, so the ops after it see matching shapes.
  */
 export function splitEven(g: Graph, x: Tensor, axis: number, K: number, name: string): Tensor[] {
-  const n = g.dim(x, axis); // [1]
-  const cuts = g.div(g.mul(n, g.ints(Array.from({ length: K + 1 }, (_, k) => k))), g.ints([K])); // [K + 1]
+  const cuts = evenCuts(g, g.dim(x, axis), K);
   const sizes = g.sub(g.slice(cuts, [1], [K + 1]), g.slice(cuts, [0], [K]));
   const outs = Array.from({ length: K }, (_, k) => ({ dtype: x.dtype, shape: x.shape ? x.shape.map((d, i) => (i === axis ? `${name}_${k}` : d)) : null }));
   return g.op('Split', [x, sizes], { axis: attr.int(axis) }, outs);
+}
+
+/** `[K + 1]` where {@link splitEven}'s K runs of `n [1]` entries begin and end: ⌊k·n/K⌋ for k = 0 … K. */
+function evenCuts(g: Graph, n: Tensor, K: number): Tensor {
+  return g.div(g.mul(n, g.ints(Array.from({ length: K + 1 }, (_, k) => k))), g.ints([K]));
 }
 
 /** The pieces of {@link splitEven} joined again along `axis`, as `shape`. */

@@ -269,7 +269,7 @@ export function buildLogpsGraph(config: ModelConfig, opts: LogpsGraphOptions = {
   const params = opts.weights
     ? parameterInitializers(g, opts.weights, modelParameterShapes(config, { lora: opts.lora }).keys())
     : declareParameters(g, config, { dtype, lora: opts.lora });
-  const model = buildCausalLM(g, config, params, { inputIds, attentionMask }, { lora: opts.lora });
+  const model = buildCausalLM(g, config, params, { inputIds, attentionMask }, { lora: opts.lora, ...(opts.chunking ? { chunking: opts.chunking } : {}) });
   const r = sequenceLogps(g, model, lossMask, { perToken: opts.perToken, dense: opts.dense, headChunks: opts.headChunks ?? headChunksOf(config) });
   g.output(r.logp, 'logp');
   g.output(r.tokens, 'tokens');

@@ -9,7 +9,7 @@ import type { FloatTensor } from './checkpoint.ts';
 import { buildLogpsGraph } from './logps.ts';
 import { modelParameterShapes } from './params.ts';
 import { forwardRuntime, Session, toOrt, type Feeds, type RuntimeOptions } from '../runtime/session.ts';
-import { collate, sequenceIndex } from './batch.ts';
+import { collate, longestBatch, sequenceIndex } from './batch.ts';
 import type { TokenizedExample } from '../../datasets/examples.ts';
 import { type ProgressFactory, startProgress } from '../progress.ts';
 
@@ -19,6 +19,15 @@ export interface ScoreResult {
   tokens: number[][];
 }
 
+/** What `score` takes by default: examples per forward pass, and the padding of a row's length. */
+const BATCH = 8;
+const PAD_TO = 64;
+
+/** The largest batch `score(kind, rows, o)` runs, for Scorer.create's `longest`. */
+export function scoredLongest(kind: Kind, rows: readonly TokenizedExample[], o: { batchSize?: number; padTo?: number } = {}): { rows: number; len: number } {
+  return longestBatch(rows, o.batchSize ?? BATCH, { kind, padTo: o.padTo ?? PAD_TO });
+}
+
 export class Scorer {
   private constructor(
     private readonly session: Session,
@@ -26,8 +35,16 @@ export class Scorer {
     readonly padId: number,
   ) {}
 
-  static async create(config: ModelConfig, weights: Map<string, FloatTensor>, runtime: RuntimeOptions, padId: number): Promise<Scorer> {
-    const g = buildLogpsGraph(config, { dtype: 'float32', dense: runtime.ep === 'webgpu' });
+  /**
+   * With `longest` (the largest batch it will score: `longestBatch` of the rows at the batch size and
+   * padding `score` will be given), on the CPU the forward is built in pieces that keep each tensor
+   * under glibc's mmap bound at that shape (the MLP over runs of rows, attention over blocks of
+   * queries: layers.ts `chunkRows`, `blockedAttention`), as the training forward is; where every
+   * tensor already fits, the graph is the one built without it.
+   */
+  static async create(config: ModelConfig, weights: Map<string, FloatTensor>, runtime: RuntimeOptions, padId: number, longest?: { rows: number; len: number }): Promise<Scorer> {
+    const cpu = (runtime.ep ?? 'cpu') === 'cpu';
+    const g = buildLogpsGraph(config, { dtype: 'float32', dense: runtime.ep === 'webgpu', ...(longest && cpu ? { chunking: { ...longest } } : {}) });
     const params: Feeds = {};
     for (const [name, shape] of modelParameterShapes(config)) {
       const w = weights.get(name);
@@ -40,7 +57,7 @@ export class Scorer {
 
   /** Scores every example, `batchSize` examples per forward pass, in sorted-by-length order. */
   async score(kind: Kind, rows: TokenizedExample[], o: { batchSize?: number; padTo?: number; label?: string; progress?: ProgressFactory } = {}): Promise<ScoreResult> {
-    const batchSize = o.batchSize ?? 8;
+    const batchSize = o.batchSize ?? BATCH;
     const logps: number[][] = new Array(rows.length);
     const tokens: number[][] = new Array(rows.length);
     // Length-sorted batches waste less padding; results go back to their original positions.
@@ -50,7 +67,7 @@ export class Scorer {
     for (let s = 0; s < order.length; s += batchSize) {
       const idx = order.slice(s, s + batchSize);
       const batch = idx.map((i) => rows[i]);
-      const c = collate(batch, { kind, padTo: o.padTo ?? 64, padId: this.padId, dtype: 'float32' });
+      const c = collate(batch, { kind, padTo: o.padTo ?? PAD_TO, padId: this.padId, dtype: 'float32' });
       const out = await this.session.run({
         ...this.params,
         input_ids: c.feeds.input_ids,

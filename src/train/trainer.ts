@@ -49,7 +49,7 @@ import { resolveConfig, type TrainConfig } from './config.ts';
 import { currentWeights, loraOf, runtimeOf, type LoopOptions, type MicroBatch, type RunInput } from './run.ts';
 import { runOnline, splitDraws, type OnlineContext, type OnlineMethod, type RoundInfo, type SpecInput } from './loop.ts';
 import { loadData, tokenizeExamples, type LoadedData, type TokenizedExample } from '../../datasets/examples.ts';
-import { canPack, collate } from '../models/batch.ts';
+import { canPack, collate, longestBatch } from '../models/batch.ts';
 import { readManifest } from '../artifacts/manifest.ts';
 import { readRefColumns, writeRefColumns } from '../../datasets/tokenized.ts';
 import { PROVIDED_KEYS, type TrainProblem } from './graph.ts';
@@ -57,7 +57,7 @@ import { problemOf, problemSpec } from './problem.ts';
 import { f16BitsToFloat, float32ToF16 } from '../models/safetensors.ts';
 import { dequantizedBase, quantizedWeights } from '../models/quantize-base.ts';
 import { resolveLoss } from '../../losses/index.ts';
-import { Scorer } from '../models/scorer.ts';
+import { Scorer, scoredLongest } from '../models/scorer.ts';
 import { Evaluator, type EvalSummary } from '../eval/evaluate.ts';
 import { bestMetricName, lastCheckpoint } from './checkpoints.ts';
 import { EvalSampler } from './samples.ts';
@@ -202,7 +202,10 @@ async function dataStage(o: TrainOptions, c0: Setup, resuming: boolean, info: (l
   // A resumed run keeps the batch layout its artifacts were built with.
   const built = resuming ? builtInputs(join(run, 'artifacts')) : null;
   const packed = built ? built.has('segment_ids') : config.share_prompt && canPack(kind, kl) && !valueHeadOn;
-  const problem = problemOf(config, { model: base.config, kind, loss, lora, dataKeys, packed });
+  // On the CPU the training forward is built for the longest micro-batch these rows make: under
+  // recomputation its MLP and attention then run in pieces under glibc's mmap bound (train/graph.ts).
+  const longest = config.device === 'cpu' ? longestBatch(rows, config.batch_size, { kind, padTo: config.pad_to_multiple_of, kl, packed, rationale }) : undefined;
+  const problem = problemOf(config, { model: base.config, kind, loss, lora, dataKeys, packed, longest });
   // A run of a loss that reads no reference, begun by a version that still scored one, has artifacts
   // that take ref_logps: they are rebuilt (its checkpoints carry over, as on a resume on another device).
   if (problem.noReference && built?.has('ref_logps')) rmSync(join(run, 'artifacts'), { recursive: true, force: true });
@@ -282,8 +285,16 @@ async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming
   const cached = !(config.ref_on_the_fly || sync) && existsSync(refFile) ? readIdentity(idFile) : null;
   let ref: number[][] = [];
   let refScorer: Scorer | null = null;
+  // The scorer's forward built for the largest batch it will score (Scorer.create's `longest`): the
+  // rows, and KTO's mismatched pairs, unpacked, batch_size of them per batch (× 2 for the cache).
+  const mismatched = kl ? rows.map((r) => ({ ...r, responseIds: [r.klResponseIds!], responseMasks: undefined })) : [];
+  const scoredShape = (batchSize: number) => {
+    const at = (xs: TokenizedExample[]) => scoredLongest(kind, xs, { batchSize, padTo: config.pad_to_multiple_of });
+    const a = at(rows);
+    return kl ? { rows: a.rows, len: Math.max(a.len, at(mismatched).len) } : a;
+  };
   if (config.ref_on_the_fly || sync) {
-    refScorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config, reference.config), tok.padId ?? 0);
+    refScorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config, reference.config), tok.padId ?? 0, scoredShape(config.batch_size));
   } else if (cached) {
     const diff = identityDiff(cached, identity);
     if (diff.length) {
@@ -294,11 +305,10 @@ async function referenceStage(o: TrainOptions, c0: Setup, d: DataStage, resuming
   } else {
     // No cache, or one without its record (the run stopped between the two writes): compute it.
     rmSync(idFile, { force: true });
-    const scorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config, reference.config), tok.padId ?? 0);
+    const scorer = await Scorer.create(reference.config, reference.weights, runtimeOf(config, reference.config), tok.padId ?? 0, scoredShape(config.batch_size * 2));
     ref = (await scorer.score(kind, rows, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs', progress: o.reporter?.progress })).logps;
     if (kl) {
       // The KL sequences are scored whole (the other row's mask does not travel with its ids).
-      const mismatched = rows.map((r) => ({ ...r, responseIds: [r.klResponseIds!], responseMasks: undefined }));
       const refKl = (await scorer.score(kind, mismatched, { batchSize: config.batch_size * 2, padTo: config.pad_to_multiple_of, label: 'reference log-probs (KL pairs)', progress: o.reporter?.progress })).logps;
       ref = ref.map((r, i) => [r[0], refKl[i][0]]);
     }
