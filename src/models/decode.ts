@@ -164,17 +164,19 @@ const DRAW_BLOCK = 128;
  * (l_tok − max)/temperature − log Σ_i w_i [B] (float64, its first term as generate.ts's logProb computes it on the host).
  */
 export function drawToken(g: Graph, logits: Tensor, vocabLimit: Tensor, temperature: Tensor | null): { token: Tensor; logprob: Tensor } {
-  const V = logits.shape![1] as number;
   const K = DRAW_BLOCK;
   const batch = g.dim(logits, 0);
-  const limited = g.where(g.less(g.range(0, V, 1), vocabLimit), logits, g.scalar(-Infinity)); // [B, V]
+  // The ids below the limit only (a copy of those columns): the others weigh 0, and a model whose
+  // tokenizer uses few of its vocabulary's ids (the presets' generated one) skips the rest.
+  const limited = g.slice(logits, g.ints([0]), vocabLimit, [1]); // [B, L]
   const max = g.reduceMax(limited, [1], true); // [B, 1]
   const shifted = g.sub(limited, max);
-  const scaled = temperature ? g.div(shifted, g.cast(temperature, 'float32')) : shifted; // [B, V], −∞ past the limit
-  let w = g.cast(g.exp(scaled), 'float64'); // [B, V], 0 past the limit
-  const pad = (K - (V % K)) % K;
-  if (pad) w = g.concat([w, g.constantOfShape(g.concat([batch, g.ints([pad])], 0), 0, 'float64')], 1);
-  const blocks = g.reshape(w, [0, (V + pad) / K, K]); // [B, nb, K]
+  const scaled = temperature ? g.div(shifted, g.cast(temperature, 'float32')) : shifted; // [B, L]
+  // Zeros up to a whole number of blocks (⌈L/K⌉·K − L of them), padded in float32 before the cast.
+  const L = g.dim(limited, 1);
+  const padded = g.sub(g.mul(g.div(g.add(L, g.constant(K - 1, 'int64')), g.constant(K, 'int64')), g.constant(K, 'int64')), L);
+  const w = g.cast(g.op('Pad', [g.exp(scaled), g.concat([g.ints([0, 0, 0]), padded], 0)], {}, [{ dtype: 'float32', shape: null }])[0], 'float64'); // [B, nb·K]
+  const blocks = g.reshape(w, [0, -1, K]); // [B, nb, K]
   const blockSums = g.reduceSum(blocks, [2], false); // [B, nb]
   const before = g.cumSum(blockSums, 1, { exclusive: true }); // [B, nb]: the sum of the blocks before each
   const through = g.add(before, blockSums);
@@ -182,14 +184,14 @@ export function drawToken(g: Graph, logits: Tensor, vocabLimit: Tensor, temperat
   const target = g.mul(g.input('uniform', 'float64', ['batch', 1]), total);
   // The first position whose running sum passes the target is the count of those that do not (the
   // sums never decrease), at most the last position: a target that rounds to the total passes none.
-  const firstOver = (running: Tensor, last: number) =>
-    g.min(g.reduceSum(g.cast(g.lessOrEqual(running, target), 'int64'), [1], true), g.constant(last, 'int64')); // [B, 1]
-  const j = firstOver(through, (V + pad) / K - 1); // the block the draw lands in
+  const firstOver = (running: Tensor, last: Tensor) => g.min(g.reduceSum(g.cast(g.lessOrEqual(running, target), 'int64'), [1], true), last); // [B, 1]
+  const one = g.constant(1, 'int64');
+  const j = firstOver(through, g.sub(g.dim(blocks, 1), one)); // the block the draw lands in
   const inBlock = g.reshape(g.gatherElements(blocks, g.expand(g.unsqueeze(j, [2]), g.concat([batch, g.ints([1, K])], 0)), 1), [0, K]); // [B, K]
-  const i = firstOver(g.add(g.gatherElements(before, j, 1), g.cumSum(inBlock, 1)), K - 1);
+  const i = firstOver(g.add(g.gatherElements(before, j, 1), g.cumSum(inBlock, 1)), g.constant(K - 1, 'int64'));
   // Past the limit only when the target passed every sum: then the last id below the limit, as
   // sampleToken's loop ends.
-  const token = g.min(g.add(g.mul(j, g.constant(K, 'int64')), i), g.sub(vocabLimit, g.constant(1, 'int64'))); // [B, 1]
+  const token = g.min(g.add(g.mul(j, g.constant(K, 'int64')), i), g.sub(vocabLimit, one)); // [B, 1]
   // The token's own term in float64 from its float32 logit (the max is one of the logits: the same number).
   const top = g.sub(g.cast(g.gatherElements(limited, token, 1), 'float64'), g.cast(max, 'float64'));
   const logprob = g.sub(temperature ? g.div(top, temperature) : top, g.log(total)); // [B, 1]
