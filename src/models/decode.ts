@@ -81,12 +81,12 @@ export interface DecodeGraphOptions {
 /**
  * The graph's last step. `logits` `[B, V]` for the host to sample from. `greedy`: `token` `[B]`, the
  * first argmax of the logits below `vocab_limit` `[1]`. `sample`: `token` `[B]` drawn as
- * src/models/sampling.ts's sampleToken draws without top-k/top-p, in float64: weights
- * e^((l − max)/temperature) over the ids below `vocab_limit`, and the first id whose running sum
- * exceeds `uniform` `[B, 1]` (each row's draw in [0, 1)) times their total; and `logprob` `[B]`
- * (float64), the token's log-probability under that distribution. The logits never leave
- * the graph. `sample-t1` is `sample` at temperature 1, without the division (x/1 = x). (float64
- * throughout: CPU only.)
+ * src/models/sampling.ts's sampleToken draws without top-k/top-p: weights
+ * e^((l − max)/temperature) over the ids below `vocab_limit` (float32 exps, float64 sums: see
+ * `drawToken`), and the first id whose running sum exceeds `uniform` `[B, 1]` (each row's draw in
+ * [0, 1)) times their total; and `logprob` `[B]` (float64), the token's log-probability under that
+ * distribution. The logits never leave the graph. `sample-t1` is `sample` at temperature 1, without
+ * the division (x/1 = x). (The float64 sums: CPU only.)
  */
 export type DecodeHead = 'logits' | 'greedy' | 'sample' | 'sample-t1';
 
@@ -146,27 +146,39 @@ export function buildDecodeGraph(config: ModelConfig, o: DecodeGraphOptions): Gr
 const DRAW_BLOCK = 128;
 
 /**
- * sampleToken's draw without top-k/top-p, in float64: weights w_i = e^((l_i − max)/temperature) over
- * the ids below `vocabLimit` (the others weigh 0), and the first id whose running sum exceeds the
- * row's `uniform` times the total. The running sum is taken in two levels, blocks of DRAW_BLOCK ids
- * then within the block the draw lands in: a running sum over all V ids (ONNX Runtime's CumSum, a
- * scalar loop) cost more than the exps. The sums are the same up to float64 rounding (they associate
- * differently), so a draw can change only when its uniform lands within ~1e-16 of a boundary.
+ * sampleToken's draw without top-k/top-p: weights w_i = e^((l_i − max)/temperature) over the ids
+ * below `vocabLimit` (the others weigh 0), and the first id whose running sum exceeds the row's
+ * `uniform` times the total. The exponent and the Exp are float32 (MLAS's vectorised exp, within
+ * 1.25 float32 rounding units of e^x as measured here: ONNX Runtime's float64 Exp is a scalar loop, ~2 ms of a
+ * 16-row `small` step over [16, 32000]); the weights are then cast to float64 and every sum is
+ * float64. So a weight is within (2 + c·|x_i|)·2⁻²⁴ of the float64 one (c = 1 at temperature 1, 3
+ * with the division: the subtraction, the temperature's and the quotient's roundings), the
+ * log-probability within Σ_i w_i·that / Σ_i w_i (~1e-7; the trainer's log-probabilities are
+ * float32), and a draw differs from a float64 draw only when its uniform lands within twice that
+ * of a boundary (test/decode-draw.test.ts holds both). Only the ids below the limit are computed
+ * (a Slice: a `Where` to −∞ over all V ids was ~1 ms at 16 rows, and `small`'s generated tokenizer
+ * uses 461 of its 32,000 ids). Every op is elementwise or a reduction within one row, so a row's
+ * draw does not depend on the rows beside it.
+ * The running sum is taken in two levels, blocks of DRAW_BLOCK ids then within the block the draw
+ * lands in: a running sum over all V ids (ONNX Runtime's CumSum, a scalar loop) cost more than the
+ * exps.
  * `logits` [B, V] float32 → the token [B] (int64) and its log-probability under those weights,
- * (l_tok − max)/temperature − log Σ_i w_i [B] (float64, as generate.ts's logProb computes it on the host).
+ * (l_tok − max)/temperature − log Σ_i w_i [B] (float64, its first term as generate.ts's logProb computes it on the host).
  */
 export function drawToken(g: Graph, logits: Tensor, vocabLimit: Tensor, temperature: Tensor | null): { token: Tensor; logprob: Tensor } {
-  const V = logits.shape![1] as number;
   const K = DRAW_BLOCK;
   const batch = g.dim(logits, 0);
-  const limited = g.where(g.less(g.range(0, V, 1), vocabLimit), logits, g.scalar(-Infinity)); // [B, V]
-  // The max of float32 values is one of them: taken before the cast, it is the same number.
-  const shifted = g.sub(g.cast(limited, 'float64'), g.cast(g.reduceMax(limited, [1], true), 'float64'));
-  const scaled = temperature ? g.div(shifted, temperature) : shifted; // [B, V], −∞ past the limit
-  let w = g.exp(scaled); // [B, V], 0 past the limit
-  const pad = (K - (V % K)) % K;
-  if (pad) w = g.concat([w, g.constantOfShape(g.concat([batch, g.ints([pad])], 0), 0, 'float64')], 1);
-  const blocks = g.reshape(w, [0, (V + pad) / K, K]); // [B, nb, K]
+  // The ids below the limit only (a copy of those columns): the others weigh 0, and a model whose
+  // tokenizer uses few of its vocabulary's ids (the presets' generated one) skips the rest.
+  const limited = g.slice(logits, g.ints([0]), vocabLimit, [1]); // [B, L]
+  const max = g.reduceMax(limited, [1], true); // [B, 1]
+  const shifted = g.sub(limited, max);
+  const scaled = temperature ? g.div(shifted, g.cast(temperature, 'float32')) : shifted; // [B, L]
+  // Zeros up to a whole number of blocks (⌈L/K⌉·K − L of them), padded in float32 before the cast.
+  const L = g.dim(limited, 1);
+  const padded = g.sub(g.mul(g.div(g.add(L, g.constant(K - 1, 'int64')), g.constant(K, 'int64')), g.constant(K, 'int64')), L);
+  const w = g.cast(g.op('Pad', [g.exp(scaled), g.concat([g.ints([0, 0, 0]), padded], 0)], {}, [{ dtype: 'float32', shape: null }])[0], 'float64'); // [B, nb·K]
+  const blocks = g.reshape(w, [0, -1, K]); // [B, nb, K]
   const blockSums = g.reduceSum(blocks, [2], false); // [B, nb]
   const before = g.cumSum(blockSums, 1, { exclusive: true }); // [B, nb]: the sum of the blocks before each
   const through = g.add(before, blockSums);
@@ -174,15 +186,17 @@ export function drawToken(g: Graph, logits: Tensor, vocabLimit: Tensor, temperat
   const target = g.mul(g.input('uniform', 'float64', ['batch', 1]), total);
   // The first position whose running sum passes the target is the count of those that do not (the
   // sums never decrease), at most the last position: a target that rounds to the total passes none.
-  const firstOver = (running: Tensor, last: number) =>
-    g.min(g.reduceSum(g.cast(g.lessOrEqual(running, target), 'int64'), [1], true), g.constant(last, 'int64')); // [B, 1]
-  const j = firstOver(through, (V + pad) / K - 1); // the block the draw lands in
+  const firstOver = (running: Tensor, last: Tensor) => g.min(g.reduceSum(g.cast(g.lessOrEqual(running, target), 'int64'), [1], true), last); // [B, 1]
+  const one = g.constant(1, 'int64');
+  const j = firstOver(through, g.sub(g.dim(blocks, 1), one)); // the block the draw lands in
   const inBlock = g.reshape(g.gatherElements(blocks, g.expand(g.unsqueeze(j, [2]), g.concat([batch, g.ints([1, K])], 0)), 1), [0, K]); // [B, K]
-  const i = firstOver(g.add(g.gatherElements(before, j, 1), g.cumSum(inBlock, 1)), K - 1);
+  const i = firstOver(g.add(g.gatherElements(before, j, 1), g.cumSum(inBlock, 1)), g.constant(K - 1, 'int64'));
   // Past the limit only when the target passed every sum: then the last id below the limit, as
   // sampleToken's loop ends.
-  const token = g.min(g.add(g.mul(j, g.constant(K, 'int64')), i), g.sub(vocabLimit, g.constant(1, 'int64'))); // [B, 1]
-  const logprob = g.sub(g.gatherElements(scaled, token, 1), g.log(total)); // [B, 1]
+  const token = g.min(g.add(g.mul(j, g.constant(K, 'int64')), i), g.sub(vocabLimit, one)); // [B, 1]
+  // The token's own term in float64 from its float32 logit (the max is one of the logits: the same number).
+  const top = g.sub(g.cast(g.gatherElements(limited, token, 1), 'float64'), g.cast(max, 'float64'));
+  const logprob = g.sub(temperature ? g.div(top, temperature) : top, g.log(total)); // [B, 1]
   return { token: g.squeeze(token, [1]), logprob: g.squeeze(logprob, [1]) };
 }
 
