@@ -111,6 +111,37 @@ describe('kept prompts (prefixCache)', () => {
     await s.close();
   });
 
+  it('rows starting with one kept prompt and feeding as many tokens are extended in one run, each drawing to the bit what it draws alone', async () => {
+    const tails = [[5, 6, 7], [8, 9, 10], [11, 12, 13], [14, 15, 16]];
+    const keep = async (s: GenerationSession) => s.start(p(9), new SeededRandom(1)).generate({ maxNewTokens: 2 });
+    const alone: Segment[] = [];
+    for (const [k, tail] of tails.entries()) {
+      const s = GenerationSession.open(dec, { temperature: 1, logprobs: true, prefixCache: 2 });
+      await keep(s);
+      alone.push(await s.start(p(...tail), new SeededRandom(10 + k)).generate({ maxNewTokens: 6 }));
+      await s.close();
+    }
+    const s = GenerationSession.open(dec, { temperature: 1, logprobs: true, prefixCache: 2 });
+    await keep(s);
+    const batches: number[] = [];
+    const extendRows = dec.extendRows.bind(dec);
+    dec.extendRows = (caches, ids, pick) => (batches.push(caches.length), extendRows(caches, ids, pick));
+    try {
+      const together = await Promise.all(tails.map((tail, k) => s.start(p(...tail), new SeededRandom(10 + k)).generate({ maxNewTokens: 6 })));
+      expect(s.prefixHits).toBe(40 * tails.length);
+      expect(batches).toEqual([tails.length]);
+      together.forEach((seg, k) => {
+        expect(seg.ids).toEqual(alone[k].ids);
+        expect(Array.from(seg.logps!)).toEqual(Array.from(alone[k].logps!));
+      });
+      // The rows drew from their own streams: not all the same.
+      expect(new Set(together.map((seg) => seg.ids.join())).size).toBeGreaterThan(1);
+    } finally {
+      dec.extendRows = extendRows;
+      await s.close();
+    }
+  });
+
   it('the engine keeps prompts by default: requests sharing a prefix draw what an engine without kept prompts draws', async () => {
     const sampling = { temperature: 1, topP: 1, topK: 0 };
     const serve = async (prefixCache: number) => {

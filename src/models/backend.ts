@@ -47,6 +47,11 @@ export interface DecodeBackend {
   step(tokens: readonly number[], pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut>;
   /** Feeds a parked row `tokens` in one run (any number of them); the row stays parked. */
   extend(row: number, tokens: readonly number[], pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut>;
+  /**
+   * Feeds parked rows `tokens[i]` each (all of one length), as `extend` would row by row, in as few
+   * runs as the backend can (rows whose caches have one shape in one); the rows stay parked. Optional.
+   */
+  extendRows?(rows: readonly number[], tokens: readonly (readonly number[])[], pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut>;
   /** Prefills new rows into the batch (appended in the group's order). */
   prefill(group: PrefillGroup, pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut>;
   /** Whether `copy` can keep only the first slots of a cache (a kept prompt's prefix, see `SessionOptions.prefixCache`). */

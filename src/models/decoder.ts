@@ -89,6 +89,8 @@ export class Decoder {
   private spare: Float32Array[] = [];
   /** The extend run's new keys/values outputs, written in place run after run (see `extend`). */
   private readonly extendOut = new Map<string, Float32Array>();
+  /** The stacked pasts of `extendRows`, kept from run to run. */
+  private readonly extendPast = new Map<string, Float32Array>();
   /** On WebGPU: the sessions and weights of generation on the device (generate-device.ts). */
   readonly device: DeviceDecode | null;
   /** With `quant`: the values last fed, each weight's quantized buffers (kept for the next update), those made from the current values, and the parameters no graph reads as floats. */
@@ -382,12 +384,48 @@ export class Decoder {
    * without one). `pick.uniform[0]` is the row's number.
    */
   async extend(cache: SlotCache, row: number, ids: readonly number[], pick?: Pick): Promise<Picked> {
-    const S = ids.length;
-    const feeds: Feeds = { ...this.params, input_ids: toOrt('int64', BigInt64Array.from(ids, BigInt), [1, S]), attention_mask: cache.rowMask(row, S) };
-    Object.assign(feeds, cache.rowPast(row));
-    if (pick) Object.assign(feeds, pickFeeds(pick, 1));
+    const feeds: Feeds = { input_ids: toOrt('int64', BigInt64Array.from(ids, BigInt), [1, ids.length]), attention_mask: cache.rowMask(row, ids.length), ...cache.rowPast(row) };
+    return this.runExtend(feeds, 1, ids.length, pick, (_, src) => cache.writeTail(row, src, ids.length));
+  }
+
+  /**
+   * Extends one-row caches of one capacity, `caches[b]` by `ids[b]` (all of one length), in one run of
+   * the extend graph: their pasts are stacked into `[n, KV, capacity, hd]` (one copy), so each row's
+   * numbers are those of its own `extend` (the same columns, and products whose rows do not depend on
+   * the batch: test/serve-engine.test.ts). `pick.uniform[b]` is row b's number.
+   */
+  async extendRows(caches: readonly SlotCache[], ids: readonly (readonly number[])[], pick?: Pick): Promise<Picked> {
+    const n = caches.length;
+    const S = ids[0].length;
+    const cap = caches[0].capacity;
+    if (caches.some((c) => c.capacity !== cap || c.rows !== 1) || ids.some((x) => x.length !== S)) throw new Error('decoder: extendRows takes one-row caches of one capacity and token lists of one length');
+    const { layers, kvHeads: KV, headDim: hd } = cacheShape(this.config);
+    const rowSize = KV * cap * hd;
+    const feeds: Feeds = { input_ids: toOrt('int64', BigInt64Array.from(ids.flat(), BigInt), [n, S]) };
+    const mask = new BigInt64Array(n * (cap + S));
+    caches.forEach((c, b) => mask.set(c.rowMask(0, S).data as BigInt64Array, b * (cap + S)));
+    feeds.attention_mask = toOrt('int64', mask, [n, cap + S]);
+    for (let i = 0; i < layers; i++) {
+      for (const kv of ['key', 'value'] as const) {
+        const name = pastName(i, kv);
+        let buf = this.extendPast.get(name);
+        if (!buf || buf.length < n * rowSize) this.extendPast.set(name, (buf = new Float32Array(n * rowSize)));
+        caches.forEach((c, b) => buf!.set(c.rowPast(0)[name].data as Float32Array, b * rowSize));
+        feeds[name] = toOrt('float32', buf.subarray(0, n * rowSize), [n, KV, cap, hd]);
+      }
+    }
+    return this.runExtend(feeds, n, S, pick, (b, src) => caches[b].writeTail(0, src, S));
+  }
+
+  /**
+   * Runs the extend graph on `feeds` (`n` rows of `S` new tokens, their pasts and mask) and hands each
+   * row's new keys/values to `write(b, src)` (`src(presentName)`: `[1, KV, S, hd]`).
+   */
+  private async runExtend(feeds: Feeds, n: number, S: number, pick: Pick | undefined, write: (b: number, src: (name: string) => Float32Array) => void): Promise<Picked> {
+    Object.assign(feeds, this.params);
+    if (pick) Object.assign(feeds, pickFeeds(pick, n));
     // Attention runs over past ++ new (a whole prefill's numbers), but the graph returns only the S
-    // new keys/values (`[1, KV, S, hd]`), which ONNX Runtime writes into buffers kept from run to run:
+    // new keys/values (`[n, KV, S, hd]`), which ONNX Runtime writes into buffers kept from run to run:
     // returning past ++ new (5 MB on small for a served request's prompt) cost a third of the run
     // (docs/performance.md, "The step's attention one query row a product").
     const { layers, kvHeads: KV, headDim: hd } = cacheShape(this.config);
@@ -397,12 +435,12 @@ export class Decoder {
       for (const kv of ['key', 'value'] as const) {
         const name = presentName(i, kv);
         let buf = this.extendOut.get(name);
-        if (!buf || buf.length < size) this.extendOut.set(name, (buf = new Float32Array(size)));
-        fetches[name] = toOrt('float32', buf.subarray(0, size), [1, KV, S, hd]) as OrtTensor;
+        if (!buf || buf.length < n * size) this.extendOut.set(name, (buf = new Float32Array(n * size)));
+        fetches[name] = toOrt('float32', buf.subarray(0, n * size), [n, KV, S, hd]) as OrtTensor;
       }
     }
     const out = await (await this.session('extend', headOf(pick))).run(feeds, fetches);
-    cache.writeTail(row, (name) => this.extendOut.get(name)!.subarray(0, size), S);
+    for (let b = 0; b < n; b++) write(b, (name) => this.extendOut.get(name)!.subarray(b * size, (b + 1) * size));
     if (!pick) return { logits: out.logits.data as Float32Array };
     return pick.head === 'sample' ? { tokens: out.token.data as BigInt64Array, logps: out.logprob.data as Float64Array } : { tokens: out.token.data as BigInt64Array };
   }
@@ -425,6 +463,7 @@ export class Decoder {
     const all = await Promise.allSettled(this.sessions.values());
     this.sessions.clear();
     this.extendOut.clear();
+    this.extendPast.clear();
     for (const r of all) if (r.status === 'fulfilled') await r.value.release();
     await this.device?.release();
   }

@@ -149,6 +149,33 @@ export class CpuBackend implements DecodeBackend {
     return this.answer(results);
   }
 
+  async extendRows(rows: readonly number[], tokens: readonly (readonly number[])[], pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut> {
+    const owns = rows.map((r) => {
+      const own = this.parked.get(r);
+      if (!own) throw new Error(`generation: row ${r} has no parked cache`);
+      return own;
+    });
+    // One run per capacity: a row's numbers depend on its cache's columns, not on the rows beside it.
+    const byCap = new Map<number, number[]>();
+    owns.forEach((own, i) => byCap.set(own[0].capacity, [...(byCap.get(own[0].capacity) ?? []), i]));
+    const parts: { at: number[]; out: RunOut }[] = [];
+    for (const at of byCap.values()) {
+      const p = this.pick(pick, uniform && Float64Array.from(at, (i) => uniform[i]));
+      const results: Picked[] = [];
+      for (let k = 0; k < this.decoders.length; k++) {
+        results.push(
+          await this.decoders[k].extendRows(
+            at.map((i) => owns[i][k]),
+            at.map((i) => tokens[i]),
+            p,
+          ),
+        );
+      }
+      parts.push({ at, out: this.answer(results) });
+    }
+    return gatherRuns(parts, rows.length, this.decoders.map((d) => d.vocabSize));
+  }
+
   async prefill(group: PrefillGroup, pick: PickSpec | null, uniform: Float64Array | null): Promise<RunOut> {
     const n = group.rows.length;
     const S = Math.max(1, ...group.prompts.map((p) => p.length));
@@ -211,4 +238,24 @@ export class CpuBackend implements DecodeBackend {
     this.parked.clear();
     this.spare.length = 0;
   }
+}
+
+/** The outputs of runs over subsets `at` of `n` rows, put back in the rows' order. */
+function gatherRuns(parts: { at: number[]; out: RunOut }[], n: number, vocab: number[]): RunOut {
+  if (parts.length === 1 && parts[0].at.every((i, j) => i === j)) return parts[0].out;
+  if (parts[0].out.logits) {
+    const logits = vocab.map((V) => new Float32Array(n * V));
+    for (const { at, out } of parts) at.forEach((i, j) => out.logits!.forEach((l, k) => logits[k].set(l.subarray(j * vocab[k], (j + 1) * vocab[k]), i * vocab[k])));
+    return { logits };
+  }
+  const tokens = new BigInt64Array(n);
+  const logps = parts.every(({ out }) => out.tokens && out.logps) ? new Float64Array(n) : null;
+  for (const { at, out } of parts) {
+    if (!out.tokens) throw new Error('generation: runs of one pick answered in different forms');
+    at.forEach((i, j) => {
+      tokens[i] = BigInt(out.tokens[j]);
+      if (logps) logps[i] = out.logps![j];
+    });
+  }
+  return logps ? { tokens, logps } : { tokens };
 }

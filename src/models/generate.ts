@@ -460,20 +460,34 @@ export class GenerationSession {
     }
 
     t0 = timer ? performance.now() : 0;
-    // Parked rows with several tokens to feed (extended, or asking for logits): one run each.
+    // Parked rows with several tokens to feed (extended, or asking for logits). Rows asking for
+    // logits: one run each. Rows joining the batch: those with as many tokens cached and as many to
+    // feed in one run where the backend can (`extendRows`: 16 served requests starting with one kept
+    // prompt are one run, not 16), each row's numbers those of its own run.
+    const groups = new Map<string, Row[]>();
     for (const r of wanting) {
       if (r.where !== 'parked' || r.pending === 0 || steps(r)) continue;
-      const forLogits = r.want!.kind === 'logits';
-      if (!forLogits && free === 0) continue;
-      const p = forLogits ? null : pick;
-      const out = await b.extend(r.id, r.seq.slice(r.cached), p, p ? uniform([r]) : null);
-      r.cached = r.seq.length;
-      answers.push({ row: r, out, i: 0 });
-      if (!forLogits) {
-        await b.join([r.id], this.room([r]));
-        r.where = 'batch';
-        free--;
+      if (r.want!.kind === 'logits') {
+        const out = await b.extend(r.id, r.seq.slice(r.cached), null, null);
+        r.cached = r.seq.length;
+        answers.push({ row: r, out, i: 0 });
+        continue;
       }
+      if (free === 0) continue;
+      free--;
+      const key = b.extendRows ? `${r.cached}:${r.seq.length}` : `row ${r.id}`;
+      groups.set(key, [...(groups.get(key) ?? []), r]);
+    }
+    for (const rows of groups.values()) {
+      const tokens = rows.map((r) => r.seq.slice(r.cached));
+      const u = pick ? uniform(rows) : null;
+      const out = rows.length > 1 ? await b.extendRows!(rows.map((r) => r.id), tokens, pick, u) : await b.extend(rows[0].id, tokens[0], pick, u);
+      rows.forEach((r, i) => {
+        r.cached = r.seq.length;
+        answers.push({ row: r, out, i });
+      });
+      await b.join(rows.map((r) => r.id), this.room(rows));
+      for (const r of rows) r.where = 'batch';
     }
     // New rows: identical prompts prefilled once (the others copy the cache), at their own length,
     // or (not continuous) a batch left-padded to its longest when no row is decoding.
