@@ -111,17 +111,20 @@ describe('kept prompts (prefixCache)', () => {
     await s.close();
   });
 
-  it('rows starting with one kept prompt and feeding as many tokens are extended in one run, each drawing to the bit what it draws alone', async () => {
+  it.each([
+    ['drawn in the graph', {}],
+    ['drawn on the host from the logits (top-k)', { topK: 8 }],
+  ])('rows starting with one kept prompt and feeding as many tokens are extended in one run, each drawing to the bit what it draws alone (%s)', async (_, extra) => {
     const tails = [[5, 6, 7], [8, 9, 10], [11, 12, 13], [14, 15, 16]];
     const keep = async (s: GenerationSession) => s.start(p(9), new SeededRandom(1)).generate({ maxNewTokens: 2 });
     const alone: Segment[] = [];
     for (const [k, tail] of tails.entries()) {
-      const s = GenerationSession.open(dec, { temperature: 1, logprobs: true, prefixCache: 2 });
+      const s = GenerationSession.open(dec, { temperature: 1, logprobs: true, prefixCache: 2, ...extra });
       await keep(s);
       alone.push(await s.start(p(...tail), new SeededRandom(10 + k)).generate({ maxNewTokens: 6 }));
       await s.close();
     }
-    const s = GenerationSession.open(dec, { temperature: 1, logprobs: true, prefixCache: 2 });
+    const s = GenerationSession.open(dec, { temperature: 1, logprobs: true, prefixCache: 2, ...extra });
     await keep(s);
     const batches: number[] = [];
     const extendRows = dec.extendRows.bind(dec);

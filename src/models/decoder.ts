@@ -197,8 +197,12 @@ export class Decoder {
    */
   private runtimeOf(kind: GraphKind): RuntimeOptions | undefined {
     const runtime = this.build.runtime;
-    const params = [...this.shapes.values()].reduce((n, shape) => n + shape.reduce((a, b) => a * b, 1), 0);
-    return this.build.quant && kind === 'stepSmall' && params <= ONE_THREAD_PARAMS ? { ...runtime, threads: runtime?.threads ?? 1 } : runtime;
+    return this.build.quant && kind === 'stepSmall' ? { ...runtime, threads: runtime?.threads ?? 1 } : runtime;
+  }
+
+  /** Whether a quantized one- or two-row step gets its own one-thread session: a model of at most `ONE_THREAD_PARAMS`. */
+  private get smallQuant(): boolean {
+    return [...this.shapes.values()].reduce((n, shape) => n + shape.reduce((a, b) => a * b, 1), 0) <= ONE_THREAD_PARAMS;
   }
 
   /** Intra-op threads of the step session a cache of `maxRows` rows runs (CPU; null on a device). */
@@ -209,7 +213,9 @@ export class Decoder {
 
   /** The step graph a cache made for `maxRows` rows runs (see `step`: one or two rows fed as x·Wᵀ). */
   private stepKind(maxRows: number): GraphKind {
-    return maxRows <= 2 && !this.baked ? 'stepSmall' : 'step';
+    // A larger quantized model's small step is the batch's graph and runtime: one session, not a second
+    // holding its own copy of the baked blocks.
+    return maxRows <= 2 && !this.baked && (!this.build.quant || this.smallQuant) ? 'stepSmall' : 'step';
   }
 
   /**
