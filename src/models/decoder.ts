@@ -200,10 +200,11 @@ export class Decoder {
     return this.build.quant && kind === 'stepSmall' ? { ...runtime, threads: runtime?.threads ?? 1 } : runtime;
   }
 
-  /** Whether a quantized one- or two-row step gets its own one-thread session: a model of at most `ONE_THREAD_PARAMS`. */
+  /** Whether a quantized one- or two-row step gets its own one-thread session: a model of at most `ONE_THREAD_PARAMS` (asked every step: counted once). */
   private get smallQuant(): boolean {
-    return [...this.shapes.values()].reduce((n, shape) => n + shape.reduce((a, b) => a * b, 1), 0) <= ONE_THREAD_PARAMS;
+    return (this.smallModel ??= [...this.shapes.values()].reduce((n, shape) => n + shape.reduce((a, b) => a * b, 1), 0) <= ONE_THREAD_PARAMS);
   }
+  private smallModel: boolean | undefined;
 
   /** Intra-op threads of the step session a cache of `maxRows` rows runs (CPU; null on a device). */
   stepThreads(maxRows: number): number | null {
@@ -411,12 +412,13 @@ export class Decoder {
     const mask = new BigInt64Array(n * (cap + S));
     caches.forEach((c, b) => mask.set(c.rowMask(0, S).data as BigInt64Array, b * (cap + S)));
     feeds.attention_mask = toOrt('int64', mask, [n, cap + S]);
+    const pasts = caches.map((c) => c.rowPast(0));
     for (let i = 0; i < layers; i++) {
       for (const kv of ['key', 'value'] as const) {
         const name = pastName(i, kv);
         let buf = this.extendPast.get(name);
         if (!buf || buf.length < n * rowSize) this.extendPast.set(name, (buf = new Float32Array(n * rowSize)));
-        caches.forEach((c, b) => buf!.set(c.rowPast(0)[name].data as Float32Array, b * rowSize));
+        pasts.forEach((past, b) => buf!.set(past[name].data as Float32Array, b * rowSize));
         feeds[name] = toOrt('float32', buf.subarray(0, n * rowSize), [n, KV, cap, hd]);
       }
     }

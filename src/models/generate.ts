@@ -476,7 +476,9 @@ export class GenerationSession {
       if (free === 0) continue;
       free--;
       const key = b.extendRows ? `${r.cached}:${r.seq.length}` : `row ${r.id}`;
-      groups.set(key, [...(groups.get(key) ?? []), r]);
+      const group = groups.get(key);
+      if (group) group.push(r);
+      else groups.set(key, [r]);
     }
     for (const rows of groups.values()) {
       const tokens = rows.map((r) => r.seq.slice(r.cached));
